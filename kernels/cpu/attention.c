@@ -1,0 +1,165 @@
+/* attention.c: masked softmax and scaled dot-product attention on the CPU.
+ *
+ * Attention is written as the three textbook steps per (batch, head):
+ * S = q k^T, P = masked softmax(S / sqrt(D)), out = P v, with the full P kept
+ * for backward. Heads sit side by side inside a token row, (B, T, H*D), so
+ * each per-head matrix is a strided view with leading dimension H*D; the
+ * products call cblas_sgemm directly with those leading dimensions instead of
+ * copying heads out. The softmax row helpers are shared with op_softmax_*,
+ * so there is one definition of the masks: key j of row (b, h, i) is valid
+ * when j < k_len[b] and, if causal, j <= i. Masked keys are never read, so
+ * their scores may hold anything; row sums are accumulated in double.
+ */
+#include <cblas.h>
+#include <math.h>
+
+#include "ops.h"
+#include "err.h"
+
+/* Number of valid keys of query row i: keys [0, n) are valid. */
+static int valid_keys(int k_len, int i, int Tk, bool causal) {
+    int n = k_len < Tk ? k_len : Tk;
+    if (causal && n > i + 1) n = i + 1;
+    return n < 0 ? 0 : n;
+}
+
+/* p[j] = softmax(scale * s)[j] over j < n_valid, 0 for j >= n_valid.
+ * Safe when p == s: each s[j] is read before p[j] is written. */
+static void softmax_row(float *p,        // (Tk)
+                        const float *s,  // (Tk)
+                        int Tk, int n_valid, float scale) {
+    if (n_valid == 0) {
+        for (int j = 0; j < Tk; j++) p[j] = 0.0f;
+        return;
+    }
+    float max = -INFINITY;
+    for (int j = 0; j < n_valid; j++) {
+        float z = scale * s[j];
+        if (z > max) max = z;
+    }
+    double sum = 0.0;
+    for (int j = 0; j < n_valid; j++) {
+        float e = expf(scale * s[j] - max);
+        p[j] = e;
+        sum += e;
+    }
+    float inv_sum = (float)(1.0 / sum);
+    for (int j = 0; j < n_valid; j++) p[j] *= inv_sum;
+    for (int j = n_valid; j < Tk; j++) p[j] = 0.0f;
+}
+
+/* ds[j] += scale * p[j] * (dp[j] - sum_k dp[k] p[k]). Safe when ds == dp. */
+static void softmax_bwd_row(float *ds,        // (Tk)
+                            const float *dp,  // (Tk)
+                            const float *p,   // (Tk)
+                            int Tk, float scale) {
+    double dot = 0.0;
+    for (int j = 0; j < Tk; j++) dot += (double)dp[j] * p[j];
+    float d = (float)dot;
+    for (int j = 0; j < Tk; j++) ds[j] += scale * p[j] * (dp[j] - d);
+}
+
+void op_softmax_fwd(float *P,              // (B, H, Tq, Tk)
+                    const float *S,        // (B, H, Tq, Tk)
+                    const int32_t *k_len,  // (B)
+                    int B, int H, int Tq, int Tk, float scale, bool causal) {
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < Tq; i++) {
+                size_t row = (((size_t)b * H + h) * Tq + i) * Tk;
+                softmax_row(P + row, S + row, Tk, valid_keys(k_len[b], i, Tk, causal),
+                            scale);
+            }
+}
+
+void op_softmax_bwd(float *dS,        // (B, H, Tq, Tk)
+                    const float *dP,  // (B, H, Tq, Tk)
+                    const float *P,   // (B, H, Tq, Tk)
+                    int B, int H, int Tq, int Tk, float scale) {
+    size_t n_rows = (size_t)B * H * Tq;
+    for (size_t r = 0; r < n_rows; r++)
+        softmax_bwd_row(dS + r * Tk, dP + r * Tk, P + r * Tk, Tk, scale);
+}
+
+/* Row-major sgemm with explicit leading dimensions, for strided head views. */
+static void sgemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                     const float *A, int lda, const float *B, int ldb, float beta,
+                     float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc);
+}
+
+void op_attention_fwd(float *out,            // (B, Tq, H*D)
+                      float *P,              // (B, H, Tq, Tk)
+                      const float *q,        // (B, Tq, H*D)
+                      const float *k,        // (B, Tk, H*D)
+                      const float *v,        // (B, Tk, H*D)
+                      const int32_t *k_len,  // (B)
+                      int B, int H, int Tq, int Tk, int D, bool causal) {
+    TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0,
+             "op_attention_fwd: negative size");
+    if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
+    int HD = H * D;
+    float scale = 1.0f / sqrtf((float)D);
+    if (Tk == 0) {  // nothing to attend to: every output row is zero
+        for (size_t i = 0; i < (size_t)B * Tq * HD; i++) out[i] = 0.0f;
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *q_bh = q + (size_t)b * Tq * HD + (size_t)h * D;  // (Tq, D) ld HD
+            const float *k_bh = k + (size_t)b * Tk * HD + (size_t)h * D;  // (Tk, D) ld HD
+            const float *v_bh = v + (size_t)b * Tk * HD + (size_t)h * D;  // (Tk, D) ld HD
+            float *out_bh = out + (size_t)b * Tq * HD + (size_t)h * D;    // (Tq, D) ld HD
+            float *P_bh = P + ((size_t)b * H + h) * Tq * Tk;              // (Tq, Tk)
+            sgemm_ld(false, true, Tq, Tk, D, 1.0f, q_bh, HD, k_bh, HD, 0.0f, P_bh, Tk);
+            for (int i = 0; i < Tq; i++)
+                softmax_row(P_bh + (size_t)i * Tk, P_bh + (size_t)i * Tk, Tk,
+                            valid_keys(k_len[b], i, Tk, causal), scale);
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, P_bh, Tk, v_bh, HD, 0.0f, out_bh, HD);
+        }
+}
+
+void op_attention_bwd(float *dq,          // (B, Tq, H*D)
+                      float *dk,          // (B, Tk, H*D)
+                      float *dv,          // (B, Tk, H*D)
+                      const float *dout,  // (B, Tq, H*D)
+                      const float *P,     // (B, H, Tq, Tk)
+                      const float *q,     // (B, Tq, H*D)
+                      const float *k,     // (B, Tk, H*D)
+                      const float *v,     // (B, Tk, H*D)
+                      float *scratch,     // (B, H, Tq, Tk)
+                      int B, int H, int Tq, int Tk, int D) {
+    TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0,
+             "op_attention_bwd: negative size");
+    if (B == 0 || H == 0 || Tq == 0 || Tk == 0 || D == 0) return;
+    int HD = H * D;
+    float scale = 1.0f / sqrtf((float)D);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            size_t q_off = (size_t)b * Tq * HD + (size_t)h * D;
+            size_t k_off = (size_t)b * Tk * HD + (size_t)h * D;
+            const float *P_bh = P + ((size_t)b * H + h) * Tq * Tk;  // (Tq, Tk)
+            float *dS = scratch + ((size_t)b * H + h) * Tq * Tk;     // (Tq, Tk)
+            // dv += P^T dout
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, P_bh, Tk, dout + q_off, HD, 1.0f,
+                     dv + k_off, HD);
+            // dP = dout v^T, then dS = scale * P * (dP - rowsum(dP * P)) in place
+            sgemm_ld(false, true, Tq, Tk, D, 1.0f, dout + q_off, HD, v + k_off, HD, 0.0f,
+                     dS, Tk);
+            for (int i = 0; i < Tq; i++) {
+                float *row = dS + (size_t)i * Tk;
+                const float *p_row = P_bh + (size_t)i * Tk;
+                double dot = 0.0;
+                for (int j = 0; j < Tk; j++) dot += (double)row[j] * p_row[j];
+                float d = (float)dot;
+                for (int j = 0; j < Tk; j++) row[j] = scale * p_row[j] * (row[j] - d);
+            }
+            // dq += dS k ; dk += dS^T q
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, dS, Tk, k + k_off, HD, 1.0f,
+                     dq + q_off, HD);
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, dS, Tk, q + q_off, HD, 1.0f,
+                     dk + k_off, HD);
+        }
+}

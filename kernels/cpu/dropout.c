@@ -1,0 +1,94 @@
+/* dropout.c: dropout driven by the Philox4x32-10 counter-based generator.
+ *
+ * A mask bit is a pure function of (seed, stream, element index): no RNG
+ * state is carried, so backward recomputes the forward mask, a resumed run
+ * draws the same masks, and the CUDA kernel (one thread per 4 elements)
+ * produces bit-identical masks. Element i uses counter
+ * (i/4 lo, i/4 hi, stream lo, stream hi) with key (seed lo, seed hi) and
+ * takes word i%4; its uniform is (word >> 8) * 2^-24 in [0, 1), exact in fp32,
+ * and the element is kept when uniform >= p.
+ */
+#include "ops.h"
+#include "err.h"
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u
+#define PHILOX_W1 0xBB67AE85u
+
+void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 += PHILOX_W0;
+            k1 += PHILOX_W1;
+        }
+        uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
+        uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
+        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
+                        uint32_t site, uint32_t tp_rank) {
+    TP_CHECK(micro < (1u << 8) && layer < (1u << 8) && site < (1u << 6) &&
+                 tp_rank < (1u << 10),
+             "dropout_stream: field out of range (micro %u, layer %u, site %u, tp %u)",
+             micro, layer, site, tp_rank);
+    return ((uint64_t)step << 32) | ((uint64_t)micro << 24) | ((uint64_t)layer << 16) |
+           ((uint64_t)site << 10) | (uint64_t)tp_rank;
+}
+
+/* out[i] = keep(i) ? x[i] * scale : 0, for the Philox mask of (seed, stream).
+ * With accumulate, out[i] += instead. out may alias x. */
+static void apply_mask(float *out, const float *x, size_t n_elems, float p,
+                       uint64_t seed, uint64_t stream, bool accumulate) {
+    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    for (size_t base = 0; base < n_elems; base += 4) {
+        uint64_t block = base / 4;
+        uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
+                           (uint32_t)(stream >> 32)};
+        uint32_t words[4];
+        philox4x32_10(ctr, key, words);
+        for (size_t w = 0; w < 4 && base + w < n_elems; w++) {
+            size_t i = base + w;
+            float uniform = (float)(words[w] >> 8) * 0x1p-24f;
+            float val = uniform >= p ? x[i] * scale : 0.0f;
+            out[i] = accumulate ? out[i] + val : val;
+        }
+    }
+}
+
+void op_dropout_fwd(float *out,      // (n_elems), may alias x
+                    const float *x,  // (n_elems)
+                    size_t n_elems, float p, uint64_t seed, uint64_t stream) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_fwd: p = %g outside [0, 1]", (double)p);
+    if (p == 0.0f) {
+        if (out != x)
+            for (size_t i = 0; i < n_elems; i++) out[i] = x[i];
+        return;
+    }
+    apply_mask(out, x, n_elems, p, seed, stream, false);
+}
+
+void op_dropout_bwd(float *dx,        // (n_elems) accumulated
+                    const float *dy,  // (n_elems)
+                    size_t n_elems, float p, uint64_t seed, uint64_t stream) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_bwd: p = %g outside [0, 1]", (double)p);
+    if (p == 0.0f) {
+        op_accumulate(dx, dy, n_elems);
+        return;
+    }
+    apply_mask(dx, dy, n_elems, p, seed, stream, true);
+}

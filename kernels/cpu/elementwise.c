@@ -1,0 +1,116 @@
+/* elementwise.c: activations, element-wise arithmetic, embedding lookup and
+ * sinusoidal positions on the CPU.
+ *
+ * These are memory-bound one-liners; each is a plain loop so the CUDA kernels
+ * have an obvious meaning to match. GELU and the positional table are
+ * evaluated in double (erf, exp, sin, cos) and rounded once, which makes this
+ * the more accurate side of any CPU/GPU comparison. The embedding skips ids
+ * outside this shard's rows, which is what a vocab-parallel embedding needs.
+ */
+#include <math.h>
+
+#include "ops.h"
+#include "err.h"
+
+static const double INV_SQRT2 = 0.70710678118654752440;
+static const double INV_SQRT_2PI = 0.39894228040143267794;
+
+void op_act_fwd(float *y,        // (n_elems)
+                const float *x,  // (n_elems)
+                size_t n_elems, Activation act) {
+    if (act == ACT_RELU) {
+        for (size_t i = 0; i < n_elems; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    } else {
+        for (size_t i = 0; i < n_elems; i++) {
+            double xi = x[i];
+            y[i] = (float)(0.5 * xi * (1.0 + erf(xi * INV_SQRT2)));
+        }
+    }
+}
+
+void op_act_bwd(float *dx,        // (n_elems) accumulated
+                const float *dy,  // (n_elems)
+                const float *x,   // (n_elems)
+                size_t n_elems, Activation act) {
+    if (act == ACT_RELU) {
+        for (size_t i = 0; i < n_elems; i++)
+            if (x[i] > 0.0f) dx[i] += dy[i];
+    } else {
+        // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+        for (size_t i = 0; i < n_elems; i++) {
+            double xi = x[i];
+            double cdf = 0.5 * (1.0 + erf(xi * INV_SQRT2));
+            double pdf = INV_SQRT_2PI * exp(-0.5 * xi * xi);
+            dx[i] += (float)(dy[i] * (cdf + xi * pdf));
+        }
+    }
+}
+
+void op_add(float *out,      // (n_elems), may alias a or b
+            const float *a,  // (n_elems)
+            const float *b,  // (n_elems)
+            size_t n_elems) {
+    for (size_t i = 0; i < n_elems; i++) out[i] = a[i] + b[i];
+}
+
+void op_accumulate(float *y,        // (n_elems)
+                   const float *x,  // (n_elems)
+                   size_t n_elems) {
+    for (size_t i = 0; i < n_elems; i++) y[i] += x[i];
+}
+
+void op_scale(float *x,  // (n_elems)
+              float s, size_t n_elems) {
+    for (size_t i = 0; i < n_elems; i++) x[i] *= s;
+}
+
+double op_sumsq(const float *x,  // (n_elems)
+                size_t n_elems) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n_elems; i++) sum += (double)x[i] * x[i];
+    return sum;
+}
+
+void op_embedding_fwd(float *out,           // (N, C)
+                      const int32_t *ids,   // (N)
+                      const float *table,   // (V_local, C)
+                      float scale, int N, int C, int vocab_start, int V_local) {
+    for (int n = 0; n < N; n++) {
+        float *row = out + (size_t)n * C;
+        int local = ids[n] - vocab_start;
+        if (local >= 0 && local < V_local) {
+            const float *src = table + (size_t)local * C;
+            for (int c = 0; c < C; c++) row[c] = scale * src[c];
+        } else {
+            for (int c = 0; c < C; c++) row[c] = 0.0f;
+        }
+    }
+}
+
+void op_embedding_bwd(float *dtable,       // (V_local, C) accumulated
+                      const float *dout,   // (N, C)
+                      const int32_t *ids,  // (N)
+                      float scale, int N, int C, int vocab_start, int V_local) {
+    for (int n = 0; n < N; n++) {
+        int local = ids[n] - vocab_start;
+        if (local < 0 || local >= V_local) continue;
+        float *dst = dtable + (size_t)local * C;
+        const float *src = dout + (size_t)n * C;
+        for (int c = 0; c < C; c++) dst[c] += scale * src[c];
+    }
+}
+
+void op_add_positions(float *x,  // (B, T, C)
+                      int B, int T, int C) {
+    TP_CHECK(C % 2 == 0, "op_add_positions: C must be even, got %d", C);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < C / 2; i++) {
+            double angle = t * pow(10000.0, -(2.0 * i) / C);
+            float s = (float)sin(angle), c = (float)cos(angle);
+            for (int b = 0; b < B; b++) {
+                float *row = x + ((size_t)b * T + t) * C;
+                row[2 * i] += s;
+                row[2 * i + 1] += c;
+            }
+        }
+}

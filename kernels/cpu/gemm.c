@@ -1,0 +1,77 @@
+/* gemm.c: GEMM, linear layers and bias on the CPU.
+ *
+ * Every matrix product goes through OpenBLAS sgemm: it is the only place in
+ * the CPU reference where speed matters enough to leave plain loops. The
+ * linear layer is written as GEMM calls with PyTorch's W[out, in] layout, so
+ * the CUDA backend can mirror it call for call. Bias reductions accumulate
+ * in double so long token batches do not lose low bits.
+ */
+#include <cblas.h>
+
+#include "ops.h"
+#include "err.h"
+
+void op_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+             const float *A,  // (M, K), or (K, M) when trans_a
+             const float *B,  // (K, N), or (N, K) when trans_b
+             float beta,
+             float *C) {      // (M, N)
+    TP_CHECK(M >= 0 && N >= 0 && K >= 0, "op_gemm: negative size M=%d N=%d K=%d",
+             M, N, K);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        /* op(A) @ op(B) is an (M, N) zero matrix: only the beta term is left.
+         * beta == 0 overwrites, so stale NaNs in C do not survive. */
+        size_t n_elems = (size_t)M * N;
+        for (size_t i = 0; i < n_elems; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+    int lda = trans_a ? M : K;
+    int ldb = trans_b ? K : N;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+                ldb, beta, C, N);
+}
+
+void op_linear_fwd(float *y,        // (N, out)
+                   const float *x,  // (N, in)
+                   const float *W,  // (out, in)
+                   const float *b,  // (out) or NULL
+                   int N, int in, int out) {
+    op_gemm(false, true, N, out, in, 1.0f, x, W, 0.0f, y);  // y = x W^T
+    if (b) op_bias_add(y, b, N, out);
+}
+
+void op_linear_bwd(float *dx,        // (N, in) or NULL
+                   float *dW,        // (out, in) or NULL
+                   float *db,        // (out) or NULL
+                   const float *dy,  // (N, out)
+                   const float *x,   // (N, in)
+                   const float *W,   // (out, in)
+                   int N, int in, int out) {
+    if (dx) op_gemm(false, false, N, in, out, 1.0f, dy, W, 1.0f, dx);  // dx += dy W
+    if (dW) op_gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dW);   // dW += dy^T x
+    if (db) op_bias_bwd(db, dy, N, out);
+}
+
+void op_bias_add(float *y,        // (N, C)
+                 const float *b,  // (C)
+                 int N, int C) {
+    for (int n = 0; n < N; n++) {
+        float *row = y + (size_t)n * C;
+        for (int c = 0; c < C; c++) row[c] += b[c];
+    }
+}
+
+void op_bias_bwd(float *db,        // (C)
+                 const float *dy,  // (N, C)
+                 int N, int C) {
+    if (C <= 0) return;
+    double *acc = TP_CALLOC((size_t)C, sizeof(double));  // (C) column sums
+    for (int n = 0; n < N; n++) {
+        const float *row = dy + (size_t)n * C;
+        for (int c = 0; c < C; c++) acc[c] += row[c];
+    }
+    for (int c = 0; c < C; c++) db[c] += (float)acc[c];
+    free(acc);
+}

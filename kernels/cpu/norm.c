@@ -1,0 +1,83 @@
+/* norm.c: LayerNorm on the CPU.
+ *
+ * One row at a time, the textbook way: a two-pass mean and (biased) variance
+ * in double, as torch.nn.LayerNorm, with mean and 1/std saved for backward.
+ * The backward uses the usual closed form
+ *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,
+ * with its two row means in double, and column sums for dgamma and dbeta
+ * accumulated in double across rows before being added to the caller's
+ * buffers.
+ */
+#include <math.h>
+
+#include "ops.h"
+#include "err.h"
+
+void op_layernorm_fwd(float *y,            // (N, C)
+                      float *mean,         // (N)
+                      float *rstd,         // (N)
+                      const float *x,      // (N, C)
+                      const float *gamma,  // (C)
+                      const float *beta,   // (C)
+                      int N, int C, float eps) {
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        float *yr = y + (size_t)n * C;
+        double sum = 0.0;
+        for (int c = 0; c < C; c++) sum += xr[c];
+        double mu = C > 0 ? sum / C : 0.0;
+        double sq = 0.0;
+        for (int c = 0; c < C; c++) {
+            double d = xr[c] - mu;
+            sq += d * d;
+        }
+        double var = C > 0 ? sq / C : 0.0;
+        float m = (float)mu;
+        float rs = (float)(1.0 / sqrt(var + (double)eps));
+        for (int c = 0; c < C; c++) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+        mean[n] = m;
+        rstd[n] = rs;
+    }
+}
+
+void op_layernorm_bwd(float *dx,           // (N, C)  accumulated
+                      float *dgamma,       // (C)     accumulated
+                      float *dbeta,        // (C)     accumulated
+                      const float *dy,     // (N, C)
+                      const float *x,      // (N, C)
+                      const float *mean,   // (N)
+                      const float *rstd,   // (N)
+                      const float *gamma,  // (C)
+                      int N, int C) {
+    if (C <= 0) return;
+    double *dgamma_acc = TP_CALLOC((size_t)C, sizeof(double));  // (C)
+    double *dbeta_acc = TP_CALLOC((size_t)C, sizeof(double));   // (C)
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C;
+        const float *dyr = dy + (size_t)n * C;
+        float *dxr = dx + (size_t)n * C;
+        float m = mean[n], rs = rstd[n];
+        double sum_g = 0.0, sum_g_xhat = 0.0;
+        for (int c = 0; c < C; c++) {
+            float xhat = (xr[c] - m) * rs;
+            float g = dyr[c] * gamma[c];
+            sum_g += g;
+            sum_g_xhat += (double)g * xhat;
+            dgamma_acc[c] += (double)dyr[c] * xhat;
+            dbeta_acc[c] += dyr[c];
+        }
+        float mean_g = (float)(sum_g / C);
+        float mean_g_xhat = (float)(sum_g_xhat / C);
+        for (int c = 0; c < C; c++) {
+            float xhat = (xr[c] - m) * rs;
+            float g = dyr[c] * gamma[c];
+            dxr[c] += rs * (g - mean_g - xhat * mean_g_xhat);
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        dgamma[c] += (float)dgamma_acc[c];
+        dbeta[c] += (float)dbeta_acc[c];
+    }
+    free(dgamma_acc);
+    free(dbeta_acc);
+}

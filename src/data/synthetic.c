@@ -1,0 +1,66 @@
+/* synthetic.c: copy / reverse batches from the counter-based generator. */
+#include "data/synthetic.h"
+
+#include <string.h>
+#include "err.h"
+
+typedef struct { uint32_t key[2]; uint64_t ctr; uint32_t buf[4]; int left; uint32_t lane; } SynthRng;
+
+static uint32_t next_u32(SynthRng *r) {
+    if (r->left == 0) {
+        uint32_t c[4] = {(uint32_t)r->ctr, (uint32_t)(r->ctr >> 32), r->lane, 0x5EEDu};
+        philox4x32_10(c, r->key, r->buf);
+        r->ctr++;
+        r->left = 4;
+    }
+    return r->buf[--r->left];
+}
+
+int synth_task_parse(const char *s, SynthTask *task) {
+    if (strcmp(s, "copy") == 0) { *task = SYNTH_COPY; return 0; }
+    if (strcmp(s, "reverse") == 0) { *task = SYNTH_REVERSE; return 0; }
+    return -1;
+}
+
+void owned_batch_free(OwnedBatch *b) {
+    free(b->src);
+    free(b->src_len);
+    free(b->tgt_in);
+    free(b->tgt_out);
+    free(b->tgt_len);
+    memset(b, 0, sizeof *b);
+}
+
+void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B, int min_len, int max_len,
+                 uint64_t seed, uint64_t index) {
+    TP_CHECK(min_len >= 1 && max_len >= min_len && max_len + 1 <= cfg->max_len,
+             "synthetic lengths [%d, %d] must lie in [1, max_len - 1 = %d]", min_len, max_len, cfg->max_len - 1);
+    TP_CHECK(cfg->vocab_size > 4, "synthetic tasks need vocab_size > 4");
+    const int S = max_len, T = max_len + 1;
+    memset(out, 0, sizeof *out);
+    out->src = TP_MALLOC((size_t)B * S * sizeof(int32_t));
+    out->tgt_in = TP_MALLOC((size_t)B * T * sizeof(int32_t));
+    out->tgt_out = TP_MALLOC((size_t)B * T * sizeof(int32_t));
+    out->src_len = TP_MALLOC((size_t)B * sizeof(int32_t));
+    out->tgt_len = TP_MALLOC((size_t)B * sizeof(int32_t));
+    SynthRng r = {.key = {(uint32_t)seed, (uint32_t)(seed >> 32)}, .lane = (uint32_t)index,
+                  .ctr = index >> 32 << 40};
+    const int n_sym = cfg->vocab_size - 4;
+    for (int b = 0; b < B; b++) {
+        int len = min_len + (int)(next_u32(&r) % (uint32_t)(max_len - min_len + 1));
+        int32_t *s = out->src + (size_t)b * S, *ti = out->tgt_in + (size_t)b * T, *to = out->tgt_out + (size_t)b * T;
+        for (int t = 0; t < S; t++) s[t] = t < len ? 4 + (int32_t)(next_u32(&r) % (uint32_t)n_sym) : cfg->pad_id;
+        for (int t = 0; t < T; t++) ti[t] = to[t] = cfg->pad_id;
+        ti[0] = cfg->bos_id;
+        for (int t = 0; t < len; t++) {
+            int32_t y = task == SYNTH_COPY ? s[t] : s[len - 1 - t];
+            to[t] = y;
+            ti[t + 1] = y;
+        }
+        to[len] = cfg->eos_id;
+        out->src_len[b] = len;
+        out->tgt_len[b] = len + 1;
+    }
+    out->view = (Batch){.B = B, .S = S, .T = T, .src = out->src, .src_len = out->src_len, .tgt_in = out->tgt_in,
+                        .tgt_out = out->tgt_out, .tgt_len = out->tgt_len};
+}

@@ -1,0 +1,186 @@
+/* config.c: presets, validation and the config.json form of ModelConfig.
+ * Validation returns one sentence naming the field, so every front end
+ * (flags, config.json, checkpoints) reports bad input the same way. */
+#include "transformer/config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "err.h"
+
+typedef struct {
+    const char *name;
+    int d_model, n_heads, d_ff, enc_layers, dec_layers, vocab_size, max_len;
+    float dropout;
+} Preset;
+
+/* tiny: unit tests on CPU. small: a CPU run that learns in minutes.
+ * base: the textbook configuration (Vaswani et al. base). big: a larger GPU one. */
+static const Preset PRESETS[] = {
+    {"tiny", 32, 4, 64, 2, 2, 64, 64, 0.0f},
+    {"small", 256, 4, 1024, 3, 3, 8000, 128, 0.1f},
+    {"base", 512, 8, 2048, 6, 6, 8000, 256, 0.1f},
+    {"big", 1024, 16, 4096, 6, 6, 8000, 256, 0.3f},
+};
+
+int config_preset(const char *name, ModelConfig *cfg, char *err, size_t err_len) {
+    for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
+        const Preset *p = &PRESETS[i];
+        if (strcmp(p->name, name) != 0) continue;
+        memset(cfg, 0, sizeof *cfg);
+        cfg->d_model = p->d_model;
+        cfg->n_heads = p->n_heads;
+        cfg->d_ff = p->d_ff;
+        cfg->enc_layers = p->enc_layers;
+        cfg->dec_layers = p->dec_layers;
+        cfg->vocab_size = p->vocab_size;
+        cfg->max_len = p->max_len;
+        cfg->dropout = p->dropout;
+        cfg->label_smoothing = 0.1f;
+        cfg->act = ACT_RELU;
+        cfg->ln_eps = 1e-5f;
+        cfg->pad_id = 0;
+        cfg->unk_id = 1;
+        cfg->bos_id = 2;
+        cfg->eos_id = 3;
+        return 0;
+    }
+    tp_error_set(err, err_len, "unknown preset '%s' (known: tiny, small, base, big)", name);
+    return -1;
+}
+
+int config_validate(const ModelConfig *c, char *err, size_t err_len) {
+#define BAD(...) do { tp_error_set(err, err_len, __VA_ARGS__); return -1; } while (0)
+    if (c->d_model < 2 || c->d_model % 2) BAD("d_model must be an even number >= 2, got %d", c->d_model);
+    if (c->n_heads < 1) BAD("n_heads must be >= 1, got %d", c->n_heads);
+    if (c->d_model % c->n_heads)
+        BAD("n_heads (%d) must divide d_model (%d)", c->n_heads, c->d_model);
+    if (c->d_ff < 1) BAD("d_ff must be >= 1, got %d", c->d_ff);
+    if (c->enc_layers < 1) BAD("enc_layers must be >= 1, got %d", c->enc_layers);
+    if (c->dec_layers < 1) BAD("dec_layers must be >= 1, got %d", c->dec_layers);
+    if (c->enc_layers > 255 || c->dec_layers > 255)
+        BAD("at most 255 encoder and 255 decoder layers are supported, got %d and %d",
+            c->enc_layers, c->dec_layers);
+    if (c->vocab_size < 4) BAD("vocab_size must be >= 4 (pad, unk, bos, eos), got %d", c->vocab_size);
+    if (c->max_len < 2) BAD("max_len must be >= 2, got %d", c->max_len);
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) BAD("dropout must be in [0, 1), got %g", c->dropout);
+    if (!(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f))
+        BAD("label_smoothing must be in [0, 1), got %g", c->label_smoothing);
+    if (c->act != ACT_RELU && c->act != ACT_GELU) BAD("activation must be relu or gelu");
+    if (!(c->ln_eps > 0.0f)) BAD("ln_eps must be > 0, got %g", c->ln_eps);
+    const int ids[4] = {c->pad_id, c->unk_id, c->bos_id, c->eos_id};
+    const char *names[4] = {"pad_id", "unk_id", "bos_id", "eos_id"};
+    for (int i = 0; i < 4; i++) {
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            BAD("%s (%d) must be in [0, vocab_size=%d)", names[i], ids[i], c->vocab_size);
+        for (int j = 0; j < i; j++)
+            if (ids[i] == ids[j]) BAD("%s and %s must differ, both are %d", names[j], names[i], ids[i]);
+    }
+    return 0;
+#undef BAD
+}
+
+const char *activation_name(Activation act) { return act == ACT_GELU ? "gelu" : "relu"; }
+
+int activation_parse(const char *s, Activation *act) {
+    if (strcmp(s, "relu") == 0) { *act = ACT_RELU; return 0; }
+    if (strcmp(s, "gelu") == 0) { *act = ACT_GELU; return 0; }
+    return -1;
+}
+
+char *config_to_json(const ModelConfig *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "format", "tptrain-model");
+    cJSON_AddNumberToObject(o, "format_version", 1);
+    cJSON_AddNumberToObject(o, "d_model", c->d_model);
+    cJSON_AddNumberToObject(o, "n_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "d_ff", c->d_ff);
+    cJSON_AddNumberToObject(o, "enc_layers", c->enc_layers);
+    cJSON_AddNumberToObject(o, "dec_layers", c->dec_layers);
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "max_len", c->max_len);
+    cJSON_AddNumberToObject(o, "dropout", c->dropout);
+    cJSON_AddNumberToObject(o, "label_smoothing", c->label_smoothing);
+    cJSON_AddStringToObject(o, "activation", activation_name(c->act));
+    cJSON_AddNumberToObject(o, "ln_eps", c->ln_eps);
+    cJSON_AddNumberToObject(o, "pad_id", c->pad_id);
+    cJSON_AddNumberToObject(o, "bos_id", c->bos_id);
+    cJSON_AddNumberToObject(o, "eos_id", c->eos_id);
+    cJSON_AddNumberToObject(o, "unk_id", c->unk_id);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    TP_CHECK(s, "cJSON_Print failed");
+    return s;
+}
+
+/* Reads one integer field; -1 with a sentence when missing or not integral. */
+static int get_int(const cJSON *o, const char *key, int *out, char *err, size_t err_len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v)) {
+        tp_error_set(err, err_len, "field '%s' is missing or not a number", key);
+        return -1;
+    }
+    double d = v->valuedouble;
+    if (d != floor(d) || d < -2147483647.0 || d > 2147483647.0) {
+        tp_error_set(err, err_len, "field '%s' must be an integer, got %g", key, d);
+        return -1;
+    }
+    *out = (int)d;
+    return 0;
+}
+
+static int get_float(const cJSON *o, const char *key, float *out, char *err, size_t err_len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v)) {
+        tp_error_set(err, err_len, "field '%s' is missing or not a number", key);
+        return -1;
+    }
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len) {
+    cJSON *o = cJSON_Parse(text);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        tp_error_set(err, err_len, "not a JSON object");
+        return -1;
+    }
+    int rc = -1, version = 0;
+    memset(c, 0, sizeof *c);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "tptrain-model") != 0) {
+        tp_error_set(err, err_len, "field 'format' must be \"tptrain-model\"");
+        goto done;
+    }
+    if (get_int(o, "format_version", &version, err, err_len)) goto done;
+    if (version != 1) {
+        tp_error_set(err, err_len, "field 'format_version' is %d, this build reads version 1", version);
+        goto done;
+    }
+    if (get_int(o, "d_model", &c->d_model, err, err_len) ||
+        get_int(o, "n_heads", &c->n_heads, err, err_len) ||
+        get_int(o, "d_ff", &c->d_ff, err, err_len) ||
+        get_int(o, "enc_layers", &c->enc_layers, err, err_len) ||
+        get_int(o, "dec_layers", &c->dec_layers, err, err_len) ||
+        get_int(o, "vocab_size", &c->vocab_size, err, err_len) ||
+        get_int(o, "max_len", &c->max_len, err, err_len) ||
+        get_float(o, "dropout", &c->dropout, err, err_len) ||
+        get_float(o, "label_smoothing", &c->label_smoothing, err, err_len) ||
+        get_float(o, "ln_eps", &c->ln_eps, err, err_len) ||
+        get_int(o, "pad_id", &c->pad_id, err, err_len) ||
+        get_int(o, "bos_id", &c->bos_id, err, err_len) ||
+        get_int(o, "eos_id", &c->eos_id, err, err_len) ||
+        get_int(o, "unk_id", &c->unk_id, err, err_len))
+        goto done;
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "activation");
+    if (!cJSON_IsString(act) || activation_parse(act->valuestring, &c->act)) {
+        tp_error_set(err, err_len, "field 'activation' must be \"relu\" or \"gelu\"");
+        goto done;
+    }
+    rc = config_validate(c, err, err_len);
+done:
+    cJSON_Delete(o);
+    return rc;
+}

@@ -1,0 +1,43 @@
+/* config.h: the model's hyper-parameters, presets, validation and JSON form.
+ *
+ * One struct describes the encoder-decoder; the same struct is written to
+ * config.json by the exporter and read back by every loader, so a model file
+ * never needs its shapes guessed.
+ */
+#ifndef TPTRAIN_CONFIG_H
+#define TPTRAIN_CONFIG_H
+
+#include <stddef.h>
+#include "kernels/ops.h"
+
+typedef struct {
+    int d_model;        // C
+    int n_heads;        // H, divides d_model
+    int d_ff;           // F
+    int enc_layers;     // >= 1
+    int dec_layers;     // >= 1
+    int vocab_size;     // V (shared source/target vocabulary)
+    int max_len;        // longest sequence (positions) the model accepts
+    float dropout;      // on embeddings and every sub-block output
+    float label_smoothing;
+    Activation act;     // FFN activation
+    float ln_eps;       // LayerNorm epsilon
+    int pad_id, bos_id, eos_id, unk_id; // special token ids
+} ModelConfig;
+
+/* Fills cfg from a preset name ("tiny", "small", "base", "big").
+ * Returns 0, or -1 with a sentence in err for an unknown name. */
+int config_preset(const char *name, ModelConfig *cfg, char *err, size_t err_len);
+
+/* Returns 0 when cfg describes a buildable model, else -1 and one sentence
+ * naming the offending field in err. */
+int config_validate(const ModelConfig *cfg, char *err, size_t err_len);
+
+/* JSON text (caller frees) / parse with validation (-1 + err naming the field). */
+char *config_to_json(const ModelConfig *cfg);
+int config_from_json(const char *text, ModelConfig *cfg, char *err, size_t err_len);
+
+const char *activation_name(Activation act);
+int activation_parse(const char *s, Activation *act);
+
+#endif

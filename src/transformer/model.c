@@ -1,0 +1,428 @@
+/* model.c: forward and backward of the pre-LN encoder-decoder.
+ *
+ * Written once against kernels/ops.h. The backward pass mirrors the forward
+ * sub-block by sub-block; every backward op accumulates, so the residual
+ * gradient flows through one buffer per stack and the tied embedding and the
+ * encoder output collect their gradients from every use without extra adds.
+ * Dropout masks are never stored: they are recomputed from their Philox key.
+ */
+#include "transformer/model.h"
+
+#include <math.h>
+#include <string.h>
+#include "err.h"
+
+enum { /* dropout sites (ops.h dropout_stream) */
+    SITE_ENC_EMB = 0, SITE_DEC_EMB, SITE_ENC_ATTN, SITE_ENC_FFN,
+    SITE_DEC_SELF, SITE_DEC_CROSS, SITE_DEC_FFN,
+};
+
+typedef struct {
+    float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)  LayerNorm output and stats
+    float *q, *k, *v;           // (N, C) queries, (Nk, C) keys and values
+    float *P;                   // (B, H, Tq, Tk) attention probabilities
+    float *att;                 // (N, C) heads concatenated, before out_proj
+} AttnActs;
+
+typedef struct {
+    float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)
+    float *h, *a;               // (N, F) before and after the activation
+} FfnActs;
+
+typedef struct { AttnActs self; FfnActs ffn; } EncActs;
+typedef struct { AttnActs self, cross; FfnActs ffn; } DecActs;
+
+struct ModelActs {
+    int B, S, T;                 // shape the layout was carved for
+    float *buf;
+    size_t n_elems, cap_elems;
+    EncActs *enc;                // [enc_layers]
+    DecActs *dec;                // [dec_layers]
+    float **enc_res;             // [enc_layers + 1] (Ns, C) residual stream
+    float **enc_mid;             // [enc_layers] (Ns, C) after the attention block
+    float **dec_res;             // [dec_layers + 1] (Nt, C)
+    float **dec_mid1, **dec_mid2;  // [dec_layers] (Nt, C) after self / cross blocks
+    float *enc_out, *enc_m, *enc_r;  // (Ns, C) final encoder LayerNorm
+    float *dec_out, *dec_m, *dec_r;  // (Nt, C) final decoder LayerNorm
+    float *logits;               // (Nt, V)
+    float *losses, *lse;         // (Nt)
+    /* backward scratch */
+    float *d_res_s, *d_enc_out;  // (Ns, C)
+    float *d_res_t;              // (Nt, C)
+    float *d_tmp, *d_att, *d_ln, *d_q, *d_k, *d_v;  // (maxN, C)
+    float *d_h, *d_a;            // (maxN, F)
+    float *d_scratch;            // (B, H, maxL, maxL)
+    float *d_logits;             // (Nt, V)
+};
+
+/* ---- activation layout ----------------------------------------------------- */
+
+typedef struct { float *base; size_t off; } Carver;
+
+static float *take(Carver *c, size_t n) {
+    float *p = c->base ? c->base + c->off : NULL;
+    c->off += (n + 15) & ~(size_t)15; /* 64-byte aligned slices */
+    return p;
+}
+
+static void carve_attn(Carver *c, AttnActs *a, int B, int H, int Tq, int Tk, int C) {
+    size_t N = (size_t)B * Tq, Nk = (size_t)B * Tk;
+    a->ln = take(c, N * C);
+    a->ln_m = take(c, N);
+    a->ln_r = take(c, N);
+    a->q = take(c, N * C);
+    a->k = take(c, Nk * C);
+    a->v = take(c, Nk * C);
+    a->P = take(c, (size_t)B * H * Tq * Tk);
+    a->att = take(c, N * C);
+}
+
+static void carve_ffn(Carver *c, FfnActs *f, size_t N, int C, int F) {
+    f->ln = take(c, N * C);
+    f->ln_m = take(c, N);
+    f->ln_r = take(c, N);
+    f->h = take(c, N * F);
+    f->a = take(c, N * F);
+}
+
+/* One walk both sizes (base NULL) and binds the layout for (B, S, T). */
+static size_t carve_acts(ModelActs *A, const ModelConfig *cfg, float *base, int B, int S, int T) {
+    const int C = cfg->d_model, F = cfg->d_ff, H = cfg->n_heads, V = cfg->vocab_size;
+    const size_t Ns = (size_t)B * S, Nt = (size_t)B * T, maxN = Ns > Nt ? Ns : Nt;
+    const size_t maxL = (size_t)(S > T ? S : T);
+    Carver c = {base, 0};
+    for (int l = 0; l <= cfg->enc_layers; l++) A->enc_res[l] = take(&c, Ns * C);
+    for (int l = 0; l < cfg->enc_layers; l++) {
+        A->enc_mid[l] = take(&c, Ns * C);
+        carve_attn(&c, &A->enc[l].self, B, H, S, S, C);
+        carve_ffn(&c, &A->enc[l].ffn, Ns, C, F);
+    }
+    A->enc_out = take(&c, Ns * C);
+    A->enc_m = take(&c, Ns);
+    A->enc_r = take(&c, Ns);
+    for (int l = 0; l <= cfg->dec_layers; l++) A->dec_res[l] = take(&c, Nt * C);
+    for (int l = 0; l < cfg->dec_layers; l++) {
+        A->dec_mid1[l] = take(&c, Nt * C);
+        A->dec_mid2[l] = take(&c, Nt * C);
+        carve_attn(&c, &A->dec[l].self, B, H, T, T, C);
+        carve_attn(&c, &A->dec[l].cross, B, H, T, S, C);
+        carve_ffn(&c, &A->dec[l].ffn, Nt, C, F);
+    }
+    A->dec_out = take(&c, Nt * C);
+    A->dec_m = take(&c, Nt);
+    A->dec_r = take(&c, Nt);
+    A->logits = take(&c, Nt * V);
+    A->losses = take(&c, Nt);
+    A->lse = take(&c, Nt);
+    A->d_res_s = take(&c, Ns * C);
+    A->d_enc_out = take(&c, Ns * C);
+    A->d_res_t = take(&c, Nt * C);
+    A->d_tmp = take(&c, maxN * C);
+    A->d_att = take(&c, maxN * C);
+    A->d_ln = take(&c, maxN * C);
+    A->d_q = take(&c, maxN * C);
+    A->d_k = take(&c, maxN * C);
+    A->d_v = take(&c, maxN * C);
+    A->d_h = take(&c, maxN * F);
+    A->d_a = take(&c, maxN * F);
+    A->d_scratch = take(&c, (size_t)B * H * maxL * maxL);
+    A->d_logits = take(&c, Nt * V);
+    return c.off;
+}
+
+static void acts_prepare(Model *m, int B, int S, int T) {
+    ModelActs *A = m->acts;
+    if (A->buf && A->B == B && A->S == S && A->T == T) return;
+    size_t need = carve_acts(A, &m->cfg, NULL, B, S, T);
+    if (need > A->cap_elems) {
+        free(A->buf);
+        A->buf = TP_MALLOC(need * sizeof(float));
+        A->cap_elems = need;
+    }
+    carve_acts(A, &m->cfg, A->buf, B, S, T);
+    A->n_elems = need;
+    A->B = B;
+    A->S = S;
+    A->T = T;
+}
+
+/* ---- life cycle ----------------------------------------------------------------- */
+
+int model_create(Model *m, const ModelConfig *cfg, unsigned long long seed, char *err, size_t err_len) {
+    memset(m, 0, sizeof *m);
+    if (config_validate(cfg, err, err_len)) return -1;
+    m->cfg = *cfg;
+    param_table_build(cfg, &m->tab);
+    m->params = TP_MALLOC(m->tab.n_elems * sizeof(float));
+    m->grads = TP_CALLOC(m->tab.n_elems, sizeof(float));
+    weights_bind(&m->w, cfg, m->params);
+    weights_bind(&m->g, cfg, m->grads);
+    params_init(m->params, &m->tab, cfg, seed);
+    ModelActs *A = TP_CALLOC(1, sizeof *A);
+    A->enc = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc);
+    A->dec = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec);
+    A->enc_res = TP_CALLOC((size_t)cfg->enc_layers + 1, sizeof *A->enc_res);
+    A->enc_mid = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc_mid);
+    A->dec_res = TP_CALLOC((size_t)cfg->dec_layers + 1, sizeof *A->dec_res);
+    A->dec_mid1 = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec_mid1);
+    A->dec_mid2 = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec_mid2);
+    m->acts = A;
+    return 0;
+}
+
+void model_free(Model *m) {
+    if (m->acts) {
+        ModelActs *A = m->acts;
+        free(A->buf);
+        free(A->enc);
+        free(A->dec);
+        free(A->enc_res);
+        free(A->enc_mid);
+        free(A->dec_res);
+        free(A->dec_mid1);
+        free(A->dec_mid2);
+        free(A);
+    }
+    weights_free(&m->w);
+    weights_free(&m->g);
+    param_table_free(&m->tab);
+    free(m->params);
+    free(m->grads);
+    memset(m, 0, sizeof *m);
+}
+
+void model_zero_grad(Model *m) { op_zero(m->grads, m->tab.n_elems); }
+
+const float *model_logits(const Model *m) { return m->acts->logits; }
+
+size_t model_activation_bytes(const Model *m) { return m->acts->cap_elems * sizeof(float); }
+
+static int check_ids(const int32_t *ids, const int32_t *len, int B, int T, const ModelConfig *c,
+                     const char *what, char *err, size_t err_len) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int32_t id = ids[(size_t)b * T + t];
+            if (id < 0 || id >= c->vocab_size) {
+                tp_error_set(err, err_len, "%s[%d][%d] = %d is outside the vocabulary [0, %d)",
+                             what, b, t, id, c->vocab_size);
+                return -1;
+            }
+            if (t >= len[b] && id != c->pad_id) {
+                tp_error_set(err, err_len, "%s[%d][%d] = %d lies past the sequence length %d but is not pad_id %d",
+                             what, b, t, id, len[b], c->pad_id);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+int model_check_batch(const Model *m, const Batch *b, char *err, size_t err_len) {
+    const ModelConfig *c = &m->cfg;
+    if (b->B < 1 || b->S < 1 || b->T < 1) {
+        tp_error_set(err, err_len, "batch shape (B=%d, S=%d, T=%d) must be positive", b->B, b->S, b->T);
+        return -1;
+    }
+    if (b->S > c->max_len || b->T > c->max_len) {
+        tp_error_set(err, err_len, "batch lengths S=%d, T=%d exceed max_len %d", b->S, b->T, c->max_len);
+        return -1;
+    }
+    for (int i = 0; i < b->B; i++) {
+        if (b->src_len[i] < 1 || b->src_len[i] > b->S || b->tgt_len[i] < 1 || b->tgt_len[i] > b->T) {
+            tp_error_set(err, err_len, "sequence %d has lengths src %d, tgt %d outside [1, %d] and [1, %d]",
+                         i, b->src_len[i], b->tgt_len[i], b->S, b->T);
+            return -1;
+        }
+    }
+    if (check_ids(b->src, b->src_len, b->B, b->S, c, "src", err, err_len) ||
+        check_ids(b->tgt_in, b->tgt_len, b->B, b->T, c, "tgt_in", err, err_len) ||
+        check_ids(b->tgt_out, b->tgt_len, b->B, b->T, c, "tgt_out", err, err_len))
+        return -1;
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------------- */
+
+static float drop_p(const Model *m, bool train) { return train ? m->cfg.dropout : 0.0f; }
+
+static uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site) {
+    return dropout_stream(k.step, k.micro, layer, site, k.tp_rank);
+}
+
+/* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention. */
+static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
+                     const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
+                     float p, uint64_t seed, uint64_t stream) {
+    const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
+    const int N = B * Tq, Nk = B * Tk;
+    float *tmp = m->acts->d_tmp;  // (N, C) scratch: free during forward
+    op_layernorm_fwd(a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
+    const float *src = kv ? kv : a->ln;
+    op_linear_fwd(a->q, a->ln, w->wq, w->bq, N, C, C);
+    op_linear_fwd(a->k, src, w->wk, w->bk, Nk, C, C);
+    op_linear_fwd(a->v, src, w->wv, w->bv, Nk, C, C);
+    op_attention_fwd(a->att, a->P, a->q, a->k, a->v, k_len, B, H, Tq, Tk, D, causal);
+    op_linear_fwd(tmp, a->att, w->wo, w->bo, N, C, C);
+    op_dropout_fwd(tmp, tmp, (size_t)N * C, p, seed, stream);
+    op_add(x_out, x_in, tmp, (size_t)N * C);
+}
+
+static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
+                    float p, uint64_t seed, uint64_t stream) {
+    const int C = m->cfg.d_model, F = m->cfg.d_ff;
+    float *tmp = m->acts->d_tmp;
+    op_layernorm_fwd(f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
+    op_linear_fwd(f->h, f->ln, w->w1, w->b1, N, C, F);
+    op_act_fwd(f->a, f->h, (size_t)N * F, m->cfg.act);
+    op_linear_fwd(tmp, f->a, w->w2, w->b2, N, F, C);
+    op_dropout_fwd(tmp, tmp, (size_t)N * C, p, seed, stream);
+    op_add(x_out, x_in, tmp, (size_t)N * C);
+}
+
+static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
+                      uint64_t stream) {
+    const int C = m->cfg.d_model, V = m->cfg.vocab_size;
+    op_embedding_fwd(x, ids, m->w.embed, sqrtf((float)C), B * T, C, 0, V);
+    op_add_positions(x, B, T, C);
+    op_dropout_fwd(x, x, (size_t)B * T * C, p, seed, stream);
+}
+
+float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {
+    const ModelConfig *c = &m->cfg;
+    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int Ns = B * S, Nt = B * T;
+    const float p = drop_p(m, train);
+    acts_prepare(m, B, S, T);
+    ModelActs *A = m->acts;
+
+    embed_fwd(m, A->enc_res[0], b->src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    for (int l = 0; l < c->enc_layers; l++) {
+        const EncLayerW *w = &m->w.enc[l];
+        EncActs *a = &A->enc[l];
+        attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, b->src_len, B, S, S, false, p,
+                 key.seed, stream_of(key, l, SITE_ENC_ATTN));
+        ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], Ns, p, key.seed,
+                stream_of(key, l, SITE_ENC_FFN));
+    }
+    op_layernorm_fwd(A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b,
+                     Ns, C, c->ln_eps);
+
+    embed_fwd(m, A->dec_res[0], b->tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+    for (int l = 0; l < c->dec_layers; l++) {
+        const DecLayerW *w = &m->w.dec[l];
+        DecActs *a = &A->dec[l];
+        attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, b->tgt_len, B, T, T, true, p,
+                 key.seed, stream_of(key, l, SITE_DEC_SELF));
+        attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, b->src_len, B, T, S,
+                 false, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
+        ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], Nt, p, key.seed,
+                stream_of(key, l, SITE_DEC_FFN));
+    }
+    op_layernorm_fwd(A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
+                     Nt, C, c->ln_eps);
+    op_linear_fwd(A->logits, A->dec_out, m->w.embed, NULL, Nt, C, V);  // tied output layer
+    int n = op_xent_fwd(A->losses, A->lse, A->logits, b->tgt_out, Nt, V, c->label_smoothing, c->pad_id);
+    double sum = 0.0;
+    for (int i = 0; i < Nt; i++) sum += A->losses[i];
+    if (n_tokens) *n_tokens = n;
+    return n > 0 ? (float)(sum / n) : 0.0f;
+}
+
+/* ---- backward ------------------------------------------------------------------ */
+
+/* d_x holds dL/dx_out on entry and dL/dx_in on return. With kv != NULL
+ * (cross-attention) the key/value gradient is added to d_kv. */
+static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a, float *d_x,
+                     const float *x_in, const float *kv, float *d_kv, int B, int Tq, int Tk, float p,
+                     uint64_t seed, uint64_t stream) {
+    const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
+    const int N = B * Tq, Nk = B * Tk;
+    ModelActs *A = m->acts;
+    const size_t nC = (size_t)N * C, nkC = (size_t)Nk * C;
+    op_zero(A->d_tmp, nC);
+    op_dropout_bwd(A->d_tmp, d_x, nC, p, seed, stream);
+    op_zero(A->d_att, nC);
+    op_linear_bwd(A->d_att, g->wo, g->bo, A->d_tmp, a->att, w->wo, N, C, C);
+    op_zero(A->d_q, nC);
+    op_zero(A->d_k, nkC);
+    op_zero(A->d_v, nkC);
+    op_attention_bwd(A->d_q, A->d_k, A->d_v, A->d_att, a->P, a->q, a->k, a->v, A->d_scratch, B, H, Tq, Tk, D);
+    op_zero(A->d_ln, nC);
+    op_linear_bwd(A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, C);
+    const float *src = kv ? kv : a->ln;
+    float *d_src = kv ? d_kv : A->d_ln;
+    op_linear_bwd(d_src, g->wk, g->bk, A->d_k, src, w->wk, Nk, C, C);
+    op_linear_bwd(d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, C);
+    op_layernorm_bwd(d_x, g->ln_g, g->ln_b, A->d_ln, x_in, a->ln_m, a->ln_r, w->ln_g, N, C);
+}
+
+static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
+                    int N, float p, uint64_t seed, uint64_t stream) {
+    const int C = m->cfg.d_model, F = m->cfg.d_ff;
+    ModelActs *A = m->acts;
+    const size_t nC = (size_t)N * C, nF = (size_t)N * F;
+    op_zero(A->d_tmp, nC);
+    op_dropout_bwd(A->d_tmp, d_x, nC, p, seed, stream);
+    op_zero(A->d_a, nF);
+    op_linear_bwd(A->d_a, g->w2, g->b2, A->d_tmp, f->a, w->w2, N, F, C);
+    op_zero(A->d_h, nF);
+    op_act_bwd(A->d_h, A->d_a, f->h, nF, m->cfg.act);
+    op_zero(A->d_ln, nC);
+    op_linear_bwd(A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, F);
+    op_layernorm_bwd(d_x, g->ln_g, g->ln_b, A->d_ln, x_in, f->ln_m, f->ln_r, w->ln_g, N, C);
+}
+
+static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, float p, uint64_t seed,
+                      uint64_t stream) {
+    const int C = m->cfg.d_model, V = m->cfg.vocab_size;
+    float *tmp = m->acts->d_tmp;
+    op_zero(tmp, (size_t)N * C);
+    op_dropout_bwd(tmp, d_x, (size_t)N * C, p, seed, stream);
+    op_embedding_bwd(m->g.embed, tmp, ids, sqrtf((float)C), N, C, 0, V);
+}
+
+void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
+    const ModelConfig *c = &m->cfg;
+    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int Ns = B * S, Nt = B * T;
+    const float p = drop_p(m, train);
+    ModelActs *A = m->acts;
+    TP_CHECK(A->buf && A->B == B && A->S == S && A->T == T,
+             "model_backward called without a matching model_forward");
+
+    /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
+    op_zero(A->d_logits, (size_t)Nt * V);
+    op_xent_bwd(A->d_logits, A->logits, A->lse, b->tgt_out, loss_scale, Nt, V, c->label_smoothing, c->pad_id);
+    op_zero(A->d_ln, (size_t)Nt * C);
+    op_linear_bwd(A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, V);
+    op_zero(A->d_res_t, (size_t)Nt * C);
+    op_layernorm_bwd(A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
+                     A->dec_r, m->w.dec_ln_g, Nt, C);
+
+    op_zero(A->d_enc_out, (size_t)Ns * C);
+    for (int l = c->dec_layers - 1; l >= 0; l--) {
+        const DecLayerW *w = &m->w.dec[l];
+        DecLayerW *g = &m->g.dec[l];
+        const DecActs *a = &A->dec[l];
+        ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
+                stream_of(key, l, SITE_DEC_FFN));
+        attn_bwd(m, &w->cross, &g->cross, &a->cross, A->d_res_t, A->dec_mid1[l], A->enc_out, A->d_enc_out, B, T,
+                 S, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
+        attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, B, T, T, p, key.seed,
+                 stream_of(key, l, SITE_DEC_SELF));
+    }
+    embed_bwd(m, A->d_res_t, b->tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+
+    op_zero(A->d_res_s, (size_t)Ns * C);
+    op_layernorm_bwd(A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
+                     A->enc_r, m->w.enc_ln_g, Ns, C);
+    for (int l = c->enc_layers - 1; l >= 0; l--) {
+        const EncLayerW *w = &m->w.enc[l];
+        EncLayerW *g = &m->g.enc[l];
+        const EncActs *a = &A->enc[l];
+        ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
+                stream_of(key, l, SITE_ENC_FFN));
+        attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, B, S, S, p, key.seed,
+                 stream_of(key, l, SITE_ENC_ATTN));
+    }
+    embed_bwd(m, A->d_res_s, b->src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+}

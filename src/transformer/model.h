@@ -1,0 +1,77 @@
+/* model.h: the encoder-decoder Transformer, forward and backward by hand.
+ *
+ * The model owns three buffers, each carved from a size table: parameters,
+ * gradients (same table as parameters) and activations (sized for the
+ * largest batch seen). Everything it computes goes through kernels/ops.h,
+ * so the same code runs on any backend.
+ *
+ * A training step is: model_zero_grad, model_forward(train=true),
+ * model_backward, then the optimizer (optim.h) on params/grads.
+ */
+#ifndef TPTRAIN_MODEL_H
+#define TPTRAIN_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "transformer/config.h"
+#include "transformer/params.h"
+
+/* One batch, right-padded with pad_id. Lengths count real tokens. */
+typedef struct {
+    int B, S, T;                // sequences, padded source and target lengths
+    const int32_t *src;         // (B, S)
+    const int32_t *src_len;     // (B)   1 <= src_len[b] <= S
+    const int32_t *tgt_in;      // (B, T) bos y_1 .. y_n, then pad
+    const int32_t *tgt_out;     // (B, T) y_1 .. y_n eos, then pad
+    const int32_t *tgt_len;     // (B)   n + 1 <= T
+} Batch;
+
+/* Keys of the dropout masks of one forward pass (see ops.h dropout_stream). */
+typedef struct {
+    uint64_t seed;
+    uint32_t step;
+    uint32_t micro;
+    uint32_t tp_rank;
+} DropoutKey;
+
+typedef struct ModelActs ModelActs;
+
+typedef struct {
+    ModelConfig cfg;
+    ParamTable tab;
+    float *params;       // (tab.n_elems)
+    float *grads;        // (tab.n_elems)
+    Weights w;           // views into params
+    Weights g;           // views into grads
+    ModelActs *acts;     // private: activation buffer and its layout
+} Model;
+
+/* Allocates a model for a validated cfg; parameters initialised from seed.
+ * Returns 0, or -1 with one sentence in err when cfg is invalid. */
+int model_create(Model *m, const ModelConfig *cfg, unsigned long long seed,
+                 char *err, size_t err_len);
+void model_free(Model *m);
+
+/* Checks a batch against the config (ids in range, lengths consistent).
+ * Returns 0 or -1 with a sentence in err. */
+int model_check_batch(const Model *m, const Batch *b, char *err, size_t err_len);
+
+/* Forward pass; keeps what backward needs. Returns the mean label-smoothed
+ * loss over non-padding target tokens; *n_tokens receives their count.
+ * train = false disables dropout. */
+float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens);
+
+/* Accumulates d(loss_scale * sum of token losses)/d(params) into m->grads,
+ * for the batch of the last model_forward (same key, same train flag).
+ * loss_scale = 1 / (number of target tokens the loss is averaged over). */
+void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale);
+
+void model_zero_grad(Model *m);
+
+/* Logits of the last forward pass: (B*T, V), row b*T + t. */
+const float *model_logits(const Model *m);
+
+/* Bytes held by the activation buffer now (for memory reports). */
+size_t model_activation_bytes(const Model *m);
+
+#endif

@@ -1,0 +1,84 @@
+/* params.h: all parameters of a rank in one contiguous buffer, carved from a
+ * table of named tensors. The gradient buffer and the optimizer state use
+ * the same table and offsets, so zeroing, clipping or reducing any of them is
+ * one call over one range.
+ *
+ * Names are global (they do not depend on the parallel layout) and follow
+ * PyTorch's module naming so an export loads with load_state_dict. Every
+ * tensor carries its tensor-parallel split label.
+ */
+#ifndef TPTRAIN_PARAMS_H
+#define TPTRAIN_PARAMS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "transformer/config.h"
+
+typedef enum {
+    SPLIT_REPL = 0,  // whole on every tp rank (LayerNorm, biases of ROW layers)
+    SPLIT_COL = 1,   // split along output features (rows of W[out, in]) and its bias
+    SPLIT_ROW = 2,   // split along input features (columns of W[out, in])
+    SPLIT_VOCAB = 3, // split along vocabulary rows (shared embedding / output layer)
+} SplitLabel;
+
+typedef struct {
+    char name[96];
+    int ndim;            // 1 or 2
+    int shape[2];        // global shape
+    SplitLabel split;
+    bool decay;          // AdamW weight decay applies (matrices only)
+    size_t offset;       // in elements, into the rank's buffer
+    size_t n_elems;
+} ParamInfo;
+
+typedef struct {
+    ParamInfo *t;
+    int n;
+    size_t n_elems;      // total
+} ParamTable;
+
+/* Pointers of one attention sub-block (pre-LN): LayerNorm, then q/k/v/out. */
+typedef struct {
+    float *ln_g, *ln_b;  // (C)
+    float *wq, *bq;      // (C, C), (C)   COL
+    float *wk, *bk;      // (C, C), (C)   COL
+    float *wv, *bv;      // (C, C), (C)   COL
+    float *wo, *bo;      // (C, C), (C)   ROW, bias REPL
+} AttnW;
+
+typedef struct {
+    float *ln_g, *ln_b;  // (C)
+    float *w1, *b1;      // (F, C), (F)   COL
+    float *w2, *b2;      // (C, F), (C)   ROW, bias REPL
+} FfnW;
+
+typedef struct { AttnW self; FfnW ffn; } EncLayerW;
+typedef struct { AttnW self; AttnW cross; FfnW ffn; } DecLayerW;
+
+/* A view of one buffer (parameters or gradients) as the model's tensors. */
+typedef struct {
+    float *embed;              // (V, C) VOCAB, tied with the output layer
+    EncLayerW *enc;            // [enc_layers]
+    DecLayerW *dec;            // [dec_layers]
+    float *enc_ln_g, *enc_ln_b;  // (C) final encoder LayerNorm
+    float *dec_ln_g, *dec_ln_b;  // (C) final decoder LayerNorm
+} Weights;
+
+/* Builds the table for cfg (caller frees with param_table_free). */
+void param_table_build(const ModelConfig *cfg, ParamTable *tab);
+void param_table_free(ParamTable *tab);
+const ParamInfo *param_table_find(const ParamTable *tab, const char *name);
+
+/* Points w's tensors into base (n_elems of tab). w->enc / w->dec are
+ * allocated here; free with weights_free. */
+void weights_bind(Weights *w, const ModelConfig *cfg, float *base);
+void weights_free(Weights *w);
+
+/* Deterministic initialisation from seed: linear weights Xavier-uniform,
+ * embedding N(0, C^-1/2), biases 0, LayerNorm gamma 1 / beta 0. */
+void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg,
+                 unsigned long long seed);
+
+const char *split_label_name(SplitLabel s);
+
+#endif
