@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "safetensors.h"
+#include "testfs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,30 +21,6 @@ static char g_dir[64];
 
 static void path_in_dir(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "%s/%s", g_dir, name);
-}
-
-static bool write_bytes(const char *path, const void *buf, size_t n) {
-    FILE *fp = fopen(path, "wb");
-    if (!fp) return false;
-    bool ok = (n == 0 || fwrite(buf, 1, n, fp) == n);
-    return fclose(fp) == 0 && ok;
-}
-
-static uint8_t *read_bytes(const char *path, size_t *n) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *buf = malloc(len > 0 ? (size_t)len : 1);
-    size_t got = fread(buf, 1, (size_t)len, fp);
-    fclose(fp);
-    if (got != (size_t)len) {
-        free(buf);
-        return NULL;
-    }
-    *n = got;
-    return buf;
 }
 
 static uint64_t get_le64(const uint8_t *p) {
@@ -532,20 +509,6 @@ static void test_writer_errors(void) {
     }
 }
 
-static void remove_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/test_safetensors.XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -558,6 +521,6 @@ int main(void) {
     test_malformed_headers();
     test_foreign_files();
     test_writer_errors();
-    remove_dir(g_dir);
+    remove_tree(g_dir);
     return check_report("test_safetensors");
 }

@@ -5,8 +5,8 @@
  * for backward. Heads sit side by side inside a token row, (B, T, H*D), so
  * each per-head matrix is a strided view with leading dimension H*D; the
  * products call cblas_sgemm directly with those leading dimensions instead of
- * copying heads out. The softmax row helpers are shared with op_softmax_*,
- * so there is one definition of the masks: key j of row (b, h, i) is valid
+ * copying heads out. op_softmax_fwd and attention share one masked-softmax
+ * row helper, so there is one definition of the masks: key j of row (b, h, i) is valid
  * when j < k_len[b] and, if causal, j <= i. Masked keys are never read, so
  * their scores may hold anything; row sums are accumulated in double.
  */

@@ -1,0 +1,192 @@
+/* test_bad_input.c: bad configurations and damaged exports are refused with
+ * one clear sentence naming the field or the file, never a crash and never a
+ * silently wrong model. */
+#define _POSIX_C_SOURCE 200809L
+#include "check.h"
+#include "testfs.h"
+#include "transformer/export.h"
+#include "transformer/model.h"
+
+static char g_dir[64];
+
+static void expect_config_refused(ModelConfig cfg, const char *phrase) {
+    char err[256] = "";
+    CHECK(config_validate(&cfg, err, sizeof err) != 0, "config accepted, expected '%s'", phrase);
+    CHECK(strstr(err, phrase) != NULL, "message '%s' lacks '%s'", err, phrase);
+    Model m;
+    err[0] = '\0';
+    CHECK(model_create(&m, &cfg, 1, err, sizeof err) != 0, "model_create accepted a bad config ('%s')", phrase);
+    CHECK(strstr(err, phrase) != NULL, "model_create message '%s' lacks '%s'", err, phrase);
+}
+
+static void test_configs(void) {
+    ModelConfig base;
+    char err[256];
+    CHECK(config_preset("tiny", &base, err, sizeof err) == 0, "%s", err);
+    CHECK(config_validate(&base, err, sizeof err) == 0, "tiny preset invalid: %s", err);
+    const char *names[] = {"small", "base", "big"};
+    for (int i = 0; i < 3; i++) {
+        ModelConfig c;
+        CHECK(config_preset(names[i], &c, err, sizeof err) == 0 && config_validate(&c, err, sizeof err) == 0,
+              "preset %s: %s", names[i], err);
+    }
+    CHECK(config_preset("huge", &base, err, sizeof err) != 0 && strstr(err, "unknown preset 'huge'"),
+          "unknown preset: '%s'", err);
+    config_preset("tiny", &base, err, sizeof err);
+
+    ModelConfig c = base;
+    c.n_heads = 3; /* 32 % 3 != 0 */
+    expect_config_refused(c, "n_heads (3) must divide d_model (32)");
+    c = base;
+    c.enc_layers = 0;
+    expect_config_refused(c, "enc_layers must be >= 1, got 0");
+    c = base;
+    c.dec_layers = 0;
+    expect_config_refused(c, "dec_layers must be >= 1, got 0");
+    c = base;
+    c.n_heads = 0;
+    expect_config_refused(c, "n_heads must be >= 1");
+    c = base;
+    c.dropout = 1.0f;
+    expect_config_refused(c, "dropout must be in [0, 1)");
+    c = base;
+    c.eos_id = c.pad_id;
+    expect_config_refused(c, "must differ");
+    c = base;
+    c.bos_id = c.vocab_size;
+    expect_config_refused(c, "bos_id");
+}
+
+static void expect_load_refused(const char *dir, const char *phrase, const char *file, const char *what) {
+    Model m;
+    char err[512] = "";
+    int rc = model_load(&m, dir, err, sizeof err);
+    CHECK(rc != 0, "%s: damaged export was loaded", what);
+    if (rc == 0) {
+        model_free(&m);
+        return;
+    }
+    CHECK(strstr(err, phrase) != NULL, "%s: message '%s' lacks '%s'", what, err, phrase);
+    CHECK(strstr(err, file) != NULL, "%s: message '%s' does not name %s", what, err, file);
+}
+
+/* Writes `bytes` as dir/name after the good export has been restored. */
+static void put(const char *dir, const char *name, const void *bytes, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    CHECK(write_bytes(path, bytes, n), "cannot write %s", path);
+}
+
+static void test_exports(void) {
+    char err[512], dir[256];
+    ModelConfig cfg;
+    config_preset("tiny", &cfg, err, sizeof err);
+    Model m;
+    CHECK(model_create(&m, &cfg, 42, err, sizeof err) == 0, "%s", err);
+    snprintf(dir, sizeof dir, "%s/export", g_dir);
+    CHECK(model_export(&m, dir, err, sizeof err) == 0, "export: %s", err);
+
+    /* A good export round-trips bit for bit. */
+    Model back;
+    CHECK(model_load(&back, dir, err, sizeof err) == 0, "load: %s", err);
+    CHECK(back.tab.n_elems == m.tab.n_elems &&
+              memcmp(back.params, m.params, m.tab.n_elems * sizeof(float)) == 0,
+          "reloaded parameters differ");
+    model_free(&back);
+
+    char path[512];
+    size_t n_st = 0, n_cfg = 0;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    uint8_t *st = read_bytes(path, &n_st);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    uint8_t *cj = read_bytes(path, &n_cfg);
+    CHECK(st && cj, "cannot read the export back");
+    if (!st || !cj) return;
+
+    /* model.safetensors damaged */
+    put(dir, "model.safetensors", st, n_st / 2);
+    expect_load_refused(dir, "truncated", "model.safetensors", "truncated in data");
+    put(dir, "model.safetensors", st, 4);
+    expect_load_refused(dir, "shorter than the 8-byte header", "model.safetensors", "truncated to 4 bytes");
+    put(dir, "model.safetensors", st, 0);
+    expect_load_refused(dir, "shorter than the 8-byte header", "model.safetensors", "empty");
+    uint8_t *flip = malloc(n_st);
+    memcpy(flip, st, n_st);
+    flip[n_st - 100] ^= 0x10;
+    put(dir, "model.safetensors", flip, n_st);
+    expect_load_refused(dir, "checksum mismatch", "model.safetensors", "flipped data byte");
+    memcpy(flip, st, n_st);
+    flip[9] = '#';
+    put(dir, "model.safetensors", flip, n_st);
+    expect_load_refused(dir, "JSON", "model.safetensors", "broken header");
+    free(flip);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    expect_load_refused(dir, "cannot open", "model.safetensors", "missing weights");
+    put(dir, "model.safetensors", st, n_st);
+
+    /* config.json damaged or not matching the weights */
+    put(dir, "config.json", cj, n_cfg / 2);
+    expect_load_refused(dir, "not a JSON object", "config.json", "truncated config");
+    char *text = malloc(n_cfg + 64);
+    memcpy(text, cj, n_cfg);
+    text[n_cfg] = '\0';
+    char *field = strstr(text, "\"d_model\"");
+    CHECK(field != NULL, "config.json has no d_model");
+    if (field) {
+        memcpy(field, "\"d_mode_\"", 9);
+        put(dir, "config.json", text, n_cfg);
+        expect_load_refused(dir, "field 'd_model' is missing", "config.json", "missing field");
+        memcpy(field, "\"d_model\"", 9);
+    }
+    char *heads = strstr(text, "\"n_heads\":\t4");
+    CHECK(heads != NULL, "config.json has no n_heads 4 (%s)", text);
+    if (heads) {
+        heads[strlen("\"n_heads\":\t")] = '3';
+        put(dir, "config.json", text, n_cfg);
+        expect_load_refused(dir, "n_heads (3) must divide d_model (32)", "config.json", "bad heads");
+        heads[strlen("\"n_heads\":\t")] = '4';
+    }
+    char *ff = strstr(text, "\"d_ff\":\t64");
+    CHECK(ff != NULL, "config.json has no d_ff 64");
+    if (ff) {
+        memcpy(ff, "\"d_ff\":\t96", 10);
+        put(dir, "config.json", text, n_cfg);
+        expect_load_refused(dir, "config.json needs F32 [96, 32]", "model.safetensors", "shape mismatch");
+    }
+    free(text);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    expect_load_refused(dir, "cannot open", "config.json", "missing config");
+    put(dir, "config.json", cj, n_cfg);
+    int rc = model_load(&back, dir, err, sizeof err);
+    CHECK(rc == 0, "restored export: %s", err);
+    if (rc == 0) model_free(&back);
+
+    /* A batch with an out-of-vocabulary id or bad lengths is refused. */
+    int32_t src[2] = {5, 64}, len1[1] = {2}, tin[2] = {2, 5}, tout[2] = {5, 3}, tlen[1] = {2};
+    Batch b = {.B = 1, .S = 2, .T = 2, .src = src, .src_len = len1, .tgt_in = tin, .tgt_out = tout, .tgt_len = tlen};
+    CHECK(model_check_batch(&m, &b, err, sizeof err) != 0 && strstr(err, "src[0][1] = 64 is outside"),
+          "out-of-vocabulary id: '%s'", err);
+    src[1] = 6;
+    len1[0] = 3;
+    CHECK(model_check_batch(&m, &b, err, sizeof err) != 0 && strstr(err, "outside [1, 2]"),
+          "length past S: '%s'", err);
+    len1[0] = 2;
+    CHECK(model_check_batch(&m, &b, err, sizeof err) == 0, "good batch refused: %s", err);
+    free(st);
+    free(cj);
+    model_free(&m);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/test_bad_input.XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_configs();
+    test_exports();
+    remove_tree(g_dir);
+    return check_report("test_bad_input");
+}
