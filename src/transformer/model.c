@@ -7,6 +7,7 @@
  * Dropout masks are never stored: they are recomputed from their Philox key.
  */
 #include "transformer/model.h"
+#include "transformer/decode.h"
 
 #include <math.h>
 #include <string.h>
@@ -286,26 +287,40 @@ static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T
     op_dropout_fwd(x, x, (size_t)B * T * C, p, seed, stream);
 }
 
-float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {
+/* Encoder stack into A->enc_out (Ns, C); the activation layout must be prepared. */
+static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float p,
+                        DropoutKey key) {
     const ModelConfig *c = &m->cfg;
-    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
-    const int Ns = B * S, Nt = B * T;
-    const float p = drop_p(m, train);
-    acts_prepare(m, B, S, T);
     ModelActs *A = m->acts;
-
-    embed_fwd(m, A->enc_res[0], b->src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    const int Ns = B * S;
+    embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
     for (int l = 0; l < c->enc_layers; l++) {
         const EncLayerW *w = &m->w.enc[l];
         EncActs *a = &A->enc[l];
-        attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, b->src_len, B, S, S, false, p,
+        attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p,
                  key.seed, stream_of(key, l, SITE_ENC_ATTN));
         ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN));
     }
     op_layernorm_fwd(A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b,
-                     Ns, C, c->ln_eps);
+                     Ns, c->d_model, c->ln_eps);
+}
 
+void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float *enc_out) {
+    acts_prepare(m, B, S, 1);
+    encoder_fwd(m, src, src_len, B, S, 0.0f, (DropoutKey){0});
+    op_copy(enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
+}
+
+float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {
+    const ModelConfig *c = &m->cfg;
+    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int Nt = B * T;
+    const float p = drop_p(m, train);
+    acts_prepare(m, B, S, T);
+    ModelActs *A = m->acts;
+
+    encoder_fwd(m, b->src, b->src_len, B, S, p, key);
     embed_fwd(m, A->dec_res[0], b->tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
     for (int l = 0; l < c->dec_layers; l++) {
         const DecLayerW *w = &m->w.dec[l];

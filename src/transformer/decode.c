@@ -1,0 +1,402 @@
+/* decode.c: incremental decoding with key/value caches, greedy and beam
+ * search, and teacher-forced scoring.
+ *
+ * One DecodeState holds, per decoder layer, the self-attention keys/values
+ * of every row so far (rows, max_T, C) and the cross-attention keys/values
+ * of the encoder output (rows, S, C). A step embeds one token per row and
+ * runs the decoder stack on it with the same ops as training, so the logits
+ * equal those of a full forward pass (the tests check it). Beam search
+ * reorders the self-attention caches by parent row after every step.
+ */
+#include "transformer/decode.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+#include "err.h"
+
+typedef struct {
+    Model *m;
+    int rows, S, max_T;
+    int32_t *src_len;          // (rows)
+    int32_t *k_len;            // (rows) scratch: valid self-attention keys
+    float **sk, **sv;          // [dec_layers] (rows, max_T, C)
+    float **sk2, **sv2;        // [dec_layers] same, reorder targets
+    float **ck, **cv;          // [dec_layers] (rows, S, C)
+    float *pe;                 // (max_T, C) sinusoidal positions
+    float *x, *ln, *q, *kn, *vn, *att, *tmp;  // (rows, C)
+    float *h, *a;              // (rows, F)
+    float *mean, *rstd;        // (rows)
+    float *P;                  // (rows, H, 1, max(S, max_T))
+    float *logits;             // (rows, V)
+} DecodeState;
+
+void hypotheses_free(Hypotheses *h) {
+    for (int i = 0; i < h->n; i++) free(h->hyp[i]);
+    free(h->hyp);
+    free(h->len);
+    free(h->score);
+    memset(h, 0, sizeof *h);
+}
+
+int decode_max_len(const ModelConfig *cfg, int src_len) {
+    int n = 2 * src_len + 10;
+    return n < cfg->max_len - 1 ? n : cfg->max_len - 1;
+}
+
+static float *fbuf(size_t n) { return TP_MALLOC((n ? n : 1) * sizeof(float)); }
+
+/* Encodes the n sentences once and gives each of them `beam` rows. */
+static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
+    const ModelConfig *c = &m->cfg;
+    const int C = c->d_model, F = c->d_ff, H = c->n_heads, L = c->dec_layers, S = b->S;
+    memset(st, 0, sizeof *st);
+    st->m = m;
+    st->rows = b->n * beam;
+    st->S = S;
+    st->max_T = c->max_len;
+    const size_t R = (size_t)st->rows, T = (size_t)st->max_T;
+    st->src_len = TP_MALLOC(R * sizeof(int32_t));
+    st->k_len = TP_MALLOC(R * sizeof(int32_t));
+    for (size_t r = 0; r < R; r++) st->src_len[r] = b->src_len[r / (size_t)beam];
+
+    float *enc = fbuf((size_t)b->n * S * C);
+    model_encode(m, b->src, b->src_len, b->n, S, enc);
+    float *kv = fbuf((size_t)b->n * S * C);
+    st->sk = TP_CALLOC((size_t)L, sizeof(float *));
+    st->sv = TP_CALLOC((size_t)L, sizeof(float *));
+    st->sk2 = TP_CALLOC((size_t)L, sizeof(float *));
+    st->sv2 = TP_CALLOC((size_t)L, sizeof(float *));
+    st->ck = TP_CALLOC((size_t)L, sizeof(float *));
+    st->cv = TP_CALLOC((size_t)L, sizeof(float *));
+    for (int l = 0; l < L; l++) {
+        const AttnW *w = &m->w.dec[l].cross;
+        st->sk[l] = fbuf(R * T * C);
+        st->sv[l] = fbuf(R * T * C);
+        st->sk2[l] = fbuf(R * T * C);
+        st->sv2[l] = fbuf(R * T * C);
+        st->ck[l] = fbuf(R * S * C);
+        st->cv[l] = fbuf(R * S * C);
+        /* Cross keys/values once per sentence, then copied to its beam rows. */
+        float *dst[2] = {st->ck[l], st->cv[l]};
+        const float *wt[2] = {w->wk, w->wv}, *bs[2] = {w->bk, w->bv};
+        for (int j = 0; j < 2; j++) {
+            op_linear_fwd(kv, enc, wt[j], bs[j], b->n * S, C, C);
+            for (size_t r = 0; r < R; r++)
+                op_copy(dst[j] + r * S * C, kv + (r / (size_t)beam) * S * C, (size_t)S * C);
+        }
+    }
+    free(kv);
+    free(enc);
+    st->pe = fbuf(T * C);
+    op_zero(st->pe, T * C);
+    op_add_positions(st->pe, 1, (int)T, C);
+    st->x = fbuf(R * C);
+    st->ln = fbuf(R * C);
+    st->q = fbuf(R * C);
+    st->kn = fbuf(R * C);
+    st->vn = fbuf(R * C);
+    st->att = fbuf(R * C);
+    st->tmp = fbuf(R * C);
+    st->h = fbuf(R * F);
+    st->a = fbuf(R * F);
+    st->mean = fbuf(R);
+    st->rstd = fbuf(R);
+    st->P = fbuf(R * H * (size_t)(S > st->max_T ? S : st->max_T));
+    st->logits = fbuf(R * (size_t)c->vocab_size);
+}
+
+static void state_free(DecodeState *st) {
+    for (int l = 0; l < st->m->cfg.dec_layers; l++) {
+        free(st->sk[l]);
+        free(st->sv[l]);
+        free(st->sk2[l]);
+        free(st->sv2[l]);
+        free(st->ck[l]);
+        free(st->cv[l]);
+    }
+    free(st->sk);
+    free(st->sv);
+    free(st->sk2);
+    free(st->sv2);
+    free(st->ck);
+    free(st->cv);
+    free(st->src_len);
+    free(st->k_len);
+    free(st->pe);
+    free(st->x);
+    free(st->ln);
+    free(st->q);
+    free(st->kn);
+    free(st->vn);
+    free(st->att);
+    free(st->tmp);
+    free(st->h);
+    free(st->a);
+    free(st->mean);
+    free(st->rstd);
+    free(st->P);
+    free(st->logits);
+    memset(st, 0, sizeof *st);
+}
+
+/* x += Attn(LN(x)) for one query per row over keys k/v (rows, Tk, C). */
+static void step_attn(DecodeState *st, const AttnW *w, const float *k, const float *v, int Tk, const int32_t *k_len) {
+    const ModelConfig *c = &st->m->cfg;
+    const int R = st->rows, C = c->d_model, H = c->n_heads;
+    op_linear_fwd(st->q, st->ln, w->wq, w->bq, R, C, C);
+    op_attention_fwd(st->att, st->P, st->q, k, v, k_len, R, H, 1, Tk, C / H, false);
+    op_linear_fwd(st->tmp, st->att, w->wo, w->bo, R, C, C);
+    op_accumulate(st->x, st->tmp, (size_t)R * C);
+}
+
+/* Runs the decoder on token[r] at position t for every row: logits (rows, V). */
+static void state_step(DecodeState *st, const int32_t *token, int t) {
+    Model *m = st->m;
+    const ModelConfig *c = &m->cfg;
+    const int R = st->rows, C = c->d_model, F = c->d_ff, V = c->vocab_size, T = st->max_T;
+    TP_CHECK(t < T, "decode step %d beyond max_len %d", t, T);
+    op_embedding_fwd(st->x, token, m->w.embed, sqrtf((float)C), R, C, 0, V);
+    for (int r = 0; r < R; r++) op_accumulate(st->x + (size_t)r * C, st->pe + (size_t)t * C, (size_t)C);
+    for (int r = 0; r < R; r++) st->k_len[r] = t + 1;
+    for (int l = 0; l < c->dec_layers; l++) {
+        const DecLayerW *w = &m->w.dec[l];
+        /* self-attention: append this position's key/value to the cache */
+        op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->self.ln_g, w->self.ln_b, R, C, c->ln_eps);
+        op_linear_fwd(st->kn, st->ln, w->self.wk, w->self.bk, R, C, C);
+        op_linear_fwd(st->vn, st->ln, w->self.wv, w->self.bv, R, C, C);
+        for (int r = 0; r < R; r++) {
+            op_copy(st->sk[l] + ((size_t)r * T + t) * C, st->kn + (size_t)r * C, (size_t)C);
+            op_copy(st->sv[l] + ((size_t)r * T + t) * C, st->vn + (size_t)r * C, (size_t)C);
+        }
+        step_attn(st, &w->self, st->sk[l], st->sv[l], T, st->k_len);
+        /* cross-attention over the encoder output */
+        op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->cross.ln_g, w->cross.ln_b, R, C, c->ln_eps);
+        step_attn(st, &w->cross, st->ck[l], st->cv[l], st->S, st->src_len);
+        /* feed-forward */
+        op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->ffn.ln_g, w->ffn.ln_b, R, C, c->ln_eps);
+        op_linear_fwd(st->h, st->ln, w->ffn.w1, w->ffn.b1, R, C, F);
+        op_act_fwd(st->a, st->h, (size_t)R * F, c->act);
+        op_linear_fwd(st->tmp, st->a, w->ffn.w2, w->ffn.b2, R, F, C);
+        op_accumulate(st->x, st->tmp, (size_t)R * C);
+    }
+    op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, m->w.dec_ln_g, m->w.dec_ln_b, R, C, c->ln_eps);
+    op_linear_fwd(st->logits, st->ln, m->w.embed, NULL, R, C, V);
+}
+
+/* Row r of the self-attention caches becomes old row parent[r] (positions 0..t). */
+static void state_reorder(DecodeState *st, const int *parent, int t) {
+    const int C = st->m->cfg.d_model, T = st->max_T;
+    for (int l = 0; l < st->m->cfg.dec_layers; l++) {
+        for (int r = 0; r < st->rows; r++) {
+            op_copy(st->sk2[l] + (size_t)r * T * C, st->sk[l] + (size_t)parent[r] * T * C, (size_t)(t + 1) * C);
+            op_copy(st->sv2[l] + (size_t)r * T * C, st->sv[l] + (size_t)parent[r] * T * C, (size_t)(t + 1) * C);
+        }
+        float *k = st->sk[l], *v = st->sv[l];
+        st->sk[l] = st->sk2[l];
+        st->sv[l] = st->sv2[l];
+        st->sk2[l] = k;
+        st->sv2[l] = v;
+    }
+}
+
+/* log-softmax of one row in double; returns log-sum-exp. */
+static double row_lse(const float *x, int V) {
+    double mx = -DBL_MAX, s = 0.0;
+    for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
+    for (int v = 0; v < V; v++) s += exp((double)x[v] - mx);
+    return mx + log(s);
+}
+
+static void hyps_alloc(Hypotheses *out, int n) {
+    memset(out, 0, sizeof *out);
+    out->n = n;
+    out->hyp = TP_CALLOC((size_t)n, sizeof(int32_t *));
+    out->len = TP_CALLOC((size_t)n, sizeof(int));
+    out->score = TP_CALLOC((size_t)n, sizeof(float));
+}
+
+void decode_greedy(Model *m, const SrcBatch *b, Hypotheses *out) {
+    const ModelConfig *c = &m->cfg;
+    const int n = b->n, V = c->vocab_size;
+    DecodeState st;
+    state_init(&st, m, b, 1);
+    hyps_alloc(out, n);
+    int32_t *tok = TP_MALLOC((size_t)n * sizeof(int32_t));
+    bool *done = TP_CALLOC((size_t)n, sizeof(bool));
+    double *score = TP_CALLOC((size_t)n, sizeof(double));
+    int max_steps = 0;
+    for (int i = 0; i < n; i++) {
+        int L = decode_max_len(c, b->src_len[i]);
+        out->hyp[i] = TP_MALLOC((size_t)(L > 0 ? L : 1) * sizeof(int32_t));
+        max_steps = L + 1 > max_steps ? L + 1 : max_steps;
+        tok[i] = c->bos_id;
+    }
+    for (int t = 0, left = n; t < max_steps && left > 0; t++) {
+        state_step(&st, tok, t);
+        for (int i = 0; i < n; i++) {
+            if (done[i]) continue;
+            const float *lg = st.logits + (size_t)i * V;
+            if (t == decode_max_len(c, b->src_len[i])) {  // length limit: stop without eos
+                done[i] = true;
+                left--;
+                continue;
+            }
+            int best = -1;
+            for (int v = 0; v < V; v++) {
+                if (v == c->pad_id || v == c->bos_id) continue;
+                if (best < 0 || lg[v] > lg[best]) best = v;
+            }
+            score[i] += (double)lg[best] - row_lse(lg, V);
+            if (best == c->eos_id) {
+                done[i] = true;
+                left--;
+            } else {
+                out->hyp[i][out->len[i]++] = best;
+            }
+            tok[i] = best;
+        }
+    }
+    for (int i = 0; i < n; i++) out->score[i] = (float)score[i];
+    free(tok);
+    free(done);
+    free(score);
+    state_free(&st);
+}
+
+typedef struct { double score; int beam; int32_t tok; } Cand;
+
+/* Better candidate first: higher score, then lower beam, then lower id. */
+static bool cand_better(const Cand *a, const Cand *b) {
+    if (a->score != b->score) return a->score > b->score;
+    if (a->beam != b->beam) return a->beam < b->beam;
+    return a->tok < b->tok;
+}
+
+void decode_beam(Model *m, const SrcBatch *b, int beam, float lenpen, Hypotheses *out) {
+    TP_CHECK(beam >= 1, "beam must be >= 1, got %d", beam);
+    const ModelConfig *c = &m->cfg;
+    const int n = b->n, V = c->vocab_size, K = beam, R = n * K, T = c->max_len;
+    DecodeState st;
+    state_init(&st, m, b, K);
+    hyps_alloc(out, n);
+    int32_t *tok = TP_MALLOC((size_t)R * sizeof(int32_t));
+    double *score = TP_MALLOC((size_t)R * sizeof(double));      // running log-prob of each live row
+    int32_t *seq = TP_MALLOC((size_t)R * T * sizeof(int32_t));   // tokens of each live row
+    int32_t *seq2 = TP_MALLOC((size_t)R * T * sizeof(int32_t));
+    int *parent = TP_MALLOC((size_t)R * sizeof(int));
+    int *n_done = TP_CALLOC((size_t)n, sizeof(int));
+    double *best_norm = TP_MALLOC((size_t)n * sizeof(double));
+    Cand *cand = TP_MALLOC((size_t)2 * K * sizeof(Cand));
+    double *lse = TP_MALLOC((size_t)R * sizeof(double));
+    int max_steps = 0;
+    for (int r = 0; r < R; r++) {
+        tok[r] = c->bos_id;
+        score[r] = (r % K == 0) ? 0.0 : -INFINITY;  // one live beam at the start
+    }
+    for (int i = 0; i < n; i++) {
+        best_norm[i] = -INFINITY;
+        int L = decode_max_len(c, b->src_len[i]);
+        out->hyp[i] = TP_MALLOC((size_t)(L > 0 ? L : 1) * sizeof(int32_t));
+        max_steps = L + 1 > max_steps ? L + 1 : max_steps;
+    }
+    int left = n;
+    for (int t = 0; t < max_steps && left > 0; t++) {
+        state_step(&st, tok, t);
+        for (int r = 0; r < R; r++) lse[r] = row_lse(st.logits + (size_t)r * V, V);
+        for (int i = 0; i < n; i++) {
+            int base = i * K;
+            if (n_done[i] >= K) {  // finished sentence: rows idle, keep their place
+                for (int k = 0; k < K; k++) parent[base + k] = base + k;
+                continue;
+            }
+            bool force_eos = t == decode_max_len(c, b->src_len[i]);
+            /* the 2K best extensions of the live beams */
+            int nc = 0;
+            for (int k = 0; k < K; k++) {
+                int r = base + k;
+                if (!isfinite(score[r])) continue;
+                const float *lg = st.logits + (size_t)r * V;
+                for (int v = 0; v < V; v++) {
+                    if (v == c->pad_id || v == c->bos_id || (force_eos && v != c->eos_id)) continue;
+                    Cand x = {score[r] + (double)lg[v] - lse[r], k, v};
+                    if (nc < 2 * K) {
+                        cand[nc++] = x;
+                    } else if (cand_better(&x, &cand[nc - 1])) {
+                        cand[nc - 1] = x;
+                    } else {
+                        continue;
+                    }
+                    for (int j = nc - 1; j > 0 && cand_better(&cand[j], &cand[j - 1]); j--) {
+                        Cand s = cand[j];
+                        cand[j] = cand[j - 1];
+                        cand[j - 1] = s;
+                    }
+                }
+            }
+            int next = 0;
+            for (int j = 0; j < nc && next < K && n_done[i] < K; j++) {
+                const Cand *x = &cand[j];
+                int r = base + x->beam;
+                if (x->tok == c->eos_id) {
+                    if (j >= K) continue;  // eos only counts among the top K
+                    double norm = x->score / pow((double)(t + 1), (double)lenpen);
+                    if (norm > best_norm[i]) {
+                        best_norm[i] = norm;
+                        memcpy(out->hyp[i], seq + (size_t)r * T, (size_t)t * sizeof(int32_t));
+                        out->len[i] = t;
+                        out->score[i] = (float)x->score;
+                    }
+                    n_done[i]++;
+                } else {
+                    int dst = base + next++;
+                    parent[dst] = r;
+                    memcpy(seq2 + (size_t)dst * T, seq + (size_t)r * T, (size_t)t * sizeof(int32_t));
+                    seq2[(size_t)dst * T + t] = x->tok;
+                    tok[dst] = x->tok;
+                    score[dst] = x->score;
+                }
+            }
+            if (n_done[i] >= K || next == 0) {  // enough finished, or nothing left alive
+                n_done[i] = K;
+                left--;
+                next = 0;
+            }
+            for (int k = next; k < K; k++) {  // rows without a live hypothesis
+                parent[base + k] = base + k;
+                score[base + k] = -INFINITY;
+                tok[base + k] = c->pad_id;
+            }
+        }
+        state_reorder(&st, parent, t);
+        int32_t *s = seq;
+        seq = seq2;
+        seq2 = s;
+    }
+    free(tok);
+    free(score);
+    free(seq);
+    free(seq2);
+    free(parent);
+    free(n_done);
+    free(best_norm);
+    free(cand);
+    free(lse);
+    state_free(&st);
+}
+
+void model_score(Model *m, const Batch *b, double *scores) {
+    const ModelConfig *c = &m->cfg;
+    const int N = b->B * b->T, V = c->vocab_size;
+    int n;
+    model_forward(m, b, false, (DropoutKey){0}, &n);
+    float *nll = fbuf((size_t)N), *lse = fbuf((size_t)N);
+    op_xent_fwd(nll, lse, model_logits(m), b->tgt_out, N, V, 0.0f, c->pad_id);
+    for (int i = 0; i < b->B; i++) {
+        double s = 0.0;
+        for (int t = 0; t < b->tgt_len[i]; t++) s -= nll[(size_t)i * b->T + t];
+        scores[i] = s;
+    }
+    free(nll);
+    free(lse);
+}
