@@ -1,21 +1,30 @@
 /* train_mt.c: the trainer.
  *
- * This build trains on a synthetic task (copy or reverse) so the model, the
- * optimizer and the logging can be exercised end to end without a corpus;
- * the corpus reader plugs in as another batch source. Flags follow
- * Megatron/fairseq names. Output: one log line per --log-interval steps on
- * stdout, the same figures as JSON Lines with --metrics FILE, and the final
- * model exported under --save DIR.
+ * Trains on a parallel corpus folder (--data; prepared and cached by
+ * data/corpus.h, batched by data/dataset.h) or, with --task, on a synthetic
+ * copy/reverse task that needs no corpus. Flags follow Megatron/fairseq
+ * names. Output: a log line per --log-interval steps (and, on a terminal, a
+ * progress line updated in place), the same figures as JSON Lines with
+ * --metrics FILE, dev loss and dev BLEU every --eval-interval steps, and the
+ * final model (+ tokenizer) under --save DIR for translate_mt.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include <unistd.h>
+
+#include "data/bleu.h"
+#include "data/corpus.h"
+#include "data/dataset.h"
 #include "data/synthetic.h"
 #include "err.h"
+#include "mt.h"
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
@@ -24,9 +33,14 @@ typedef struct {
     const char *preset;
     ModelConfig cfg;
     OptimConfig opt;
+    bool synthetic;          // --task given: no corpus
     SynthTask task;
     int batch_size, min_len, max_len;
-    int max_steps, log_interval, eval_interval;
+    const char *data_dir, *cache_dir;
+    Direction dir;
+    int batch_tokens, spm_vocab;
+    bool strict;
+    int max_steps, epochs, log_interval, eval_interval, beam;
     unsigned long long seed;
     const char *save_dir, *metrics_path;
 } TrainArgs;
@@ -34,20 +48,30 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: train_mt [options]\n"
+            "data:\n"
+            "  --data DIR             corpus folder with train/dev/test .en/.ja (default data/small_parallel_enja)\n"
+            "  --cache-dir DIR        tokenizer and token files (default cache/<corpus folder name>)\n"
+            "  --direction D          en-ja (default) or ja-en\n"
+            "  --spm-vocab-size N     SentencePiece pieces when the tokenizer is trained (default 8000)\n"
+            "  --strict               bad corpus lines are errors instead of skipped\n"
+            "  --batch-tokens N       padded tokens per batch, like fairseq's max_tokens (default 4096)\n"
+            "  --task copy|reverse    train on a synthetic task instead of a corpus\n"
+            "  --batch-size N --min-len N --seq-len N   synthetic batches (default 32 sequences of 4..12)\n"
+            "model:\n"
             "  --preset NAME          tiny | small | base | big (default tiny)\n"
             "  --d-model N --heads N --ffn-hidden-size N --layers N (encoder and decoder)\n"
-            "  --encoder-layers N --decoder-layers N --vocab-size N --max-len N\n"
+            "  --encoder-layers N --decoder-layers N --vocab-size N (synthetic only) --max-len N\n"
             "  --dropout P --label-smoothing E --activation relu|gelu\n"
-            "  --task copy|reverse    synthetic task (default copy)\n"
-            "  --batch-size N         sequences per batch (default 32)\n"
-            "  --min-len N --seq-len N  synthetic sequence lengths (default 4..12)\n"
+            "optimizer:\n"
             "  --lr LR --warmup N --weight-decay W --clip-grad C --adam-beta1 B --adam-beta2 B --adam-eps E\n"
-            "  --max-steps N          (default 300)\n"
-            "  --log-interval N       (default 10)\n"
-            "  --eval-interval N      held-out loss every N steps (default 100)\n"
+            "run:\n"
+            "  --max-steps N | --epochs N   length of the run (default 1000 steps)\n"
+            "  --log-interval N       (default 50)\n"
+            "  --eval-interval N      dev loss and dev BLEU every N steps (default 500) and at the end\n"
+            "  --beam K               beam for dev BLEU (default 0 = greedy)\n"
             "  --seed N               (default 1)\n"
-            "  --save DIR             export the final model (config.json + model.safetensors)\n"
-            "  --metrics FILE         JSON Lines log: step, loss, lr, grad_norm, tokens_per_s[, dev_loss]\n");
+            "  --save DIR             final model: config.json, model.safetensors, spm.model\n"
+            "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s; step, dev_loss, dev_bleu\n");
 }
 
 /* Integer flag value, refusing junk with the flag's name. */
@@ -73,8 +97,8 @@ static float parse_float(const char *flag, const char *s) {
 
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
-    O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_LOGI, O_EVALI,
-    O_SEED, O_SAVE, O_METRICS, O_HELP,
+    O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
+    O_EVALI, O_SEED, O_SAVE, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_HELP,
 };
 
 static void parse_args(int argc, char **argv, TrainArgs *a) {
@@ -91,9 +115,13 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"weight-decay", required_argument, 0, O_WD}, {"clip-grad", required_argument, 0, O_CLIP},
         {"adam-beta1", required_argument, 0, O_B1},   {"adam-beta2", required_argument, 0, O_B2},
         {"adam-eps", required_argument, 0, O_EPS},    {"max-steps", required_argument, 0, O_STEPS},
-        {"log-interval", required_argument, 0, O_LOGI}, {"eval-interval", required_argument, 0, O_EVALI},
-        {"seed", required_argument, 0, O_SEED},       {"save", required_argument, 0, O_SAVE},
-        {"metrics", required_argument, 0, O_METRICS}, {"help", no_argument, 0, O_HELP},
+        {"epochs", required_argument, 0, O_EPOCHS},   {"log-interval", required_argument, 0, O_LOGI},
+        {"eval-interval", required_argument, 0, O_EVALI}, {"seed", required_argument, 0, O_SEED},
+        {"save", required_argument, 0, O_SAVE},       {"metrics", required_argument, 0, O_METRICS},
+        {"data", required_argument, 0, O_DATA},       {"cache-dir", required_argument, 0, O_CACHE},
+        {"direction", required_argument, 0, O_DIR},   {"spm-vocab-size", required_argument, 0, O_SPMV},
+        {"strict", no_argument, 0, O_STRICT},         {"batch-tokens", required_argument, 0, O_BTOK},
+        {"beam", required_argument, 0, O_BEAM},       {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
     char err[256];
@@ -110,15 +138,20 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     }
     a->opt = optim_defaults();
     a->opt.lr = 1e-3f;
-    a->opt.warmup = 100;
+    a->opt.warmup = 1000;
     a->task = SYNTH_COPY;
     a->batch_size = 32;
     a->min_len = 4;
     a->max_len = 12;
-    a->max_steps = 300;
-    a->log_interval = 10;
-    a->eval_interval = 100;
+    a->data_dir = "data/small_parallel_enja";
+    a->dir = DIR_EN_JA;
+    a->batch_tokens = 4096;
+    a->spm_vocab = 8000;
+    a->max_steps = 1000;
+    a->log_interval = 50;
+    a->eval_interval = 500;
     a->seed = 1;
+    bool vocab_given = false;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -131,7 +164,10 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
             break;
         case O_ENC: a->cfg.enc_layers = (int)parse_long("--encoder-layers", optarg, 0, 255); break;
         case O_DEC: a->cfg.dec_layers = (int)parse_long("--decoder-layers", optarg, 0, 255); break;
-        case O_VOCAB: a->cfg.vocab_size = (int)parse_long("--vocab-size", optarg, 1, 1 << 24); break;
+        case O_VOCAB:
+            a->cfg.vocab_size = (int)parse_long("--vocab-size", optarg, 1, 1 << 24);
+            vocab_given = true;
+            break;
         case O_MAXLEN: a->cfg.max_len = (int)parse_long("--max-len", optarg, 2, 1 << 16); break;
         case O_DROPOUT: a->cfg.dropout = parse_float("--dropout", optarg); break;
         case O_LS: a->cfg.label_smoothing = parse_float("--label-smoothing", optarg); break;
@@ -146,6 +182,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 fprintf(stderr, "train_mt: --task must be copy or reverse, got '%s'\n", optarg);
                 exit(2);
             }
+            a->synthetic = true;
             break;
         case O_BS: a->batch_size = (int)parse_long("--batch-size", optarg, 1, 1 << 20); break;
         case O_MINLEN: a->min_len = (int)parse_long("--min-len", optarg, 1, 1 << 16); break;
@@ -158,11 +195,24 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_B2: a->opt.beta2 = parse_float("--adam-beta2", optarg); break;
         case O_EPS: a->opt.eps = parse_float("--adam-eps", optarg); break;
         case O_STEPS: a->max_steps = (int)parse_long("--max-steps", optarg, 1, 1 << 30); break;
+        case O_EPOCHS: a->epochs = (int)parse_long("--epochs", optarg, 1, 1 << 20); break;
         case O_LOGI: a->log_interval = (int)parse_long("--log-interval", optarg, 1, 1 << 30); break;
         case O_EVALI: a->eval_interval = (int)parse_long("--eval-interval", optarg, 1, 1 << 30); break;
         case O_SEED: a->seed = (unsigned long long)parse_long("--seed", optarg, 0, 0x7fffffffL); break;
         case O_SAVE: a->save_dir = optarg; break;
         case O_METRICS: a->metrics_path = optarg; break;
+        case O_DATA: a->data_dir = optarg; break;
+        case O_CACHE: a->cache_dir = optarg; break;
+        case O_DIR:
+            if (direction_parse(optarg, &a->dir)) {
+                fprintf(stderr, "train_mt: --direction must be en-ja or ja-en, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
+        case O_SPMV: a->spm_vocab = (int)parse_long("--spm-vocab-size", optarg, 16, 1 << 20); break;
+        case O_STRICT: a->strict = true; break;
+        case O_BTOK: a->batch_tokens = (int)parse_long("--batch-tokens", optarg, 1, 1 << 30); break;
+        case O_BEAM: a->beam = (int)parse_long("--beam", optarg, 0, 100); break;
         case O_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -171,11 +221,17 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         fprintf(stderr, "train_mt: unexpected argument '%s'\n", argv[optind]);
         exit(2);
     }
+    if (!a->synthetic && vocab_given) {
+        fprintf(stderr, "train_mt: --vocab-size applies to --task runs; with a corpus the tokenizer sets it "
+                        "(see --spm-vocab-size)\n");
+        exit(2);
+    }
+    if (!a->synthetic) a->cfg.vocab_size = a->spm_vocab; /* checked against the tokenizer once loaded */
     if (config_validate(&a->cfg, err, sizeof err)) {
         fprintf(stderr, "train_mt: invalid model configuration: %s\n", err);
         exit(2);
     }
-    if (a->min_len > a->max_len || a->max_len + 1 > a->cfg.max_len) {
+    if (a->synthetic && (a->min_len > a->max_len || a->max_len + 1 > a->cfg.max_len)) {
         fprintf(stderr, "train_mt: --min-len %d / --seq-len %d must satisfy min <= seq and seq + 1 <= max-len %d\n",
                 a->min_len, a->max_len, a->cfg.max_len);
         exit(2);
@@ -194,31 +250,192 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Held-out loss: fixed batches from a seed the training stream never uses. */
-static float eval_loss(Model *m, const TrainArgs *a) {
+/* Where batches come from: the corpus, or a synthetic task. */
+typedef struct {
+    const TrainArgs *args;
+    const ModelConfig *cfg;
+    /* corpus */
+    Spm *spm;
+    char spm_path[4096];
+    TokenFile train_tf, dev_tf;
+    Dataset train, dev;
+    /* synthetic */
+    uint64_t synth_index;
+} Source;
+
+static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, char *err, size_t err_len) {
+    memset(src, 0, sizeof *src);
+    src->args = a;
+    src->cfg = cfg;
+    if (a->synthetic) return 0;
+    char cache[1024], path[4096], why[1024];
+    if (strlen(a->data_dir) > 900 || (a->cache_dir && strlen(a->cache_dir) > 900)) {
+        tp_error_set(err, err_len, "--data / --cache-dir paths longer than 900 characters are not supported");
+        return -1;
+    }
+    if (a->cache_dir) {
+        snprintf(cache, sizeof cache, "%s", a->cache_dir);
+    } else {
+        const char *base = strrchr(a->data_dir, '/');
+        base = base && base[1] ? base + 1 : a->data_dir;
+        snprintf(cache, sizeof cache, "cache/%s", base);
+        mkdir("cache", 0755);
+    }
+    CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab, .strict = a->strict,
+                       .verbose = true};
+    const char *splits[2] = {"train", "dev"};
+    CorpusStats st[2];
+    if (corpus_prepare(&cc, splits, 2, st, err, err_len)) return -1;
+    snprintf(src->spm_path, sizeof src->spm_path, "%s/spm.model", cache);
+    src->spm = spm_load(src->spm_path, err, err_len);
+    if (!src->spm) return -1;
+    int v = spm_vocab_size(src->spm);
+    if (v != a->spm_vocab)
+        printf("train_mt: reusing the tokenizer in %s with %d pieces (--spm-vocab-size %d applies when one is "
+               "trained)\n", cache, v, a->spm_vocab);
+    cfg->vocab_size = v;
+    cfg->pad_id = SPM_PAD_ID;
+    cfg->unk_id = SPM_UNK_ID;
+    cfg->bos_id = SPM_BOS_ID;
+    cfg->eos_id = SPM_EOS_ID;
+    snprintf(path, sizeof path, "%s/train.tok", cache);
+    if (token_file_open(&src->train_tf, path, err, err_len)) return -1;
+    snprintf(path, sizeof path, "%s/dev.tok", cache);
+    if (token_file_open(&src->dev_tf, path, err, err_len)) return -1;
+    if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, 0, 1, a->seed,
+                     cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+        tp_error_set(err, err_len, "train split: %s", why);
+        return -1;
+    }
+    if (dataset_init(&src->dev, &src->dev_tf, a->dir, cfg->max_len, a->batch_tokens, 0, 1, a->seed, cfg->pad_id,
+                     cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+        tp_error_set(err, err_len, "dev split: %s", why);
+        return -1;
+    }
+    printf("train_mt: train: %d pairs usable, %ld longer than --max-len %d skipped; dev: %d pairs; "
+           "%d batches per epoch of <= %d tokens\n",
+           src->train.n_usable, src->train.n_too_long, cfg->max_len, src->dev.n_usable, src->train.n_batches,
+           a->batch_tokens);
+    return 0;
+}
+
+static void source_close(Source *src) {
+    if (src->args->synthetic) return;
+    dataset_free(&src->train);
+    dataset_free(&src->dev);
+    token_file_close(&src->train_tf);
+    token_file_close(&src->dev_tf);
+    spm_free(src->spm);
+}
+
+static void source_next(Source *src, OwnedBatch *b, long *n_tokens) {
+    const TrainArgs *a = src->args;
+    if (a->synthetic) {
+        synth_batch(b, a->task, src->cfg, a->batch_size, a->min_len, a->max_len, a->seed, ++src->synth_index);
+        *n_tokens = 0;
+        for (int i = 0; i < b->view.B; i++) *n_tokens += b->tgt_len[i];
+        return;
+    }
+    dataset_next(&src->train, b, n_tokens);
+}
+
+typedef struct { float loss; float bleu; bool has_bleu; } EvalResult;
+
+/* Dev loss (token-weighted mean, no dropout) and, for a corpus, dev BLEU of
+ * greedy/beam translations against the references, both detokenized by the
+ * tokenizer back to the corpus tokenization. */
+static EvalResult evaluate(Model *m, Source *src) {
+    const TrainArgs *a = src->args;
+    EvalResult r = {0};
     double sum = 0.0;
     long n_tok = 0;
-    for (int i = 0; i < 4; i++) {
+    if (a->synthetic) {
+        for (int i = 0; i < 4; i++) {
+            OwnedBatch b;
+            synth_batch(&b, a->task, &m->cfg, a->batch_size, a->min_len, a->max_len, a->seed ^ 0xE7A1ULL, i);
+            int n = 0;
+            float loss = model_forward(m, &b.view, false, (DropoutKey){0}, &n);
+            sum += (double)loss * n;
+            n_tok += n;
+            owned_batch_free(&b);
+        }
+        r.loss = n_tok ? (float)(sum / n_tok) : 0.0f;
+        return r;
+    }
+    Dataset *dev = &src->dev;
+    int nb = dataset_eval_batches(dev);
+    const int n = dev->n_usable;
+    int32_t **srcs = TP_CALLOC((size_t)n, sizeof(int32_t *)), **refs = TP_CALLOC((size_t)n, sizeof(int32_t *));
+    int *slen = TP_CALLOC((size_t)n, sizeof(int)), *rlen = TP_CALLOC((size_t)n, sizeof(int));
+    int k = 0;
+    for (int i = 0; i < nb; i++) {
         OwnedBatch b;
-        synth_batch(&b, a->task, &m->cfg, a->batch_size, a->min_len, a->max_len, a->seed ^ 0xE7A1ULL, i);
-        int n = 0;
-        float loss = model_forward(m, &b.view, false, (DropoutKey){0}, &n);
-        sum += (double)loss * n;
-        n_tok += n;
+        int32_t *index = TP_MALLOC((size_t)n * sizeof(int32_t));
+        dataset_eval_batch(dev, i, &b, index);
+        int nt = 0;
+        float loss = model_forward(m, &b.view, false, (DropoutKey){0}, &nt);
+        sum += (double)loss * nt;
+        n_tok += nt;
+        for (int row = 0; row < b.view.B && k < n; row++, k++) {
+            slen[k] = b.src_len[row] - 1;  // without eos
+            rlen[k] = b.tgt_len[row] - 1;
+            srcs[k] = TP_MALLOC((size_t)(slen[k] + 1) * sizeof(int32_t));
+            refs[k] = TP_MALLOC((size_t)(rlen[k] + 1) * sizeof(int32_t));
+            memcpy(srcs[k], b.src + (size_t)row * b.view.S, (size_t)slen[k] * sizeof(int32_t));
+            memcpy(refs[k], b.tgt_out + (size_t)row * b.view.T, (size_t)rlen[k] * sizeof(int32_t));
+        }
+        free(index);
         owned_batch_free(&b);
     }
-    return n_tok ? (float)(sum / n_tok) : 0.0f;
+    r.loss = n_tok ? (float)(sum / n_tok) : 0.0f;
+    Hypotheses h;
+    mt_translate_ids(m, (const int32_t *const *)srcs, slen, k, a->beam, 1.0f, 64, &h);
+    BleuStats bs;
+    bleu_init(&bs);
+    for (int i = 0; i < k; i++) {
+        char *hyp = spm_decode(src->spm, h.hyp[i], h.len[i]);
+        char *ref = spm_decode(src->spm, refs[i], rlen[i]);
+        TP_CHECK(hyp && ref, "the tokenizer failed to decode a dev sentence");
+        bleu_add(&bs, hyp, ref);
+        free(hyp);
+        free(ref);
+    }
+    r.bleu = (float)bleu_score(&bs, NULL, NULL);
+    r.has_bleu = true;
+    hypotheses_free(&h);
+    for (int i = 0; i < k; i++) {
+        free(srcs[i]);
+        free(refs[i]);
+    }
+    free(srcs);
+    free(refs);
+    free(slen);
+    free(rlen);
+    return r;
+}
+
+static void fmt_duration(char *buf, size_t n, double s) {
+    long t = s > 0 ? (long)(s + 0.5) : 0;
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
 int main(int argc, char **argv) {
     TrainArgs a;
     parse_args(argc, argv, &a);
-    char err[512];
+    char err[1024];
+    Source src;
+    if (source_open(&src, &a, &a.cfg, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 1;
+    }
     Model m;
     if (model_create(&m, &a.cfg, a.seed, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    int total = a.max_steps;
+    if (a.epochs > 0 && !a.synthetic) total = a.epochs * src.train.n_batches;
     AdamW opt;
     adamw_init(&opt, &a.opt, m.tab.n_elems);
     FILE *metrics = NULL;
@@ -229,59 +446,85 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    printf("train_mt: preset %s, d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d, %zu parameters; "
-           "synthetic %s task\n",
+    printf("train_mt: preset %s, d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d, %zu parameters; %s; "
+           "%d steps\n",
            a.preset, a.cfg.d_model, a.cfg.n_heads, a.cfg.d_ff, a.cfg.enc_layers, a.cfg.dec_layers, a.cfg.vocab_size,
-           m.tab.n_elems, a.task == SYNTH_COPY ? "copy" : "reverse");
+           m.tab.n_elems, a.synthetic ? (a.task == SYNTH_COPY ? "synthetic copy task" : "synthetic reverse task")
+                                      : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
+           total);
     fflush(stdout);
-
-    double t_window = now_s();
+    const bool tty = isatty(STDOUT_FILENO);
+    const double t_start = now_s();
+    double t_window = t_start, t_eval = 0.0;
     long tok_window = 0;
-    for (int step = 1; step <= a.max_steps; step++) {
+    for (int step = 1; step <= total; step++) {
         OwnedBatch b;
-        synth_batch(&b, a.task, &a.cfg, a.batch_size, a.min_len, a.max_len, a.seed, (uint64_t)step);
+        long n_tok = 0;
+        source_next(&src, &b, &n_tok);
         DropoutKey key = {.seed = a.seed, .step = (uint32_t)step};
-        int n_tok = 0;
+        int n_local = 0;
         model_zero_grad(&m);
-        float loss = model_forward(&m, &b.view, true, key, &n_tok);
+        float loss = model_forward(&m, &b.view, true, key, &n_local);
         model_backward(&m, &b.view, true, key, n_tok > 0 ? 1.0f / (float)n_tok : 0.0f);
         float gnorm = grad_global_norm(m.grads, m.tab.n_elems);
         if (!isfinite(loss) || !isfinite(gnorm)) {
-            fprintf(stderr, "train_mt: step %d: loss %g, gradient norm %g is not finite; stopping "
-                            "(lower --lr or raise --warmup)\n", step, loss, gnorm);
+            fprintf(stderr, "%strain_mt: step %d: loss %g, gradient norm %g is not finite; stopping "
+                            "(lower --lr or raise --warmup)\n", tty ? "\n" : "", step, loss, gnorm);
             return 1;
         }
         clip_grads(m.grads, m.tab.n_elems, gnorm, a.opt.clip_norm);
         float lr = lr_at(&a.opt, step);
         adamw_step(&opt, m.params, m.grads, &m.tab, lr);
-        tok_window += n_tok;
+        tok_window += n_local;
         owned_batch_free(&b);
 
-        bool log = step % a.log_interval == 0 || step == a.max_steps || step == 1;
-        bool eval = step % a.eval_interval == 0 || step == a.max_steps;
-        if (log) {
-            double t = now_s();
+        double t = now_s();
+        if (tty) {
+            double per_step = (t - t_start - t_eval) / step;
+            char eta[32];
+            fmt_duration(eta, sizeof eta, per_step * (total - step));
+            printf("\r\033[K%d/%d | loss %.4f | %.0f tok/s | ETA %s", step, total, loss,
+                   tok_window / (t - t_window > 1e-9 ? t - t_window : 1e-9), eta);
+            fflush(stdout);
+        }
+        if (step % a.log_interval == 0 || step == total || step == 1) {
             double tps = tok_window / (t - t_window > 1e-9 ? t - t_window : 1e-9);
-            printf("step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", step, a.max_steps, loss, lr,
-                   gnorm, tps);
+            printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", tty ? "\r\033[K" : "",
+                   step, total, loss, lr, gnorm, tps);
             if (metrics)
                 fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
                                  "\"tokens_per_s\": %.1f}\n", step, loss, lr, gnorm, tps);
             t_window = now_s();
             tok_window = 0;
         }
-        if (eval) {
-            float dev = eval_loss(&m, &a);
-            printf("step %6d/%d | held-out loss %.4f\n", step, a.max_steps, dev);
-            if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.6f}\n", step, dev);
+        if (step % a.eval_interval == 0 || step == total) {
+            double t0 = now_s();
+            EvalResult ev = evaluate(&m, &src);
+            if (ev.has_bleu) {
+                printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
+                       ev.loss, ev.bleu);
+                if (metrics)
+                    fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.6f, \"dev_bleu\": %.4f}\n", step, ev.loss,
+                            ev.bleu);
+            } else {
+                printf("%sstep %6d/%d | held-out loss %.4f\n", tty ? "\r\033[K" : "", step, total, ev.loss);
+                if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.6f}\n", step, ev.loss);
+            }
+            t_eval += now_s() - t0;
             t_window = now_s();
         }
-        fflush(stdout);
+        if (!tty) fflush(stdout);
         if (metrics) fflush(metrics);
     }
+    char took[32];
+    fmt_duration(took, sizeof took, now_s() - t_start);
+    printf("train_mt: %d steps in %s (%.1f s training, %.1f s evaluation)\n", total, took,
+           now_s() - t_start - t_eval, t_eval);
     int rc = 0;
     if (a.save_dir) {
-        if (model_export(&m, a.save_dir, err, sizeof err)) {
+        int s = a.synthetic ? model_export(&m, a.save_dir, err, sizeof err)
+                            : mt_save(&m, src.spm_path, a.save_dir, err, sizeof err);
+        if (s) {
             fprintf(stderr, "train_mt: --save: %s\n", err);
             rc = 1;
         } else {
@@ -294,5 +537,6 @@ int main(int argc, char **argv) {
     }
     adamw_free(&opt);
     model_free(&m);
+    source_close(&src);
     return rc;
 }

@@ -1,0 +1,77 @@
+/* dataset.h: token pairs -> padded batches for one data-parallel rank.
+ *
+ * Like fairseq's max_tokens: pairs are bucketed by length and packed into
+ * batches whose padded size (sequences x longest side, bos/eos included)
+ * stays within a token budget. Every epoch has its own order, a pure
+ * function of (seed, epoch): pairs are shuffled, stably sorted by length,
+ * cut into global batches (budget x dp_size), and the batch order shuffled.
+ * Global batch g is dealt to the dp ranks by striding its length-sorted
+ * pairs (pair j goes to rank j % dp_size), so every pair is seen exactly
+ * once per epoch, by one rank, and all ranks take the same number of steps.
+ * A global batch always holds at least dp_size pairs.
+ *
+ * The cursor (seed, epoch, position) is all the state there is: saving it
+ * and restoring it resumes at the same batch.
+ */
+#ifndef TPTRAIN_DATASET_H
+#define TPTRAIN_DATASET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "data/corpus.h"
+#include "data/synthetic.h"
+
+typedef enum { DIR_EN_JA = 0, DIR_JA_EN = 1 } Direction;
+
+typedef struct {
+    uint64_t seed;
+    int64_t epoch;     // 0-based
+    int64_t position;  // index of the next global batch within the epoch
+} DataCursor;
+
+typedef struct {
+    const TokenFile *tf;
+    Direction dir;
+    int max_len;          // a side longer than max_len - 1 pieces is skipped
+    int batch_tokens;     // per-rank budget of padded tokens
+    int dp_rank, dp_size;
+    int pad_id, bos_id, eos_id;
+    /* filled by dataset_init */
+    int n_usable;         // pairs within max_len
+    long n_too_long;      // pairs skipped for length
+    int32_t *usable;      // (n_usable) pair indices
+    /* current epoch's plan */
+    int64_t plan_epoch;   // epoch the plan below belongs to (-1: none)
+    int n_batches;        // global batches in the epoch
+    int32_t *order;       // (n_usable) pair indices, batches contiguous
+    int32_t *batch_start; // (n_batches + 1) into order, in batch order
+    DataCursor cursor;
+} Dataset;
+
+/* 0 or -1 + err (e.g. nothing usable, dp_rank out of range, budget too
+ * small for the longest usable pair). */
+int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, int batch_tokens, int dp_rank,
+                 int dp_size, uint64_t seed, int pad_id, int bos_id, int eos_id, char *err, size_t err_len);
+void dataset_free(Dataset *ds);
+
+/* This rank's share of the next global batch; advances the cursor (into the
+ * next epoch when one ends). src = pieces + eos, tgt_in = bos + pieces,
+ * tgt_out = pieces + eos, all right-padded with pad_id. *global_tokens (if
+ * non-NULL) receives the target tokens (incl. eos) of the whole global
+ * batch, the divisor of the data-parallel mean loss. */
+void dataset_next(Dataset *ds, OwnedBatch *out, long *global_tokens);
+
+/* Every usable pair once, in a fixed length-sorted order, for evaluation:
+ * batch i of n (not shuffled, not split across ranks). Returns the number of
+ * batches; dataset_eval_batch fills batch i. `index` (n_seqs) receives the
+ * pair indices of the batch's rows. */
+int dataset_eval_batches(Dataset *ds);
+void dataset_eval_batch(Dataset *ds, int i, OwnedBatch *out, int32_t *index);
+
+DataCursor dataset_cursor(const Dataset *ds);
+/* 0, or -1 + err when the cursor's seed differs from the dataset's. */
+int dataset_seek(Dataset *ds, DataCursor c, char *err, size_t err_len);
+
+int direction_parse(const char *s, Direction *d);
+
+#endif

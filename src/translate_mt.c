@@ -1,0 +1,206 @@
+/* translate_mt.c: decoding and evaluation with a saved model directory.
+ *
+ *   translate_mt --model DIR [--beam K] [--lenpen A] < input.en > output.ja
+ *   translate_mt --model DIR --src test.en --ref test.ja     # + corpus BLEU on stderr
+ *   translate_mt --model DIR --src test.en --ref test.ja --score   # log p(ref | src) per line
+ *
+ * Translations go to stdout in input order, one per line; reports go to
+ * stderr so stdout stays machine-readable. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/bleu.h"
+#include "err.h"
+#include "mt.h"
+
+typedef struct {
+    char **line;
+    int n, cap;
+} Lines;
+
+/* Reads every line (CRLF and LF stripped). -1 + err on I/O failure. */
+static int read_lines(FILE *f, const char *name, Lines *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    while ((got = getline(&buf, &cap, f)) >= 0) {
+        while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == '\r')) buf[--got] = '\0';
+        if (out->n == out->cap) {
+            out->cap = out->cap ? 2 * out->cap : 1024;
+            out->line = realloc(out->line, (size_t)out->cap * sizeof(char *));
+            TP_CHECK(out->line, "out of memory reading %s", name);
+        }
+        out->line[out->n++] = strdup(buf);
+    }
+    free(buf);
+    if (ferror(f)) {
+        tp_error_set(err, err_len, "%s: read error (%s)", name, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void free_lines(Lines *l) {
+    for (int i = 0; i < l->n; i++) free(l->line[i]);
+    free(l->line);
+    memset(l, 0, sizeof *l);
+}
+
+static int load_lines(const char *path, Lines *out) {
+    char err[512];
+    FILE *f = path ? fopen(path, "r") : stdin;
+    if (!f) {
+        fprintf(stderr, "translate_mt: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int rc = read_lines(f, path ? path : "<stdin>", out, err, sizeof err);
+    if (path) fclose(f);
+    if (rc) fprintf(stderr, "translate_mt: %s\n", err);
+    return rc;
+}
+
+/* Encodes all lines; counts lines longer than the model accepts. */
+static int32_t **encode_all(const Spm *spm, const Lines *l, int **len_out, int max_pieces, const char *name) {
+    int32_t **ids = TP_CALLOC((size_t)(l->n > 0 ? l->n : 1), sizeof(int32_t *));
+    int *len = TP_CALLOC((size_t)(l->n > 0 ? l->n : 1), sizeof(int));
+    int cut = 0;
+    for (int i = 0; i < l->n; i++) {
+        ids[i] = mt_encode_line(spm, l->line[i], &len[i]);
+        TP_CHECK(ids[i], "%s:%d: the tokenizer failed on this line", name, i + 1);
+        if (len[i] > max_pieces) cut++;
+    }
+    if (cut)
+        fprintf(stderr, "translate_mt: %s: %d lines longer than %d pieces were cut to that length\n", name, cut,
+                max_pieces);
+    *len_out = len;
+    return ids;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: translate_mt --model DIR [--src FILE] [--ref FILE] [--score] [--beam K] [--lenpen A]\n"
+               "                    [--batch-size N]\n"
+               "  --model DIR     a model directory saved by train_mt --save\n"
+               "  --src FILE      source sentences, one per line (default: stdin)\n"
+               "  --ref FILE      references: print corpus BLEU-4 on stderr\n"
+               "  --score         with --ref: print log p(ref | src) of each pair instead of translating\n"
+               "  --beam K        beam size (default 5; 0 = greedy)\n"
+               "  --lenpen A      length penalty: score / length^A (default 1.0)\n"
+               "  --batch-size N  sentences decoded together (default 64)\n");
+}
+
+int main(int argc, char **argv) {
+    const char *model_dir = NULL, *src_path = NULL, *ref_path = NULL;
+    int beam = 5, batch = 64, score = 0;
+    float lenpen = 1.0f;
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"src", required_argument, 0, 's'},
+        {"ref", required_argument, 0, 'r'},   {"score", no_argument, 0, 'S'},
+        {"beam", required_argument, 0, 'b'},  {"lenpen", required_argument, 0, 'l'},
+        {"batch-size", required_argument, 0, 'B'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    char *end;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_dir = optarg; break;
+        case 's': src_path = optarg; break;
+        case 'r': ref_path = optarg; break;
+        case 'S': score = 1; break;
+        case 'b':
+            beam = (int)strtol(optarg, &end, 10);
+            if (*end || beam < 0 || beam > 1000) {
+                fprintf(stderr, "translate_mt: --beam expects an integer in [0, 1000], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'l':
+            lenpen = strtof(optarg, &end);
+            if (*end) {
+                fprintf(stderr, "translate_mt: --lenpen expects a number, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'B':
+            batch = (int)strtol(optarg, &end, 10);
+            if (*end || batch < 1) {
+                fprintf(stderr, "translate_mt: --batch-size expects a positive integer, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!model_dir || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    if (score && !ref_path) {
+        fprintf(stderr, "translate_mt: --score needs --ref (the targets to score)\n");
+        return 2;
+    }
+    char err[1024];
+    MtModel mt;
+    if (mt_load(&mt, model_dir, err, sizeof err)) {
+        fprintf(stderr, "translate_mt: %s\n", err);
+        return 1;
+    }
+    const int max_pieces = mt.model.cfg.max_len - 1;
+    Lines src, ref = {0};
+    if (load_lines(src_path, &src)) return 1;
+    if (ref_path && load_lines(ref_path, &ref)) return 1;
+    if (ref_path && ref.n != src.n) {
+        fprintf(stderr, "translate_mt: %s has %d lines but %s has %d\n", src_path ? src_path : "<stdin>", src.n,
+                ref_path, ref.n);
+        return 1;
+    }
+    int *src_len = NULL, *ref_len = NULL;
+    int32_t **src_ids = encode_all(mt.spm, &src, &src_len, max_pieces, src_path ? src_path : "<stdin>");
+    int rc = 0;
+    if (score) {
+        int32_t **ref_ids = encode_all(mt.spm, &ref, &ref_len, max_pieces, ref_path);
+        double *s = TP_MALLOC((size_t)(src.n > 0 ? src.n : 1) * sizeof(double));
+        mt_score_ids(&mt.model, (const int32_t *const *)src_ids, src_len, (const int32_t *const *)ref_ids, ref_len,
+                     src.n, batch, s);
+        for (int i = 0; i < src.n; i++) printf("%.6f\n", s[i]);
+        for (int i = 0; i < ref.n; i++) free(ref_ids[i]);
+        free(ref_ids);
+        free(s);
+    } else {
+        Hypotheses h;
+        mt_translate_ids(&mt.model, (const int32_t *const *)src_ids, src_len, src.n, beam, lenpen, batch, &h);
+        BleuStats bs;
+        bleu_init(&bs);
+        for (int i = 0; i < src.n; i++) {
+            char *text = spm_decode(mt.spm, h.hyp[i], h.len[i]);
+            TP_CHECK(text, "the tokenizer failed to decode output %d", i + 1);
+            printf("%s\n", text);
+            if (ref_path) bleu_add(&bs, text, ref.line[i]);
+            free(text);
+        }
+        if (ref_path) {
+            double bp, p[4];
+            double bleu = bleu_score(&bs, &bp, p);
+            fprintf(stderr, "BLEU = %.2f %.1f/%.1f/%.1f/%.1f (BP = %.3f, hyp_len = %ld, ref_len = %ld)\n", bleu,
+                    100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3], bp, bs.hyp_len, bs.ref_len);
+        }
+        hypotheses_free(&h);
+    }
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "translate_mt: writing the output failed\n");
+        rc = 1;
+    }
+    for (int i = 0; i < src.n; i++) free(src_ids[i]);
+    free(src_ids);
+    free(src_len);
+    free(ref_len);
+    free_lines(&src);
+    free_lines(&ref);
+    mt_free(&mt);
+    return rc;
+}
