@@ -6,7 +6,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 pkgs=(cmake make gcc g++ pkg-config libopenblas-dev libcjson-dev libsentencepiece-dev)
 if [ "${1:-}" = "--tests" ]; then
-  pkgs+=(python3-torch python3-numpy)   # the PyTorch reference (run by /usr/bin/python3)
+  pkgs+=(python3-torch python3-numpy python3-sentencepiece)   # reference checks, run by /usr/bin/python3
 fi
 missing=()
 for p in "${pkgs[@]}"; do

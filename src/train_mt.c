@@ -290,9 +290,6 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, char *
     src->spm = spm_load(src->spm_path, err, err_len);
     if (!src->spm) return -1;
     int v = spm_vocab_size(src->spm);
-    if (v != a->spm_vocab)
-        printf("train_mt: reusing the tokenizer in %s with %d pieces (--spm-vocab-size %d applies when one is "
-               "trained)\n", cache, v, a->spm_vocab);
     cfg->vocab_size = v;
     cfg->pad_id = SPM_PAD_ID;
     cfg->unk_id = SPM_UNK_ID;

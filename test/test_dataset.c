@@ -214,15 +214,24 @@ static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, i
     for (int r = 0; r < dp; r++) dataset_free(&ds[r]);
 }
 
-/* Pair ids of one epoch in visiting order (dp 1); returns the count. */
-static int epoch_sequence(Dataset *ds, int32_t *seq, int *batch_max, int *n_batches) {
+/* Pair ids of one epoch in visiting order (dp 1); returns the count.
+ * mate[p] (if non-NULL, indexed by pair) receives the smallest pair id in
+ * p's batch, a label of the batch's composition. */
+static int epoch_sequence(Dataset *ds, int32_t *seq, int *batch_max, int *n_batches, int32_t *mate) {
     int n = 0, k = 0;
     const int64_t e = dataset_cursor(ds).epoch;
     const int base = ds->dir == DIR_EN_JA ? EN_BASE : JA_BASE;
     while (dataset_cursor(ds).epoch == e) {
         OwnedBatch ob;
         dataset_next(ds, &ob, NULL);
-        for (int r = 0; r < ob.view.B; r++) seq[n++] = ob.view.src[(size_t)r * ob.view.S] - base;
+        int32_t low = INT32_MAX;
+        for (int r = 0; r < ob.view.B; r++) {
+            seq[n + r] = ob.view.src[(size_t)r * ob.view.S] - base;
+            if (seq[n + r] < low) low = seq[n + r];
+        }
+        if (mate)
+            for (int r = 0; r < ob.view.B; r++) mate[seq[n + r]] = low;
+        n += ob.view.B;
         if (batch_max) batch_max[k] = ob.view.S > ob.view.T ? ob.view.S : ob.view.T;
         k++;
         owned_batch_free(&ob);
@@ -241,10 +250,17 @@ static void check_order(const Fixture *fx, int max_len) {
     int32_t *e0 = malloc((size_t)n * sizeof *e0), *e1 = malloc((size_t)n * sizeof *e1);
     int32_t *s0 = malloc((size_t)n * sizeof *s0), *o0 = malloc((size_t)n * sizeof *o0);
     int *bmax = malloc((size_t)n * sizeof *bmax), nb = 0;
-    CHECK(epoch_sequence(&a, e0, bmax, &nb) == n, "epoch 0 length");
-    CHECK(epoch_sequence(&a, e1, NULL, NULL) == n, "epoch 1 length");
-    CHECK(epoch_sequence(&b, s0, NULL, NULL) == n, "same-seed length");
-    CHECK(epoch_sequence(&c, o0, NULL, NULL) == n, "other-seed length");
+    int32_t *m0 = calloc((size_t)fx->n, sizeof *m0), *m1 = calloc((size_t)fx->n, sizeof *m1);
+    CHECK(epoch_sequence(&a, e0, bmax, &nb, m0) == n, "epoch 0 length");
+    CHECK(epoch_sequence(&a, e1, NULL, NULL, m1) == n, "epoch 1 length");
+    CHECK(epoch_sequence(&b, s0, NULL, NULL, NULL) == n, "same-seed length");
+    CHECK(epoch_sequence(&c, o0, NULL, NULL, NULL) == n, "other-seed length");
+    /* Pairs of equal length are shuffled too: batches change composition. */
+    int regrouped = 0;
+    for (int i = 0; i < fx->n; i++) regrouped += usable(fx, i, max_len) && m0[i] != m1[i];
+    CHECK(regrouped > n / 4, "only %d of %d pairs changed batch mates between epochs", regrouped, n);
+    free(m0);
+    free(m1);
     CHECK(memcmp(e0, e1, (size_t)n * sizeof *e0) != 0, "epochs 0 and 1 have the same order");
     CHECK(memcmp(e0, s0, (size_t)n * sizeof *e0) == 0, "the same seed gave another order");
     CHECK(memcmp(e0, o0, (size_t)n * sizeof *e0) != 0, "another seed gave the same order");

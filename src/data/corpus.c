@@ -15,7 +15,7 @@
  *   - the header crc covers the 28 header bytes before it; the offset and
  *     line tables are covered by the structural checks instead;
  *   - the key is crc32c over (format version, c(.en), c(.ja), c(spm.model)),
- *     where c(f) = crc32c(length of f as uint64, bytes of f): any changed
+ *     where c(f) = crc32c(length of f as uint64, bytes of f): a changed
  *     byte changes it, and so do bytes moved from one file to the next.
  *     Only content counts: touching a file does not rebuild;
  *   - vocab_size <= 0 means the default 8000; an existing spm.model with
@@ -571,6 +571,7 @@ int corpus_prepare(const CorpusConfig *cfg, const char *const *splits, int n_spl
         tp_error_set(err, err_len, "corpus_prepare: missing data folder, cache folder or split names");
         return -1;
     }
+    if (stats) memset(stats, 0, (size_t)n_splits * sizeof *stats);
     const int vocab_size = cfg->vocab_size > 0 ? cfg->vocab_size : CORPUS_DEFAULT_VOCAB;
     if (make_dirs(cfg->cache_dir, err, err_len) != 0) return -1;
 

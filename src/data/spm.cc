@@ -5,13 +5,16 @@
  * sentence (or returns NULL / -1). Training options are fixed here so that
  * every model the project trains has the same special ids and behaviour:
  *   - unigram, pad 0 ("<pad>"), unk 1, bos 2, eos 3;
- *   - normalization_rule_name=identity: no NFKC, so decode(encode(s)) == s
- *     for any text whose characters are in the vocabulary and whose spaces
- *     are single (leading, trailing and repeated spaces are still folded);
+ *   - normalization_rule_name=identity (no NFKC) and, from 1024 pieces up,
+ *     byte_fallback (a character outside the vocabulary becomes its UTF-8
+ *     bytes, never <unk>): decode(encode(s)) == s for any valid UTF-8 line
+ *     without leading, trailing or repeated spaces (those are folded);
+ *     smaller test vocabularies cannot spare the 256 byte pieces;
  *   - character_coverage 0.9995 (Japanese has a long tail of kanji);
- *   - num_threads fixed (EM sums per thread, so the thread count changes
- *     floating-point rounding; a constant makes the model bytes a pure
- *     function of the input text on every machine) and a fixed random seed;
+ *   - deterministic bytes: num_threads is a constant (EM sums per thread,
+ *     so the thread count changes rounding), the random seed is fixed, and
+ *     sentences come through an iterator and the model through a string,
+ *     so no file name is recorded in the model;
  *   - minloglevel=1: the trainer's progress log is hidden, warnings shown.
  */
 #include "data/spm.h"

@@ -1,0 +1,589 @@
+/* test_corpus.c: corpus validation and token files on small synthetic
+ * corpora (a few hundred generated pairs, an 80-piece tokenizer, so each
+ * training takes milliseconds): mismatched line counts, empty and invalid
+ * UTF-8 lines (skipped and counted, or file:line errors under strict), CRLF,
+ * a final line without '\n', cache reuse and rebuild, and token files that
+ * are truncated, flipped or foreign. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "check.h"
+#include "data/corpus.h"
+#include "data/spm.h"
+#include "safetensors.h" /* crc32c, to forge a consistent header */
+#include "testfs.h"
+
+#define N_TRAIN 400
+#define N_DEV 40
+#define N_TEST 40
+#define SMALL_VOCAB 80
+
+static char g_root[64];
+static int g_case;
+
+typedef struct {
+    char data[256], cache[256];
+} Case;
+
+/* ---- synthetic text ------------------------------------------------------- */
+
+static const char *EN_WORDS[] = {"the",  "cat",   "dog",  "sat",  "on",   "mat",    "a",    "big",   "small",
+                                 "red",  "house", "tree", "i",    "you",  "like",   "see",  "run",   "eat",
+                                 "fish", "bird",  "water", "book", "read", "we",    "they", "go",    "to",
+                                 "school", "is",  "was",  "green", "old", "new",    "friend", "river", "city"};
+static const char *JA_WORDS[] = {"猫",   "犬", "が",   "を",   "に",   "は",   "座っ", "た",   "大きい",
+                                 "小さい", "赤い", "家", "木",   "私",   "あなた", "好き", "見る", "走る",
+                                 "食べる", "魚", "鳥", "水",   "本",   "読む", "学校", "行く", "です",
+                                 "古い", "新しい", "友達", "川", "町",   "緑",   "ます", "の"};
+#define N_EN_WORDS (int)(sizeof EN_WORDS / sizeof EN_WORDS[0])
+#define N_JA_WORDS (int)(sizeof JA_WORDS / sizeof JA_WORDS[0])
+
+static uint32_t lcg(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+/* Sentence i of a language: 4..10 words, then " ." or " 。". */
+static void sentence(char *buf, size_t cap, int lang_ja, int i) {
+    uint32_t s = 0x9e3779b9u ^ (uint32_t)(i * 7919 + lang_ja);
+    int n_words = 4 + (int)(lcg(&s) % 7);
+    buf[0] = '\0';
+    for (int w = 0; w < n_words; w++) {
+        const char *word = lang_ja ? JA_WORDS[lcg(&s) % N_JA_WORDS] : EN_WORDS[lcg(&s) % N_EN_WORDS];
+        if (w) strncat(buf, " ", cap - strlen(buf) - 1);
+        strncat(buf, word, cap - strlen(buf) - 1);
+    }
+    strncat(buf, lang_ja ? " 。" : " .", cap - strlen(buf) - 1);
+}
+
+/* A file of generated lines; override[i] (if non-NULL) replaces line i
+ * (0-based) with raw bytes; eol ends every line but the last, which ends in
+ * last_eol. */
+typedef struct {
+    int i;
+    const char *bytes;
+} Override;
+
+static void write_text(const char *path, int lang_ja, int first, int n, const Override *ov, int n_ov,
+                       const char *eol, const char *last_eol) {
+    FILE *fp = fopen(path, "wb");
+    CHECK(fp != NULL, "cannot create %s", path);
+    if (!fp) return;
+    char buf[512];
+    for (int i = 0; i < n; i++) {
+        const char *line = NULL;
+        for (int k = 0; k < n_ov; k++)
+            if (ov[k].i == i) line = ov[k].bytes;
+        if (!line) {
+            sentence(buf, sizeof buf, lang_ja, first + i);
+            line = buf;
+        }
+        fputs(line, fp);
+        fputs(i + 1 < n ? eol : last_eol, fp);
+    }
+    fclose(fp);
+}
+
+static void case_new(Case *c) {
+    g_case++;
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/c%d", g_root, g_case);
+    mkdir(dir, 0777);
+    snprintf(c->data, sizeof c->data, "%s/data", dir);
+    snprintf(c->cache, sizeof c->cache, "%s/cache", dir);
+    mkdir(c->data, 0777);
+}
+
+static void write_split(const Case *c, const char *split, int first, int n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.en", c->data, split);
+    write_text(path, 0, first, n, NULL, 0, "\n", "\n");
+    snprintf(path, sizeof path, "%s/%s.ja", c->data, split);
+    write_text(path, 1, first, n, NULL, 0, "\n", "\n");
+}
+
+/* A clean corpus: train 400, dev 40, test 40 pairs. */
+static void write_clean(const Case *c) {
+    write_split(c, "train", 0, N_TRAIN);
+    write_split(c, "dev", 100000, N_DEV);
+    write_split(c, "test", 200000, N_TEST);
+}
+
+static int prepare(const Case *c, bool strict, const char *split, CorpusStats *st, char *err, size_t err_len) {
+    CorpusConfig cfg = {.data_dir = c->data, .cache_dir = c->cache, .vocab_size = SMALL_VOCAB, .strict = strict,
+                        .verbose = false};
+    const char *splits[3] = {"train", "dev", "test"};
+    if (split) splits[0] = split;
+    err[0] = '\0';
+    return corpus_prepare(&cfg, splits, split ? 1 : 3, st, err, err_len);
+}
+
+static void path_of(char *buf, size_t cap, const char *dir, const char *name) {
+    snprintf(buf, cap, "%s/%s", dir, name);
+}
+
+static bool file_exists_dir(const char *dir, const char *name) {
+    char path[512];
+    struct stat st;
+    path_of(path, sizeof path, dir, name);
+    return stat(path, &st) == 0;
+}
+
+static ino_t inode_of(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+/* Ids of text under the case's tokenizer; n returned, ids in out. */
+static int encode(const Case *c, const char *text, int32_t *out, int cap) {
+    char model[512], err[512];
+    path_of(model, sizeof model, c->cache, "spm.model");
+    Spm *s = spm_load(model, err, sizeof err);
+    CHECK(s != NULL, "%s", err);
+    if (!s) return -1;
+    int n = spm_encode(s, text, out, cap);
+    spm_free(s);
+    return n;
+}
+
+static bool same_ids(const int32_t *a, int na, const int32_t *b, int nb) {
+    return na == nb && (na == 0 || memcmp(a, b, (size_t)na * sizeof *a) == 0);
+}
+
+/* ---- cases ------------------------------------------------------------------ */
+
+static void test_clean_and_deterministic(void) {
+    Case a, b;
+    case_new(&a);
+    write_clean(&a);
+    case_new(&b);
+    write_clean(&b);
+    CorpusStats st[3] = {{0}};
+    char err[1024];
+    CHECK(prepare(&a, true, NULL, st, err, sizeof err) == 0, "clean corpus: %s", err);
+    const long want[3] = {N_TRAIN, N_DEV, N_TEST};
+    for (int i = 0; i < 3; i++) {
+        CHECK(st[i].lines == want[i] && st[i].kept == want[i], "split %d: %ld read, %ld kept, want %ld", i,
+              st[i].lines, st[i].kept, want[i]);
+        CHECK(st[i].empty == 0 && st[i].bad_utf8 == 0 && st[i].crlf == 0, "split %d: unexpected skips", i);
+    }
+    /* a second corpus in another folder gets the same tokenizer, byte for byte */
+    CHECK(prepare(&b, false, NULL, st, err, sizeof err) == 0, "clean corpus b: %s", err);
+    char pa[512], pb[512];
+    size_t na = 0, nb = 0;
+    path_of(pa, sizeof pa, a.cache, "spm.model");
+    path_of(pb, sizeof pb, b.cache, "spm.model");
+    uint8_t *ma = read_bytes(pa, &na), *mb = read_bytes(pb, &nb);
+    CHECK(ma && mb && na == nb && memcmp(ma, mb, na) == 0, "two trainings on the same text differ (%zu vs %zu bytes)",
+          na, nb);
+    free(ma);
+    free(mb);
+    path_of(pa, sizeof pa, a.cache, "train.tok");
+    path_of(pb, sizeof pb, b.cache, "train.tok");
+    ma = read_bytes(pa, &na);
+    mb = read_bytes(pb, &nb);
+    CHECK(ma && mb && na == nb && memcmp(ma, mb, na) == 0, "token files of the same corpus differ");
+    free(ma);
+    free(mb);
+    /* no temporary file left behind: spm.model, spm.vocab and three .tok */
+    DIR *d = opendir(a.cache);
+    int n_files = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.') {
+            n_files++;
+            CHECK(strstr(e->d_name, "tmp") == NULL && strstr(e->d_name, ".txt") == NULL, "leftover file %s",
+                  e->d_name);
+        }
+    if (d) closedir(d);
+    CHECK(n_files == 5, "cache holds %d files, want 5", n_files);
+
+    /* token file contents: every pair, by its source line */
+    TokenFile tf;
+    path_of(pa, sizeof pa, a.cache, "dev.tok");
+    if (token_file_open(&tf, pa, err, sizeof err) != 0) {
+        CHECK(false, "%s", err);
+        return;
+    }
+    CHECK(tf.n_pairs == N_DEV, "dev.tok has %d pairs", tf.n_pairs);
+    int bad = 0;
+    for (int i = 0; i < tf.n_pairs; i++) {
+        char text[512];
+        int32_t ids[256];
+        sentence(text, sizeof text, 0, 100000 + (int)tf.line[i] - 1);
+        int n = encode(&a, text, ids, 256);
+        bad += !same_ids(ids, n, tf.tokens + tf.en_off[i], (int)(tf.en_off[i + 1] - tf.en_off[i]));
+        sentence(text, sizeof text, 1, 100000 + (int)tf.line[i] - 1);
+        n = encode(&a, text, ids, 256);
+        bad += !same_ids(ids, n, tf.tokens + tf.ja_off[i], (int)(tf.ja_off[i + 1] - tf.ja_off[i]));
+        CHECK(tf.line[i] == (uint32_t)i + 1, "pair %d has source line %u", i, tf.line[i]);
+    }
+    CHECK(bad == 0, "%d dev sentences differ from direct encoding", bad);
+    token_file_close(&tf);
+}
+
+static void test_line_count_mismatch(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char path[512], err[1024];
+    path_of(path, sizeof path, c.data, "dev.ja");
+    write_text(path, 1, 100000, N_DEV - 1, NULL, 0, "\n", "\n");
+    CorpusStats st = {0};
+    CHECK(prepare(&c, false, "dev", &st, err, sizeof err) != 0, "mismatched dev accepted");
+    char en_path[512], want_en[64], want_ja[64];
+    path_of(en_path, sizeof en_path, c.data, "dev.en");
+    snprintf(want_en, sizeof want_en, "%d lines", N_DEV);
+    snprintf(want_ja, sizeof want_ja, "%d", N_DEV - 1);
+    CHECK(strstr(err, en_path) && strstr(err, path) && strstr(err, want_en) && strstr(err, want_ja),
+          "message '%s' should name both files and both counts", err);
+    CHECK(!file_exists_dir(c.cache, "dev.tok"), "a token file was written for a bad split");
+}
+
+/* Empty (and blank) lines: skipped and counted, or an error naming file:line. */
+static void test_empty_lines(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char path[512], err[1024];
+    const Override en_ov[] = {{4, ""}};         /* train.en line 5 empty */
+    const Override ja_ov[] = {{9, " \t "}};     /* train.ja line 10 blank */
+    path_of(path, sizeof path, c.data, "train.en");
+    write_text(path, 0, 0, N_TRAIN, en_ov, 1, "\n", "\n");
+    path_of(path, sizeof path, c.data, "train.ja");
+    write_text(path, 1, 0, N_TRAIN, ja_ov, 1, "\n", "\n");
+    CorpusStats st[3] = {{0}};
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(st[0].lines == N_TRAIN && st[0].empty == 2 && st[0].kept == N_TRAIN - 2 && st[0].bad_utf8 == 0,
+          "train: %ld read, %ld empty, %ld kept", st[0].lines, st[0].empty, st[0].kept);
+    TokenFile tf;
+    path_of(path, sizeof path, c.cache, "train.tok");
+    if (token_file_open(&tf, path, err, sizeof err) != 0) {
+        CHECK(false, "%s", err);
+        return;
+    }
+    CHECK(tf.n_pairs == N_TRAIN - 2, "train.tok has %d pairs", tf.n_pairs);
+    bool skipped = true;
+    for (int i = 0; i < tf.n_pairs; i++) skipped = skipped && tf.line[i] != 5 && tf.line[i] != 10;
+    CHECK(skipped, "lines 5 and 10 should not be in train.tok");
+    CHECK(tf.n_pairs > 5 && tf.line[4] == 6 && tf.line[8] == 11, "line numbers after the gaps: %u %u", tf.line[4],
+          tf.line[8]);
+    token_file_close(&tf);
+
+    remove_tree(c.cache);
+    CHECK(prepare(&c, true, NULL, st, err, sizeof err) != 0, "strict accepted an empty line");
+    char want[600];
+    snprintf(want, sizeof want, "%s/train.en:5: empty line", c.data);
+    CHECK(strstr(err, want) != NULL, "strict message '%s' lacks '%s'", err, want);
+    CHECK(!file_exists_dir(c.cache, "spm.model"), "strict failure still trained a tokenizer");
+}
+
+/* Invalid UTF-8, one kind per line; the valid edge cases beside them are kept. */
+static void test_invalid_utf8(void) {
+    static const struct {
+        const char *bytes, *why;
+    } bad[] = {
+        {"abc \xC0\xAF def", "overlong encoding"},        /* 2-byte overlong '/' */
+        {"abc \xE0\x80\xAF def", "overlong encoding"},    /* 3-byte overlong */
+        {"abc \xF0\x8F\xBF\xBF def", "overlong encoding"}, /* 4-byte overlong U+FFFF */
+        {"abc \xED\xA0\x80 def", "UTF-16 surrogate"},     /* U+D800 */
+        {"abc \xED\xBF\xBF def", "UTF-16 surrogate"},     /* U+DFFF */
+        {"abc \xF4\x90\x80\x80 def", "above U+10FFFF"},   /* U+110000 */
+        {"abc \xF5\x80\x80\x80 def", "above U+10FFFF"},
+        {"abc \xE3\x81", "truncated sequence"},            /* cut at the end of the line */
+        {"abc \xE3\x81 def", "truncated sequence"},        /* cut before a space */
+        {"abc \x80 def", "continuation byte"},
+        {"abc \xFF def", "never occurs"},
+    };
+    static const char *good[] = {
+        "edge \xC2\x80 \xDF\xBF",           /* U+0080, U+07FF */
+        "edge \xE0\xA0\x80 \xED\x9F\xBF",   /* U+0800, U+D7FF */
+        "edge \xEE\x80\x80 \xEF\xBF\xBF",   /* U+E000, U+FFFF */
+        "edge \xF0\x90\x80\x80 \xF4\x8F\xBF\xBF", /* U+10000, U+10FFFF */
+    };
+    const int n_bad = (int)(sizeof bad / sizeof bad[0]), n_good = (int)(sizeof good / sizeof good[0]);
+    Override ov[32];
+    for (int k = 0; k < n_bad; k++) ov[k] = (Override){2 * k + 1, bad[k].bytes};
+    for (int k = 0; k < n_good; k++) ov[n_bad + k] = (Override){2 * n_bad + 1 + k, good[k]};
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char path[512], err[1024];
+    path_of(path, sizeof path, c.data, "dev.ja");
+    write_text(path, 1, 100000, N_DEV, ov, n_bad + n_good, "\n", "\n");
+    CorpusStats st = {0};
+    CHECK(prepare(&c, false, "dev", &st, err, sizeof err) == 0, "%s", err);
+    CHECK(st.lines == N_DEV && st.bad_utf8 == n_bad && st.kept == N_DEV - n_bad && st.empty == 0,
+          "dev: %ld read, %ld bad, %ld kept (want %d bad)", st.lines, st.bad_utf8, st.kept, n_bad);
+    /* the model was trained from train only: the tokenizer was built */
+    CHECK(file_exists_dir(c.cache, "spm.model") && file_exists_dir(c.cache, "dev.tok") &&
+              !file_exists_dir(c.cache, "train.tok"),
+          "dev only: expected spm.model and dev.tok, no train.tok");
+
+    /* strict: each kind named with file:line, one corpus per kind */
+    for (int k = 0; k < n_bad; k++) {
+        const Override one = {4, bad[k].bytes};
+        write_text(path, 1, 100000, N_DEV, &one, 1, "\n", "\n");
+        CHECK(prepare(&c, true, "dev", &st, err, sizeof err) != 0, "strict accepted bad line %d", k);
+        char want[600];
+        snprintf(want, sizeof want, "%s:5: invalid UTF-8", path);
+        CHECK(strstr(err, want) && strstr(err, bad[k].why), "bad line %d: '%s' should contain '%s' and '%s'", k,
+              err, want, bad[k].why);
+    }
+    /* strict with only the valid edge cases passes */
+    write_text(path, 1, 100000, N_DEV, ov + n_bad, n_good, "\n", "\n");
+    CHECK(prepare(&c, true, "dev", &st, err, sizeof err) == 0 && st.kept == N_DEV, "valid edge cases refused: %s",
+          err);
+}
+
+/* CRLF endings are stripped and counted; a final line may lack '\n'. */
+static void test_crlf_and_final_line(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char path[512], err[1024];
+    /* dev: every line CRLF, the last one too */
+    path_of(path, sizeof path, c.data, "dev.en");
+    write_text(path, 0, 100000, N_DEV, NULL, 0, "\r\n", "\r\n");
+    path_of(path, sizeof path, c.data, "dev.ja");
+    write_text(path, 1, 100000, N_DEV, NULL, 0, "\r\n", "\r\n");
+    /* test: no newline after the last line of either file */
+    path_of(path, sizeof path, c.data, "test.en");
+    write_text(path, 0, 200000, N_TEST, NULL, 0, "\n", "");
+    path_of(path, sizeof path, c.data, "test.ja");
+    write_text(path, 1, 200000, N_TEST, NULL, 0, "\n", "");
+    CorpusStats st[3] = {{0}};
+    CHECK(prepare(&c, true, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(st[1].crlf == 2 * N_DEV && st[1].kept == N_DEV, "dev: %ld CRLF, %ld kept", st[1].crlf, st[1].kept);
+    CHECK(st[2].lines == N_TEST && st[2].kept == N_TEST && st[2].crlf == 0, "test: %ld read, %ld kept",
+          st[2].lines, st[2].kept);
+
+    const struct {
+        const char *tok;
+        int first, n;
+    } files[2] = {{"dev.tok", 100000, N_DEV}, {"test.tok", 200000, N_TEST}};
+    for (int f = 0; f < 2; f++) {
+        TokenFile tf;
+        path_of(path, sizeof path, c.cache, files[f].tok);
+        if (token_file_open(&tf, path, err, sizeof err) != 0) {
+            CHECK(false, "%s", err);
+            continue;
+        }
+        CHECK(tf.n_pairs == files[f].n, "%s: %d pairs", files[f].tok, tf.n_pairs);
+        int bad = 0;
+        for (int i = 0; i < tf.n_pairs; i++) {
+            char text[512];
+            int32_t ids[256];
+            for (int ja = 0; ja < 2; ja++) {
+                sentence(text, sizeof text, ja, files[f].first + i);
+                int n = encode(&c, text, ids, 256);
+                const uint64_t *off = ja ? tf.ja_off : tf.en_off;
+                bad += !same_ids(ids, n, tf.tokens + off[i], (int)(off[i + 1] - off[i]));
+            }
+        }
+        CHECK(bad == 0, "%s: %d sentences differ from the same text without CR / with a newline", files[f].tok,
+              bad);
+        token_file_close(&tf);
+    }
+    /* a lone trailing newline adds no line; a file of only "\n" is one empty line */
+    path_of(path, sizeof path, c.data, "test.en");
+    write_bytes(path, "a b\n", 4);
+    path_of(path, sizeof path, c.data, "test.ja");
+    write_bytes(path, "\n", 1);
+    CHECK(prepare(&c, false, "test", st, err, sizeof err) == 0 && st[0].lines == 1 && st[0].empty == 1 &&
+              st[0].kept == 0,
+          "one-line files: %s (%ld read, %ld empty)", err, st[0].lines, st[0].empty);
+    write_bytes(path, "", 0);
+    CHECK(prepare(&c, false, "test", st, err, sizeof err) != 0 && strstr(err, "has 1 lines but") &&
+              strstr(err, "has 0"),
+          "1 vs 0 lines: '%s'", err);
+}
+
+/* A second call reuses; changing text or tokenizer rebuilds; touching does not. */
+static void test_reuse_and_rebuild(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char err[1024], dev_tok[512], train_tok[512], model[512], path[600];
+    CorpusStats st[3] = {{0}};
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    path_of(dev_tok, sizeof dev_tok, c.cache, "dev.tok");
+    path_of(train_tok, sizeof train_tok, c.cache, "train.tok");
+    path_of(model, sizeof model, c.cache, "spm.model");
+    ino_t dev0 = inode_of(dev_tok), train0 = inode_of(train_tok), model0 = inode_of(model);
+
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(inode_of(dev_tok) == dev0 && inode_of(train_tok) == train0, "second call rebuilt a token file");
+    CHECK(st[0].kept == N_TRAIN && st[1].kept == N_DEV, "stats not filled on reuse");
+
+    /* touching a source changes nothing: the key is over content */
+    path_of(path, sizeof path, c.data, "dev.en");
+    utimensat(AT_FDCWD, path, NULL, 0);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && inode_of(dev_tok) == dev0,
+          "touching dev.en rebuilt dev.tok");
+
+    /* one changed line rebuilds dev only */
+    const Override ov = {6, "the river is old ."};
+    write_text(path, 0, 100000, N_DEV, &ov, 1, "\n", "\n");
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(inode_of(dev_tok) != dev0, "changed dev.en did not rebuild dev.tok");
+    CHECK(inode_of(train_tok) == train0 && inode_of(model) == model0, "changed dev.en rebuilt train or the model");
+    TokenFile tf;
+    CHECK(token_file_open(&tf, dev_tok, err, sizeof err) == 0, "%s", err);
+    int32_t ids[64];
+    int n = encode(&c, "the river is old .", ids, 64);
+    CHECK(tf.n_pairs == N_DEV && tf.map && same_ids(ids, n, tf.tokens + tf.en_off[6], (int)(tf.en_off[7] - tf.en_off[6])),
+          "dev.tok pair 7 is not the new line");
+    token_file_close(&tf);
+
+    /* a damaged token file in the cache is rebuilt, not trusted and not fatal */
+    size_t n_bytes = 0;
+    uint8_t *bytes = read_bytes(dev_tok, &n_bytes);
+    CHECK(bytes != NULL, "cannot read %s", dev_tok);
+    if (bytes) write_bytes(dev_tok, bytes, n_bytes / 2);
+    free(bytes);
+    dev0 = inode_of(dev_tok);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(inode_of(dev_tok) != dev0 && token_file_open(&tf, dev_tok, err, sizeof err) == 0,
+          "truncated dev.tok not rebuilt: %s", err);
+    token_file_close(&tf);
+
+    /* another tokenizer (same size, other text) rebuilds every split */
+    char txt[512], prefix[512];
+    snprintf(txt, sizeof txt, "%s/other.txt", c.data);
+    snprintf(prefix, sizeof prefix, "%s/other", c.data);
+    write_text(txt, 0, 5000, 300, NULL, 0, "\n", "\n");
+    FILE *fp = fopen(txt, "ab");
+    for (int i = 0; fp && i < 300; i++) {
+        char line[512];
+        sentence(line, sizeof line, 1, 9000 + i);
+        fprintf(fp, "%s\n", line);
+    }
+    if (fp) fclose(fp);
+    const char *inputs[1] = {txt};
+    CHECK(spm_train(inputs, 1, prefix, SMALL_VOCAB, err, sizeof err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s.model", prefix);
+    bytes = read_bytes(path, &n_bytes);
+    CHECK(bytes && write_bytes(model, bytes, n_bytes), "cannot replace spm.model");
+    free(bytes);
+    dev0 = inode_of(dev_tok);
+    train0 = inode_of(train_tok);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(inode_of(dev_tok) != dev0 && inode_of(train_tok) != train0, "a new tokenizer did not rebuild the splits");
+
+    /* a tokenizer of another size is refused, naming the file */
+    CorpusConfig cfg = {.data_dir = c.data, .cache_dir = c.cache, .vocab_size = 2 * SMALL_VOCAB};
+    const char *splits[1] = {"dev"};
+    CHECK(corpus_prepare(&cfg, splits, 1, st, err, sizeof err) != 0 && strstr(err, model) &&
+              strstr(err, "80 pieces"),
+          "vocab size mismatch: '%s'", err);
+
+    /* a missing source is named */
+    CHECK(prepare(&c, false, "nosuch", st, err, sizeof err) != 0 && strstr(err, "nosuch.en"),
+          "missing split: '%s'", err);
+}
+
+/* ---- token_file_open on damaged files ------------------------------------------- */
+
+static void expect_refused(const char *path, const uint8_t *bytes, size_t n, const char *phrase, const char *what) {
+    CHECK(write_bytes(path, bytes, n), "cannot write %s", path);
+    TokenFile tf;
+    char err[1024] = "";
+    int rc = token_file_open(&tf, path, err, sizeof err);
+    CHECK(rc != 0, "%s: damaged token file accepted", what);
+    if (rc == 0) {
+        token_file_close(&tf);
+        return;
+    }
+    CHECK(strstr(err, phrase) != NULL, "%s: message '%s' lacks '%s'", what, err, phrase);
+    CHECK(strstr(err, path) != NULL, "%s: message '%s' does not name the file", what, err);
+}
+
+static void reseal(uint8_t *b) {
+    uint32_t crc = crc32c(0, b, 28);
+    memcpy(b + 28, &crc, 4);
+}
+
+static void test_damaged_token_files(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char err[1024], good[512], path[512];
+    CHECK(prepare(&c, false, "dev", NULL, err, sizeof err) == 0, "%s", err);
+    path_of(good, sizeof good, c.cache, "dev.tok");
+    path_of(path, sizeof path, c.cache, "bad.tok");
+    size_t n = 0;
+    uint8_t *orig = read_bytes(good, &n);
+    CHECK(orig != NULL && n > 64, "cannot read %s", good);
+    if (!orig) return;
+    uint8_t *b = malloc(n);
+    uint32_t n_pairs;
+    memcpy(&n_pairs, orig + 12, 4);
+    const size_t en_off_at = 32, line_at = 32 + 16 * ((size_t)n_pairs + 1);
+    const size_t tokens_at = line_at + 4 * (size_t)n_pairs;
+
+    expect_refused(path, orig, n - 4, "implies", "truncated by one token");
+    expect_refused(path, orig, 20, "truncated", "truncated inside the header");
+    expect_refused(path, orig, 0, "truncated", "empty file");
+    memcpy(b, orig, n);
+    b[13] ^= 0x01; /* n_pairs */
+    expect_refused(path, b, n, "checksum", "flipped n_pairs byte");
+    memcpy(b, orig, n);
+    b[24] ^= 0x80; /* key */
+    expect_refused(path, b, n, "checksum", "flipped key byte");
+    memcpy(b, orig, n);
+    b[0] = 'X';
+    expect_refused(path, b, n, "bad magic", "bad magic");
+    static const char foreign[] = "PK\x03\x04 this is a zip file, not a token file at all.";
+    expect_refused(path, (const uint8_t *)foreign, sizeof foreign - 1, "bad magic", "foreign file");
+    memcpy(b, orig, n);
+    b[8] = 2;
+    reseal(b);
+    expect_refused(path, b, n, "version 2", "future version");
+    memcpy(b, orig, n);
+    uint64_t v = 1u << 30;
+    memcpy(b + en_off_at + 8 * 3, &v, 8); /* en_off[3] far beyond its neighbours */
+    expect_refused(path, b, n, "not monotone", "offset out of order");
+    memcpy(b, orig, n);
+    memcpy(b + en_off_at, &v, 8); /* en_off[0] != 0 */
+    expect_refused(path, b, n, "inconsistent offsets", "offset start");
+    memcpy(b, orig, n);
+    uint32_t zero = 0;
+    memcpy(b + line_at + 4, &zero, 4);
+    expect_refused(path, b, n, "line numbers", "line number 0");
+    memcpy(b, orig, n);
+    int32_t neg = -5;
+    memcpy(b + tokens_at + 4, &neg, 4);
+    expect_refused(path, b, n, "negative id", "negative token");
+    /* a header claiming a huge token count must not overflow the size check */
+    memcpy(b, orig, n);
+    uint64_t huge = UINT64_MAX / 2;
+    memcpy(b + 16, &huge, 8);
+    reseal(b);
+    expect_refused(path, b, n, "implies", "huge n_tokens");
+    TokenFile tf;
+    CHECK(token_file_open(&tf, "/nonexistent/x.tok", err, sizeof err) != 0 && strstr(err, "/nonexistent/x.tok"),
+          "missing file: '%s'", err);
+    CHECK(token_file_open(&tf, good, err, sizeof err) == 0, "the original is still good: %s", err);
+    token_file_close(&tf);
+    free(b);
+    free(orig);
+}
+
+int main(void) {
+    snprintf(g_root, sizeof g_root, "/tmp/test_corpus.XXXXXX");
+    if (!mkdtemp(g_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_clean_and_deterministic();
+    test_line_count_mismatch();
+    test_empty_lines();
+    test_invalid_utf8();
+    test_crlf_and_final_line();
+    test_reuse_and_rebuild();
+    test_damaged_token_files();
+    remove_tree(g_root);
+    return check_report("test_corpus");
+}

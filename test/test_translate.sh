@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# End to end on the corpus: train_mt prepares the data, trains a few steps
+# and saves a model directory; translate_mt loads it, translates, scores and
+# computes BLEU; bad invocations fail with a clear message.
+# Usage: test_translate.sh BUILD_DIR CORPUS_DIR
+set -euo pipefail
+build=$1 corpus=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+head -n 40 "$corpus/dev.en" > src.en
+head -n 40 "$corpus/dev.ja" > ref.ja
+
+"$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 30 --warmup 10 --lr 3e-3 \
+    --log-interval 10 --eval-interval 30 --metrics m.jsonl --save model > train.log
+for f in config.json model.safetensors spm.model; do test -s "model/$f"; done
+grep -q '"dev_bleu"' m.jsonl
+grep -q "reusing" train.log && { echo "FAIL: first run claims to reuse a cache"; exit 1; }
+# A second run reuses the prepared cache instead of rebuilding it.
+"$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 1 --eval-interval 1000 > again.log
+grep -q "reusing cache/spm.model" again.log || { echo "FAIL: tokenizer not reused"; cat again.log; exit 1; }
+grep -q "train: reusing" again.log || { echo "FAIL: token file not reused"; cat again.log; exit 1; }
+
+"$build/translate_mt" --model model --src src.en --beam 0 > greedy.ja
+"$build/translate_mt" --model model --src src.en --beam 1 > beam1.ja
+"$build/translate_mt" --model model --beam 4 --ref ref.ja < src.en > beam4.ja 2> bleu.txt
+test "$(wc -l < greedy.ja)" -eq 40
+test "$(wc -l < beam4.ja)" -eq 40
+cmp greedy.ja beam1.ja || { echo "FAIL: beam 1 differs from greedy"; exit 1; }
+grep -Eq '^BLEU = [0-9]+\.[0-9]{2} ' bleu.txt || { echo "FAIL: no BLEU line"; cat bleu.txt; exit 1; }
+
+"$build/translate_mt" --model model --src src.en --ref ref.ja --score > scores.txt
+test "$(wc -l < scores.txt)" -eq 40
+/usr/bin/python3 - scores.txt <<'PY'
+import sys
+s = [float(x) for x in open(sys.argv[1])]
+assert all(v < 0 for v in s), "a log-probability is not negative"
+assert len(set(s)) > 30, "scores do not depend on the sentence"
+PY
+
+# Bad input: clear messages, non-zero exit.
+if "$build/translate_mt" --model nowhere --src src.en 2> err.txt; then echo "FAIL: missing model accepted"; exit 1; fi
+grep -q "nowhere/config.json" err.txt || { echo "FAIL: message does not name the file"; cat err.txt; exit 1; }
+head -n 39 ref.ja > short.ja
+if "$build/translate_mt" --model model --src src.en --ref short.ja > /dev/null 2> err.txt; then
+  echo "FAIL: line count mismatch accepted"; exit 1
+fi
+grep -q "src.en has 40 lines but short.ja has 39" err.txt || { cat err.txt; exit 1; }
+if "$build/train_mt" --data "$work/no_corpus" --cache-dir cache2 --max-steps 1 > /dev/null 2> err.txt; then
+  echo "FAIL: missing corpus accepted"; exit 1
+fi
+grep -q "no_corpus" err.txt || { cat err.txt; exit 1; }
+echo "test_translate: ok"
