@@ -184,12 +184,7 @@ static void fill_batch(const Dataset *ds, const int32_t *pairs, int B, int strid
         if (s > S) S = s;
         if (t > T) T = t;
     }
-    memset(out, 0, sizeof *out);
-    out->src = TP_MALLOC((size_t)B * S * sizeof(int32_t));
-    out->tgt_in = TP_MALLOC((size_t)B * T * sizeof(int32_t));
-    out->tgt_out = TP_MALLOC((size_t)B * T * sizeof(int32_t));
-    out->src_len = TP_MALLOC((size_t)B * sizeof(int32_t));
-    out->tgt_len = TP_MALLOC((size_t)B * sizeof(int32_t));
+    owned_batch_alloc(out, B, S, T, ds->pad_id);
     const int32_t *tok = ds->tf->tokens;
     const uint64_t *so = src_off(ds), *to = tgt_off(ds);
     for (int b = 0; b < B; b++) {
@@ -198,17 +193,13 @@ static void fill_batch(const Dataset *ds, const int32_t *pairs, int B, int strid
         int32_t *s = out->src + (size_t)b * S, *ti = out->tgt_in + (size_t)b * T, *tt = out->tgt_out + (size_t)b * T;
         memcpy(s, tok + so[p], (size_t)ns * sizeof(int32_t));
         s[ns] = ds->eos_id;
-        for (int i = ns + 1; i < S; i++) s[i] = ds->pad_id;
         ti[0] = ds->bos_id;
         memcpy(ti + 1, tok + to[p], (size_t)nt * sizeof(int32_t));
         memcpy(tt, tok + to[p], (size_t)nt * sizeof(int32_t));
         tt[nt] = ds->eos_id;
-        for (int i = nt + 1; i < T; i++) ti[i] = tt[i] = ds->pad_id;
         out->src_len[b] = ns + 1;
         out->tgt_len[b] = nt + 1;
     }
-    out->view = (Batch){.B = B, .S = S, .T = T, .src = out->src, .src_len = out->src_len, .tgt_in = out->tgt_in,
-                        .tgt_out = out->tgt_out, .tgt_len = out->tgt_len};
 }
 
 void dataset_next(Dataset *ds, OwnedBatch *out, long *global_tokens) {

@@ -22,27 +22,13 @@ int synth_task_parse(const char *s, SynthTask *task) {
     return -1;
 }
 
-void owned_batch_free(OwnedBatch *b) {
-    free(b->src);
-    free(b->src_len);
-    free(b->tgt_in);
-    free(b->tgt_out);
-    free(b->tgt_len);
-    memset(b, 0, sizeof *b);
-}
-
 void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B, int min_len, int max_len,
                  uint64_t seed, uint64_t index) {
     TP_CHECK(min_len >= 1 && max_len >= min_len && max_len + 1 <= cfg->max_len,
              "synthetic lengths [%d, %d] must lie in [1, max_len - 1 = %d]", min_len, max_len, cfg->max_len - 1);
     TP_CHECK(cfg->vocab_size > 4, "synthetic tasks need vocab_size > 4");
     const int S = max_len, T = max_len + 1;
-    memset(out, 0, sizeof *out);
-    out->src = TP_MALLOC((size_t)B * S * sizeof(int32_t));
-    out->tgt_in = TP_MALLOC((size_t)B * T * sizeof(int32_t));
-    out->tgt_out = TP_MALLOC((size_t)B * T * sizeof(int32_t));
-    out->src_len = TP_MALLOC((size_t)B * sizeof(int32_t));
-    out->tgt_len = TP_MALLOC((size_t)B * sizeof(int32_t));
+    owned_batch_alloc(out, B, S, T, cfg->pad_id);
     SynthRng r = {.key = {(uint32_t)seed, (uint32_t)(seed >> 32)}, .lane = (uint32_t)index,
                   .ctr = index >> 32 << 40};
     const int n_sym = cfg->vocab_size - 4;
@@ -50,7 +36,6 @@ void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B,
         int len = min_len + (int)(next_u32(&r) % (uint32_t)(max_len - min_len + 1));
         int32_t *s = out->src + (size_t)b * S, *ti = out->tgt_in + (size_t)b * T, *to = out->tgt_out + (size_t)b * T;
         for (int t = 0; t < S; t++) s[t] = t < len ? 4 + (int32_t)(next_u32(&r) % (uint32_t)n_sym) : cfg->pad_id;
-        for (int t = 0; t < T; t++) ti[t] = to[t] = cfg->pad_id;
         ti[0] = cfg->bos_id;
         for (int t = 0; t < len; t++) {
             int32_t y = task == SYNTH_COPY ? s[t] : s[len - 1 - t];
@@ -61,6 +46,4 @@ void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B,
         out->src_len[b] = len;
         out->tgt_len[b] = len + 1;
     }
-    out->view = (Batch){.B = B, .S = S, .T = T, .src = out->src, .src_len = out->src_len, .tgt_in = out->tgt_in,
-                        .tgt_out = out->tgt_out, .tgt_len = out->tgt_len};
 }

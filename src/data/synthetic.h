@@ -6,22 +6,17 @@
 #define TPTRAIN_SYNTHETIC_H
 
 #include <stdint.h>
+#include "data/batch.h"
 #include "transformer/model.h"
 
 typedef enum { SYNTH_COPY = 0, SYNTH_REVERSE = 1 } SynthTask;
 
-/* A batch that owns its arrays; `view` points into them. */
-typedef struct {
-    Batch view;
-    int32_t *src, *src_len, *tgt_in, *tgt_out, *tgt_len;
-} OwnedBatch;
 
 /* B sequences of lengths in [min_len, max_len], tokens drawn from the ids
  * above the special ones (4 .. V-1); target = source (copy) or reversed.
  * max_len + 1 must not exceed cfg->max_len. */
 void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B, int min_len, int max_len,
                  uint64_t seed, uint64_t index);
-void owned_batch_free(OwnedBatch *b);
 int synth_task_parse(const char *s, SynthTask *task);
 
 #endif

@@ -1,0 +1,31 @@
+/* batch.c: allocation of owned batches, shared by every batch source. */
+#include "data/batch.h"
+
+#include <string.h>
+#include "err.h"
+
+static int32_t *ids(size_t n, int32_t fill) {
+    int32_t *p = TP_MALLOC((n ? n : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) p[i] = fill;
+    return p;
+}
+
+void owned_batch_alloc(OwnedBatch *b, int B, int S, int T, int32_t pad_id) {
+    memset(b, 0, sizeof *b);
+    b->src = ids((size_t)B * S, pad_id);
+    b->tgt_in = ids((size_t)B * T, pad_id);
+    b->tgt_out = ids((size_t)B * T, pad_id);
+    b->src_len = ids((size_t)B, 0);
+    b->tgt_len = ids((size_t)B, 0);
+    b->view = (Batch){.B = B, .S = S, .T = T, .src = b->src, .src_len = b->src_len, .tgt_in = b->tgt_in,
+                      .tgt_out = b->tgt_out, .tgt_len = b->tgt_len};
+}
+
+void owned_batch_free(OwnedBatch *b) {
+    free(b->src);
+    free(b->src_len);
+    free(b->tgt_in);
+    free(b->tgt_out);
+    free(b->tgt_len);
+    memset(b, 0, sizeof *b);
+}
