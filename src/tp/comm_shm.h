@@ -1,0 +1,23 @@
+/* comm_shm.h: the shared-memory backend of comm.h (one host).
+ *
+ * Group rank 0 creates a POSIX shared-memory segment named from the job id
+ * and the group name and writes the job id into it last; the others open it
+ * (retrying until the timeout) and check the id, so a stale segment left by
+ * a killed job is never joined. Once every member has attached, the name is
+ * unlinked: nothing is left in /dev/shm whatever happens to the job later.
+ * Each rank's pid is in the segment: a waiting rank notices a dead peer
+ * (kill(pid, 0) fails) and errors at once instead of waiting for the timeout.
+ */
+#ifndef TPTRAIN_COMM_SHM_H
+#define TPTRAIN_COMM_SHM_H
+
+#include <stddef.h>
+#include "tp/comm.h"
+
+/* job_id: unique per job (tprun passes one); group: e.g. "world", "tp0",
+ * "dp1". timeout_s bounds every wait (rendezvous and collectives).
+ * NULL + err on failure. */
+Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size, double timeout_s, char *err,
+                      size_t err_len);
+
+#endif
