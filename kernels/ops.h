@@ -193,6 +193,43 @@ void op_xent_bwd(float *dlogits,         // (N, V)
                  const int32_t *targets, // (N)
                  float dloss, int N, int V, float eps, int32_t ignore_id);
 
+/* ---- Vocab-parallel label-smoothed cross-entropy -----------------------------
+ * The logits of a row are split over tp ranks by vocabulary: this rank holds
+ * columns [vocab_start, vocab_start + V_local) of the V real ones, of which
+ * the first V_valid are real (the rest pad the vocabulary to a multiple of
+ * tp and are ignored). The full row is never gathered:
+ *   1. op_xent_vp_max: the shard's row max; the caller reduces it (MAX).
+ *   2. op_xent_vp_sums: with the global max, per row the shard's
+ *      {sum exp(x - max), sum x, x_target (0 if the target is elsewhere)};
+ *      the caller reduces them (SUM).
+ *   3. op_xent_vp_loss: losses and lse from the reduced statistics (every
+ *      rank computes the same values).
+ *   4. op_xent_vp_bwd: the shard's gradient.
+ * With one shard this is op_xent_fwd / op_xent_bwd. Rows whose target is
+ * ignore_id give loss 0 and no gradient. */
+void op_xent_vp_max(float *row_max,        // (N)
+                    const float *logits,   // (N, V_local)
+                    int N, int V_local, int V_valid);
+void op_xent_vp_sums(float *stats,          // (N, 3)
+                     const float *logits,   // (N, V_local)
+                     const float *row_max,  // (N) global
+                     const int32_t *targets, // (N)
+                     int N, int V_local, int V_valid, int vocab_start, int32_t ignore_id);
+/* Returns the number of non-ignored rows. V is the real vocabulary size. */
+int op_xent_vp_loss(float *losses,          // (N)
+                    float *lse,             // (N)
+                    const float *row_max,   // (N) global
+                    const float *stats,     // (N, 3) reduced
+                    const int32_t *targets, // (N)
+                    int N, int V, float eps, int32_t ignore_id);
+/* dlogits += dloss * (exp(x - lse) - (1-eps) [v == y] - eps/V), valid columns only. */
+void op_xent_vp_bwd(float *dlogits,         // (N, V_local)
+                    const float *logits,    // (N, V_local)
+                    const float *lse,       // (N)
+                    const int32_t *targets, // (N)
+                    float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps,
+                    int32_t ignore_id);
+
 /* ---- AdamW (decoupled weight decay, as torch.optim.AdamW) ------------------
  * p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). step t >= 1. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -25,6 +26,7 @@
 #include "data/synthetic.h"
 #include "err.h"
 #include "mt.h"
+#include "tp/runtime.h"
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
@@ -43,6 +45,8 @@ typedef struct {
     int max_steps, epochs, log_interval, eval_interval, beam;
     unsigned long long seed;
     const char *save_dir, *metrics_path;
+    int tp, dp;               // 0: automatic
+    double comm_timeout;
 } TrainArgs;
 
 static void usage(FILE *f) {
@@ -64,6 +68,10 @@ static void usage(FILE *f) {
             "  --dropout P --label-smoothing E --activation relu|gelu\n"
             "optimizer:\n"
             "  --lr LR --warmup N --weight-decay W --clip-grad C --adam-beta1 B --adam-beta2 B --adam-eps E\n"
+            "parallelism (start the ranks with tprun):\n"
+            "  --tp N --dp N          tensor- and data-parallel sizes (default: tp = ranks per node as far as\n"
+            "                         the heads allow, dp = the rest)\n"
+            "  --comm-timeout S       a peer silent this long ends the job (default 300)\n"
             "run:\n"
             "  --max-steps N | --epochs N   length of the run (default 1000 steps)\n"
             "  --log-interval N       (default 50)\n"
@@ -98,7 +106,8 @@ static float parse_float(const char *flag, const char *s) {
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
-    O_EVALI, O_SEED, O_SAVE, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_HELP,
+    O_EVALI, O_SEED, O_SAVE, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
+    O_CTIMEOUT, O_HELP,
 };
 
 static void parse_args(int argc, char **argv, TrainArgs *a) {
@@ -121,7 +130,9 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"data", required_argument, 0, O_DATA},       {"cache-dir", required_argument, 0, O_CACHE},
         {"direction", required_argument, 0, O_DIR},   {"spm-vocab-size", required_argument, 0, O_SPMV},
         {"strict", no_argument, 0, O_STRICT},         {"batch-tokens", required_argument, 0, O_BTOK},
-        {"beam", required_argument, 0, O_BEAM},       {"help", no_argument, 0, O_HELP},
+        {"beam", required_argument, 0, O_BEAM},       {"tp", required_argument, 0, O_TP},
+        {"dp", required_argument, 0, O_DP},           {"comm-timeout", required_argument, 0, O_CTIMEOUT},
+        {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
     char err[256];
@@ -151,6 +162,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     a->log_interval = 50;
     a->eval_interval = 500;
     a->seed = 1;
+    a->comm_timeout = 300.0;
     bool vocab_given = false;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -213,6 +225,9 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_STRICT: a->strict = true; break;
         case O_BTOK: a->batch_tokens = (int)parse_long("--batch-tokens", optarg, 1, 1 << 30); break;
         case O_BEAM: a->beam = (int)parse_long("--beam", optarg, 0, 100); break;
+        case O_TP: a->tp = (int)parse_long("--tp", optarg, 1, 4096); break;
+        case O_DP: a->dp = (int)parse_long("--dp", optarg, 1, 1 << 20); break;
+        case O_CTIMEOUT: a->comm_timeout = parse_float("--comm-timeout", optarg); break;
         case O_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -236,6 +251,10 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 a->min_len, a->max_len, a->cfg.max_len);
         exit(2);
     }
+    if (!(a->comm_timeout > 0.0)) {
+        fprintf(stderr, "train_mt: --comm-timeout must be positive\n");
+        exit(2);
+    }
     if (!(a->opt.lr > 0.0f) || !(a->opt.beta1 >= 0.0f && a->opt.beta1 < 1.0f) ||
         !(a->opt.beta2 >= 0.0f && a->opt.beta2 < 1.0f) || !(a->opt.eps > 0.0f) || a->opt.weight_decay < 0.0f) {
         fprintf(stderr, "train_mt: optimizer settings out of range (need lr > 0, betas in [0, 1), eps > 0, "
@@ -254,6 +273,7 @@ static double now_s(void) {
 typedef struct {
     const TrainArgs *args;
     const ModelConfig *cfg;
+    const Mesh *mesh;
     /* corpus */
     Spm *spm;
     char spm_path[4096];
@@ -263,10 +283,14 @@ typedef struct {
     uint64_t synth_index;
 } Source;
 
-static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, char *err, size_t err_len) {
+/* Rank 0 prepares the corpus cache (tokenizer, token files); the others
+ * wait for it and then map the same files. */
+static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, char *err,
+                       size_t err_len) {
     memset(src, 0, sizeof *src);
     src->args = a;
     src->cfg = cfg;
+    src->mesh = &rt->mesh;
     if (a->synthetic) return 0;
     char cache[1024], path[4096], why[1024];
     if (strlen(a->data_dir) > 900 || (a->cache_dir && strlen(a->cache_dir) > 900)) {
@@ -279,18 +303,27 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, char *
         const char *base = strrchr(a->data_dir, '/');
         base = base && base[1] ? base + 1 : a->data_dir;
         snprintf(cache, sizeof cache, "cache/%s", base);
-        mkdir("cache", 0755);
+        if (rt->mesh.rank == 0) mkdir("cache", 0755);
     }
-    CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab, .strict = a->strict,
-                       .verbose = true};
-    const char *splits[2] = {"train", "dev"};
-    CorpusStats st[2];
-    if (corpus_prepare(&cc, splits, 2, st, err, err_len)) return -1;
+    int rc = 0;
+    if (rt->mesh.rank == 0) {
+        CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab,
+                           .strict = a->strict, .verbose = true};
+        const char *splits[2] = {"train", "dev"};
+        CorpusStats st[2];
+        rc = corpus_prepare(&cc, splits, 2, st, err, err_len);
+    }
+    /* Every rank learns whether the preparation worked (the flag rides on a broadcast). */
+    int32_t ok = rc == 0;
+    TP_CHECK(comm_broadcast(rt->world, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->world));
+    if (!ok) {
+        if (rt->mesh.rank != 0) tp_error_set(err, err_len, "rank 0 could not prepare the corpus");
+        return -1;
+    }
     snprintf(src->spm_path, sizeof src->spm_path, "%s/spm.model", cache);
     src->spm = spm_load(src->spm_path, err, err_len);
     if (!src->spm) return -1;
-    int v = spm_vocab_size(src->spm);
-    cfg->vocab_size = v;
+    cfg->vocab_size = spm_vocab_size(src->spm);
     cfg->pad_id = SPM_PAD_ID;
     cfg->unk_id = SPM_UNK_ID;
     cfg->bos_id = SPM_BOS_ID;
@@ -299,8 +332,8 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, char *
     if (token_file_open(&src->train_tf, path, err, err_len)) return -1;
     snprintf(path, sizeof path, "%s/dev.tok", cache);
     if (token_file_open(&src->dev_tf, path, err, err_len)) return -1;
-    if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, 0, 1, a->seed,
-                     cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+    if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
+                     rt->mesh.dp, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
         tp_error_set(err, err_len, "train split: %s", why);
         return -1;
     }
@@ -309,10 +342,11 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, char *
         tp_error_set(err, err_len, "dev split: %s", why);
         return -1;
     }
-    printf("train_mt: train: %d pairs usable, %ld longer than --max-len %d skipped; dev: %d pairs; "
-           "%d batches per epoch of <= %d tokens\n",
-           src->train.n_usable, src->train.n_too_long, cfg->max_len, src->dev.n_usable, src->train.n_batches,
-           a->batch_tokens);
+    if (rt->mesh.rank == 0)
+        printf("train_mt: train: %d pairs usable, %ld longer than --max-len %d skipped; dev: %d pairs; "
+               "%d batches per epoch of <= %d tokens per data-parallel rank\n",
+               src->train.n_usable, src->train.n_too_long, cfg->max_len, src->dev.n_usable, src->train.n_batches,
+               a->batch_tokens);
     return 0;
 }
 
@@ -325,23 +359,37 @@ static void source_close(Source *src) {
     spm_free(src->spm);
 }
 
-static void source_next(Source *src, OwnedBatch *b, long *n_tokens) {
+/* This rank's share of the next global batch; *global_tokens = target
+ * tokens of the whole global batch (the divisor of the mean loss). */
+static void source_next(Source *src, OwnedBatch *b, long *global_tokens) {
     const TrainArgs *a = src->args;
     if (a->synthetic) {
-        synth_batch(b, a->task, src->cfg, a->batch_size, a->min_len, a->max_len, a->seed, ++src->synth_index);
-        *n_tokens = 0;
-        for (int i = 0; i < b->view.B; i++) *n_tokens += b->tgt_len[i];
+        OwnedBatch whole;
+        synth_batch(&whole, a->task, src->cfg, a->batch_size, a->min_len, a->max_len, a->seed, ++src->synth_index);
+        *global_tokens = 0;
+        for (int i = 0; i < whole.view.B; i++) *global_tokens += whole.tgt_len[i];
+        owned_batch_rows(&whole, src->mesh->dp_rank, src->mesh->dp, b);
+        owned_batch_free(&whole);
         return;
     }
-    dataset_next(&src->train, b, n_tokens);
+    dataset_next(&src->train, b, global_tokens);
 }
 
 typedef struct { float loss; float bleu; bool has_bleu; } EvalResult;
 
-/* Dev loss (token-weighted mean, no dropout) and, for a corpus, dev BLEU of
- * greedy/beam translations against the references, both detokenized by the
- * tokenizer back to the corpus tokenization. */
-static EvalResult evaluate(Model *m, Source *src) {
+/* Token-weighted mean loss over batches, no dropout. */
+static void add_loss(Model *m, const Batch *b, double *sum, long *n_tok) {
+    int n = 0;
+    float loss = model_forward(m, b, false, (DropoutKey){0}, &n);
+    *sum += (double)loss * n;
+    *n_tok += n;
+}
+
+/* Dev loss on the (sharded) model, and for a corpus dev BLEU of greedy/beam
+ * translations by the whole model (`whole`, non-NULL on the rank that
+ * decodes), both detokenized back to the corpus tokenization. Called by
+ * every rank of one tp group. */
+static EvalResult evaluate(Model *m, Model *whole, Source *src) {
     const TrainArgs *a = src->args;
     EvalResult r = {0};
     double sum = 0.0;
@@ -350,29 +398,22 @@ static EvalResult evaluate(Model *m, Source *src) {
         for (int i = 0; i < 4; i++) {
             OwnedBatch b;
             synth_batch(&b, a->task, &m->cfg, a->batch_size, a->min_len, a->max_len, a->seed ^ 0xE7A1ULL, i);
-            int n = 0;
-            float loss = model_forward(m, &b.view, false, (DropoutKey){0}, &n);
-            sum += (double)loss * n;
-            n_tok += n;
+            add_loss(m, &b.view, &sum, &n_tok);
             owned_batch_free(&b);
         }
         r.loss = n_tok ? (float)(sum / n_tok) : 0.0f;
         return r;
     }
     Dataset *dev = &src->dev;
-    int nb = dataset_eval_batches(dev);
-    const int n = dev->n_usable;
+    const int nb = dataset_eval_batches(dev), n = dev->n_usable;
     int32_t **srcs = TP_CALLOC((size_t)n, sizeof(int32_t *)), **refs = TP_CALLOC((size_t)n, sizeof(int32_t *));
     int *slen = TP_CALLOC((size_t)n, sizeof(int)), *rlen = TP_CALLOC((size_t)n, sizeof(int));
+    int32_t *index = TP_MALLOC((size_t)n * sizeof(int32_t));
     int k = 0;
     for (int i = 0; i < nb; i++) {
         OwnedBatch b;
-        int32_t *index = TP_MALLOC((size_t)n * sizeof(int32_t));
         dataset_eval_batch(dev, i, &b, index);
-        int nt = 0;
-        float loss = model_forward(m, &b.view, false, (DropoutKey){0}, &nt);
-        sum += (double)loss * nt;
-        n_tok += nt;
+        add_loss(m, &b.view, &sum, &n_tok);
         for (int row = 0; row < b.view.B && k < n; row++, k++) {
             slen[k] = b.src_len[row] - 1;  // without eos
             rlen[k] = b.tgt_len[row] - 1;
@@ -381,25 +422,27 @@ static EvalResult evaluate(Model *m, Source *src) {
             memcpy(srcs[k], b.src + (size_t)row * b.view.S, (size_t)slen[k] * sizeof(int32_t));
             memcpy(refs[k], b.tgt_out + (size_t)row * b.view.T, (size_t)rlen[k] * sizeof(int32_t));
         }
-        free(index);
         owned_batch_free(&b);
     }
+    free(index);
     r.loss = n_tok ? (float)(sum / n_tok) : 0.0f;
-    Hypotheses h;
-    mt_translate_ids(m, (const int32_t *const *)srcs, slen, k, a->beam, 1.0f, 64, &h);
-    BleuStats bs;
-    bleu_init(&bs);
-    for (int i = 0; i < k; i++) {
-        char *hyp = spm_decode(src->spm, h.hyp[i], h.len[i]);
-        char *ref = spm_decode(src->spm, refs[i], rlen[i]);
-        TP_CHECK(hyp && ref, "the tokenizer failed to decode a dev sentence");
-        bleu_add(&bs, hyp, ref);
-        free(hyp);
-        free(ref);
+    if (whole) {
+        Hypotheses h;
+        mt_translate_ids(whole, (const int32_t *const *)srcs, slen, k, a->beam, 1.0f, 64, &h);
+        BleuStats bs;
+        bleu_init(&bs);
+        for (int i = 0; i < k; i++) {
+            char *hyp = spm_decode(src->spm, h.hyp[i], h.len[i]);
+            char *ref = spm_decode(src->spm, refs[i], rlen[i]);
+            TP_CHECK(hyp && ref, "the tokenizer failed to decode a dev sentence");
+            bleu_add(&bs, hyp, ref);
+            free(hyp);
+            free(ref);
+        }
+        r.bleu = (float)bleu_score(&bs, NULL, NULL);
+        r.has_bleu = true;
+        hypotheses_free(&h);
     }
-    r.bleu = (float)bleu_score(&bs, NULL, NULL);
-    r.has_bleu = true;
-    hypotheses_free(&h);
     for (int i = 0; i < k; i++) {
         free(srcs[i]);
         free(refs[i]);
@@ -417,17 +460,63 @@ static void fmt_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
+/* Host memory of one rank, in bytes: what it allocated by category and its
+ * peak resident set (getrusage). */
+enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_ACTS, MEM_PEAK_RSS, MEM_N };
+
+static void memory_table(const Runtime *rt, const Model *m, const AdamW *opt) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const float mine[MEM_N + 3] = {
+        (float)(m->tab.n_elems * sizeof(float)), (float)(m->tab.n_elems * sizeof(float)),
+        (float)(2 * opt->n_elems * sizeof(float)), (float)model_activation_bytes(m), (float)ru.ru_maxrss * 1024.0f,
+        (float)rt->mesh.tp_rank, (float)rt->mesh.dp_rank, (float)rt->mesh.pp_rank};
+    const int W = rt->mesh.world, K = MEM_N + 3;
+    float *all = TP_MALLOC((size_t)W * K * sizeof(float));
+    TP_CHECK(comm_allgather(rt->world, mine, all, (size_t)K) == 0, "%s", comm_error(rt->world));
+    if (rt->mesh.rank == 0) {
+        printf("peak host memory per rank (MiB):\n");
+        printf("  rank (tp,dp,pp) | params | grads | optimizer | activations | peak RSS\n");
+        for (int r = 0; r < W; r++) {
+            const float *x = all + (size_t)r * K;
+            const double mib = 1.0 / (1024.0 * 1024.0);
+            printf("  %4d (%d,%d,%d)    | %6.1f | %5.1f | %9.1f | %11.1f | %8.1f\n", r, (int)x[MEM_N],
+                   (int)x[MEM_N + 1], (int)x[MEM_N + 2], x[MEM_PARAMS] * mib, x[MEM_GRADS] * mib, x[MEM_OPTIM] * mib,
+                   x[MEM_ACTS] * mib, x[MEM_PEAK_RSS] * mib);
+        }
+    }
+    free(all);
+}
+
+static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
+
 int main(int argc, char **argv) {
     TrainArgs a;
     parse_args(argc, argv, &a);
     char err[1024];
+    Runtime rt;
+    if (runtime_init(&rt, a.tp, a.dp, a.cfg.n_heads, a.cfg.d_ff, a.comm_timeout, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 2;
+    }
+    const Mesh *mesh = &rt.mesh;
+    const bool lead = mesh->rank == 0;  // prints, writes metrics and saves
+    if (mesh->world > 1) tp_set_log_rank(mesh->rank);
     Source src;
-    if (source_open(&src, &a, &a.cfg, err, sizeof err)) {
+    if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 1;
     }
     Model m;
-    if (model_create(&m, &a.cfg, a.seed, err, sizeof err)) {
+    TpGroup tpg = {.size = mesh->tp, .rank = mesh->tp_rank, .comm = rt.tp};
+    if (model_create(&m, &a.cfg, &tpg, a.seed, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 2;
+    }
+    /* Dev BLEU decodes with the whole model, assembled on rank 0. */
+    Model whole;
+    bool decode_here = lead && !a.synthetic;
+    if (decode_here && model_create(&whole, &a.cfg, NULL, a.seed, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
@@ -436,34 +525,44 @@ int main(int argc, char **argv) {
     AdamW opt;
     adamw_init(&opt, &a.opt, m.tab.n_elems);
     FILE *metrics = NULL;
-    if (a.metrics_path) {
+    if (a.metrics_path && lead) {
         metrics = fopen(a.metrics_path, "w");
         if (!metrics) {
             fprintf(stderr, "train_mt: --metrics %s: %s\n", a.metrics_path, strerror(errno));
             return 2;
         }
     }
-    printf("train_mt: preset %s, d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d, %zu parameters; %s; "
-           "%d steps\n",
-           a.preset, a.cfg.d_model, a.cfg.n_heads, a.cfg.d_ff, a.cfg.enc_layers, a.cfg.dec_layers, a.cfg.vocab_size,
-           m.tab.n_elems, a.synthetic ? (a.task == SYNTH_COPY ? "synthetic copy task" : "synthetic reverse task")
-                                      : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
-           total);
-    fflush(stdout);
-    const bool tty = isatty(STDOUT_FILENO);
+    if (lead) {
+        printf("train_mt: preset %s, d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d; %s; %d steps\n", a.preset,
+               a.cfg.d_model, a.cfg.n_heads, a.cfg.d_ff, a.cfg.enc_layers, a.cfg.dec_layers, a.cfg.vocab_size,
+               a.synthetic ? (a.task == SYNTH_COPY ? "synthetic copy task" : "synthetic reverse task")
+                           : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
+               total);
+        printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank\n", mesh->world,
+               mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp, mesh->pp, m.tab.n_elems);
+        fflush(stdout);
+    }
+    const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = now_s();
-    double t_window = t_start, t_eval = 0.0;
+    double t_window = t_start, t_eval = 0.0, t_comm = 0.0;
     long tok_window = 0;
     for (int step = 1; step <= total; step++) {
         OwnedBatch b;
-        long n_tok = 0;
-        source_next(&src, &b, &n_tok);
-        DropoutKey key = {.seed = a.seed, .step = (uint32_t)step};
+        long n_global = 0;
+        source_next(&src, &b, &n_global);
+        /* Masks differ across data-parallel ranks (other sentences), never across tp ranks. */
+        DropoutKey key = {.seed = a.seed, .step = (uint32_t)step, .micro = (uint32_t)mesh->dp_rank};
         int n_local = 0;
         model_zero_grad(&m);
-        float loss = model_forward(&m, &b.view, true, key, &n_local);
-        model_backward(&m, &b.view, true, key, n_tok > 0 ? 1.0f / (float)n_tok : 0.0f);
-        float gnorm = grad_global_norm(m.grads, m.tab.n_elems);
+        float loss = b.view.B > 0 ? model_forward(&m, &b.view, true, key, &n_local) : 0.0f;
+        if (b.view.B > 0) model_backward(&m, &b.view, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
+        double tc = now_s();
+        if (mesh->dp > 1) comm_ok(comm_allreduce(rt.dp, m.grads, m.tab.n_elems, COMM_SUM), rt.dp);
+        float sums[2] = {loss * (float)n_local, (float)n_local};  // global mean loss over dp
+        if (mesh->dp > 1) comm_ok(comm_allreduce(rt.dp, sums, 2, COMM_SUM), rt.dp);
+        t_comm += now_s() - tc;
+        loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0f;
+        float gnorm = grad_global_norm(&m.tab, m.grads, rt.tp);
         if (!isfinite(loss) || !isfinite(gnorm)) {
             fprintf(stderr, "%strain_mt: step %d: loss %g, gradient norm %g is not finite; stopping "
                             "(lower --lr or raise --warmup)\n", tty ? "\n" : "", step, loss, gnorm);
@@ -472,7 +571,7 @@ int main(int argc, char **argv) {
         clip_grads(m.grads, m.tab.n_elems, gnorm, a.opt.clip_norm);
         float lr = lr_at(&a.opt, step);
         adamw_step(&opt, m.params, m.grads, &m.tab, lr);
-        tok_window += n_local;
+        tok_window += (long)sums[1];
         owned_batch_free(&b);
 
         double t = now_s();
@@ -486,54 +585,83 @@ int main(int argc, char **argv) {
         }
         if (step % a.log_interval == 0 || step == total || step == 1) {
             double tps = tok_window / (t - t_window > 1e-9 ? t - t_window : 1e-9);
-            printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", tty ? "\r\033[K" : "",
-                   step, total, loss, lr, gnorm, tps);
-            if (metrics)
-                fprintf(metrics, "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                                 "\"tokens_per_s\": %.1f}\n", step, loss, lr, gnorm, tps);
+            if (lead) {
+                printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", tty ? "\r\033[K" : "",
+                       step, total, loss, lr, gnorm, tps);
+                if (metrics)
+                    fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
+                                     "\"tokens_per_s\": %.1f}\n", step, loss, lr, gnorm, tps);
+            }
             t_window = now_s();
             tok_window = 0;
         }
         if (step % a.eval_interval == 0 || step == total) {
             double t0 = now_s();
-            EvalResult ev = evaluate(&m, &src);
-            if (ev.has_bleu) {
-                printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
-                       ev.loss, ev.bleu);
-                if (metrics)
-                    fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.6f, \"dev_bleu\": %.4f}\n", step, ev.loss,
-                            ev.bleu);
-            } else {
-                printf("%sstep %6d/%d | held-out loss %.4f\n", tty ? "\r\033[K" : "", step, total, ev.loss);
-                if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.6f}\n", step, ev.loss);
+            if (mesh->dp_rank == 0) {  // one tp group evaluates; the others wait at the barrier
+                if (decode_here || (!a.synthetic && mesh->tp > 1)) model_gather(&m, decode_here ? &whole : NULL);
+                EvalResult ev = evaluate(&m, decode_here ? &whole : NULL, &src);
+                if (lead && ev.has_bleu) {
+                    printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
+                           ev.loss, ev.bleu);
+                    if (metrics)
+                        fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f}\n", step, ev.loss,
+                                ev.bleu);
+                } else if (lead) {
+                    printf("%sstep %6d/%d | held-out loss %.4f\n", tty ? "\r\033[K" : "", step, total, ev.loss);
+                    if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
+                }
             }
+            comm_ok(comm_barrier(rt.world), rt.world);
             t_eval += now_s() - t0;
             t_window = now_s();
         }
-        if (!tty) fflush(stdout);
+        if (lead && !tty) fflush(stdout);
         if (metrics) fflush(metrics);
     }
-    char took[32];
-    fmt_duration(took, sizeof took, now_s() - t_start);
-    printf("train_mt: %d steps in %s (%.1f s training, %.1f s evaluation)\n", total, took,
-           now_s() - t_start - t_eval, t_eval);
+    if (lead) {
+        char took[32];
+        fmt_duration(took, sizeof took, now_s() - t_start);
+        printf("train_mt: %d steps in %s (%.1f s training, of which %.1f s data-parallel communication; "
+               "%.1f s evaluation)\n", total, took, now_s() - t_start - t_eval, t_comm, t_eval);
+        CommStats ts = comm_stats(rt.tp);
+        if (mesh->tp > 1)
+            printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,
+                   ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
+    }
+    memory_table(&rt, &m, &opt);
     int rc = 0;
     if (a.save_dir) {
-        int s = a.synthetic ? model_export(&m, a.save_dir, err, sizeof err)
-                            : mt_save(&m, src.spm_path, a.save_dir, err, sizeof err);
-        if (s) {
-            fprintf(stderr, "train_mt: --save: %s\n", err);
-            rc = 1;
-        } else {
-            printf("train_mt: model saved to %s\n", a.save_dir);
+        Model full;
+        bool writer = lead;
+        if (mesh->dp_rank == 0) {
+            Model *dst = decode_here ? &whole : NULL;
+            if (writer && !dst) {
+                TP_CHECK(model_create(&full, &m.cfg, NULL, a.seed, err, sizeof err) == 0, "%s", err);
+                dst = &full;
+            }
+            model_gather(&m, dst);
+            if (writer) {
+                int s = a.synthetic ? model_export(dst, a.save_dir, err, sizeof err)
+                                    : mt_save(dst, src.spm_path, a.save_dir, err, sizeof err);
+                if (s) {
+                    fprintf(stderr, "train_mt: --save: %s\n", err);
+                    rc = 1;
+                } else {
+                    printf("train_mt: model saved to %s\n", a.save_dir);
+                }
+                if (dst == &full) model_free(&full);
+            }
         }
+        comm_ok(comm_barrier(rt.world), rt.world);
     }
     if (metrics && fclose(metrics) != 0) {
         fprintf(stderr, "train_mt: --metrics %s: write failed\n", a.metrics_path);
         rc = 1;
     }
     adamw_free(&opt);
+    if (decode_here) model_free(&whole);
     model_free(&m);
     source_close(&src);
+    runtime_free(&rt);
     return rc;
 }

@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
     cfg.label_smoothing = 0.1f;
     TP_CHECK(activation_parse(argv[2], &cfg.act) == 0, "activation must be relu or gelu");
     Model m;
-    TP_CHECK(model_create(&m, &cfg, 1234, err, sizeof err) == 0, "%s", err);
+    TP_CHECK(model_create(&m, &cfg, NULL, 1234, err, sizeof err) == 0, "%s", err);
 
     /* A few steps on the copy task, so no parameter keeps its initial value. */
     OptimConfig oc = optim_defaults();
@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     model_zero_grad(&m);
     float loss = model_forward(&m, &b, false, (DropoutKey){0}, &n_tok);
     model_backward(&m, &b, false, (DropoutKey){0}, 1.0f / (float)n_tok);
-    float gnorm = grad_global_norm(m.grads, m.tab.n_elems);
+    float gnorm = grad_global_norm(&m.tab, m.grads, NULL);
 
     /* One optimizer step from fresh AdamW state, clipping active (clip < norm). */
     OptimConfig step_cfg = {.lr = 1e-3f, .warmup = 0, .beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f,

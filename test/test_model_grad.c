@@ -46,7 +46,7 @@ static void run(float dropout, Activation act) {
     cfg.label_smoothing = 0.1f;
     cfg.act = act;
     Model m;
-    CHECK(model_create(&m, &cfg, 7, err, sizeof err) == 0, "%s", err);
+    CHECK(model_create(&m, &cfg, NULL, 7, err, sizeof err) == 0, "%s", err);
     Batch b = {.B = 3, .S = 5, .T = 6, .src = SRC, .src_len = SRC_LEN, .tgt_in = TGT_IN, .tgt_out = TGT_OUT,
                .tgt_len = TGT_LEN};
     CHECK(model_check_batch(&m, &b, err, sizeof err) == 0, "%s", err);

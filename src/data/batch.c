@@ -29,3 +29,17 @@ void owned_batch_free(OwnedBatch *b) {
     free(b->tgt_len);
     memset(b, 0, sizeof *b);
 }
+
+void owned_batch_rows(const OwnedBatch *src, int start, int stride, OwnedBatch *out) {
+    const Batch *g = &src->view;
+    int B = start < g->B ? (g->B - start + stride - 1) / stride : 0;
+    owned_batch_alloc(out, B, g->S, g->T, 0);
+    for (int r = 0; r < B; r++) {
+        int i = start + r * stride;
+        memcpy(out->src + (size_t)r * g->S, g->src + (size_t)i * g->S, (size_t)g->S * sizeof(int32_t));
+        memcpy(out->tgt_in + (size_t)r * g->T, g->tgt_in + (size_t)i * g->T, (size_t)g->T * sizeof(int32_t));
+        memcpy(out->tgt_out + (size_t)r * g->T, g->tgt_out + (size_t)i * g->T, (size_t)g->T * sizeof(int32_t));
+        out->src_len[r] = g->src_len[i];
+        out->tgt_len[r] = g->tgt_len[i];
+    }
+}

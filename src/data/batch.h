@@ -16,4 +16,8 @@ typedef struct {
 void owned_batch_alloc(OwnedBatch *b, int B, int S, int T, int32_t pad_id);
 void owned_batch_free(OwnedBatch *b);
 
+/* out = rows start, start + stride, ... of src (a data-parallel rank's share
+ * of a global batch; padded lengths kept). */
+void owned_batch_rows(const OwnedBatch *src, int start, int stride, OwnedBatch *out);
+
 #endif

@@ -50,6 +50,7 @@ static float *fbuf(size_t n) { return TP_MALLOC((n ? n : 1) * sizeof(float)); }
 static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
     const ModelConfig *c = &m->cfg;
     const int C = c->d_model, F = c->d_ff, H = c->n_heads, L = c->dec_layers, S = b->S;
+    TP_CHECK(m->tp.size == 1, "decoding runs on a whole model (tensor parallelism 1), not a shard of %d", m->tp.size);
     memset(st, 0, sizeof *st);
     st->m = m;
     st->rows = b->n * beam;
@@ -79,7 +80,7 @@ static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
         st->cv[l] = fbuf(R * S * C);
         /* Cross keys/values once per sentence, then copied to its beam rows. */
         float *dst[2] = {st->ck[l], st->cv[l]};
-        const float *wt[2] = {w->wk, w->wv}, *bs[2] = {w->bk, w->bv};
+        const float *wt[2] = {w->wk, w->wv}, *bs[2] = {NULL, w->bv};
         for (int j = 0; j < 2; j++) {
             op_linear_fwd(kv, enc, wt[j], bs[j], b->n * S, C, C);
             for (size_t r = 0; r < R; r++)
@@ -163,7 +164,7 @@ static void state_step(DecodeState *st, const int32_t *token, int t) {
         const DecLayerW *w = &m->w.dec[l];
         /* self-attention: append this position's key/value to the cache */
         op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->self.ln_g, w->self.ln_b, R, C, c->ln_eps);
-        op_linear_fwd(st->kn, st->ln, w->self.wk, w->self.bk, R, C, C);
+        op_linear_fwd(st->kn, st->ln, w->self.wk, NULL, R, C, C);
         op_linear_fwd(st->vn, st->ln, w->self.wv, w->self.bv, R, C, C);
         for (int r = 0; r < R; r++) {
             op_copy(st->sk[l] + ((size_t)r * T + t) * C, st->kn + (size_t)r * C, (size_t)C);
@@ -388,6 +389,7 @@ void decode_beam(Model *m, const SrcBatch *b, int beam, float lenpen, Hypotheses
 void model_score(Model *m, const Batch *b, double *scores) {
     const ModelConfig *c = &m->cfg;
     const int N = b->B * b->T, V = c->vocab_size;
+    TP_CHECK(m->tp.size == 1, "scoring runs on a whole model (tensor parallelism 1), not a shard of %d", m->tp.size);
     int n;
     model_forward(m, b, false, (DropoutKey){0}, &n);
     float *nll = fbuf((size_t)N), *lse = fbuf((size_t)N);

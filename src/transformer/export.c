@@ -113,7 +113,7 @@ int model_load(Model *m, const char *dir, char *err, size_t err_len) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     StFile f;
     if (st_read(path, &f, err, err_len)) return -1;
-    if (model_create(m, &cfg, 0, why, sizeof why)) {
+    if (model_create(m, &cfg, NULL, 0, why, sizeof why)) {
         tp_error_set(err, err_len, "%s: %s", path, why);
         st_free(&f);
         return -1;

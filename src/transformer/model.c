@@ -5,6 +5,16 @@
  * gradient flows through one buffer per stack and the tied embedding and the
  * encoder output collect their gradients from every use without extra adds.
  * Dropout masks are never stored: they are recomputed from their Philox key.
+ *
+ * Tensor parallelism (Megatron): a rank holds H/tp heads (q/k/v COL, out
+ * projection ROW), d_ff/tp FFN columns (fc1 COL, fc2 ROW) and 1/tp of the
+ * tied embedding (VOCAB). Each sub-block ends with one tp allreduce in the
+ * forward pass (the g operator, before the ROW bias) and starts with one in
+ * the backward pass (the f operator, on the LayerNorm-output gradient). The
+ * embeddings reduce their lookups, the cross-entropy its row statistics, the
+ * output layer and the encoder output their input gradients. Everything
+ * between is replicated and identical on every tp rank, so the dropout
+ * masks there are drawn without the tp rank in their key.
  */
 #include "transformer/model.h"
 #include "transformer/decode.h"
@@ -20,14 +30,14 @@ enum { /* dropout sites (ops.h dropout_stream) */
 
 typedef struct {
     float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)  LayerNorm output and stats
-    float *q, *k, *v;           // (N, C) queries, (Nk, C) keys and values
-    float *P;                   // (B, H, Tq, Tk) attention probabilities
-    float *att;                 // (N, C) heads concatenated, before out_proj
+    float *q, *k, *v;           // (N, C/tp) queries, (Nk, C/tp) keys and values
+    float *P;                   // (B, H/tp, Tq, Tk) attention probabilities
+    float *att;                 // (N, C/tp) this rank's heads, before out_proj
 } AttnActs;
 
 typedef struct {
     float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)
-    float *h, *a;               // (N, F) before and after the activation
+    float *h, *a;               // (N, F/tp) before and after the activation
 } FfnActs;
 
 typedef struct { AttnActs self; FfnActs ffn; } EncActs;
@@ -45,15 +55,17 @@ struct ModelActs {
     float **dec_mid1, **dec_mid2;  // [dec_layers] (Nt, C) after self / cross blocks
     float *enc_out, *enc_m, *enc_r;  // (Ns, C) final encoder LayerNorm
     float *dec_out, *dec_m, *dec_r;  // (Nt, C) final decoder LayerNorm
-    float *logits;               // (Nt, V)
+    float *logits;               // (Nt, V/tp)
     float *losses, *lse;         // (Nt)
+    float *row_max, *xstats;     // (Nt), (Nt, 3) vocab-parallel loss statistics
     /* backward scratch */
     float *d_res_s, *d_enc_out;  // (Ns, C)
     float *d_res_t;              // (Nt, C)
-    float *d_tmp, *d_att, *d_ln, *d_q, *d_k, *d_v;  // (maxN, C)
-    float *d_h, *d_a;            // (maxN, F)
-    float *d_scratch;            // (B, H, maxL, maxL)
-    float *d_logits;             // (Nt, V)
+    float *d_tmp, *d_ln;         // (maxN, C)
+    float *d_att, *d_q, *d_k, *d_v;  // (maxN, C/tp)
+    float *d_h, *d_a;            // (maxN, F/tp)
+    float *d_scratch;            // (B, H/tp, maxL, maxL)
+    float *d_logits;             // (Nt, V/tp)
 };
 
 /* ---- activation layout ----------------------------------------------------- */
@@ -66,37 +78,39 @@ static float *take(Carver *c, size_t n) {
     return p;
 }
 
-static void carve_attn(Carver *c, AttnActs *a, int B, int H, int Tq, int Tk, int C) {
+static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl) {
     size_t N = (size_t)B * Tq, Nk = (size_t)B * Tk;
     a->ln = take(c, N * C);
     a->ln_m = take(c, N);
     a->ln_r = take(c, N);
-    a->q = take(c, N * C);
-    a->k = take(c, Nk * C);
-    a->v = take(c, Nk * C);
-    a->P = take(c, (size_t)B * H * Tq * Tk);
-    a->att = take(c, N * C);
+    a->q = take(c, N * Cl);
+    a->k = take(c, Nk * Cl);
+    a->v = take(c, Nk * Cl);
+    a->P = take(c, (size_t)B * Hl * Tq * Tk);
+    a->att = take(c, N * Cl);
 }
 
-static void carve_ffn(Carver *c, FfnActs *f, size_t N, int C, int F) {
+static void carve_ffn(Carver *c, FfnActs *f, size_t N, int C, int Fl) {
     f->ln = take(c, N * C);
     f->ln_m = take(c, N);
     f->ln_r = take(c, N);
-    f->h = take(c, N * F);
-    f->a = take(c, N * F);
+    f->h = take(c, N * Fl);
+    f->a = take(c, N * Fl);
 }
 
 /* One walk both sizes (base NULL) and binds the layout for (B, S, T). */
-static size_t carve_acts(ModelActs *A, const ModelConfig *cfg, float *base, int B, int S, int T) {
-    const int C = cfg->d_model, F = cfg->d_ff, H = cfg->n_heads, V = cfg->vocab_size;
+static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S, int T) {
+    const ModelConfig *cfg = &m->cfg;
+    const int C = cfg->d_model, tp = m->tp.size;
+    const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
     const size_t Ns = (size_t)B * S, Nt = (size_t)B * T, maxN = Ns > Nt ? Ns : Nt;
     const size_t maxL = (size_t)(S > T ? S : T);
     Carver c = {base, 0};
     for (int l = 0; l <= cfg->enc_layers; l++) A->enc_res[l] = take(&c, Ns * C);
     for (int l = 0; l < cfg->enc_layers; l++) {
         A->enc_mid[l] = take(&c, Ns * C);
-        carve_attn(&c, &A->enc[l].self, B, H, S, S, C);
-        carve_ffn(&c, &A->enc[l].ffn, Ns, C, F);
+        carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl);
+        carve_ffn(&c, &A->enc[l].ffn, Ns, C, Fl);
     }
     A->enc_out = take(&c, Ns * C);
     A->enc_m = take(&c, Ns);
@@ -105,42 +119,44 @@ static size_t carve_acts(ModelActs *A, const ModelConfig *cfg, float *base, int 
     for (int l = 0; l < cfg->dec_layers; l++) {
         A->dec_mid1[l] = take(&c, Nt * C);
         A->dec_mid2[l] = take(&c, Nt * C);
-        carve_attn(&c, &A->dec[l].self, B, H, T, T, C);
-        carve_attn(&c, &A->dec[l].cross, B, H, T, S, C);
-        carve_ffn(&c, &A->dec[l].ffn, Nt, C, F);
+        carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl);
+        carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl);
+        carve_ffn(&c, &A->dec[l].ffn, Nt, C, Fl);
     }
     A->dec_out = take(&c, Nt * C);
     A->dec_m = take(&c, Nt);
     A->dec_r = take(&c, Nt);
-    A->logits = take(&c, Nt * V);
+    A->logits = take(&c, Nt * Vl);
     A->losses = take(&c, Nt);
     A->lse = take(&c, Nt);
+    A->row_max = take(&c, Nt);
+    A->xstats = take(&c, Nt * 3);
     A->d_res_s = take(&c, Ns * C);
     A->d_enc_out = take(&c, Ns * C);
     A->d_res_t = take(&c, Nt * C);
     A->d_tmp = take(&c, maxN * C);
-    A->d_att = take(&c, maxN * C);
     A->d_ln = take(&c, maxN * C);
-    A->d_q = take(&c, maxN * C);
-    A->d_k = take(&c, maxN * C);
-    A->d_v = take(&c, maxN * C);
-    A->d_h = take(&c, maxN * F);
-    A->d_a = take(&c, maxN * F);
-    A->d_scratch = take(&c, (size_t)B * H * maxL * maxL);
-    A->d_logits = take(&c, Nt * V);
+    A->d_att = take(&c, maxN * Cl);
+    A->d_q = take(&c, maxN * Cl);
+    A->d_k = take(&c, maxN * Cl);
+    A->d_v = take(&c, maxN * Cl);
+    A->d_h = take(&c, maxN * Fl);
+    A->d_a = take(&c, maxN * Fl);
+    A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
+    A->d_logits = take(&c, Nt * Vl);
     return c.off;
 }
 
 static void acts_prepare(Model *m, int B, int S, int T) {
     ModelActs *A = m->acts;
     if (A->buf && A->B == B && A->S == S && A->T == T) return;
-    size_t need = carve_acts(A, &m->cfg, NULL, B, S, T);
+    size_t need = carve_acts(A, m, NULL, B, S, T);
     if (need > A->cap_elems) {
         free(A->buf);
         A->buf = TP_MALLOC(need * sizeof(float));
         A->cap_elems = need;
     }
-    carve_acts(A, &m->cfg, A->buf, B, S, T);
+    carve_acts(A, m, A->buf, B, S, T);
     A->n_elems = need;
     A->B = B;
     A->S = S;
@@ -149,16 +165,36 @@ static void acts_prepare(Model *m, int B, int S, int T) {
 
 /* ---- life cycle ----------------------------------------------------------------- */
 
-int model_create(Model *m, const ModelConfig *cfg, unsigned long long seed, char *err, size_t err_len) {
+int model_create(Model *m, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed, char *err,
+                 size_t err_len) {
     memset(m, 0, sizeof *m);
     if (config_validate(cfg, err, err_len)) return -1;
     m->cfg = *cfg;
-    param_table_build(cfg, &m->tab);
+    m->tp = tp ? *tp : (TpGroup){.size = 1, .rank = 0, .comm = NULL};
+    const int t = m->tp.size;
+    if (t < 1 || m->tp.rank < 0 || m->tp.rank >= t || (t > 1 && !m->tp.comm)) {
+        tp_error_set(err, err_len, "tensor-parallel rank %d of %d is not a valid layout", m->tp.rank, t);
+        return -1;
+    }
+    if (cfg->n_heads % t || cfg->d_ff % t) {
+        tp_error_set(err, err_len, "tensor parallelism %d must divide n_heads (%d) and d_ff (%d)", t, cfg->n_heads,
+                     cfg->d_ff);
+        return -1;
+    }
+    m->vocab_local = vocab_padded(cfg, t) / t;
+    m->vocab_start = m->tp.rank * m->vocab_local;
+    m->vocab_valid = cfg->vocab_size - m->vocab_start < m->vocab_local ? cfg->vocab_size - m->vocab_start
+                                                                        : m->vocab_local;
+    if (m->vocab_valid < 1) {
+        tp_error_set(err, err_len, "vocabulary of %d is too small to split %d ways", cfg->vocab_size, t);
+        return -1;
+    }
+    param_table_build(cfg, t, &m->tab);
     m->params = TP_MALLOC(m->tab.n_elems * sizeof(float));
     m->grads = TP_CALLOC(m->tab.n_elems, sizeof(float));
-    weights_bind(&m->w, cfg, m->params);
-    weights_bind(&m->g, cfg, m->grads);
-    params_init(m->params, &m->tab, cfg, seed);
+    weights_bind(&m->w, cfg, t, m->params);
+    weights_bind(&m->g, cfg, t, m->grads);
+    params_init(m->params, &m->tab, cfg, m->tp.rank, seed);
     ModelActs *A = TP_CALLOC(1, sizeof *A);
     A->enc = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc);
     A->dec = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec);
@@ -193,6 +229,27 @@ void model_free(Model *m) {
 }
 
 void model_zero_grad(Model *m) { op_zero(m->grads, m->tab.n_elems); }
+
+void model_gather(const Model *m, Model *whole) {
+    const int tp = m->tp.size;
+    TP_CHECK(!whole || (whole->tp.size == 1 && whole->tab.n == m->tab.n),
+             "model_gather needs a whole model of the same config");
+    size_t max_n = 0;
+    for (int i = 0; i < m->tab.n; i++) max_n = m->tab.t[i].n_elems > max_n ? m->tab.t[i].n_elems : max_n;
+    float *all = TP_MALLOC((size_t)tp * max_n * sizeof(float));
+    for (int i = 0; i < m->tab.n; i++) {
+        const ParamInfo *p = &m->tab.t[i];
+        float *dst = whole ? whole->params + whole->tab.t[i].offset : NULL;
+        if (tp == 1) {
+            if (dst) op_copy(dst, m->params + p->offset, p->n_elems);
+            continue;
+        }
+        TP_CHECK(comm_allgather(m->tp.comm, m->params + p->offset, all, p->n_elems) == 0, "%s",
+                 comm_error(m->tp.comm));
+        for (int r = 0; dst && r < (p->split == SPLIT_REPL ? 1 : tp); r++) shard_place(p, r, all + (size_t)r * p->n_elems, dst);
+    }
+    free(all);
+}
 
 const float *model_logits(const Model *m) { return m->acts->logits; }
 
@@ -249,40 +306,53 @@ static uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site) {
     return dropout_stream(k.step, k.micro, layer, site, k.tp_rank);
 }
 
+/* Sums a partial tensor over the tp group (Megatron's g in the forward
+ * pass, f in the backward pass); nothing to do without tensor parallelism. */
+static void tp_reduce(const Model *m, float *x, size_t n_elems, CommOp op) {
+    if (m->tp.size == 1) return;
+    TP_CHECK(comm_allreduce(m->tp.comm, x, n_elems, op) == 0, "%s", comm_error(m->tp.comm));
+}
+
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention. */
 static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
                      const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
                      float p, uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
+    const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     float *tmp = m->acts->d_tmp;  // (N, C) scratch: free during forward
     op_layernorm_fwd(a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
     const float *src = kv ? kv : a->ln;
-    op_linear_fwd(a->q, a->ln, w->wq, w->bq, N, C, C);
-    op_linear_fwd(a->k, src, w->wk, w->bk, Nk, C, C);
-    op_linear_fwd(a->v, src, w->wv, w->bv, Nk, C, C);
-    op_attention_fwd(a->att, a->P, a->q, a->k, a->v, k_len, B, H, Tq, Tk, D, causal);
-    op_linear_fwd(tmp, a->att, w->wo, w->bo, N, C, C);
+    op_linear_fwd(a->q, a->ln, w->wq, w->bq, N, C, Cl);
+    op_linear_fwd(a->k, src, w->wk, NULL, Nk, C, Cl);
+    op_linear_fwd(a->v, src, w->wv, w->bv, Nk, C, Cl);
+    op_attention_fwd(a->att, a->P, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+    op_linear_fwd(tmp, a->att, w->wo, NULL, N, Cl, C);
+    tp_reduce(m, tmp, (size_t)N * C, COMM_SUM);
+    op_bias_add(tmp, w->bo, N, C);
     op_dropout_fwd(tmp, tmp, (size_t)N * C, p, seed, stream);
     op_add(x_out, x_in, tmp, (size_t)N * C);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
                     float p, uint64_t seed, uint64_t stream) {
-    const int C = m->cfg.d_model, F = m->cfg.d_ff;
+    const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     float *tmp = m->acts->d_tmp;
     op_layernorm_fwd(f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
-    op_linear_fwd(f->h, f->ln, w->w1, w->b1, N, C, F);
-    op_act_fwd(f->a, f->h, (size_t)N * F, m->cfg.act);
-    op_linear_fwd(tmp, f->a, w->w2, w->b2, N, F, C);
+    op_linear_fwd(f->h, f->ln, w->w1, w->b1, N, C, Fl);
+    op_act_fwd(f->a, f->h, (size_t)N * Fl, m->cfg.act);
+    op_linear_fwd(tmp, f->a, w->w2, NULL, N, Fl, C);
+    tp_reduce(m, tmp, (size_t)N * C, COMM_SUM);
+    op_bias_add(tmp, w->b2, N, C);
     op_dropout_fwd(tmp, tmp, (size_t)N * C, p, seed, stream);
     op_add(x_out, x_in, tmp, (size_t)N * C);
 }
 
 static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
                       uint64_t stream) {
-    const int C = m->cfg.d_model, V = m->cfg.vocab_size;
-    op_embedding_fwd(x, ids, m->w.embed, sqrtf((float)C), B * T, C, 0, V);
+    const int C = m->cfg.d_model;
+    op_embedding_fwd(x, ids, m->w.embed, sqrtf((float)C), B * T, C, m->vocab_start, m->vocab_local);
+    tp_reduce(m, x, (size_t)B * T * C, COMM_SUM);  // each id lives on one rank
     op_add_positions(x, B, T, C);
     op_dropout_fwd(x, x, (size_t)B * T * C, p, seed, stream);
 }
@@ -334,8 +404,15 @@ float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n
     }
     op_layernorm_fwd(A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
                      Nt, C, c->ln_eps);
-    op_linear_fwd(A->logits, A->dec_out, m->w.embed, NULL, Nt, C, V);  // tied output layer
-    int n = op_xent_fwd(A->losses, A->lse, A->logits, b->tgt_out, Nt, V, c->label_smoothing, c->pad_id);
+    /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
+    op_linear_fwd(A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
+    op_xent_vp_max(A->row_max, A->logits, Nt, m->vocab_local, m->vocab_valid);
+    tp_reduce(m, A->row_max, (size_t)Nt, COMM_MAX);
+    op_xent_vp_sums(A->xstats, A->logits, A->row_max, b->tgt_out, Nt, m->vocab_local, m->vocab_valid,
+                    m->vocab_start, c->pad_id);
+    tp_reduce(m, A->xstats, (size_t)Nt * 3, COMM_SUM);
+    int n = op_xent_vp_loss(A->losses, A->lse, A->row_max, A->xstats, b->tgt_out, Nt, V, c->label_smoothing,
+                            c->pad_id);
     double sum = 0.0;
     for (int i = 0; i < Nt; i++) sum += A->losses[i];
     if (n_tokens) *n_tokens = n;
@@ -345,54 +422,60 @@ float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n
 /* ---- backward ------------------------------------------------------------------ */
 
 /* d_x holds dL/dx_out on entry and dL/dx_in on return. With kv != NULL
- * (cross-attention) the key/value gradient is added to d_kv. */
+ * (cross-attention) this rank's partial key/value gradient is added to
+ * d_kv, which the caller reduces over tp once for all layers. */
 static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a, float *d_x,
                      const float *x_in, const float *kv, float *d_kv, int B, int Tq, int Tk, float p,
                      uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
+    const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     ModelActs *A = m->acts;
-    const size_t nC = (size_t)N * C, nkC = (size_t)Nk * C;
+    const size_t nC = (size_t)N * C, nCl = (size_t)N * Cl, nkCl = (size_t)Nk * Cl;
     op_zero(A->d_tmp, nC);
     op_dropout_bwd(A->d_tmp, d_x, nC, p, seed, stream);
-    op_zero(A->d_att, nC);
-    op_linear_bwd(A->d_att, g->wo, g->bo, A->d_tmp, a->att, w->wo, N, C, C);
-    op_zero(A->d_q, nC);
-    op_zero(A->d_k, nkC);
-    op_zero(A->d_v, nkC);
-    op_attention_bwd(A->d_q, A->d_k, A->d_v, A->d_att, a->P, a->q, a->k, a->v, A->d_scratch, B, H, Tq, Tk, D);
+    op_bias_bwd(g->bo, A->d_tmp, N, C);
+    op_zero(A->d_att, nCl);
+    op_linear_bwd(A->d_att, g->wo, NULL, A->d_tmp, a->att, w->wo, N, Cl, C);
+    op_zero(A->d_q, nCl);
+    op_zero(A->d_k, nkCl);
+    op_zero(A->d_v, nkCl);
+    op_attention_bwd(A->d_q, A->d_k, A->d_v, A->d_att, a->P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
     op_zero(A->d_ln, nC);
-    op_linear_bwd(A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, C);
+    op_linear_bwd(A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, Cl);
     const float *src = kv ? kv : a->ln;
     float *d_src = kv ? d_kv : A->d_ln;
-    op_linear_bwd(d_src, g->wk, g->bk, A->d_k, src, w->wk, Nk, C, C);
-    op_linear_bwd(d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, C);
+    op_linear_bwd(d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
+    op_linear_bwd(d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
+    tp_reduce(m, A->d_ln, nC, COMM_SUM);
     op_layernorm_bwd(d_x, g->ln_g, g->ln_b, A->d_ln, x_in, a->ln_m, a->ln_r, w->ln_g, N, C);
 }
 
 static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
                     int N, float p, uint64_t seed, uint64_t stream) {
-    const int C = m->cfg.d_model, F = m->cfg.d_ff;
+    const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     ModelActs *A = m->acts;
-    const size_t nC = (size_t)N * C, nF = (size_t)N * F;
+    const size_t nC = (size_t)N * C, nF = (size_t)N * Fl;
     op_zero(A->d_tmp, nC);
     op_dropout_bwd(A->d_tmp, d_x, nC, p, seed, stream);
+    op_bias_bwd(g->b2, A->d_tmp, N, C);
     op_zero(A->d_a, nF);
-    op_linear_bwd(A->d_a, g->w2, g->b2, A->d_tmp, f->a, w->w2, N, F, C);
+    op_linear_bwd(A->d_a, g->w2, NULL, A->d_tmp, f->a, w->w2, N, Fl, C);
     op_zero(A->d_h, nF);
     op_act_bwd(A->d_h, A->d_a, f->h, nF, m->cfg.act);
     op_zero(A->d_ln, nC);
-    op_linear_bwd(A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, F);
+    op_linear_bwd(A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, Fl);
+    tp_reduce(m, A->d_ln, nC, COMM_SUM);
     op_layernorm_bwd(d_x, g->ln_g, g->ln_b, A->d_ln, x_in, f->ln_m, f->ln_r, w->ln_g, N, C);
 }
 
 static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, float p, uint64_t seed,
                       uint64_t stream) {
-    const int C = m->cfg.d_model, V = m->cfg.vocab_size;
+    const int C = m->cfg.d_model;
     float *tmp = m->acts->d_tmp;
     op_zero(tmp, (size_t)N * C);
     op_dropout_bwd(tmp, d_x, (size_t)N * C, p, seed, stream);
-    op_embedding_bwd(m->g.embed, tmp, ids, sqrtf((float)C), N, C, 0, V);
+    op_embedding_bwd(m->g.embed, tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
 
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
@@ -405,10 +488,13 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
              "model_backward called without a matching model_forward");
 
     /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
-    op_zero(A->d_logits, (size_t)Nt * V);
-    op_xent_bwd(A->d_logits, A->logits, A->lse, b->tgt_out, loss_scale, Nt, V, c->label_smoothing, c->pad_id);
+    const int Vl = m->vocab_local;
+    op_zero(A->d_logits, (size_t)Nt * Vl);
+    op_xent_vp_bwd(A->d_logits, A->logits, A->lse, b->tgt_out, loss_scale, Nt, Vl, m->vocab_valid, m->vocab_start,
+                   V, c->label_smoothing, c->pad_id);
     op_zero(A->d_ln, (size_t)Nt * C);
-    op_linear_bwd(A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, V);
+    op_linear_bwd(A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+    tp_reduce(m, A->d_ln, (size_t)Nt * C, COMM_SUM);
     op_zero(A->d_res_t, (size_t)Nt * C);
     op_layernorm_bwd(A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
                      A->dec_r, m->w.dec_ln_g, Nt, C);
@@ -427,6 +513,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     }
     embed_bwd(m, A->d_res_t, b->tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
+    tp_reduce(m, A->d_enc_out, (size_t)Ns * C, COMM_SUM);  // cross-attention k/v of every decoder layer
     op_zero(A->d_res_s, (size_t)Ns * C);
     op_layernorm_bwd(A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
                      A->enc_r, m->w.enc_ln_g, Ns, C);

@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "tp/comm.h"
 #include "transformer/config.h"
 #include "transformer/params.h"
 
@@ -36,8 +37,19 @@ typedef struct {
 
 typedef struct ModelActs ModelActs;
 
+/* This rank's tensor-parallel group: heads, FFN columns and vocabulary rows
+ * are split `size` ways (Megatron). comm may be NULL when size == 1. */
+typedef struct {
+    int size, rank;
+    Comm *comm;
+} TpGroup;
+
 typedef struct {
     ModelConfig cfg;
+    TpGroup tp;
+    int vocab_local;     // vocabulary rows of this rank's shard (padded / tp)
+    int vocab_start;     // first vocabulary id of the shard
+    int vocab_valid;     // real (unpadded) rows of the shard
     ParamTable tab;
     float *params;       // (tab.n_elems)
     float *grads;        // (tab.n_elems)
@@ -47,8 +59,10 @@ typedef struct {
 } Model;
 
 /* Allocates a model for a validated cfg; parameters initialised from seed.
- * Returns 0, or -1 with one sentence in err when cfg is invalid. */
-int model_create(Model *m, const ModelConfig *cfg, unsigned long long seed,
+ * tp == NULL: a whole model on one rank. Otherwise this rank's shard of a
+ * tp->size-way tensor-parallel model (heads and d_ff must divide). Returns 0,
+ * or -1 with one sentence in err when cfg or the layout is invalid. */
+int model_create(Model *m, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                  char *err, size_t err_len);
 void model_free(Model *m);
 
@@ -68,7 +82,14 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
 
 void model_zero_grad(Model *m);
 
-/* Logits of the last forward pass: (B*T, V), row b*T + t. */
+/* Assembles the whole model from the tp shards into `whole` (a model with
+ * the same config created without tensor parallelism), on the ranks that
+ * pass one; the others pass NULL. Collective over the tp group: every tp
+ * rank calls it. */
+void model_gather(const Model *m, Model *whole);
+
+/* Logits of the last forward pass: (B*T, vocab_local), row b*T + t (the
+ * whole vocabulary when tp = 1). */
 const float *model_logits(const Model *m);
 
 /* Bytes held by the activation buffer now (for memory reports). */

@@ -35,8 +35,20 @@ float lr_at(const OptimConfig *cfg, int step) {
     return (float)(cfg->lr * f);
 }
 
-float grad_global_norm(const float *grads, size_t n_elems) {
-    return (float)sqrt(op_sumsq(grads, n_elems));
+float grad_global_norm(const ParamTable *tab, const float *grads, Comm *tp) {
+    double shard = 0.0, repl = 0.0;
+    for (int i = 0; i < tab->n; i++) {
+        const ParamInfo *p = &tab->t[i];
+        double s = op_sumsq(grads + p->offset, p->n_elems);
+        if (p->split == SPLIT_REPL) repl += s;
+        else shard += s;
+    }
+    if (tp && comm_size(tp) > 1) {
+        float v = (float)shard;
+        TP_CHECK(comm_allreduce(tp, &v, 1, COMM_SUM) == 0, "%s", comm_error(tp));
+        shard = v;
+    }
+    return (float)sqrt(shard + repl);
 }
 
 void clip_grads(float *grads, size_t n_elems, float norm, float max_norm) {

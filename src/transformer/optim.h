@@ -6,6 +6,7 @@
 #define TPTRAIN_OPTIM_H
 
 #include <stddef.h>
+#include "tp/comm.h"
 #include "transformer/params.h"
 
 typedef struct {
@@ -33,8 +34,9 @@ void adamw_free(AdamW *opt);
 /* lr(step) = peak * min(step / warmup, sqrt(warmup / step)), step >= 1. */
 float lr_at(const OptimConfig *cfg, int step);
 
-/* Global L2 norm of the gradient buffer (accumulated in double). */
-float grad_global_norm(const float *grads, size_t n_elems);
+/* Global L2 norm of the whole model's gradient: sharded tensors summed over
+ * the tp group (tp may be NULL), replicated ones counted once. */
+float grad_global_norm(const ParamTable *tab, const float *grads, Comm *tp);
 
 /* Scales grads so their global norm is at most max_norm, as
  * torch.nn.utils.clip_grad_norm_ does (factor max_norm / (norm + 1e-6)).

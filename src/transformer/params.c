@@ -16,10 +16,23 @@ typedef struct {
     int cap;
     float *base;       // when non-NULL, pointers are bound into it
     size_t offset;     // running offset in elements
+    int tp;            // shards of tp-way tensor parallelism
+    int vocab_local;   // rows of a VOCAB shard
 } Walk;
 
+/* The shard shape of a (rows, cols) tensor (cols 0: 1-D) under tp ways. */
+static void local_shape(const Walk *w, int rows, int cols, SplitLabel split, int *lr, int *lc) {
+    *lr = rows;
+    *lc = cols;
+    if (split == SPLIT_COL) *lr = rows / w->tp;
+    else if (split == SPLIT_ROW) *lc = cols / w->tp;
+    else if (split == SPLIT_VOCAB) *lr = w->vocab_local;
+}
+
 static float *add(Walk *w, const char *name, int rows, int cols, SplitLabel split) {
-    size_t n = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    int lr, lc;
+    local_shape(w, rows, cols, split, &lr, &lc);
+    size_t n = (size_t)lr * (size_t)(lc > 0 ? lc : 1);
     if (w->tab) {
         ParamTable *t = w->tab;
         if (t->n == w->cap) {
@@ -34,6 +47,8 @@ static float *add(Walk *w, const char *name, int rows, int cols, SplitLabel spli
         p->ndim = cols > 0 ? 2 : 1;
         p->shape[0] = rows;
         p->shape[1] = cols > 0 ? cols : 0;
+        p->local[0] = lr;
+        p->local[1] = lc > 0 ? lc : 0;
         p->split = split;
         p->decay = p->ndim == 2;
         p->offset = w->offset;
@@ -59,10 +74,14 @@ static void walk_attn(Walk *w, const char *prefix, const char *kind, AttnW *a, i
     walk_ln(w, ln, &a->ln_g, &a->ln_b, C);
     const char *proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
     float **ws[4] = {&a->wq, &a->wk, &a->wv, &a->wo};
-    float **bs[4] = {&a->bq, &a->bk, &a->bv, &a->bo};
+    /* No key bias: softmax ignores a constant added to all scores of a
+     * query, so its gradient is identically zero (only rounding noise, which
+     * AdamW would turn into a random walk). */
+    float **bs[4] = {&a->bq, NULL, &a->bv, &a->bo};
     for (int i = 0; i < 4; i++) {
         snprintf(name, sizeof name, "%s.%s.%s.weight", prefix, kind, proj[i]);
         *ws[i] = add(w, name, C, C, i < 3 ? SPLIT_COL : SPLIT_ROW);
+        if (!bs[i]) continue;
         snprintf(name, sizeof name, "%s.%s.%s.bias", prefix, kind, proj[i]);
         *bs[i] = add(w, name, C, 0, i < 3 ? SPLIT_COL : SPLIT_REPL);
     }
@@ -107,11 +126,16 @@ static void weights_alloc(Weights *w, const ModelConfig *cfg) {
     w->dec = TP_CALLOC((size_t)cfg->dec_layers, sizeof *w->dec);
 }
 
-void param_table_build(const ModelConfig *cfg, ParamTable *tab) {
+int vocab_padded(const ModelConfig *cfg, int tp) { return (cfg->vocab_size + tp - 1) / tp * tp; }
+
+void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab) {
+    TP_CHECK(tp >= 1 && cfg->n_heads % tp == 0 && cfg->d_ff % tp == 0,
+             "tensor parallelism %d must divide n_heads %d and d_ff %d", tp, cfg->n_heads, cfg->d_ff);
     memset(tab, 0, sizeof *tab);
+    tab->tp = tp;
     Weights scratch;
     weights_alloc(&scratch, cfg);
-    Walk w = {.tab = tab};
+    Walk w = {.tab = tab, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
     walk_model(&w, cfg, &scratch);
     weights_free(&scratch);
 }
@@ -127,9 +151,9 @@ const ParamInfo *param_table_find(const ParamTable *tab, const char *name) {
     return NULL;
 }
 
-void weights_bind(Weights *w, const ModelConfig *cfg, float *base) {
+void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base) {
     weights_alloc(w, cfg);
-    Walk walk = {.base = base};
+    Walk walk = {.base = base, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
     walk_model(&walk, cfg, w);
 }
 
@@ -148,42 +172,71 @@ const char *split_label_name(SplitLabel s) {
     }
 }
 
-/* Uniform in (0, 1] from the counter-based generator: word (tensor, i). */
-typedef struct { uint32_t key[2]; uint32_t tensor; uint64_t counter; uint32_t buf[4]; int left; } InitRng;
-
-static float init_uniform(InitRng *r) {
-    if (r->left == 0) {
-        uint32_t ctr[4] = {(uint32_t)r->counter, (uint32_t)(r->counter >> 32), r->tensor, 0x1A17u};
-        philox4x32_10(ctr, r->key, r->buf);
-        r->counter++;
-        r->left = 4;
-    }
-    uint32_t u = r->buf[--r->left];
-    return ((float)(u >> 8) + 1.0f) * (1.0f / 16777216.0f);
+size_t param_global_elems(const ParamInfo *p) {
+    return (size_t)p->shape[0] * (size_t)(p->ndim == 2 ? p->shape[1] : 1);
 }
 
-void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg,
+/* Element (r, c) of the shard is element (gr, gc) of the whole tensor. */
+static bool shard_to_global(const ParamInfo *p, int tp_rank, int r, int c, int *gr, int *gc) {
+    *gr = r;
+    *gc = c;
+    if (p->split == SPLIT_COL || p->split == SPLIT_VOCAB) *gr = tp_rank * p->local[0] + r;
+    else if (p->split == SPLIT_ROW) *gc = tp_rank * p->local[1] + c;
+    return *gr < p->shape[0];  // false only for vocabulary padding rows
+}
+
+void shard_extract(const ParamInfo *p, int tp_rank, const float *global, float *shard) {
+    const int cols = p->ndim == 2 ? p->local[1] : 1, gcols = p->ndim == 2 ? p->shape[1] : 1;
+    for (int r = 0; r < p->local[0]; r++)
+        for (int c = 0; c < cols; c++) {
+            int gr, gc;
+            bool real = shard_to_global(p, tp_rank, r, c, &gr, &gc);
+            shard[(size_t)r * cols + c] = real ? global[(size_t)gr * gcols + gc] : 0.0f;
+        }
+}
+
+void shard_place(const ParamInfo *p, int tp_rank, const float *shard, float *global) {
+    const int cols = p->ndim == 2 ? p->local[1] : 1, gcols = p->ndim == 2 ? p->shape[1] : 1;
+    for (int r = 0; r < p->local[0]; r++)
+        for (int c = 0; c < cols; c++) {
+            int gr, gc;
+            if (shard_to_global(p, tp_rank, r, c, &gr, &gc)) global[(size_t)gr * gcols + gc] = shard[(size_t)r * cols + c];
+        }
+}
+
+/* Four uniform words for element g of tensor i: a pure function of (seed, i, g). */
+static void init_words(unsigned long long seed, uint32_t tensor, size_t g, uint32_t out[4]) {
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    const uint32_t ctr[4] = {(uint32_t)g, (uint32_t)((uint64_t)g >> 32), tensor, 0x1A17u};
+    philox4x32_10(ctr, key, out);
+}
+
+static float unit(uint32_t u) { return ((float)(u >> 8) + 1.0f) * (1.0f / 16777216.0f); }  // (0, 1]
+
+void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg, int tp_rank,
                  unsigned long long seed) {
     for (int i = 0; i < tab->n; i++) {
         const ParamInfo *p = &tab->t[i];
-        float *x = base + p->offset;
-        InitRng r = {.key = {(uint32_t)seed, (uint32_t)(seed >> 32)}, .tensor = (uint32_t)i};
+        const size_t n_global = param_global_elems(p);
+        float *whole = TP_MALLOC(n_global * sizeof(float));
         const char *leaf = strrchr(p->name, '.');
-        if (p->split == SPLIT_VOCAB) {
-            /* N(0, C^-1/2) by Box-Muller: the embedding is scaled by sqrt(C). */
-            float sd = 1.0f / sqrtf((float)cfg->d_model);
-            for (size_t j = 0; j < p->n_elems; j++) {
-                float u1 = init_uniform(&r), u2 = init_uniform(&r);
-                x[j] = sd * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+        for (size_t g = 0; g < n_global; g++) {
+            uint32_t w[4];
+            if (p->split == SPLIT_VOCAB) {
+                /* N(0, C^-1/2) by Box-Muller: the embedding is scaled by sqrt(C). */
+                init_words(seed, (uint32_t)i, g, w);
+                whole[g] = sqrtf(-2.0f * logf(unit(w[0]))) * cosf(6.2831853f * unit(w[1])) /
+                           sqrtf((float)cfg->d_model);
+            } else if (p->ndim == 2) {
+                /* Xavier uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)). */
+                init_words(seed, (uint32_t)i, g, w);
+                whole[g] = sqrtf(6.0f / (float)(p->shape[0] + p->shape[1])) * (2.0f * unit(w[0]) - 1.0f);
+            } else {
+                /* 1-D: LayerNorm gains ("*.weight") are 1, every bias is 0. */
+                whole[g] = strcmp(leaf, ".weight") == 0 ? 1.0f : 0.0f;
             }
-        } else if (p->ndim == 2) {
-            /* Xavier uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)). */
-            float a = sqrtf(6.0f / (float)(p->shape[0] + p->shape[1]));
-            for (size_t j = 0; j < p->n_elems; j++) x[j] = a * (2.0f * init_uniform(&r) - 1.0f);
-        } else {
-            /* 1-D: LayerNorm gains ("*.weight") are 1, every bias is 0. */
-            float v = strcmp(leaf, ".weight") == 0 ? 1.0f : 0.0f;
-            for (size_t j = 0; j < p->n_elems; j++) x[j] = v;
         }
+        shard_extract(p, tp_rank, whole, base + p->offset);
+        free(whole);
     }
 }

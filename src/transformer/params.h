@@ -24,24 +24,26 @@ typedef enum {
 typedef struct {
     char name[96];
     int ndim;            // 1 or 2
-    int shape[2];        // global shape
+    int shape[2];        // global shape (the vocabulary unpadded)
+    int local[2];        // this rank's shard (VOCAB: padded vocabulary / tp rows)
     SplitLabel split;
     bool decay;          // AdamW weight decay applies (matrices only)
     size_t offset;       // in elements, into the rank's buffer
-    size_t n_elems;
+    size_t n_elems;      // of the shard
 } ParamInfo;
 
 typedef struct {
     ParamInfo *t;
     int n;
-    size_t n_elems;      // total
+    size_t n_elems;      // total of this rank's shards
+    int tp;              // tensor-parallel ways the table is sharded for
 } ParamTable;
 
 /* Pointers of one attention sub-block (pre-LN): LayerNorm, then q/k/v/out. */
 typedef struct {
     float *ln_g, *ln_b;  // (C)
     float *wq, *bq;      // (C, C), (C)   COL
-    float *wk, *bk;      // (C, C), (C)   COL
+    float *wk;           // (C, C)        COL (no bias: it cannot change the attention)
     float *wv, *bv;      // (C, C), (C)   COL
     float *wo, *bo;      // (C, C), (C)   ROW, bias REPL
 } AttnW;
@@ -64,20 +66,33 @@ typedef struct {
     float *dec_ln_g, *dec_ln_b;  // (C) final decoder LayerNorm
 } Weights;
 
-/* Builds the table for cfg (caller frees with param_table_free). */
-void param_table_build(const ModelConfig *cfg, ParamTable *tab);
+/* The vocabulary padded to a multiple of tp (Megatron pads the same way). */
+int vocab_padded(const ModelConfig *cfg, int tp);
+
+/* Builds the table of one rank's shards for tp-way tensor parallelism
+ * (tp = 1: whole tensors). Caller frees with param_table_free. */
+void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab);
 void param_table_free(ParamTable *tab);
 const ParamInfo *param_table_find(const ParamTable *tab, const char *name);
 
-/* Points w's tensors into base (n_elems of tab). w->enc / w->dec are
- * allocated here; free with weights_free. */
-void weights_bind(Weights *w, const ModelConfig *cfg, float *base);
+/* Points w's tensors into base (n_elems of the tp-way table). w->enc /
+ * w->dec are allocated here; free with weights_free. */
+void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base);
 void weights_free(Weights *w);
 
 /* Deterministic initialisation from seed: linear weights Xavier-uniform,
- * embedding N(0, C^-1/2), biases 0, LayerNorm gamma 1 / beta 0. */
-void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg,
+ * embedding N(0, C^-1/2), biases 0, LayerNorm gamma 1 / beta 0. Every
+ * element's value depends only on (seed, tensor, global position), so the
+ * shards of tp ranks assemble into exactly the tp = 1 model. */
+void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg, int tp_rank,
                  unsigned long long seed);
+
+/* Copies rank tp_rank's shard of one tensor out of the whole (global) tensor,
+ * or places a shard into the whole tensor. Padding rows of a VOCAB shard
+ * read as zeros and are not placed. */
+void shard_extract(const ParamInfo *p, int tp_rank, const float *global, float *shard);
+void shard_place(const ParamInfo *p, int tp_rank, const float *shard, float *global);
+size_t param_global_elems(const ParamInfo *p);
 
 const char *split_label_name(SplitLabel s);
 

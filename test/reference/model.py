@@ -53,7 +53,7 @@ class Attention(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 

@@ -1,0 +1,77 @@
+/* xent_vp.c: the vocabulary-parallel cross-entropy, split into the pieces a
+ * tensor-parallel caller interleaves with its reductions (ops.h explains
+ * the protocol). Sums are accumulated in double; padding columns past
+ * V_valid are never read. */
+#include <math.h>
+
+#include "err.h"
+#include "ops.h"
+
+void op_xent_vp_max(float *row_max, const float *logits, int N, int V_local, int V_valid) {
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V_local;
+        float mx = -INFINITY;
+        for (int v = 0; v < V_valid; v++) mx = row[v] > mx ? row[v] : mx;
+        row_max[n] = mx;
+    }
+}
+
+void op_xent_vp_sums(float *stats, const float *logits, const float *row_max, const int32_t *targets, int N,
+                     int V_local, int V_valid, int vocab_start, int32_t ignore_id) {
+    for (int n = 0; n < N; n++) {
+        const float *row = logits + (size_t)n * V_local;
+        float *st = stats + (size_t)n * 3;
+        if (targets[n] == ignore_id) {
+            st[0] = st[1] = st[2] = 0.0f;
+            continue;
+        }
+        double sum_exp = 0.0, sum_x = 0.0;
+        for (int v = 0; v < V_valid; v++) {
+            sum_exp += expf(row[v] - row_max[n]);
+            sum_x += row[v];
+        }
+        int local = targets[n] - vocab_start;
+        st[0] = (float)sum_exp;
+        st[1] = (float)sum_x;
+        st[2] = (local >= 0 && local < V_valid) ? row[local] : 0.0f;
+    }
+}
+
+int op_xent_vp_loss(float *losses, float *lse, const float *row_max, const float *stats, const int32_t *targets,
+                    int N, int V, float eps, int32_t ignore_id) {
+    int n_valid = 0;
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == ignore_id) {
+            losses[n] = 0.0f;
+            lse[n] = 0.0f;
+            continue;
+        }
+        TP_CHECK(targets[n] >= 0 && targets[n] < V, "op_xent_vp_loss: target %d outside [0, %d)", (int)targets[n],
+                 V);
+        const float *st = stats + (size_t)n * 3;
+        double row_lse = (double)row_max[n] + log((double)st[0]);
+        double nll = row_lse - st[2];
+        double smooth = row_lse - (double)st[1] / V;
+        losses[n] = (float)((1.0 - eps) * nll + eps * smooth);
+        lse[n] = (float)row_lse;
+        n_valid++;
+    }
+    return n_valid;
+}
+
+void op_xent_vp_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets, float dloss,
+                    int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
+    const float smooth = eps / (float)V;
+    for (int n = 0; n < N; n++) {
+        int32_t y = targets[n];
+        if (y == ignore_id) continue;
+        const float *row = logits + (size_t)n * V_local;
+        float *drow = dlogits + (size_t)n * V_local;
+        int local = y - vocab_start;
+        for (int v = 0; v < V_valid; v++) {
+            float p = expf(row[v] - lse[n]);
+            float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
+            drow[v] += dloss * (p - target);
+        }
+    }
+}

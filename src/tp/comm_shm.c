@@ -1,0 +1,548 @@
+/* comm_shm.c: comm.h over POSIX shared memory, for ranks on one host.
+ *
+ * One segment per group: a header, one cache line per rank (its pid and a
+ * monotonic barrier counter), then two sets of per-rank data slots of
+ * SLOT_ELEMS floats. A collective runs in chunks of at most one slot: each
+ * rank copies its chunk into its slot, a barrier publishes it, and every
+ * element is reduced over ranks 0, 1, ..., n-1 in that order, whoever
+ * computes it, so results are deterministic and bitwise equal on all ranks.
+ * Large chunks are reduced one portion per rank and copied back (2 barriers,
+ * O(n) traffic per rank); small ones are reduced whole by every rank
+ * (1 barrier). Consecutive data exchanges alternate between the two slot
+ * sets, so a slot is rewritten only after a barrier that every reader of
+ * its previous contents has passed: no barrier is needed at the end.
+ *
+ * The barrier is a counter per rank: a rank stores how many barriers it has
+ * reached, then waits until every counter has caught up. Per-rank counters
+ * tell a waiter exactly which peers are missing, so a dead peer (its pid
+ * gone or a zombie) or a timeout is reported by rank. Waiting spins briefly,
+ * then sleeps on a futex word that the last arriver bumps; the sleep has a
+ * 50 ms timeout so missing peers are re-checked without burning a core
+ * (tests run many ranks on few cores).
+ */
+#define _GNU_SOURCE
+#include "tp/comm_shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "err.h"
+
+#define SHM_MAGIC 0x316d68732d747074ULL  // "tpt-shm1"
+#define SHM_VERSION 1u
+#define SLOT_ELEMS ((size_t)1 << 20)     // floats per rank slot (4 MiB): the chunk of every collective
+#define DIRECT_MAX_ELEMS ((size_t)16384) // chunks up to this size are reduced whole by every rank
+#define MAX_RANKS 1024
+#define SPIN_ITERS 200                   // polls before sleeping on the futex
+#define CHECK_PERIOD_S 0.05              // how often a waiter re-checks missing peers
+#define NAME_MAX_LEN 96
+
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free to live in shared memory");
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to live in shared memory");
+
+typedef struct {
+    uint64_t magic;
+    uint32_t version;
+    int32_t size;
+    uint64_t slot_elems;
+    uint64_t total_bytes;
+    char job_id[128];
+    char group[128];
+    _Atomic uint32_t wake;        // futex word: bumped by the rank that completes a barrier
+    _Atomic uint32_t n_sleepers;  // ranks inside (or about to enter) futex wait
+    _Atomic uint64_t job_key;     // hash of (job id, group); written last by rank 0
+} ShmHeader;
+
+typedef struct {
+    _Alignas(64) _Atomic uint64_t seq;  // barriers this rank has reached
+    _Atomic int32_t pid;                 // 0 until the rank has joined
+} RankWord;
+
+_Static_assert(sizeof(RankWord) == 64, "one cache line per rank");
+
+#define HEADER_BYTES ((size_t)1024)
+_Static_assert(sizeof(ShmHeader) <= HEADER_BYTES, "header fits its reserved space");
+
+typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_BARRIER, K_JOIN } Kind;
+static const char *const KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "join"};
+
+struct Comm {
+    char group[128];
+    int rank, size;
+    double timeout_s;
+    ShmHeader *hdr;     // NULL for a group of one
+    RankWord *words;    // (size)
+    float *slots;       // (2, size, SLOT_ELEMS)
+    size_t map_bytes;
+    uint64_t seq;       // barriers this rank has reached
+    uint64_t n_uses;    // data exchanges so far: parity picks the slot set
+    int failed;         // poisoned: every later call fails at once
+    long calls[K_JOIN]; // calls per kind since creation (not reset with the stats): "#K" in messages
+    char err[512];
+    CommStats stats;
+};
+
+/* ---- small helpers ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* Shared (not private) futex: the word lives in memory mapped by several processes. */
+static void futex_wait(_Atomic uint32_t *word, uint32_t expected, double timeout_s) {
+    struct timespec ts = {(time_t)timeout_s, (long)((timeout_s - (double)(time_t)timeout_s) * 1e9)};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+static uint64_t job_key_of(const char *job_id, const char *group) {
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a
+    for (const char *p = job_id; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+    h = (h ^ 0xffu) * 1099511628211ULL;  // separator
+    for (const char *p = group; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+    return h ? h : 1;
+}
+
+static int name_char_ok(char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' ||
+           ch == '_' || ch == '.';
+}
+
+/* "/tpt-<job>-<group>"; when a part is long or has characters a shm name
+ * cannot hold, the parts are shortened and sanitised and a hash of the
+ * full pair keeps the name unique. */
+static void segment_name(char *out, size_t out_len, const char *job_id, const char *group) {
+    int plain = strlen(job_id) + strlen(group) + 6 <= NAME_MAX_LEN;
+    for (const char *p = job_id; *p && plain; p++) plain = name_char_ok(*p);
+    for (const char *p = group; *p && plain; p++) plain = name_char_ok(*p);
+    if (plain) {
+        snprintf(out, out_len, "/tpt-%s-%s", job_id, group);
+        return;
+    }
+    char job_s[41], group_s[21];
+    size_t i;
+    for (i = 0; job_id[i] && i < sizeof job_s - 1; i++) job_s[i] = name_char_ok(job_id[i]) ? job_id[i] : '_';
+    job_s[i] = 0;
+    for (i = 0; group[i] && i < sizeof group_s - 1; i++) group_s[i] = name_char_ok(group[i]) ? group[i] : '_';
+    group_s[i] = 0;
+    snprintf(out, out_len, "/tpt-%s-%s-%016llx", job_s, group_s,
+             (unsigned long long)job_key_of(job_id, group));
+}
+
+/* A peer is gone when its pid no longer exists or is a zombie (exited, not
+ * yet reaped by its parent: kill() still succeeds on it). */
+static int peer_gone(pid_t pid) {
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0) return errno == ESRCH;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');  // the command name may hold spaces and parentheses
+    if (!p || p[1] != ' ') return 0;
+    return p[2] == 'Z' || p[2] == 'X';
+}
+
+static size_t segment_bytes(int size) {
+    return HEADER_BYTES + (size_t)size * sizeof(RankWord) + 2 * (size_t)size * SLOT_ELEMS * sizeof(float);
+}
+
+static float *slot(const Comm *c, uint64_t parity, int q) {  // (SLOT_ELEMS)
+    return c->slots + ((size_t)parity * (size_t)c->size + (size_t)q) * SLOT_ELEMS;
+}
+
+static void map_layout(Comm *c, void *base) {
+    c->hdr = (ShmHeader *)base;
+    c->words = (RankWord *)((char *)base + HEADER_BYTES);
+    c->slots = (float *)((char *)base + HEADER_BYTES + (size_t)c->size * sizeof(RankWord));
+}
+
+/* ---- barrier ---- */
+
+static int first_missing(const Comm *c, uint64_t target) {
+    for (int q = 0; q < c->size; q++)
+        if (atomic_load(&c->words[q].seq) < target) return q;
+    return -1;
+}
+
+static void arrive(Comm *c) {
+    c->seq++;
+    atomic_store(&c->words[c->rank].seq, c->seq);
+    // Only the rank that completes the barrier wakes sleepers: with
+    // sequentially consistent stores and loads, at least one of any set of
+    // simultaneous last arrivers sees all counters.
+    if (first_missing(c, c->seq) < 0) {
+        atomic_fetch_add(&c->hdr->wake, 1);
+        if (atomic_load(&c->hdr->n_sleepers) > 0) futex_wake_all(&c->hdr->wake);
+    }
+}
+
+static int fail(Comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(Comm *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    c->failed = 1;
+    return -1;
+}
+
+/* Waits until every rank has reached barrier c->seq. call_no: which call of
+ * this kind (1-based), for the messages. */
+static int wait_all(Comm *c, Kind kind, long call_no) {
+    const uint64_t target = c->seq;
+    for (int i = 0; i < SPIN_ITERS; i++) {
+        if (first_missing(c, target) < 0) return 0;
+        cpu_relax();
+    }
+    const double t0 = now_s();
+    double next_check = t0 + CHECK_PERIOD_S;
+    for (;;) {
+        uint32_t w = atomic_load(&c->hdr->wake);
+        int missing = first_missing(c, target);
+        if (missing < 0) return 0;
+        double t = now_s();
+        if (t >= next_check) {
+            next_check = t + CHECK_PERIOD_S;
+            for (int q = missing; q < c->size; q++) {
+                if (atomic_load(&c->words[q].seq) >= target) continue;
+                pid_t pid = atomic_load(&c->words[q].pid);
+                if (peer_gone(pid)) {
+                    if (kind == K_JOIN)
+                        return fail(c, "comm %s: rank %d (pid %d) exited while the group was forming", c->group,
+                                    q, (int)pid);
+                    return fail(c, "comm %s: rank %d (pid %d) exited during %s", c->group, q, (int)pid,
+                                KIND_NAME[kind]);
+                }
+            }
+            if (t - t0 >= c->timeout_s) {
+                if (kind == K_JOIN)
+                    return fail(c, "comm %s: rank %d did not join within %g s", c->group, missing, c->timeout_s);
+                return fail(c, "comm %s: rank %d did not reach %s #%ld within %g s", c->group, missing,
+                            KIND_NAME[kind], call_no, c->timeout_s);
+            }
+        }
+        atomic_fetch_add(&c->hdr->n_sleepers, 1);
+        if (first_missing(c, target) >= 0) futex_wait(&c->hdr->wake, w, CHECK_PERIOD_S);
+        atomic_fetch_sub(&c->hdr->n_sleepers, 1);
+    }
+}
+
+static int sync_all(Comm *c, Kind kind, long call_no) {
+    arrive(c);
+    return wait_all(c, kind, call_no);
+}
+
+/* ---- creation ---- */
+
+static Comm *create_fail(Comm *c, const char *name, int unlink_name, char *err, size_t err_len) {
+    tp_error_set(err, err_len, "%s", c->err);
+    if (unlink_name) shm_unlink(name);
+    if (c->hdr) munmap(c->hdr, c->map_bytes);
+    free(c);
+    return NULL;
+}
+
+/* Rank 0: replace any stale segment of this name, create, initialise, and
+ * publish the job key last. */
+static int create_segment(Comm *c, const char *name, const char *job_id, uint64_t key, int *created) {
+    shm_unlink(name);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return fail(c, "comm %s: cannot create shared memory %s (%s)", c->group, name, strerror(errno));
+    *created = 1;
+    int rc = posix_fallocate(fd, 0, (off_t)c->map_bytes);  // fail here, not with SIGBUS when /dev/shm is full
+    if (rc != 0) {
+        close(fd);
+        return fail(c, "comm %s: cannot reserve %.1f MiB of shared memory for %s (%s)", c->group,
+                    (double)c->map_bytes / (1 << 20), name, strerror(rc));
+    }
+    void *base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) return fail(c, "comm %s: cannot map %s (%s)", c->group, name, strerror(errno));
+    map_layout(c, base);
+    ShmHeader *h = c->hdr;
+    h->magic = SHM_MAGIC;
+    h->version = SHM_VERSION;
+    h->size = c->size;
+    h->slot_elems = SLOT_ELEMS;
+    h->total_bytes = c->map_bytes;
+    snprintf(h->job_id, sizeof h->job_id, "%s", job_id);
+    snprintf(h->group, sizeof h->group, "%s", c->group);
+    atomic_store(&h->wake, 0);
+    atomic_store(&h->n_sleepers, 0);
+    for (int q = 0; q < c->size; q++) {
+        atomic_store(&c->words[q].seq, 0);
+        atomic_store(&c->words[q].pid, 0);
+    }
+    atomic_store(&c->words[0].pid, (int32_t)getpid());
+    atomic_store_explicit(&h->job_key, key, memory_order_release);
+    return 0;
+}
+
+/* Other ranks: open the segment once it exists with this job's key, a live
+ * creator and a free slot for this rank; returns 1 when joined, 0 to retry
+ * (why in *why), -1 on a hard error. */
+static int try_join(Comm *c, const char *name, const char *job_id, uint64_t key, char *why, size_t why_len) {
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+        snprintf(why, why_len, "rank 0 did not create the shared memory %s", name);
+        return 0;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != c->map_bytes) {
+        close(fd);
+        snprintf(why, why_len, "the shared memory %s has %lld bytes, expected %zu for a group of %d", name,
+                 (long long)st.st_size, c->map_bytes, c->size);
+        return 0;
+    }
+    void *base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        fail(c, "comm %s: cannot map %s (%s)", c->group, name, strerror(errno));
+        return -1;
+    }
+    map_layout(c, base);
+    ShmHeader *h = c->hdr;
+    const char *bad = NULL;
+    if (atomic_load_explicit(&h->job_key, memory_order_acquire) != key) bad = "it belongs to another job";
+    else if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->slot_elems != SLOT_ELEMS)
+        bad = "it has another layout";
+    else if (h->size != c->size || strcmp(h->job_id, job_id) != 0 || strcmp(h->group, c->group) != 0)
+        bad = "it was made for another group";
+    else if (peer_gone(atomic_load(&c->words[0].pid))) bad = "its creator has exited";
+    else {
+        int32_t expected = 0;
+        if (atomic_compare_exchange_strong(&c->words[c->rank].pid, &expected, (int32_t)getpid())) return 1;
+        snprintf(why, why_len, "rank %d of the shared memory %s is already taken by pid %d", c->rank, name,
+                 (int)expected);
+    }
+    if (bad) snprintf(why, why_len, "the shared memory %s is stale: %s", name, bad);
+    munmap(base, c->map_bytes);
+    c->hdr = NULL;
+    return 0;
+}
+
+Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size, double timeout_s, char *err,
+                      size_t err_len) {
+    if (!job_id || !*job_id || !group || !*group) {
+        tp_error_set(err, err_len, "comm: the job id and the group name must not be empty");
+        return NULL;
+    }
+    if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size) {
+        tp_error_set(err, err_len, "comm %s: rank %d of a group of %d is invalid (1 to %d ranks)", group, rank,
+                     size, MAX_RANKS);
+        return NULL;
+    }
+    if (!(timeout_s > 0)) {
+        tp_error_set(err, err_len, "comm %s: the timeout (%g s) must be positive", group, timeout_s);
+        return NULL;
+    }
+    Comm *c = TP_CALLOC(1, sizeof *c);
+    snprintf(c->group, sizeof c->group, "%s", group);
+    c->rank = rank;
+    c->size = size;
+    c->timeout_s = timeout_s;
+    if (size == 1) return c;  // no peers: collectives are no-ops or copies
+
+    c->map_bytes = segment_bytes(size);
+    char name[NAME_MAX_LEN + 32];
+    segment_name(name, sizeof name, job_id, group);
+    const uint64_t key = job_key_of(job_id, group);
+    if (rank == 0) {
+        int created = 0;
+        if (create_segment(c, name, job_id, key, &created) != 0) return create_fail(c, name, created, err, err_len);
+    } else {
+        const double t0 = now_s();
+        double pause_s = 0.001;
+        char why[256] = "";
+        for (;;) {
+            int rc = try_join(c, name, job_id, key, why, sizeof why);
+            if (rc < 0) return create_fail(c, name, 0, err, err_len);
+            if (rc == 1) break;
+            if (now_s() - t0 >= timeout_s) {
+                fail(c, "comm %s: rank %d could not join within %g s: %s", group, rank, timeout_s, why);
+                return create_fail(c, name, 0, err, err_len);
+            }
+            sleep_s(pause_s);
+            if (pause_s < 0.01) pause_s *= 2;
+        }
+    }
+    // Everyone has mapped the segment once all have reached the first barrier.
+    if (sync_all(c, K_JOIN, 0) != 0) return create_fail(c, name, rank == 0, err, err_len);
+    if (rank == 0) shm_unlink(name);
+    return c;
+}
+
+/* ---- collectives ---- */
+
+static int begin(Comm *c, Kind kind, long *counter, double *t0) {
+    if (c->failed) return -1;
+    (*counter)++;
+    c->calls[kind]++;
+    *t0 = now_s();
+    return 0;
+}
+
+static int end(Comm *c, double t0, int rc) {
+    c->stats.seconds += now_s() - t0;
+    return rc;
+}
+
+/* acc[i] = acc[i] op x[i]; MAX keeps NaN (a NaN anywhere makes the result NaN). */
+static void reduce_into(float *acc, const float *x, size_t n_elems, CommOp op) {
+    if (op == COMM_SUM) {
+        for (size_t i = 0; i < n_elems; i++) acc[i] += x[i];
+    } else {
+        for (size_t i = 0; i < n_elems; i++)
+            if (x[i] > acc[i] || x[i] != x[i]) acc[i] = x[i];
+    }
+}
+
+int comm_allreduce(Comm *c, float *buf, size_t n_elems, CommOp op) {
+    double t0;
+    if (begin(c, K_ALLREDUCE, &c->stats.allreduce, &t0) != 0) return -1;
+    c->stats.allreduce_bytes += (double)n_elems * sizeof(float);
+    if (op != COMM_SUM && op != COMM_MAX)
+        return end(c, t0, fail(c, "comm %s: unknown reduction %d", c->group, (int)op));
+    if (c->size == 1 || n_elems == 0) return end(c, t0, 0);
+    const long call_no = c->calls[K_ALLREDUCE];
+    const int n = c->size, r = c->rank;
+    for (size_t off = 0; off < n_elems; off += SLOT_ELEMS) {
+        const size_t m = n_elems - off < SLOT_ELEMS ? n_elems - off : SLOT_ELEMS;
+        const uint64_t p = c->n_uses++ & 1;
+        float *out = buf + off;  // (m)
+        memcpy(slot(c, p, r), out, m * sizeof(float));
+        if (sync_all(c, K_ALLREDUCE, call_no) != 0) return end(c, t0, -1);
+        if (m <= DIRECT_MAX_ELEMS) {
+            memcpy(out, slot(c, p, 0), m * sizeof(float));
+            for (int q = 1; q < n; q++) reduce_into(out, slot(c, p, q), m, op);
+            continue;
+        }
+        // This rank reduces its portion [lo, hi) and publishes it in its own slot.
+        const size_t lo = m * (size_t)r / (size_t)n, hi = m * (size_t)(r + 1) / (size_t)n;
+        memcpy(out + lo, slot(c, p, 0) + lo, (hi - lo) * sizeof(float));
+        for (int q = 1; q < n; q++) reduce_into(out + lo, slot(c, p, q) + lo, hi - lo, op);
+        memcpy(slot(c, p, r) + lo, out + lo, (hi - lo) * sizeof(float));
+        if (sync_all(c, K_ALLREDUCE, call_no) != 0) return end(c, t0, -1);
+        for (int q = 0; q < n; q++) {
+            if (q == r) continue;
+            const size_t qlo = m * (size_t)q / (size_t)n, qhi = m * (size_t)(q + 1) / (size_t)n;
+            memcpy(out + qlo, slot(c, p, q) + qlo, (qhi - qlo) * sizeof(float));
+        }
+    }
+    return end(c, t0, 0);
+}
+
+int comm_reduce_scatter(Comm *c, const float *in, float *out, size_t n_elems) {
+    double t0;
+    if (begin(c, K_REDUCE_SCATTER, &c->stats.reduce_scatter, &t0) != 0) return -1;
+    if (n_elems == 0) return end(c, t0, 0);
+    if (c->size == 1) {
+        memmove(out, in, n_elems * sizeof(float));
+        return end(c, t0, 0);
+    }
+    const long call_no = c->calls[K_REDUCE_SCATTER];
+    const int n = c->size, r = c->rank;
+    const size_t per_rank = SLOT_ELEMS / (size_t)n;  // each slot holds one piece for every rank
+    for (size_t off = 0; off < n_elems; off += per_rank) {
+        const size_t m = n_elems - off < per_rank ? n_elems - off : per_rank;
+        const uint64_t p = c->n_uses++ & 1;
+        float *mine = slot(c, p, r);  // (n, m)
+        for (int q = 0; q < n; q++) memcpy(mine + (size_t)q * m, in + (size_t)q * n_elems + off, m * sizeof(float));
+        if (sync_all(c, K_REDUCE_SCATTER, call_no) != 0) return end(c, t0, -1);
+        memcpy(out + off, slot(c, p, 0) + (size_t)r * m, m * sizeof(float));
+        for (int q = 1; q < n; q++) reduce_into(out + off, slot(c, p, q) + (size_t)r * m, m, COMM_SUM);
+    }
+    return end(c, t0, 0);
+}
+
+int comm_allgather(Comm *c, const float *in, float *out, size_t n_elems) {
+    double t0;
+    if (begin(c, K_ALLGATHER, &c->stats.allgather, &t0) != 0) return -1;
+    if (n_elems == 0) return end(c, t0, 0);
+    if (c->size == 1) {
+        memmove(out, in, n_elems * sizeof(float));
+        return end(c, t0, 0);
+    }
+    const long call_no = c->calls[K_ALLGATHER];
+    const int n = c->size, r = c->rank;
+    for (size_t off = 0; off < n_elems; off += SLOT_ELEMS) {
+        const size_t m = n_elems - off < SLOT_ELEMS ? n_elems - off : SLOT_ELEMS;
+        const uint64_t p = c->n_uses++ & 1;
+        memcpy(slot(c, p, r), in + off, m * sizeof(float));
+        if (sync_all(c, K_ALLGATHER, call_no) != 0) return end(c, t0, -1);
+        for (int q = 0; q < n; q++) memcpy(out + (size_t)q * n_elems + off, slot(c, p, q), m * sizeof(float));
+    }
+    return end(c, t0, 0);
+}
+
+int comm_broadcast(Comm *c, void *buf, size_t n_bytes, int root) {
+    double t0;
+    if (begin(c, K_BROADCAST, &c->stats.broadcast, &t0) != 0) return -1;
+    if (root < 0 || root >= c->size)
+        return end(c, t0, fail(c, "comm %s: broadcast root %d is outside the group of %d", c->group, root, c->size));
+    if (c->size == 1 || n_bytes == 0) return end(c, t0, 0);
+    const long call_no = c->calls[K_BROADCAST];
+    // Only the root writes: the whole slot set of one parity is its staging area.
+    const size_t chunk_bytes = (size_t)c->size * SLOT_ELEMS * sizeof(float);
+    for (size_t off = 0; off < n_bytes; off += chunk_bytes) {
+        const size_t m = n_bytes - off < chunk_bytes ? n_bytes - off : chunk_bytes;
+        const uint64_t p = c->n_uses++ & 1;
+        char *stage = (char *)slot(c, p, 0);
+        if (c->rank == root) memcpy(stage, (char *)buf + off, m);
+        if (sync_all(c, K_BROADCAST, call_no) != 0) return end(c, t0, -1);
+        if (c->rank != root) memcpy((char *)buf + off, stage, m);
+    }
+    return end(c, t0, 0);
+}
+
+int comm_barrier(Comm *c) {
+    double t0;
+    if (begin(c, K_BARRIER, &c->stats.barrier, &t0) != 0) return -1;
+    if (c->size == 1) return end(c, t0, 0);
+    return end(c, t0, sync_all(c, K_BARRIER, c->calls[K_BARRIER]));
+}
+
+/* ---- accessors ---- */
+
+int comm_rank(const Comm *c) { return c->rank; }
+int comm_size(const Comm *c) { return c->size; }
+const char *comm_error(const Comm *c) { return c->err; }
+CommStats comm_stats(const Comm *c) { return c->stats; }
+void comm_reset_stats(Comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+void comm_free(Comm *c) {
+    if (!c) return;
+    if (c->hdr) munmap(c->hdr, c->map_bytes);
+    free(c);
+}

@@ -1,0 +1,1084 @@
+/* tprun.c: the launcher, torchrun's flags and worker environment.
+ *
+ *   tprun [--nproc_per_node N] [--nnodes N] [--node_rank R] [--master_addr A]
+ *         [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]
+ *         [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]
+ *
+ * Why this shape: one agent process per node, single-threaded apart from the
+ * store server thread (node 0 only). Everything the agent waits for, worker
+ * output pipes and signals (SIGCHLD, SIGINT, SIGTERM, ... turned into bytes
+ * on a self-pipe by a tiny handler), goes through one poll() loop whose
+ * timeout is the next deadline: the SIGKILL deadline after a SIGTERM, the
+ * 200 ms check of the job's failure flag with several nodes, or a short
+ * tick while a finished worker's process group still has members. Nothing
+ * spins.
+ *
+ * Failure and shutdown: every worker leads its own process group, so
+ * SIGTERM/SIGKILL go to the group and reach the worker's children too; the
+ * agent is a child subreaper, so grandchildren orphaned by a dead worker are
+ * re-parented to it and reaped: no zombie or orphan survives any path. The
+ * first non-zero exit or death by signal is "the failure": the others get
+ * SIGTERM, after --grace seconds SIGKILL, then the report. Signals sent to
+ * tprun are forwarded to every worker group (a second one means SIGKILL now)
+ * and tprun exits 128+signal. Between the fork and the exec a child only
+ * makes async-signal-safe calls (the store thread may hold locks), so each
+ * worker's environment is built before the fork.
+ *
+ * Several nodes: node 0 hosts the store and every agent connects to it. The
+ * agents rendezvous ("tprun/node/<r>" then a barrier), the first failure
+ * anywhere is published under "tprun/failed" (its report as the value) and
+ * every agent polls that key; the agents also count "tprun/done" and
+ * "tprun/exited", so node 0 keeps the store up until the others have seen
+ * the outcome. --max_restarts needs a single node.
+ *
+ * TPRUN_JOB_ID changes with every restart: shared-memory names and store
+ * keys derived from it never meet leftovers of the killed attempt (the store
+ * itself lives on across restarts).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "err.h"
+#include "tp/store.h"
+
+extern char **environ;
+
+#define STORE_POLL_S 0.2        // how often an agent of a multi-node job checks the failure flag
+#define GROUP_TICK_S 0.05       // re-check of process groups that outlive their leader
+#define DRAIN_S 1.0             // how long to wait for pipe EOF once every process is gone
+#define JOIN_TIMEOUT_S 300.0    // multi-node rendezvous of the agents
+#define HEARTBEAT_TIMEOUT_S 30.0 // node 0 declares a silent agent of another node dead
+#define LINE_MAX_BYTES (1 << 20) // a longer line is cut and printed in pieces
+
+/* ---- options -------------------------------------------------------------- */
+
+typedef struct {
+    int nproc, nnodes, node_rank, master_port;  // master_port -1 = not given
+    int standalone, max_restarts, tee;
+    double grace;
+    const char *master_addr;  // NULL = not given
+    const char *log_dir;
+    char **prog_argv;  // PROGRAM ARGS..., NULL-terminated
+} Opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tprun [--nproc_per_node N] [--nnodes N] [--node_rank R] [--master_addr A]\n"
+            "             [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]\n"
+            "             [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]\n"
+            "Starts nproc_per_node copies of PROGRAM (looked up next to tprun, then in PATH) with\n"
+            "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
+            "TPRUN_TOKEN and TPRUN_JOB_ID set. With --nnodes > 1, every node needs the same\n"
+            "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n");
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "tprun: %s expects an integer in %d..%d, got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* 0 ok, 1 help printed, -1 error printed. */
+static int parse_args(int argc, char **argv, Opts *o) {
+    *o = (Opts){.nproc = 1, .nnodes = 1, .node_rank = 0, .master_port = -1, .grace = 5.0};
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0) break;  // PROGRAM
+        char name[64];
+        const char *eq = strchr(a, '=');
+        size_t n = eq ? (size_t)(eq - a) : strlen(a);
+        if (n >= sizeof name) n = sizeof name - 1;
+        memcpy(name, a, n);
+        name[n] = 0;
+        for (char *p = name + 2; *p; p++)
+            if (*p == '-') *p = '_';
+        if (strcmp(name, "--standalone") == 0) {
+            if (eq) {
+                fprintf(stderr, "tprun: --standalone takes no value\n");
+                return -1;
+            }
+            o->standalone = 1;
+            continue;
+        }
+        static const char *valued[] = {"--nproc_per_node", "--nnodes",       "--node_rank", "--master_addr",
+                                       "--master_port",    "--max_restarts", "--log_dir",   "--tee",
+                                       "--grace"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(name, valued[k]) == 0;
+        if (!known) {
+            fprintf(stderr, "tprun: unknown option %s (see tprun --help)\n", name);
+            return -1;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "tprun: %s needs a value\n", name);
+                return -1;
+            }
+            v = argv[++i];
+        }
+        int rc = 0;
+        if (strcmp(name, "--nproc_per_node") == 0) rc = parse_int(name, v, 1, 4096, &o->nproc);
+        else if (strcmp(name, "--nnodes") == 0) rc = parse_int(name, v, 1, 65536, &o->nnodes);
+        else if (strcmp(name, "--node_rank") == 0) rc = parse_int(name, v, 0, 65535, &o->node_rank);
+        else if (strcmp(name, "--master_port") == 0) rc = parse_int(name, v, 0, 65535, &o->master_port);
+        else if (strcmp(name, "--max_restarts") == 0) rc = parse_int(name, v, 0, 1000000, &o->max_restarts);
+        else if (strcmp(name, "--tee") == 0) rc = parse_int(name, v, 0, 3, &o->tee);
+        else if (strcmp(name, "--master_addr") == 0) o->master_addr = v;
+        else if (strcmp(name, "--log_dir") == 0) o->log_dir = v;
+        else if (strcmp(name, "--grace") == 0) {
+            char *end = NULL;
+            o->grace = strtod(v, &end);
+            if (end == v || *end || !(o->grace >= 0) || o->grace > 86400) {
+                fprintf(stderr, "tprun: --grace expects seconds in 0..86400, got '%s'\n", v);
+                return -1;
+            }
+        }
+        if (rc) return -1;
+    }
+    if (i >= argc) {
+        fprintf(stderr, "tprun: no PROGRAM given\n");
+        usage(stderr);
+        return -1;
+    }
+    o->prog_argv = argv + i;
+    if (o->standalone) {
+        if (o->nnodes != 1) {
+            fprintf(stderr, "tprun: --standalone runs one node; --nnodes %d contradicts it\n", o->nnodes);
+            return -1;
+        }
+        o->master_port = 0;  // always a free port
+        if (!o->master_addr) o->master_addr = "127.0.0.1";
+    }
+    if (o->node_rank >= o->nnodes) {
+        fprintf(stderr, "tprun: --node_rank %d must be below --nnodes %d\n", o->node_rank, o->nnodes);
+        return -1;
+    }
+    if ((long)o->nnodes * o->nproc > INT_MAX / 2) {
+        fprintf(stderr, "tprun: the world of %d x %d ranks is too large\n", o->nnodes, o->nproc);
+        return -1;
+    }
+    if (o->nnodes > 1) {
+        if (o->max_restarts > 0) {
+            fprintf(stderr, "tprun: --max_restarts needs a single node (--nnodes 1)\n");
+            return -1;
+        }
+        if (o->master_port == 0) {
+            fprintf(stderr, "tprun: --nnodes %d needs a fixed --master_port that every node knows\n", o->nnodes);
+            return -1;
+        }
+        if (o->master_port < 0) o->master_port = 29500;  // torchrun's default
+    }
+    if (!o->master_addr) o->master_addr = "127.0.0.1";
+    return 0;
+}
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int ms_until(double deadline) {
+    if (isinf(deadline)) return -1;
+    double ms = ceil((deadline - now_s()) * 1000.0);
+    return ms <= 0 ? 0 : ms > 1e9 ? 1000000000 : (int)ms;
+}
+
+static void write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else {
+            return;  // a closed terminal or pipe: output is lost, the job goes on
+        }
+    }
+}
+
+static int random_hex(char *out, size_t n_hex) {
+    unsigned char buf[64];
+    size_t n_bytes = (n_hex + 1) / 2;
+    if (n_bytes > sizeof buf) return -1;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t got = 0;
+    while (got < n_bytes) {
+        ssize_t r = read(fd, buf + got, n_bytes - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            close(fd);
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < n_hex; i++) out[i] = hex[(buf[i / 2] >> (i % 2 ? 0 : 4)) & 15];
+    out[n_hex] = 0;
+    return 0;
+}
+
+/* The id of attempt `restart`: the job's base id for attempt 0, a mix of it
+ * and the attempt number after. 16 hex chars. */
+static void attempt_id(const char *base, int restart, char out[17]) {
+    if (restart == 0) {
+        snprintf(out, 17, "%s", base);
+        return;
+    }
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over "base/restart"
+    char text[64];
+    snprintf(text, sizeof text, "%s/%d", base, restart);
+    for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+static const char *signal_name(int sig) {
+    switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "signal";
+    }
+}
+
+/* Finds PROGRAM: a path with '/' as is; else next to this executable, then
+ * along PATH. malloc'ed path, or NULL with a message printed. */
+static char *resolve_program(const char *prog) {
+    if (!prog[0]) {
+        fprintf(stderr, "tprun: the PROGRAM name is empty\n");
+        return NULL;
+    }
+    if (strchr(prog, '/')) {
+        if (access(prog, X_OK) != 0) {
+            fprintf(stderr, "tprun: cannot run %s: %s\n", prog, strerror(errno));
+            return NULL;
+        }
+        return strdup(prog);
+    }
+    char path[PATH_MAX + 1];
+    struct stat st;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    char *self_dir = NULL;
+    if (n > 0) {
+        self[n] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            self_dir = self;
+            snprintf(path, sizeof path, "%s/%s", self_dir[0] ? self_dir : "/", prog);
+            if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0) return strdup(path);
+        }
+    }
+    const char *env_path = getenv("PATH");
+    if (!env_path) env_path = "/usr/local/bin:/usr/bin:/bin";
+    const char *p = env_path;
+    for (;;) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        if (len == 0)
+            snprintf(path, sizeof path, "%s", prog);  // an empty element is the current directory
+        else
+            snprintf(path, sizeof path, "%.*s/%s", (int)len, p, prog);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0) return strdup(path);
+        if (!colon) break;
+        p = colon + 1;
+    }
+    fprintf(stderr, "tprun: cannot find program '%s' next to tprun (%s) or in PATH\n", prog,
+            self_dir ? self_dir : "?");
+    return NULL;
+}
+
+/* ---- signals -------------------------------------------------------------- */
+
+static int g_sig_pipe[2] = {-1, -1};  // written by the handler, read by the loop: process-wide by nature
+
+static void on_signal(int sig) {
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    ssize_t w = write(g_sig_pipe[1], &b, 1);  // full pipe: a wake-up is already pending
+    (void)w;
+    errno = saved;
+}
+
+/* The signals tprun handles (the last, SIGPIPE, it ignores: a closed stdout
+ * must not kill the agent); workers get the dispositions tprun inherited. */
+static const int k_handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE};
+#define N_HANDLED (sizeof k_handled / sizeof *k_handled)
+static struct sigaction g_inherited[N_HANDLED];
+
+static int install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < N_HANDLED; i++) {
+        if (k_handled[i] == SIGPIPE) sa.sa_handler = SIG_IGN;
+        if (sigaction(k_handled[i], &sa, &g_inherited[i]) != 0) return -1;
+    }
+    return 0;
+}
+
+/* ---- workers -------------------------------------------------------------- */
+
+typedef struct {
+    int fd;  // -1 = closed
+    int is_err;
+    char *buf;
+    size_t len, cap;
+} Stream;
+
+typedef struct {
+    int local_rank, rank;
+    pid_t pid;    // also the process group id; 0 = never started
+    int running;  // not yet reaped
+    int status;   // wait status once reaped
+    int group_alive;
+    Stream out, err;
+    int log_fd;
+    char **envp;
+} Worker;
+
+typedef struct {
+    Opts o;
+    char host[256];
+    char *program;  // resolved path
+    char token[65];
+    char job_base[17];
+    int port;       // the store's real port
+    StoreServer *server;
+    StoreClient *store;  // multi-node only
+    char (*node_host)[256];       // multi-node: host of every node (from the rendezvous)
+    long *hb_seen;                // node 0: last heartbeat count of every node
+    double *hb_when;              // node 0: when it last changed
+    int dev_null;
+    Worker *w;
+} Agent;
+
+typedef enum { OUT_OK, OUT_FAILED, OUT_REMOTE } OutcomeKind;
+
+typedef struct {
+    OutcomeKind kind;   // OUT_FAILED: a local worker failed first; OUT_REMOTE: the job failed elsewhere
+    int sig;            // a terminating signal tprun received (0 = none)
+    char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..."
+} Outcome;
+
+static void env_free(char **envp) {
+    if (!envp) return;
+    for (char **e = envp; *e; e++) free(*e);
+    free(envp);
+}
+
+static char *env_pair(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *env_pair(const char *name, const char *fmt, ...) {
+    char val[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(val, sizeof val, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(name) + strlen(val) + 2;
+    char *s = TP_MALLOC(n);
+    snprintf(s, n, "%s=%s", name, val);
+    return s;
+}
+
+static const char *k_our_vars[] = {"RANK",
+                                   "LOCAL_RANK",
+                                   "WORLD_SIZE",
+                                   "LOCAL_WORLD_SIZE",
+                                   "GROUP_RANK",
+                                   "GROUP_WORLD_SIZE",
+                                   "ROLE_RANK",
+                                   "ROLE_WORLD_SIZE",
+                                   "ROLE_NAME",
+                                   "NODE_RANK",
+                                   "MASTER_ADDR",
+                                   "MASTER_PORT",
+                                   "TORCHELASTIC_RESTART_COUNT",
+                                   "TORCHELASTIC_MAX_RESTARTS",
+                                   "TORCHELASTIC_RUN_ID",
+                                   "TPRUN_TOKEN",
+                                   "TPRUN_JOB_ID"};
+#define N_OUR_VARS (sizeof k_our_vars / sizeof *k_our_vars)
+
+static char **build_env(const Agent *a, const Worker *w, int restart, const char *job_id) {
+    const Opts *o = &a->o;
+    size_t n_env = 0;
+    for (char **e = environ; *e; e++) n_env++;
+    char **envp = TP_CALLOC(n_env + N_OUR_VARS + 1, sizeof *envp);
+    size_t k = 0;
+    for (char **e = environ; *e; e++) {
+        int ours = 0;
+        for (size_t v = 0; v < N_OUR_VARS && !ours; v++) {
+            size_t len = strlen(k_our_vars[v]);
+            ours = strncmp(*e, k_our_vars[v], len) == 0 && (*e)[len] == '=';
+        }
+        if (!ours) envp[k++] = strdup(*e);
+    }
+    int world = o->nnodes * o->nproc;
+    envp[k++] = env_pair("RANK", "%d", w->rank);
+    envp[k++] = env_pair("LOCAL_RANK", "%d", w->local_rank);
+    envp[k++] = env_pair("WORLD_SIZE", "%d", world);
+    envp[k++] = env_pair("LOCAL_WORLD_SIZE", "%d", o->nproc);
+    envp[k++] = env_pair("GROUP_RANK", "%d", o->node_rank);
+    envp[k++] = env_pair("GROUP_WORLD_SIZE", "%d", o->nnodes);
+    envp[k++] = env_pair("ROLE_RANK", "%d", w->rank);
+    envp[k++] = env_pair("ROLE_WORLD_SIZE", "%d", world);
+    envp[k++] = env_pair("ROLE_NAME", "%s", "default");
+    envp[k++] = env_pair("NODE_RANK", "%d", o->node_rank);
+    envp[k++] = env_pair("MASTER_ADDR", "%s", o->master_addr);
+    envp[k++] = env_pair("MASTER_PORT", "%d", a->port);
+    envp[k++] = env_pair("TORCHELASTIC_RESTART_COUNT", "%d", restart);
+    envp[k++] = env_pair("TORCHELASTIC_MAX_RESTARTS", "%d", o->max_restarts);
+    envp[k++] = env_pair("TORCHELASTIC_RUN_ID", "%s", job_id);
+    envp[k++] = env_pair("TPRUN_TOKEN", "%s", a->token);
+    envp[k++] = env_pair("TPRUN_JOB_ID", "%s", job_id);
+    envp[k] = NULL;
+    for (size_t i = 0; i < k; i++) TP_CHECK(envp[i] != NULL, "out of memory building the environment");
+    return envp;
+}
+
+/* Async-signal-safe message for a failed exec in the child. */
+static void child_die(const char *what, int err) {
+    char num[16];
+    int n = 0;
+    char tmp[16];
+    int e = err;
+    do {
+        tmp[n++] = (char)('0' + e % 10);
+        e /= 10;
+    } while (e && n < 15);
+    for (int i = 0; i < n; i++) num[i] = tmp[n - 1 - i];
+    num[n] = 0;
+    write_all(2, "tprun: ", 7);
+    write_all(2, what, strlen(what));
+    write_all(2, " (errno ", 8);
+    write_all(2, num, (size_t)n);
+    write_all(2, ")\n", 2);
+    _exit(127);
+}
+
+/* Starts one worker. 0, or -1 with a message printed. */
+static int spawn(Agent *a, Worker *w) {
+    int po[2], pe[2];
+    if (pipe2(po, O_CLOEXEC) != 0) {
+        fprintf(stderr, "tprun: cannot create a pipe for rank %d: %s\n", w->rank, strerror(errno));
+        return -1;
+    }
+    if (pipe2(pe, O_CLOEXEC) != 0) {
+        fprintf(stderr, "tprun: cannot create a pipe for rank %d: %s\n", w->rank, strerror(errno));
+        close(po[0]);
+        close(po[1]);
+        return -1;
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);  // no handler may run in the child before exec
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        for (size_t i = 0; i < N_HANDLED; i++) {
+            struct sigaction sa = g_inherited[i];
+            if (sa.sa_handler != SIG_IGN) sa.sa_handler = SIG_DFL;  // a nohup'ed tprun keeps SIGHUP ignored
+            sa.sa_flags &= ~SA_SIGINFO;
+            sigaction(k_handled[i], &sa, NULL);
+        }
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (dup2(a->dev_null, 0) < 0 || dup2(po[1], 1) < 0 || dup2(pe[1], 2) < 0) child_die("dup2 failed", errno);
+        execve(a->program, a->o.prog_argv, w->envp);
+        child_die("exec of the program failed", errno);
+    }
+    int fork_err = errno;
+    if (pid > 0) setpgid(pid, pid);  // also here: no race with the first kill(-pid)
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(po[1]);
+    close(pe[1]);
+    if (pid < 0) {
+        fprintf(stderr, "tprun: cannot fork rank %d: %s\n", w->rank, strerror(fork_err));
+        close(po[0]);
+        close(pe[0]);
+        return -1;
+    }
+    fcntl(po[0], F_SETFL, O_NONBLOCK);
+    fcntl(pe[0], F_SETFL, O_NONBLOCK);
+    w->pid = pid;
+    w->running = 1;
+    w->group_alive = 1;
+    w->out = (Stream){.fd = po[0], .is_err = 0};
+    w->err = (Stream){.fd = pe[0], .is_err = 1};
+    return 0;
+}
+
+/* One complete line (or a piece of an overlong one) to its destinations. */
+static void emit_line(const Agent *a, const Worker *w, const Stream *s, const char *line, size_t n) {
+    const Opts *o = &a->o;
+    if (w->log_fd >= 0) {
+        write_all(w->log_fd, line, n);
+        write_all(w->log_fd, "\n", 1);
+    }
+    int to_term = w->log_fd < 0 || (o->tee & (s->is_err ? 2 : 1));
+    if (!to_term) return;
+    char prefix[32];
+    int pn = snprintf(prefix, sizeof prefix, "[rank %d] ", w->rank);
+    size_t total = (size_t)pn + n + 1;
+    char stackbuf[4096];
+    char *buf = total <= sizeof stackbuf ? stackbuf : TP_MALLOC(total);
+    memcpy(buf, prefix, (size_t)pn);
+    memcpy(buf + pn, line, n);
+    buf[total - 1] = '\n';
+    write_all(s->is_err ? 2 : 1, buf, total);  // one write: lines of ranks do not interleave
+    if (buf != stackbuf) free(buf);
+}
+
+static void stream_close(const Agent *a, const Worker *w, Stream *s) {
+    if (s->fd < 0) return;
+    if (s->len) emit_line(a, w, s, s->buf, s->len);  // the last, unterminated line
+    close(s->fd);
+    s->fd = -1;
+    free(s->buf);
+    s->buf = NULL;
+    s->len = s->cap = 0;
+}
+
+static void stream_read(const Agent *a, const Worker *w, Stream *s) {
+    char chunk[65536];
+    for (;;) {
+        ssize_t r = read(s->fd, chunk, sizeof chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (r <= 0) {
+            stream_close(a, w, s);
+            return;
+        }
+        if (s->len + (size_t)r > s->cap) {
+            size_t cap = s->cap ? s->cap : 4096;
+            while (cap < s->len + (size_t)r) cap *= 2;
+            s->buf = realloc(s->buf, cap);
+            TP_CHECK(s->buf != NULL, "out of memory buffering worker output");
+            s->cap = cap;
+        }
+        memcpy(s->buf + s->len, chunk, (size_t)r);
+        s->len += (size_t)r;
+        size_t start = 0;
+        for (size_t i = 0; i < s->len; i++) {
+            if (s->buf[i] == '\n') {
+                emit_line(a, w, s, s->buf + start, i - start);
+                start = i + 1;
+            } else if (i - start + 1 >= LINE_MAX_BYTES) {
+                emit_line(a, w, s, s->buf + start, i - start + 1);
+                start = i + 1;
+            }
+        }
+        memmove(s->buf, s->buf + start, s->len - start);
+        s->len -= start;
+    }
+}
+
+static int group_has_members(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
+
+static void signal_groups(Agent *a, int sig) {
+    for (int i = 0; i < a->o.nproc; i++) {
+        Worker *w = &a->w[i];
+        if (w->pid > 0 && w->group_alive) {
+            if (kill(-w->pid, sig) != 0 && errno == ESRCH) w->group_alive = 0;
+        }
+    }
+}
+
+static void describe_status(int status, char *out, size_t n) {
+    if (WIFEXITED(status))
+        snprintf(out, n, "exit code %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(out, n, "killed by signal %s (%d)", signal_name(WTERMSIG(status)), WTERMSIG(status));
+    else
+        snprintf(out, n, "wait status %#x", status);
+}
+
+/* Multi-node: publishes the first failure of the job (if nobody did yet). */
+static void publish_failure(Agent *a, const char *report) {
+    if (!a->store) return;
+    long n = 0;
+    if (store_add(a->store, "tprun/failed_count", 1, &n) == 0 && n == 1)
+        store_set(a->store, "tprun/failed", report, strlen(report));
+}
+
+/* Multi-node, every STORE_POLL_S: nodes > 0 bump their heartbeat; every
+ * node checks the failure flag; node 0 also watches the heartbeats. 0 when
+ * the job is fine, 1 with *report when it failed somewhere (or the store or
+ * an agent is gone). */
+static int poll_job(Agent *a, char *report, size_t n) {
+    const Opts *o = &a->o;
+    char key[64];
+    long v = 0;
+    if (o->node_rank > 0) {
+        snprintf(key, sizeof key, "tprun/hb/%d", o->node_rank);
+        if (store_add(a->store, key, 1, &v) != 0) goto lost;
+    }
+    int f = store_check(a->store, "tprun/failed");
+    if (f < 0) goto lost;
+    if (f > 0) {
+        char *val = store_get(a->store, "tprun/failed", NULL, 5.0);
+        snprintf(report, n, "%s", val ? val : "another node failed");
+        free(val);
+        return 1;
+    }
+    if (o->node_rank == 0) {
+        double t = now_s();
+        for (int r = 1; r < o->nnodes; r++) {
+            snprintf(key, sizeof key, "tprun/hb/%d", r);
+            if (store_add(a->store, key, 0, &v) != 0) goto lost;
+            if (v != a->hb_seen[r] || a->hb_when[r] == 0) {
+                a->hb_seen[r] = v;
+                a->hb_when[r] = t;
+            } else if (t - a->hb_when[r] > HEARTBEAT_TIMEOUT_S) {
+                snprintf(report, n, "the tprun agent of node %d on host %s stopped responding for %.0f s", r,
+                         a->node_host[r], HEARTBEAT_TIMEOUT_S);
+                publish_failure(a, report);
+                return 1;
+            }
+        }
+    }
+    return 0;
+lost:
+    snprintf(report, n, "lost the store at %s:%d, hosted by node 0's tprun (%s)", o->master_addr, a->port,
+             store_error(a->store));
+    return 1;
+}
+
+/* Runs one attempt of all local workers to the end. */
+static void run_attempt(Agent *a, int restart, Outcome *out) {
+    const Opts *o = &a->o;
+    char job_id[17];
+    attempt_id(a->job_base, restart, job_id);
+    memset(out, 0, sizeof *out);
+    out->kind = OUT_OK;
+    for (int i = 0; i < o->nproc; i++) {
+        Worker *w = &a->w[i];
+        memset(w, 0, sizeof *w);
+        w->local_rank = i;
+        w->rank = o->node_rank * o->nproc + i;
+        w->out.fd = w->err.fd = w->log_fd = -1;
+        if (o->log_dir) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/rank_%d.log", o->log_dir, w->rank);
+            w->log_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (restart ? O_APPEND : O_TRUNC), 0644);
+            if (w->log_fd < 0) fprintf(stderr, "tprun: cannot write %s: %s (output goes to the terminal)\n", path,
+                                       strerror(errno));
+        }
+        w->envp = build_env(a, w, restart, job_id);
+    }
+
+    int stopping = 0, killed = 0;  // SIGTERM sent to all / SIGKILL sent to all
+    double kill_deadline = INFINITY, drain_deadline = INFINITY;
+    double next_store_poll = a->store ? now_s() + STORE_POLL_S : INFINITY;
+    int have_failure = 0;
+
+    for (int i = 0; i < o->nproc; i++) {
+        if (spawn(a, &a->w[i]) != 0) {
+            snprintf(out->report, sizeof out->report, "rank %d (local rank %d) on host %s could not be started",
+                     a->w[i].rank, i, a->host);
+            out->kind = OUT_FAILED;
+            have_failure = 1;
+            publish_failure(a, out->report);
+            stopping = 1;
+            kill_deadline = now_s() + o->grace;
+            signal_groups(a, SIGTERM);
+            break;
+        }
+    }
+
+    size_t cap_pfds = 1 + 2 * (size_t)o->nproc;
+    struct pollfd *pfds = TP_MALLOC(cap_pfds * sizeof *pfds);
+    Stream **pstreams = TP_MALLOC(cap_pfds * sizeof *pstreams);
+    Worker **pworkers = TP_MALLOC(cap_pfds * sizeof *pworkers);
+    for (;;) {
+        // Where are we: every worker reaped? every group empty? pipes closed?
+        int n_running = 0, n_groups = 0, n_orphan_groups = 0, n_streams = 0;
+        for (int i = 0; i < o->nproc; i++) {
+            Worker *w = &a->w[i];
+            n_running += w->running;
+            if (w->group_alive && !group_has_members(w->pid)) w->group_alive = 0;
+            n_groups += w->group_alive;
+            n_orphan_groups += w->group_alive && !w->running;
+            n_streams += (w->out.fd >= 0) + (w->err.fd >= 0);
+        }
+        if (n_running == 0 && n_groups > 0 && !stopping) {
+            // Every worker is done but left processes in its group: stop them.
+            stopping = 1;
+            kill_deadline = now_s() + o->grace;
+            signal_groups(a, SIGTERM);
+        }
+        if (n_running == 0 && n_groups == 0) {
+            if (n_streams == 0) break;
+            if (isinf(drain_deadline)) drain_deadline = now_s() + DRAIN_S;
+            if (now_s() >= drain_deadline) break;  // a writer escaped the group: stop reading
+        }
+
+        double deadline = drain_deadline;
+        if (stopping && !killed && kill_deadline < deadline) deadline = kill_deadline;
+        if (!stopping && next_store_poll < deadline) deadline = next_store_poll;
+        if (n_orphan_groups > 0) {  // a group outlives its leader: no SIGCHLD will tell when it empties
+            double tick = now_s() + (stopping ? GROUP_TICK_S : 10 * GROUP_TICK_S);
+            if (tick < deadline) deadline = tick;
+        }
+
+        size_t np = 0;
+        pfds[np++] = (struct pollfd){.fd = g_sig_pipe[0], .events = POLLIN};
+        for (int i = 0; i < o->nproc; i++) {
+            Stream *ss[2] = {&a->w[i].out, &a->w[i].err};
+            for (int k = 0; k < 2; k++) {
+                if (ss[k]->fd < 0) continue;
+                pstreams[np] = ss[k];
+                pworkers[np] = &a->w[i];
+                pfds[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
+            }
+        }
+        int rc = poll(pfds, np, ms_until(deadline));
+        if (rc < 0 && errno != EINTR) {
+            fprintf(stderr, "tprun: poll failed: %s\n", strerror(errno));
+            break;
+        }
+        for (size_t k = 1; rc > 0 && k < np; k++)
+            if (pfds[k].revents) stream_read(a, pworkers[k], pstreams[k]);
+
+        // Signals: reap children, forward termination requests.
+        unsigned char sigs[64];
+        ssize_t ns;
+        while ((ns = read(g_sig_pipe[0], sigs, sizeof sigs)) > 0) {
+            for (ssize_t k = 0; k < ns; k++) {
+                int sig = sigs[k];
+                if (sig == SIGCHLD) continue;  // reaping below covers every child
+                if (!out->sig) {
+                    out->sig = sig;
+                    char report[512];
+                    snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a->host,
+                             o->node_rank, signal_name(sig));
+                    publish_failure(a, report);
+                    signal_groups(a, sig);
+                    if (!stopping) {
+                        stopping = 1;
+                        kill_deadline = now_s() + o->grace;
+                    }
+                } else if (!killed) {  // asked twice: no more grace
+                    killed = 1;
+                    signal_groups(a, SIGKILL);
+                }
+            }
+        }
+        int status;
+        pid_t pid;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            Worker *w = NULL;
+            for (int i = 0; i < o->nproc && !w; i++)
+                if (a->w[i].pid == pid && a->w[i].running) w = &a->w[i];
+            if (!w) continue;  // an orphaned grandchild handed to us as subreaper
+            w->running = 0;
+            w->status = status;
+            int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            if (failed && !have_failure && !stopping) {
+                have_failure = 1;
+                char what[96];
+                describe_status(status, what, sizeof what);
+                snprintf(out->report, sizeof out->report, "rank %d (local rank %d, pid %d) on host %s failed first: %s",
+                         w->rank, w->local_rank, (int)pid, a->host, what);
+                out->kind = OUT_FAILED;
+                publish_failure(a, out->report);
+                stopping = 1;
+                kill_deadline = now_s() + o->grace;
+                signal_groups(a, SIGTERM);
+            }
+        }
+
+        double t = now_s();
+        if (stopping && !killed && t >= kill_deadline) {
+            killed = 1;
+            int stubborn = 0;
+            for (int i = 0; i < o->nproc; i++) stubborn += a->w[i].group_alive && a->w[i].running;
+            if (stubborn)
+                fprintf(stderr, "tprun: %d worker%s still running %.1f s after SIGTERM: sending SIGKILL\n", stubborn,
+                        stubborn == 1 ? "" : "s", o->grace);
+            signal_groups(a, SIGKILL);
+        } else if (killed) {
+            signal_groups(a, SIGKILL);  // anything forked since the last round
+        }
+        if (a->store && !stopping && t >= next_store_poll) {
+            next_store_poll = t + STORE_POLL_S;
+            if (poll_job(a, out->report, sizeof out->report)) {
+                out->kind = OUT_REMOTE;
+                stopping = 1;
+                kill_deadline = t + o->grace;
+                signal_groups(a, SIGTERM);
+            }
+        }
+    }
+    free(pfds);
+    free(pstreams);
+    free(pworkers);
+    for (int i = 0; i < o->nproc; i++) {
+        Worker *w = &a->w[i];
+        stream_close(a, w, &w->out);
+        stream_close(a, w, &w->err);
+        if (w->log_fd >= 0) close(w->log_fd);
+        w->log_fd = -1;
+        env_free(w->envp);
+        w->envp = NULL;
+        // Whatever is left (it escaped SIGKILL only if it left the group) is ours to reap.
+        if (w->running) {
+            kill(-w->pid, SIGKILL);
+            while (waitpid(w->pid, &w->status, 0) < 0 && errno == EINTR) {
+            }
+            w->running = 0;
+        }
+    }
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+}
+
+/* ---- multi-node coordination ------------------------------------------------ */
+
+/* Waits until counter `key` reaches `n`. 1 reached; 0 on timeout, on a
+ * terminating signal (*sig), or (watch) when the job failed (report).
+ * Heartbeats go on meanwhile. */
+static int wait_counter(Agent *a, const char *key, long n, double timeout_s, int watch, int *sig, char *report,
+                        size_t report_len) {
+    double deadline = now_s() + timeout_s;
+    for (;;) {
+        long v = 0;
+        if (store_add(a->store, key, 0, &v) == 0 && v >= n) return 1;
+        if (watch && poll_job(a, report, report_len)) return 0;
+        if (now_s() >= deadline) return 0;
+        struct pollfd pfd = {.fd = g_sig_pipe[0], .events = POLLIN};
+        double wake = now_s() + STORE_POLL_S;
+        if (poll(&pfd, 1, ms_until(wake < deadline ? wake : deadline)) > 0) {
+            unsigned char sigs[64];
+            ssize_t ns;
+            while ((ns = read(g_sig_pipe[0], sigs, sizeof sigs)) > 0)
+                for (ssize_t k = 0; k < ns; k++)
+                    if (sigs[k] != SIGCHLD && !*sig) *sig = sigs[k];
+            while (waitpid(-1, NULL, WNOHANG) > 0) {
+            }
+            if (*sig) return 0;
+        }
+    }
+}
+
+/* Node rendezvous: every agent joins, nproc_per_node must agree, and the
+ * job id is node 0's. 0 or -1 (message printed). */
+static int join_nodes(Agent *a) {
+    const Opts *o = &a->o;
+    char err[512];
+    a->store = store_connect(o->master_addr, a->port, a->token, JOIN_TIMEOUT_S, err, sizeof err);
+    if (!a->store) {
+        fprintf(stderr, "tprun: node %d: %s\n", o->node_rank, err);
+        return -1;
+    }
+    char key[64], val[400];
+    snprintf(key, sizeof key, "tprun/node/%d", o->node_rank);
+    snprintf(val, sizeof val, "%d %s", o->nproc, a->host);
+    if (o->node_rank == 0 && store_set(a->store, "tprun/job_id", a->job_base, strlen(a->job_base)) != 0) goto fail;
+    if (store_set(a->store, key, val, strlen(val)) != 0) goto fail;
+    if (store_barrier(a->store, "tprun/join", o->nnodes, JOIN_TIMEOUT_S) != 0) goto fail;
+    a->node_host = TP_CALLOC((size_t)o->nnodes, sizeof *a->node_host);
+    a->hb_seen = TP_CALLOC((size_t)o->nnodes, sizeof *a->hb_seen);
+    a->hb_when = TP_CALLOC((size_t)o->nnodes, sizeof *a->hb_when);
+    for (int r = 0; r < o->nnodes; r++) {
+        snprintf(key, sizeof key, "tprun/node/%d", r);
+        char *v = store_get(a->store, key, NULL, 10.0);
+        if (!v) goto fail;
+        snprintf(a->node_host[r], sizeof a->node_host[r], "%s", strchr(v, ' ') ? strchr(v, ' ') + 1 : "?");
+        int their = atoi(v);
+        if (their != o->nproc) {
+            fprintf(stderr, "tprun: node %d runs --nproc_per_node %d but node %d (%s) runs %d; they must agree\n",
+                    o->node_rank, o->nproc, r, strchr(v, ' ') ? strchr(v, ' ') + 1 : "?", their);
+            free(v);
+            return -1;
+        }
+        free(v);
+    }
+    if (o->node_rank > 0) {
+        char *id = store_get(a->store, "tprun/job_id", NULL, 10.0);
+        if (!id) goto fail;
+        snprintf(a->job_base, sizeof a->job_base, "%s", id);
+        free(id);
+    }
+    return 0;
+fail:
+    fprintf(stderr, "tprun: node %d could not join the job: %s\n", o->node_rank, store_error(a->store));
+    return -1;
+}
+
+/* ---- main ------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    Agent a;
+    memset(&a, 0, sizeof a);
+    int prc = parse_args(argc, argv, &a.o);
+    if (prc) return prc > 0 ? 0 : 2;
+    const Opts *o = &a.o;
+    // The handlers come after the node rendezvous: until then the default
+    // dispositions let Ctrl-C end a tprun that has no workers yet.
+    if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        fprintf(stderr, "tprun: cannot create a pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+    if (gethostname(a.host, sizeof a.host - 1) != 0) snprintf(a.host, sizeof a.host, "localhost");
+    a.program = resolve_program(o->prog_argv[0]);
+    if (!a.program) return 1;
+    if (o->log_dir && mkdir(o->log_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "tprun: cannot create --log_dir %s: %s\n", o->log_dir, strerror(errno));
+        return 1;
+    }
+    a.dev_null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (a.dev_null < 0 || random_hex(a.job_base, 16) != 0) {
+        fprintf(stderr, "tprun: cannot open /dev/null or /dev/urandom: %s\n", strerror(errno));
+        return 1;
+    }
+    if (o->nnodes > 1) {
+        const char *tok = getenv("TPRUN_TOKEN");
+        if (!tok || !tok[0] || strlen(tok) >= sizeof a.token) {
+            fprintf(stderr,
+                    "tprun: --nnodes %d needs the same job token on every node: set TPRUN_TOKEN (1 to %zu "
+                    "characters, e.g. from 'head -c16 /dev/urandom | od -An -tx1 | tr -d \" \\n\"')\n",
+                    o->nnodes, sizeof a.token - 1);
+            return 1;
+        }
+        snprintf(a.token, sizeof a.token, "%s", tok);
+    } else if (random_hex(a.token, 32) != 0) {
+        fprintf(stderr, "tprun: cannot read /dev/urandom: %s\n", strerror(errno));
+        return 1;
+    }
+
+    char err[512];
+    a.port = o->master_port;
+    if (o->node_rank == 0) {
+        a.server = store_server_start(o->master_addr, o->master_port > 0 ? o->master_port : 0, a.token, &a.port, err,
+                                      sizeof err);
+        if (!a.server) {
+            fprintf(stderr, "tprun: %s\n", err);
+            return 1;
+        }
+    }
+    int code = 0;
+    if (o->nnodes > 1 && join_nodes(&a) != 0) {
+        code = 1;
+        goto done;
+    }
+
+    if (install_signals() != 0) {
+        fprintf(stderr, "tprun: cannot install signal handlers: %s\n", strerror(errno));
+        code = 1;
+        goto done;
+    }
+    a.w = TP_CALLOC((size_t)o->nproc, sizeof *a.w);
+    Outcome out;
+    for (int restart = 0;; restart++) {
+        run_attempt(&a, restart, &out);
+        if (out.kind == OUT_FAILED && !out.sig && restart < o->max_restarts) {
+            fprintf(stderr, "tprun: %s; restarting all workers (restart %d of %d)\n", out.report, restart + 1,
+                    o->max_restarts);
+            continue;
+        }
+        break;
+    }
+    if (out.kind == OUT_FAILED) fprintf(stderr, "tprun: %s\n", out.report);
+    if (out.kind == OUT_REMOTE) fprintf(stderr, "tprun: node %d stopped its workers: %s\n", o->node_rank, out.report);
+    if (out.sig) fprintf(stderr, "tprun: received %s; stopped all workers\n", signal_name(out.sig));
+    int sig = out.sig;
+    code = sig ? 128 + sig : out.kind == OUT_OK ? 0 : 1;
+
+    if (a.store) {
+        // This node's success still needs every node's success; then every
+        // agent acknowledges and node 0 keeps the store up until all have.
+        char report[1024];
+        if (out.kind == OUT_OK && !sig) {
+            long dummy;
+            store_add(a.store, "tprun/done", 1, &dummy);
+            if (wait_counter(&a, "tprun/done", o->nnodes, INFINITY, 1, &sig, report, sizeof report) != 1) {
+                if (sig) {
+                    fprintf(stderr, "tprun: received %s while waiting for the other nodes\n", signal_name(sig));
+                    snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a.host,
+                             o->node_rank, signal_name(sig));
+                    publish_failure(&a, report);
+                    code = 128 + sig;
+                } else {
+                    fprintf(stderr, "tprun: node %d finished, but the job failed: %s\n", o->node_rank, report);
+                    code = 1;
+                }
+            }
+        }
+        long dummy;
+        store_add(a.store, "tprun/exited", 1, &dummy);
+        if (o->node_rank == 0) {
+            int ignored = 0;
+            wait_counter(&a, "tprun/exited", o->nnodes, o->grace + 5.0, 0, &ignored, report, sizeof report);
+        }
+    }
+done:
+    store_close(a.store);
+    store_server_stop(a.server);
+    free(a.w);
+    free(a.node_host);
+    free(a.hb_seen);
+    free(a.hb_when);
+    free(a.program);
+    if (a.dev_null >= 0) close(a.dev_null);
+    return code;
+}
