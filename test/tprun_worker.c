@@ -9,7 +9,7 @@
  *   tprun_worker store                  rendezvous of all ranks through the job's store
  *   tprun_worker run DIR MARKER [--fail-rank R --code C] [--kill-rank R] [--fail-once-rank R]
  *                [--ignore-term] [--child] [--seconds S]
- *       writes DIR/pid_<RANK>_<RESTART>, then behaves as told; by default sleeps S
+ *       writes DIR/pid_<RANK>_<RESTART> (and cpid_... for --child's process), then behaves as told; sleeps S
  *       seconds (3600) and exits 0. MARKER only tags the command line for pgrep.
  */
 #define _GNU_SOURCE
@@ -134,13 +134,18 @@ static int mode_run(int argc, char **argv) {
         }
     }
     int rank = env_int("RANK"), restart = env_int("TORCHELASTIC_RESTART_COUNT");
+    char path[4096], tmp[4200];
     if (ignore_term) signal(SIGTERM, SIG_IGN);
     if (child && fork() == 0) {  // a grandchild of tprun with the same command line (same marker)
-        if (ignore_term) signal(SIGTERM, SIG_IGN);
+        snprintf(path, sizeof path, "%s/cpid_%d_%d", dir, rank, restart);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "%d\n", (int)getpid());
+            fclose(f);
+        }
         sleep_s(3600);
         _exit(0);
     }
-    char path[4096], tmp[4200];
     snprintf(path, sizeof path, "%s/pid_%d_%d", dir, rank, restart);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");

@@ -636,7 +636,7 @@ static void signal_groups(Agent *a, int sig) {
     for (int i = 0; i < a->o.nproc; i++) {
         Worker *w = &a->w[i];
         if (w->pid > 0 && w->group_alive) {
-            if (kill(-w->pid, sig) != 0 && errno == ESRCH) w->group_alive = 0;
+            if (kill(w->pid, sig) != 0 && errno == ESRCH) w->group_alive = 0;
         }
     }
 }

@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# The launcher end to end, with tprun_worker as the launched program:
+# environment, prefixed output, log files, failure by exit code and by
+# signal, SIGTERM to tprun, a worker that ignores SIGTERM, standalone jobs
+# side by side, two nodes on this machine, restarts, program lookup.
+# Every failure path must leave no process behind: workers carry a marker
+# argument unique to this run and pgrep looks for it after tprun returns.
+# Usage: test_tprun.sh BUILD_DIR [TPRUN_WORKER]
+set -uo pipefail
+build=$1
+worker=${2:-$build/test/tprun_worker}
+tprun=$build/tprun
+work=$(mktemp -d)
+marker="tprun-test-mark-$$-$RANDOM"
+kill_marked() {  # SIGKILL every process this test started that is still alive (pid files + marker check)
+    local f p
+    for f in "$work"/*/pid_* "$work"/*/cpid_*; do
+        [ -f "$f" ] || continue
+        p=$(cat "$f")
+        grep -qa -- "$marker" "/proc/$p/cmdline" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+    done
+}
+cleanup() {
+    kill_marked
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+no_leftovers() {  # $1: what; waits a moment for the kernel to finish exits
+    for _ in 1 2 3 4 5; do
+        pgrep -f -- "$marker" > /dev/null || { ok "$1: no process left behind"; return; }
+        sleep 0.1
+    done
+    bad "$1: processes left behind: $(pgrep -af -- "$marker" | head -5)"
+    kill_marked
+}
+wait_files() {  # $1 glob prefix, $2 count, $3 timeout s
+    local t=0
+    while [ "$(ls $1* 2>/dev/null | wc -l)" -lt "$2" ]; do
+        sleep 0.05
+        t=$((t + 1))
+        [ $t -gt $(($3 * 20)) ] && return 1
+    done
+    return 0
+}
+field() { grep "^$2=" "$1" | cut -d= -f2-; }
+
+# ---- environment for every rank, prefixed output, partial last lines ----
+d=$work/env && mkdir "$d"
+"$tprun" --nproc_per_node 3 "$worker" env "$d" > "$d/out" 2> "$d/err"
+rc=$?
+[ $rc -eq 0 ] && ok "env job exits 0" || bad "env job exit code $rc: $(cat "$d/err")"
+token=$(field "$d/env_0" TPRUN_TOKEN)
+job=$(field "$d/env_0" TPRUN_JOB_ID)
+port=$(field "$d/env_0" MASTER_PORT)
+[[ $token =~ ^[0-9a-f]{32}$ ]] && ok "token is 32 hex chars" || bad "token '$token'"
+[[ $job =~ ^[0-9a-f]{16}$ ]] && ok "job id is 16 hex chars" || bad "job id '$job'"
+[[ $port =~ ^[0-9]+$ ]] && [ "$port" -gt 0 ] && ok "master port $port" || bad "master port '$port'"
+for r in 0 1 2; do
+    f=$d/env_$r
+    want="RANK=$r LOCAL_RANK=$r WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 GROUP_RANK=0 ROLE_RANK=$r NODE_RANK=0"
+    want="$want MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TPRUN_TOKEN=$token TPRUN_JOB_ID=$job"
+    want="$want TORCHELASTIC_RESTART_COUNT=0"
+    for kv in $want; do
+        grep -qx "$kv" "$f" || bad "rank $r: want $kv, file has: $(grep "^${kv%%=*}=" "$f")"
+    done
+    grep -qx "\[rank $r\] out line from $r" "$d/out" || bad "stdout lacks prefixed line of rank $r"
+    grep -qx "\[rank $r\] tail-$r" "$d/out" || bad "stdout lacks the partial last line of rank $r"
+    grep -qx "\[rank $r\] err line from $r" "$d/err" || bad "stderr lacks prefixed line of rank $r"
+    grep -q "err line" "$d/out" && bad "stderr lines went to stdout"
+done
+ok "environment and prefixed output checked for ranks 0..2"
+
+# ---- dash spellings and --flag=value; the store through the workers ----
+d=$work/store && mkdir "$d"
+"$tprun" --nproc-per-node=4 --grace=2 -- "$worker" store > "$d/out" 2> "$d/err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c 'store ok (world 4)' "$d/out")" -eq 4 ] &&
+    ok "4 ranks rendezvous through the store; a wrong token is refused (--nproc-per-node=4)" ||
+    bad "store job rc $rc: $(cat "$d/out" "$d/err")"
+
+# ---- --log_dir, with and without --tee ----
+d=$work/logs && mkdir "$d"
+"$tprun" --nproc_per_node=2 --log_dir "$d/logs" "$worker" env "$d" > "$d/out" 2> "$d/err"
+rc=$?
+if [ $rc -eq 0 ] && grep -qx "out line from 1" "$d/logs/rank_1.log" && grep -qx "err line from 1" "$d/logs/rank_1.log" &&
+    grep -qx "tail-0" "$d/logs/rank_0.log" && ! grep -q "line from" "$d/out" "$d/err"; then
+    ok "--log_dir writes rank_N.log (stdout and stderr), nothing on the terminal"
+else
+    bad "--log_dir: rc $rc, logs: $(cat "$d"/logs/* 2>&1), terminal: $(cat "$d/out" "$d/err")"
+fi
+"$tprun" --nproc_per_node=2 --log-dir="$d/logs2" --tee 1 "$worker" env "$d" > "$d/out" 2> "$d/err"
+if grep -qx "\[rank 1\] out line from 1" "$d/out" && ! grep -q "err line" "$d/err" &&
+    grep -qx "err line from 1" "$d/logs2/rank_1.log"; then
+    ok "--tee 1: stdout to log and terminal, stderr to log only"
+else
+    bad "--tee 1: terminal: $(cat "$d/out" "$d/err")"
+fi
+
+# ---- a worker exits 3 (its group includes a child process) ----
+d=$work/exit3 && mkdir "$d"
+t0=$(now)
+timeout 20 "$tprun" --nproc_per_node 3 "$worker" run "$d" "$marker" --fail-rank 1 --code 3 --child \
+    > "$d/out" 2> "$d/err"
+rc=$?
+dt=$(elapsed "$t0")
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && lt "$dt" 5 &&
+    grep -q "tprun: rank 1 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3" "$d/err"; then
+    ok "exit 3 reported in ${dt} s (tprun exit $rc): $(grep 'failed first' "$d/err")"
+else
+    bad "exit 3: rc $rc after $dt s, stderr: $(cat "$d/err")"
+fi
+no_leftovers "exit 3"
+
+# ---- a worker killed by SIGKILL ----
+d=$work/kill9 && mkdir "$d"
+t0=$(now)
+timeout 20 "$tprun" --nproc_per_node 2 "$worker" run "$d" "$marker" --kill-rank 0 > "$d/out" 2> "$d/err"
+rc=$?
+dt=$(elapsed "$t0")
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && lt "$dt" 5 &&
+    grep -q "rank 0 (local rank 0, pid [0-9]*) on host .* failed first: killed by signal SIGKILL (9)" "$d/err"; then
+    ok "SIGKILL reported in ${dt} s: $(grep 'failed first' "$d/err")"
+else
+    bad "SIGKILL: rc $rc after $dt s, stderr: $(cat "$d/err")"
+fi
+no_leftovers "SIGKILL"
+
+# ---- SIGTERM to tprun ----
+d=$work/term && mkdir "$d"
+"$tprun" --nproc_per_node 3 "$worker" run "$d" "$marker" --child > "$d/out" 2> "$d/err" &
+tp=$!
+if wait_files "$d/pid_" 3 10; then
+    t0=$(now)
+    kill -TERM $tp
+    wait $tp
+    rc=$?
+    dt=$(elapsed "$t0")
+    [ $rc -eq 143 ] && lt "$dt" 3 && ok "SIGTERM to tprun: exit 143 after ${dt} s" ||
+        bad "SIGTERM to tprun: rc $rc after $dt s, stderr: $(cat "$d/err")"
+else
+    bad "SIGTERM: workers did not start"
+    kill -KILL $tp
+    wait $tp
+fi
+no_leftovers "SIGTERM to tprun"
+
+# ---- a worker ignores SIGTERM: SIGKILL after --grace ----
+d=$work/grace && mkdir "$d"
+t0=$(now)
+timeout 20 "$tprun" --nproc_per_node 2 --grace 1 "$worker" run "$d" "$marker" --fail-rank 0 --ignore-term --child \
+    > "$d/out" 2> "$d/err"
+rc=$?
+dt=$(elapsed "$t0")
+if [ $rc -eq 1 ] && lt 1.2 "$dt" && lt "$dt" 4 && grep -q "sending SIGKILL" "$d/err"; then
+    ok "a worker ignoring SIGTERM is killed after --grace 1 (tprun took ${dt} s)"
+else
+    bad "grace: rc $rc after $dt s, stderr: $(cat "$d/err")"
+fi
+no_leftovers "ignored SIGTERM"
+
+# ---- two standalone jobs side by side ----
+d=$work/standalone && mkdir -p "$d/a" "$d/b"
+"$tprun" --standalone --nproc_per_node 2 --master_port 1 "$worker" store > "$d/a.out" 2>&1 &
+ja=$!
+"$tprun" --standalone --nproc_per_node 2 "$worker" store > "$d/b.out" 2>&1 &
+jb=$!
+wait $ja
+ra=$?
+wait $jb
+rb=$?
+"$tprun" --standalone --nproc_per_node 1 "$worker" env "$d/a" > /dev/null 2>&1 &
+ja=$!
+"$tprun" --standalone --nproc_per_node 1 "$worker" env "$d/b" > /dev/null 2>&1 &
+jb=$!
+wait $ja $jb
+pa=$(field "$d/a/env_0" MASTER_PORT)
+pb=$(field "$d/b/env_0" MASTER_PORT)
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ -n "$pa" ] && [ "$pa" != "$pb" ] && [ "$pa" != 1 ]; then
+    ok "two standalone jobs at once both succeed (ports $pa and $pb)"
+else
+    bad "standalone: rc $ra/$rb ports '$pa'/'$pb': $(cat "$d/a.out" "$d/b.out")"
+fi
+
+# ---- two nodes on this machine ----
+d=$work/nodes && mkdir "$d"
+mport=$("$worker" free-port)
+TPRUN_TOKEN= "$tprun" --nnodes 2 --node_rank 1 --master_port "$mport" "$worker" env "$d" > /dev/null 2> "$d/notoken"
+rc=$?
+[ $rc -ne 0 ] && grep -q "TPRUN_TOKEN" "$d/notoken" && ok "--nnodes 2 without TPRUN_TOKEN: clear error" ||
+    bad "no token: rc $rc: $(cat "$d/notoken")"
+export TPRUN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+common=(--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$mport")
+"$tprun" "${common[@]}" --node_rank 1 "$worker" env "$d" > "$d/n1.out" 2>&1 &
+n1=$!
+"$tprun" "${common[@]}" --node_rank 0 "$worker" env "$d" > "$d/n0.out" 2>&1 &
+n0=$!
+wait $n0
+r0=$?
+wait $n1
+r1=$?
+good=1
+for r in 0 1 2 3; do
+    f=$d/env_$r
+    grep -qx "RANK=$r" "$f" && grep -qx "WORLD_SIZE=4" "$f" && grep -qx "LOCAL_RANK=$((r % 2))" "$f" &&
+        grep -qx "GROUP_RANK=$((r / 2))" "$f" && grep -qx "TPRUN_TOKEN=$TPRUN_TOKEN" "$f" &&
+        grep -qx "MASTER_PORT=$mport" "$f" || good=0
+done
+[ "$(field "$d/env_0" TPRUN_JOB_ID)" = "$(field "$d/env_3" TPRUN_JOB_ID)" ] || good=0
+[ $r0 -eq 0 ] && [ $r1 -eq 0 ] && [ $good -eq 1 ] && ok "two nodes: WORLD_SIZE 4, ranks 0..3, one job id" ||
+    bad "two nodes: rc $r0/$r1, $(cat "$d/n0.out" "$d/n1.out" "$d"/env_* 2>&1)"
+
+mport=$("$worker" free-port)
+common=(--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$mport")
+"$tprun" "${common[@]}" --node_rank 0 "$worker" store > "$d/s0.out" 2>&1 &
+n0=$!
+"$tprun" "${common[@]}" --node_rank 1 "$worker" store > "$d/s1.out" 2>&1 &
+n1=$!
+wait $n0
+r0=$?
+wait $n1
+r1=$?
+[ $r0 -eq 0 ] && [ $r1 -eq 0 ] && [ "$(cat "$d/s0.out" "$d/s1.out" | grep -c 'store ok (world 4)')" -eq 4 ] &&
+    ok "two nodes: 4 ranks rendezvous through node 0's store" ||
+    bad "two-node store: rc $r0/$r1: $(cat "$d/s0.out" "$d/s1.out")"
+
+mport=$("$worker" free-port)
+common=(--nnodes 2 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port "$mport")
+t0=$(now)
+"$tprun" "${common[@]}" --node_rank 0 "$worker" run "$d" "$marker" --child > "$d/f0.out" 2> "$d/f0.err" &
+n0=$!
+"$tprun" "${common[@]}" --node_rank 1 "$worker" run "$d" "$marker" --fail-rank 3 --code 3 > "$d/f1.out" 2> "$d/f1.err" &
+n1=$!
+wait $n0
+r0=$?
+d0=$(elapsed "$t0")
+wait $n1
+r1=$?
+if [ $r0 -eq 1 ] && [ $r1 -eq 1 ] && lt "$d0" 6 &&
+    grep -q "node 0 stopped its workers: rank 3 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3" \
+        "$d/f0.err" && grep -q "tprun: rank 3 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3" "$d/f1.err"
+then
+    ok "a failure on node 1 stops node 0 (node 0 exited after ${d0} s): $(grep 'stopped its workers' "$d/f0.err")"
+else
+    bad "two-node failure: rc $r0/$r1 after $d0 s: $(cat "$d/f0.err" "$d/f1.err")"
+fi
+no_leftovers "two-node failure"
+unset TPRUN_TOKEN
+
+# ---- restarts ----
+d=$work/restart && mkdir "$d"
+timeout 30 "$tprun" --nproc_per_node 2 --max_restarts 1 "$worker" run "$d" "$marker" --fail-once-rank 1 --seconds 1 \
+    > "$d/out" 2> "$d/err"
+rc=$?
+if [ $rc -eq 0 ] && [ -f "$d/pid_0_1" ] && [ -f "$d/pid_1_1" ] && grep -q "restarting all workers (restart 1 of 1)" "$d/err"
+then
+    ok "--max_restarts 1: a worker failing once is restarted (TORCHELASTIC_RESTART_COUNT 1) and the job succeeds"
+else
+    bad "restart: rc $rc, files $(ls "$d"), stderr: $(cat "$d/err")"
+fi
+d=$work/norestart && mkdir "$d"
+timeout 30 "$tprun" --nproc_per_node 2 "$worker" run "$d" "$marker" --fail-once-rank 1 --seconds 1 > /dev/null 2>&1
+rc=$?
+[ $rc -eq 1 ] && [ ! -f "$d/pid_0_1" ] && ok "without --max_restarts the same job fails" || bad "no restart: rc $rc"
+no_leftovers "restarts"
+
+# ---- program lookup next to tprun; bad invocations ----
+d=$work/lookup && mkdir -p "$d/bin" "$d/cwd"
+cp "$tprun" "$d/bin/tprun" && cp "$worker" "$d/bin/tprun_worker"
+(cd "$d/cwd" && PATH=/usr/bin:/bin "$d/bin/tprun" --nproc_per_node=2 tprun_worker env "$d" > out 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [ -f "$d/env_1" ] && ok "PROGRAM found next to tprun" || bad "lookup: rc $rc: $(cat "$d/cwd/out")"
+"$tprun" --nproc_per_node=2 no-such-program-$$ > /dev/null 2> "$d/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "cannot find program" "$d/err" && ok "missing program: clear error" || bad "missing: $rc"
+"$tprun" --nproc_per_nod=2 "$worker" env "$d" > /dev/null 2> "$d/err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "unknown option --nproc_per_nod" "$d/err" && ok "unknown flag: clear error" ||
+    bad "unknown flag: $rc"
+
+if [ $fails -ne 0 ]; then
+    echo "test_tprun: $fails failed"
+    exit 1
+fi
+echo "test_tprun: all passed"
