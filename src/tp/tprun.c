@@ -20,7 +20,9 @@
  * first non-zero exit or death by signal is "the failure": the others get
  * SIGTERM, after --grace seconds SIGKILL, then the report. Signals sent to
  * tprun are forwarded to every worker group (a second one means SIGKILL now)
- * and tprun exits 128+signal. Between the fork and the exec a child only
+ * and tprun exits 128+signal. Should tprun itself be SIGKILLed, its workers
+ * get SIGKILL from the kernel (PR_SET_PDEATHSIG); their own children are
+ * then beyond its reach. Between the fork and the exec a child only
  * makes async-signal-safe calls (the store thread may hold locks), so each
  * worker's environment is built before the fork.
  *
@@ -405,6 +407,7 @@ typedef struct {
     char (*node_host)[256];       // multi-node: host of every node (from the rendezvous)
     long *hb_seen;                // node 0: last heartbeat count of every node
     double *hb_when;              // node 0: when it last changed
+    int n_silent;                 // node 0: agents declared dead (no acknowledgement to wait for)
     int dev_null;
     Worker *w;
 } Agent;
@@ -459,7 +462,7 @@ static char **build_env(const Agent *a, const Worker *w, int restart, const char
     const Opts *o = &a->o;
     size_t n_env = 0;
     for (char **e = environ; *e; e++) n_env++;
-    char **envp = TP_CALLOC(n_env + N_OUR_VARS + 1, sizeof *envp);
+    char **envp = TP_CALLOC(n_env + N_OUR_VARS + 2, sizeof *envp);
     size_t k = 0;
     for (char **e = environ; *e; e++) {
         int ours = 0;
@@ -487,6 +490,13 @@ static char **build_env(const Agent *a, const Worker *w, int restart, const char
     envp[k++] = env_pair("TORCHELASTIC_RUN_ID", "%s", job_id);
     envp[k++] = env_pair("TPRUN_TOKEN", "%s", a->token);
     envp[k++] = env_pair("TPRUN_JOB_ID", "%s", job_id);
+    /* Like torchrun: several workers on one node must not each start a
+     * thread per core (OpenBLAS, OpenMP). The cores are shared out instead. */
+    if (o->nproc > 1 && !getenv("OMP_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long per = cores > o->nproc ? cores / o->nproc : 1;
+        envp[k++] = env_pair("OMP_NUM_THREADS", "%ld", per);
+    }
     envp[k] = NULL;
     for (size_t i = 0; i < k; i++) TP_CHECK(envp[i] != NULL, "out of memory building the environment");
     return envp;
@@ -528,12 +538,17 @@ static int spawn(Agent *a, Worker *w) {
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);  // no handler may run in the child before exec
+    pid_t agent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // tprun killed outright: its workers go too
+        if (getppid() != agent) _exit(127);
         for (size_t i = 0; i < N_HANDLED; i++) {
             struct sigaction sa = g_inherited[i];
-            if (sa.sa_handler != SIG_IGN) sa.sa_handler = SIG_DFL;  // a nohup'ed tprun keeps SIGHUP ignored
+            // Inherited ignores stay (nohup's SIGHUP), except SIGCHLD: an
+            // ignored SIGCHLD would change how the worker's own waits behave.
+            if (sa.sa_handler != SIG_IGN || k_handled[i] == SIGCHLD) sa.sa_handler = SIG_DFL;
             sa.sa_flags &= ~SA_SIGINFO;
             sigaction(k_handled[i], &sa, NULL);
         }
@@ -636,7 +651,7 @@ static void signal_groups(Agent *a, int sig) {
     for (int i = 0; i < a->o.nproc; i++) {
         Worker *w = &a->w[i];
         if (w->pid > 0 && w->group_alive) {
-            if (kill(w->pid, sig) != 0 && errno == ESRCH) w->group_alive = 0;
+            if (kill(-w->pid, sig) != 0 && errno == ESRCH) w->group_alive = 0;
         }
     }
 }
@@ -690,6 +705,7 @@ static int poll_job(Agent *a, char *report, size_t n) {
                 snprintf(report, n, "the tprun agent of node %d on host %s stopped responding for %.0f s", r,
                          a->node_host[r], HEARTBEAT_TIMEOUT_S);
                 publish_failure(a, report);
+                a->n_silent++;
                 return 1;
             }
         }
@@ -982,6 +998,11 @@ int main(int argc, char **argv) {
     if (gethostname(a.host, sizeof a.host - 1) != 0) snprintf(a.host, sizeof a.host, "localhost");
     a.program = resolve_program(o->prog_argv[0]);
     if (!a.program) return 1;
+    if (o->nproc > 1 && !getenv("OMP_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        fprintf(stderr, "tprun: OMP_NUM_THREADS is not set; each of the %d workers gets %ld thread(s) "
+                        "(cores / nproc_per_node)\n", o->nproc, cores > o->nproc ? cores / o->nproc : 1);
+    }
     if (o->log_dir && mkdir(o->log_dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "tprun: cannot create --log_dir %s: %s\n", o->log_dir, strerror(errno));
         return 1;
@@ -1068,7 +1089,8 @@ int main(int argc, char **argv) {
         store_add(a.store, "tprun/exited", 1, &dummy);
         if (o->node_rank == 0) {
             int ignored = 0;
-            wait_counter(&a, "tprun/exited", o->nnodes, o->grace + 5.0, 0, &ignored, report, sizeof report);
+            wait_counter(&a, "tprun/exited", o->nnodes - a.n_silent, o->grace + 5.0, 0, &ignored, report,
+                         sizeof report);
         }
     }
 done:
