@@ -5,11 +5,37 @@
 #include <stdlib.h>
 #include <string.h>
 #include "err.h"
+#include "tp/checkpoint.h"
 #include "transformer/export.h"
+#include <unistd.h>
+
+/* A checkpoint (or a folder of them): the whole model assembled from its
+ * shards, whatever layout it was saved with. 1 = loaded, 0 = not a
+ * checkpoint, -1 = error. */
+static int load_checkpoint(Model *m, const char *dir, char *resolved, size_t resolved_len, char *err,
+                           size_t err_len) {
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/config.json", dir);
+    if (access(probe, F_OK) == 0) return 0;  // an export
+    int found = ckpt_resolve(dir, resolved, resolved_len, err, err_len);
+    if (found <= 0) return found;
+    ModelConfig cfg;
+    if (ckpt_read_manifest(resolved, &cfg, NULL, NULL, NULL, NULL, NULL, err, err_len)) return -1;
+    if (model_create(m, &cfg, NULL, 0, err, err_len)) return -1;
+    if (ckpt_load(resolved, m, NULL, err, err_len)) {
+        model_free(m);
+        return -1;
+    }
+    return 1;
+}
 
 int mt_load(MtModel *mt, const char *dir, char *err, size_t err_len) {
     memset(mt, 0, sizeof *mt);
-    if (model_load(&mt->model, dir, err, err_len)) return -1;
+    char resolved[2048];
+    int ck = load_checkpoint(&mt->model, dir, resolved, sizeof resolved, err, err_len);
+    if (ck < 0) return -1;
+    if (ck == 1) dir = resolved;
+    else if (model_load(&mt->model, dir, err, err_len)) return -1;
     char path[4096];
     snprintf(path, sizeof path, "%s/spm.model", dir);
     mt->spm = spm_load(path, err, err_len);

@@ -14,8 +14,10 @@ typedef struct {
     Spm *spm;
 } MtModel;
 
-/* Loads DIR/config.json, DIR/model.safetensors and DIR/spm.model and checks
- * they agree (vocabulary sizes, special ids). 0 or -1 + err. */
+/* Loads an export (DIR/config.json, DIR/model.safetensors, DIR/spm.model)
+ * or a checkpoint of any layout (DIR/manifest.json, or a folder of
+ * checkpoints: its latest) and checks model and tokenizer agree
+ * (vocabulary size, special ids). 0 or -1 + err. */
 int mt_load(MtModel *mt, const char *dir, char *err, size_t err_len);
 void mt_free(MtModel *mt);
 

@@ -26,6 +26,7 @@
 #include "data/synthetic.h"
 #include "err.h"
 #include "mt.h"
+#include "tp/checkpoint.h"
 #include "tp/runtime.h"
 #include "transformer/export.h"
 #include "transformer/model.h"
@@ -44,7 +45,8 @@ typedef struct {
     bool strict;
     int max_steps, epochs, log_interval, eval_interval, beam;
     unsigned long long seed;
-    const char *save_dir, *metrics_path;
+    const char *save_dir, *metrics_path, *resume, *export_dir;
+    int save_interval, keep_last;
     int tp, dp;               // 0: automatic
     double comm_timeout;
 } TrainArgs;
@@ -79,7 +81,10 @@ static void usage(FILE *f) {
             "  --eval-interval N      dev loss and dev BLEU every N steps (default from the preset) and at the end\n"
             "  --beam K               beam for dev BLEU (default 0 = greedy)\n"
             "  --seed N               (default 1)\n"
-            "  --save DIR             final model: config.json, model.safetensors, spm.model\n"
+            "  --save DIR             checkpoints: DIR/step_N (sharded; see docs/checkpoints.md), at the end\n"
+            "                         and every --save-interval N steps; --keep-last K keeps the newest K\n"
+            "  --resume DIR|auto      continue from a checkpoint (auto: the newest in --save), any layout\n"
+            "  --export DIR           the final model as one file: config.json, model.safetensors, spm.model\n"
             "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s; step, dev_loss, dev_bleu\n");
 }
 
@@ -124,7 +129,7 @@ static const RunDefaults *run_defaults(const char *preset) {
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
-    O_EVALI, O_SEED, O_SAVE, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
+    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
     O_CTIMEOUT, O_HELP,
 };
 
@@ -145,6 +150,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"epochs", required_argument, 0, O_EPOCHS},   {"log-interval", required_argument, 0, O_LOGI},
         {"eval-interval", required_argument, 0, O_EVALI}, {"seed", required_argument, 0, O_SEED},
         {"save", required_argument, 0, O_SAVE},       {"metrics", required_argument, 0, O_METRICS},
+        {"save-interval", required_argument, 0, O_SAVEI}, {"keep-last", required_argument, 0, O_KEEP},
+        {"resume", required_argument, 0, O_RESUME},   {"export", required_argument, 0, O_EXPORT},
         {"data", required_argument, 0, O_DATA},       {"cache-dir", required_argument, 0, O_CACHE},
         {"direction", required_argument, 0, O_DIR},   {"spm-vocab-size", required_argument, 0, O_SPMV},
         {"strict", no_argument, 0, O_STRICT},         {"batch-tokens", required_argument, 0, O_BTOK},
@@ -233,6 +240,10 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_EVALI: a->eval_interval = (int)parse_long("--eval-interval", optarg, 1, 1 << 30); break;
         case O_SEED: a->seed = (unsigned long long)parse_long("--seed", optarg, 0, 0x7fffffffL); break;
         case O_SAVE: a->save_dir = optarg; break;
+        case O_SAVEI: a->save_interval = (int)parse_long("--save-interval", optarg, 1, 1 << 30); break;
+        case O_KEEP: a->keep_last = (int)parse_long("--keep-last", optarg, 1, 1 << 20); break;
+        case O_RESUME: a->resume = optarg; break;
+        case O_EXPORT: a->export_dir = optarg; break;
         case O_METRICS: a->metrics_path = optarg; break;
         case O_DATA: a->data_dir = optarg; break;
         case O_CACHE: a->cache_dir = optarg; break;
@@ -270,6 +281,14 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     if (a->synthetic && (a->min_len > a->max_len || a->max_len + 1 > a->cfg.max_len)) {
         fprintf(stderr, "train_mt: --min-len %d / --seq-len %d must satisfy min <= seq and seq + 1 <= max-len %d\n",
                 a->min_len, a->max_len, a->cfg.max_len);
+        exit(2);
+    }
+    if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
+        fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->save_interval && !a->save_dir) {
+        fprintf(stderr, "train_mt: --save-interval needs --save DIR\n");
         exit(2);
     }
     if (!(a->comm_timeout > 0.0)) {
@@ -511,6 +530,68 @@ static void memory_table(const Runtime *rt, const Model *m, const AdamW *opt) {
 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
+/* Loads the checkpoint --resume names into this layout and moves the data
+ * source to where it stood; *first_step receives the next step to run. */
+static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int *first_step,
+                  char *err, size_t err_len) {
+    const bool is_auto = strcmp(a->resume, "auto") == 0;
+    const char *where = is_auto ? a->save_dir : a->resume;
+    char dir[4096];
+    int found = ckpt_resolve(where, dir, sizeof dir, err, err_len);
+    if (found < 0) return -1;
+    if (found == 0) {
+        if (!is_auto) {
+            tp_error_set(err, err_len, "%s holds no complete checkpoint", where);
+            return -1;
+        }
+        if (rt->mesh.rank == 0) printf("train_mt: no checkpoint in %s yet: starting from step 1\n", where);
+        return 0;
+    }
+    double t0 = now_s();
+    ModelConfig cfg;
+    TrainState st;
+    int old_tp, old_dp;
+    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, &st, err, err_len)) return -1;
+    if (st.seed != a->seed) {
+        tp_error_set(err, err_len, "%s was saved with --seed %llu, this run has --seed %llu (the data order and the "
+                     "dropout masks follow the seed)", dir, (unsigned long long)st.seed, a->seed);
+        return -1;
+    }
+    if (st.corpus != !a->synthetic) {
+        tp_error_set(err, err_len, "%s was saved from a %s run, this run trains on a %s", dir,
+                     st.corpus ? "corpus" : "synthetic-task", a->synthetic ? "synthetic task" : "corpus");
+        return -1;
+    }
+    if (ckpt_load(dir, m, opt, err, err_len)) return -1;
+    if (st.corpus) {
+        char why[512];
+        if (dataset_seek(&src->train, st.cursor, why, sizeof why)) {
+            tp_error_set(err, err_len, "%s: data cursor: %s", dir, why);
+            return -1;
+        }
+    } else {
+        src->synth_index = st.synth_index;
+    }
+    *first_step = (int)st.step + 1;
+    if (rt->mesh.rank == 0)
+        printf("train_mt: resumed from %s: step %lld, saved as tp %d x dp %d, loaded as tp %d x dp %d in %.2f s\n", dir,
+               (long long)st.step, old_tp, old_dp, rt->mesh.tp, rt->mesh.dp, now_s() - t0);
+    return 0;
+}
+
+/* Writes checkpoint `step` (collective); a failed save ends the run. */
+static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, int step) {
+    TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index};
+    if (!a->synthetic) st.cursor = dataset_cursor(&src->train);
+    char err[1024];
+    double t0 = now_s();
+    if (ckpt_save(a->save_dir, rt, m, opt, &st, a->synthetic ? NULL : src->spm_path, a->keep_last, err, sizeof err)) {
+        fprintf(stderr, "train_mt: saving step %d: %s\n", step, err);
+        exit(1);
+    }
+    if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, now_s() - t0);
+}
+
 int main(int argc, char **argv) {
     TrainArgs a;
     parse_args(argc, argv, &a);
@@ -545,9 +626,14 @@ int main(int argc, char **argv) {
     if (a.epochs > 0 && !a.synthetic) total = a.epochs * src.train.n_batches;
     AdamW opt;
     adamw_init(&opt, &a.opt, m.tab.n_elems);
+    int first_step = 1;
+    if (a.resume && resume(&a, &rt, &m, &opt, &src, &first_step, err, sizeof err)) {
+        fprintf(stderr, "train_mt: --resume: %s\n", err);
+        return 1;
+    }
     FILE *metrics = NULL;
     if (a.metrics_path && lead) {
-        metrics = fopen(a.metrics_path, "w");
+        metrics = fopen(a.metrics_path, first_step > 1 ? "a" : "w");
         if (!metrics) {
             fprintf(stderr, "train_mt: --metrics %s: %s\n", a.metrics_path, strerror(errno));
             return 2;
@@ -567,7 +653,8 @@ int main(int argc, char **argv) {
     const double t_start = now_s();
     double t_window = t_start, t_eval = 0.0, t_comm = 0.0;
     long tok_window = 0;
-    for (int step = 1; step <= total; step++) {
+    int saved_step = first_step - 1;
+    for (int step = first_step; step <= total; step++) {
         OwnedBatch b;
         long n_global = 0;
         source_next(&src, &b, &n_global);
@@ -636,9 +723,14 @@ int main(int argc, char **argv) {
             t_eval += now_s() - t0;
             t_window = now_s();
         }
+        if (a.save_dir && a.save_interval && step % a.save_interval == 0) {
+            save(&a, &rt, &m, &opt, &src, step);
+            saved_step = step;
+        }
         if (lead && !tty) fflush(stdout);
         if (metrics) fflush(metrics);
     }
+    if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, total);
     if (lead) {
         char took[32];
         fmt_duration(took, sizeof took, now_s() - t_start);
@@ -651,7 +743,7 @@ int main(int argc, char **argv) {
     }
     memory_table(&rt, &m, &opt);
     int rc = 0;
-    if (a.save_dir) {
+    if (a.export_dir) {
         Model full;
         bool writer = lead;
         if (mesh->dp_rank == 0) {
@@ -662,13 +754,13 @@ int main(int argc, char **argv) {
             }
             model_gather(&m, dst);
             if (writer) {
-                int s = a.synthetic ? model_export(dst, a.save_dir, err, sizeof err)
-                                    : mt_save(dst, src.spm_path, a.save_dir, err, sizeof err);
+                int s = a.synthetic ? model_export(dst, a.export_dir, err, sizeof err)
+                                    : mt_save(dst, src.spm_path, a.export_dir, err, sizeof err);
                 if (s) {
-                    fprintf(stderr, "train_mt: --save: %s\n", err);
+                    fprintf(stderr, "train_mt: --export: %s\n", err);
                     rc = 1;
                 } else {
-                    printf("train_mt: model saved to %s\n", a.save_dir);
+                    printf("train_mt: model exported to %s\n", a.export_dir);
                 }
                 if (dst == &full) model_free(&full);
             }

@@ -16,17 +16,29 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 args=(--task copy --max-steps 20 --lr 5e-3 --warmup 5 --log-interval 1 --eval-interval 20 --dropout 0
       --activation gelu --batch-size 32 --comm-timeout 60)
-"$build/train_mt" "${args[@]}" --metrics single.jsonl --save single > single.log
+"$build/train_mt" "${args[@]}" --metrics single.jsonl --export single > single.log
 run() {  # name nproc train_mt-flags...
   local name=$1 n=$2; shift 2
   "$build/tprun" --standalone --nproc_per_node "$n" "$build/train_mt" "${args[@]}" "$@" \
-      --metrics "$name.jsonl" --save "$name" > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
+      --metrics "$name.jsonl" --export "$name" > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
 }
 run tp2 2 --tp 2
 run tp4 4 --tp 4
 run dp2 2 --tp 1 --dp 2
 run tp2dp2 4 --tp 2 --dp 2
 grep -q "tp 2 x dp 2 x pp 1" tp2dp2.log
+# Invalid layouts are refused with one sentence, and tprun reports the failure.
+refuse() {  # nproc expected-text train_mt-flags...
+  local n=$1 want=$2; shift 2
+  if "$build/tprun" --standalone --nproc_per_node "$n" "$build/train_mt" "${args[@]}" "$@" > bad.log 2>&1; then
+    echo "FAIL: layout $* accepted"; exit 1
+  fi
+  grep -qF "$want" bad.log || { echo "FAIL: no '$want' in:"; cat bad.log; exit 1; }
+}
+refuse 2 "tp (2) x dp (2) x pp (1) = 4 does not match the world size 2" --tp 2 --dp 2
+refuse 4 "tp (3) does not divide the world size 4" --tp 3
+refuse 2 "n_heads (3) is not divisible by tp (2)" --tp 2 --heads 3 --d-model 36
+grep -q "failed first" bad.log || { echo "FAIL: tprun did not report the failed rank"; cat bad.log; exit 1; }
 grep -Eq "^\[rank 0\] +3 \(1,1,0\)" tp2dp2.log   # the memory table lists every rank with its (tp,dp,pp)
 /usr/bin/python3 - "$here/reference" <<'PY'
 import json, sys

@@ -7,7 +7,7 @@ train=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$train" --preset tiny --task copy --max-steps 300 --lr 5e-3 --warmup 50 --log-interval 50 \
-         --eval-interval 100 --seed 3 --metrics "$work/metrics.jsonl" --save "$work/model"
+         --eval-interval 100 --seed 3 --metrics "$work/metrics.jsonl" --export "$work/model"
 test -s "$work/model/model.safetensors"
 test -s "$work/model/config.json"
 /usr/bin/python3 - "$work/metrics.jsonl" <<'PY'

@@ -12,8 +12,9 @@ head -n 40 "$corpus/dev.en" > src.en
 head -n 40 "$corpus/dev.ja" > ref.ja
 
 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 30 --warmup 10 --lr 3e-3 \
-    --log-interval 10 --eval-interval 30 --metrics m.jsonl --save model > train.log
+    --log-interval 10 --eval-interval 30 --metrics m.jsonl --save ckpt --export model > train.log
 for f in config.json model.safetensors spm.model; do test -s "model/$f"; done
+test -s ckpt/step_00000030/manifest.json
 grep -q '"dev_bleu"' m.jsonl
 grep -q "reusing" train.log && { echo "FAIL: first run claims to reuse a cache"; exit 1; }
 # A second run reuses the prepared cache instead of rebuilding it.
@@ -27,6 +28,11 @@ grep -q "train: reusing" again.log || { echo "FAIL: token file not reused"; cat 
 test "$(wc -l < greedy.ja)" -eq 40
 test "$(wc -l < beam4.ja)" -eq 40
 cmp greedy.ja beam1.ja || { echo "FAIL: beam 1 differs from greedy"; exit 1; }
+# The checkpoint folder (its latest) and one checkpoint directory translate like the export.
+"$build/translate_mt" --model ckpt --src src.en --beam 0 > ckpt.ja
+"$build/translate_mt" --model ckpt/step_00000030 --src src.en --beam 0 > ckpt_step.ja
+cmp greedy.ja ckpt.ja || { echo "FAIL: the checkpoint translates differently from the export"; exit 1; }
+cmp greedy.ja ckpt_step.ja || { echo "FAIL: the checkpoint directory translates differently"; exit 1; }
 grep -Eq '^BLEU = [0-9]+\.[0-9]{2} ' bleu.txt || { echo "FAIL: no BLEU line"; cat bleu.txt; exit 1; }
 
 "$build/translate_mt" --model model --src src.en --ref ref.ja --score > scores.txt

@@ -54,8 +54,20 @@ int runtime_init(Runtime *rt, int tp, int dp, int n_heads, int d_ff, double time
         return -1;
     }
     if (tp == 0 && dp == 0) tp = runtime_auto_tp(world, rt->local_world, n_heads, d_ff);
-    if (tp == 0) tp = dp > 0 && world % dp == 0 ? world / dp : 1;
-    if (dp == 0) dp = world % tp == 0 ? world / tp : 0;
+    if (tp == 0) {
+        if (world % dp) {
+            tp_error_set(err, err_len, "dp (%d) does not divide the world size %d", dp, world);
+            return -1;
+        }
+        tp = world / dp;
+    }
+    if (dp == 0) {
+        if (world % tp) {
+            tp_error_set(err, err_len, "tp (%d) does not divide the world size %d", tp, world);
+            return -1;
+        }
+        dp = world / tp;
+    }
     if (mesh_init(&rt->mesh, world, rank, tp, dp, 1, err, err_len)) return -1;
     if (n_heads % tp) {
         tp_error_set(err, err_len, "n_heads (%d) is not divisible by tp (%d)", n_heads, tp);

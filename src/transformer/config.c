@@ -184,3 +184,22 @@ done:
     cJSON_Delete(o);
     return rc;
 }
+
+const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *buf, size_t buf_len) {
+#define INT_FIELD(f)                                                                                    \
+    if (a->f != b->f) {                                                                                 \
+        snprintf(buf, buf_len, "%s is %d in one and %d in the other", #f, (int)a->f, (int)b->f);       \
+        return buf;                                                                                     \
+    }
+#define FLOAT_FIELD(f)                                                                                  \
+    if (a->f != b->f) {                                                                                 \
+        snprintf(buf, buf_len, "%s is %g in one and %g in the other", #f, (double)a->f, (double)b->f); \
+        return buf;                                                                                     \
+    }
+    INT_FIELD(d_model) INT_FIELD(n_heads) INT_FIELD(d_ff) INT_FIELD(enc_layers) INT_FIELD(dec_layers)
+    INT_FIELD(vocab_size) INT_FIELD(max_len) INT_FIELD(act) INT_FIELD(pad_id) INT_FIELD(bos_id) INT_FIELD(eos_id)
+    INT_FIELD(unk_id) FLOAT_FIELD(dropout) FLOAT_FIELD(label_smoothing) FLOAT_FIELD(ln_eps)
+#undef INT_FIELD
+#undef FLOAT_FIELD
+    return NULL;
+}

@@ -37,6 +37,10 @@ int config_validate(const ModelConfig *cfg, char *err, size_t err_len);
 char *config_to_json(const ModelConfig *cfg);
 int config_from_json(const char *text, ModelConfig *cfg, char *err, size_t err_len);
 
+/* NULL when a and b describe the same model, else one sentence naming the
+ * first field that differs (written to buf). */
+const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *buf, size_t buf_len);
+
 const char *activation_name(Activation act);
 int activation_parse(const char *s, Activation *act);
 

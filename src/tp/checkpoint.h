@@ -1,0 +1,78 @@
+/* checkpoint.h: sharded, crash-safe checkpoints that load into any layout.
+ *
+ * A checkpoint is a directory DIR/step_XXXXXXXX holding
+ *   model-tp{t}-pp{p}.safetensors       one per (tp, pp) shard: fp32 weights
+ *                                       under their global names (the CPU
+ *                                       backend trains in fp32: these are the
+ *                                       master weights)
+ *   optim-tp{t}-pp{p}-dp{d}.safetensors one per dp shard of the optimizer
+ *                                       state: AdamW moments (exp_avg.NAME,
+ *                                       exp_avg_sq.NAME) of the tensors dealt
+ *                                       to dp rank d (tensor i -> i % dp)
+ *   spm.model                           the tokenizer, when training on a corpus
+ *   manifest.json                       written last: format version, config,
+ *                                       mesh, step, data cursor, RNG and
+ *                                       schedule state, and the size and
+ *                                       CRC-32C of every file
+ * Each shard file's metadata gives every tensor's split label, global shape
+ * and the shard's tp rank, so a loader of any layout reassembles and
+ * re-splits tensors without a conversion step. The format is documented in
+ * docs/checkpoints.md.
+ *
+ * Saving writes into step_XXXXXXXX.tmp, fsyncs every file and the directory,
+ * renames it into place, then replaces DIR/latest atomically and prunes old
+ * steps (--keep-last) only after that. A crash at any point leaves the
+ * previous complete checkpoint as the newest one a resume finds.
+ */
+#ifndef TPTRAIN_CHECKPOINT_H
+#define TPTRAIN_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "data/dataset.h"
+#include "tp/runtime.h"
+#include "transformer/model.h"
+#include "transformer/optim.h"
+
+#define CKPT_FORMAT_VERSION 1
+
+/* Everything besides tensors that a resume needs to continue bit for bit. */
+typedef struct {
+    int64_t step;           // optimizer steps taken
+    DataCursor cursor;      // corpus position after `step` steps
+    uint64_t synth_index;   // synthetic task position after `step` steps
+    uint64_t seed;          // run seed: dropout masks are Philox(seed, step, ...)
+    int corpus;             // 1 = corpus cursor valid, 0 = synthetic task
+} TrainState;
+
+/* Saves step st->step under dir. Collective over rt->world: every rank
+ * calls it. spm_path may be NULL. keep_last > 0 prunes older steps after
+ * the new one is complete. 0, or -1 with one sentence in err (on every
+ * rank). */
+int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
+              const char *spm_path, int keep_last, char *err, size_t err_len);
+
+/* Resolves what --resume names: a checkpoint directory (with manifest.json),
+ * or a folder of checkpoints (its `latest`, or else its newest complete
+ * step). Incomplete step directories are reported on stderr and skipped.
+ * Returns 1 and the path in out, 0 when the folder holds no checkpoint, -1
+ * with err on error. */
+int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t err_len);
+
+/* Reads and validates DIR/manifest.json: the model config, the layout it was
+ * saved with and the state. */
+int ckpt_read_manifest(const char *ckpt_dir, ModelConfig *cfg, int *tp, int *dp, OptimConfig *oc, int *adam_t,
+                       TrainState *st, char *err, size_t err_len);
+
+/* Loads weights (and, when opt is non-NULL, the optimizer state) into a
+ * model of any tp layout whose config equals the checkpoint's; every file
+ * read is checked against the manifest (size, CRC-32C) and every tensor
+ * against its label and shapes. Needs no communication. 0 or -1 + err. */
+int ckpt_load(const char *ckpt_dir, Model *m, AdamW *opt, char *err, size_t err_len);
+
+/* Test-only fault hook: when TPTRAIN_FAULT_POINT=N is set, the N-th save
+ * point reached by rank TPTRAIN_FAULT_RANK (default 0) kills the process
+ * with SIGKILL. Returns the number of points this rank has passed. */
+int ckpt_fault_point(const char *what);
+
+#endif
