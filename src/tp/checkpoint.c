@@ -647,25 +647,28 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files");
     ParamTable old;
     param_table_build(&cfg, old_tp, &old);
-    const int n_files = old_tp * (1 + (opt ? old_dp : 0));
+    /* In the saved layout a rank reads only its own shards; another layout
+     * reads every shard and re-cuts. File slot t * per_tp + k: k = 0 the
+     * model shard of tp rank t, k = 1 + d its optimizer shard of dp rank d. */
+    const bool same = old_tp == m->tp.size;
+    const int per_tp = 1 + (opt ? old_dp : 0), n_files = old_tp * per_tp;
     StFile *f = TP_CALLOC((size_t)n_files, sizeof *f);
+    bool *loaded = TP_CALLOC((size_t)n_files, sizeof *loaded);
     char (*fpath)[4096] = TP_CALLOC((size_t)n_files, sizeof *fpath);
-    int rc = -1, opened = 0;
+    int rc = -1;
     for (int t = 0; t < old_tp; t++) {
-        char name[128];
-        snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
-        pathf(fpath[opened], sizeof fpath[0], "%s/%s", dir, name);
-        if (read_listed(dir, files, name, &f[opened], err, err_len)) goto done;
-        opened++;
-        if (check_shard_meta(&f[opened - 1], fpath[opened - 1], t, old_tp, &old, err, err_len)) goto done;
-        for (int d = 0; opt && d < old_dp; d++) {
-            snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, d);
-            pathf(fpath[opened], sizeof fpath[0], "%s/%s", dir, name);
-            if (read_listed(dir, files, name, &f[opened], err, err_len)) goto done;
-            opened++;
+        if (same && t != m->tp.rank) continue;
+        for (int k = 0; k < per_tp; k++) {
+            char name[128];
+            if (k == 0) snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
+            else snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, k - 1);
+            const int fi = t * per_tp + k;
+            pathf(fpath[fi], sizeof fpath[0], "%s/%s", dir, name);
+            if (read_listed(dir, files, name, &f[fi], err, err_len)) goto done;
+            loaded[fi] = true;
+            if (check_shard_meta(&f[fi], fpath[fi], t, old_tp, &old, err, err_len)) goto done;
         }
     }
-    const int per_tp = 1 + (opt ? old_dp : 0);
     size_t max_global = 0;
     for (int i = 0; i < old.n; i++)
         max_global = param_global_elems(&old.t[i]) > max_global ? param_global_elems(&old.t[i]) : max_global;
@@ -678,7 +681,8 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
             if (kind == 0) snprintf(name, sizeof name, "%s", op->name);
             else snprintf(name, sizeof name, "%s.%s", kind == 1 ? "exp_avg" : "exp_avg_sq", op->name);
             memset(whole, 0, param_global_elems(op) * sizeof(float));
-            for (int t = 0; t < (op->split == SPLIT_REPL ? 1 : old_tp); t++) {
+            for (int t = 0; t < old_tp; t++) {
+                if (same ? t != m->tp.rank : (op->split == SPLIT_REPL && t > 0)) continue;
                 const int fi = t * per_tp + (kind == 0 ? 0 : 1 + i % old_dp);
                 const StTensor *tt = shard_tensor(&f[fi], name, op, fpath[fi], err, err_len);
                 if (!tt) {
@@ -699,8 +703,10 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
     }
     rc = 0;
 done:
-    for (int i = 0; i < opened; i++) st_free(&f[i]);
+    for (int i = 0; i < n_files; i++)
+        if (loaded[i]) st_free(&f[i]);
     free(f);
+    free(loaded);
     free(fpath);
     param_table_free(&old);
     cJSON_Delete(man);
