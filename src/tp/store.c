@@ -599,6 +599,19 @@ static void client_fail(StoreClient *c, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Waits until fd is ready for `events` or the deadline passes: 0 when the
+ * caller should retry, -1 with errno (ETIMEDOUT at the deadline). */
+static int wait_ready(int fd, short events, double deadline) {
+    struct pollfd pfd = {.fd = fd, .events = events};
+    int ms = ms_until(deadline);
+    if (ms == 0) {
+        errno = ETIMEDOUT;
+        return -1;
+    }
+    if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -1;
+    return 0;
+}
+
 /* Sends all bytes before deadline. 0, or -1 with errno (ETIMEDOUT on time). */
 static int send_all(int fd, const void *buf, size_t n, double deadline) {
     const unsigned char *p = buf;
@@ -610,16 +623,7 @@ static int send_all(int fd, const void *buf, size_t n, double deadline) {
             continue;
         }
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-            int ms = ms_until(deadline);
-            if (ms == 0) {
-                errno = ETIMEDOUT;
-                return -1;
-            }
-            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -1;
-            continue;
-        }
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_ready(fd, POLLOUT, deadline) == 0) continue;
         return -1;
     }
     return 0;
@@ -641,16 +645,7 @@ static int recv_all(int fd, void *buf, size_t n, double deadline) {
             return -1;
         }
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            struct pollfd pfd = {.fd = fd, .events = POLLIN};
-            int ms = ms_until(deadline);
-            if (ms == 0) {
-                errno = ETIMEDOUT;
-                return -1;
-            }
-            if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return -1;
-            continue;
-        }
+        if ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_ready(fd, POLLIN, deadline) == 0) continue;
         return -1;
     }
     return 0;
