@@ -107,6 +107,17 @@ static uint8_t *slurp(const char *path, size_t *n, char *err, size_t err_len) {
 
 static void step_name(char *buf, size_t n, int64_t step) { snprintf(buf, n, "step_%08lld", (long long)step); }
 
+/* Removes a checkpoint directory so that a crash halfway never leaves a
+ * directory that still looks complete: it is first renamed to a name that
+ * resolution ignores, then deleted. */
+static int discard_checkpoint(const char *path) {
+    char aside[4096];
+    pathf(aside, sizeof aside, "%s.discard", path);
+    remove_tree(aside);
+    if (rename(path, aside) != 0) return errno == ENOENT ? 0 : -1;
+    return remove_tree(aside);
+}
+
 /* ---- save --------------------------------------------------------------------- */
 
 static int agree(const Runtime *rt, int ok, char *err, size_t err_len) {
@@ -311,7 +322,7 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
         tp_error_set(err, err_len, "%s: cannot sync (%s)", tmp, strerror(errno));
         return -1;
     }
-    remove_tree(final);  // a step saved again (e.g. after a resume from an older one)
+    discard_checkpoint(final);  // a step saved again (e.g. after a resume from an older one)
     ckpt_fault_point("before renaming the directory");
     if (rename(tmp, final) != 0 || fsync_path(dir) != 0) {
         tp_error_set(err, err_len, "%s: cannot publish the checkpoint (%s)", final, strerror(errno));
@@ -341,11 +352,22 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
             if (!complete) continue;  // left for the user to inspect; resume ignores it
             pathf(path, sizeof path, "%s/%s", dir, sd);
             ckpt_fault_point("before pruning an old checkpoint");
-            remove_tree(path);
+            discard_checkpoint(path);
         }
         free(steps);
-        fsync_path(dir);
     }
+    /* Leftovers of discards a crash interrupted. */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "step_", 5) == 0 && len > 8 && strcmp(e->d_name + len - 8, ".discard") == 0) {
+            pathf(path, sizeof path, "%s/%s", dir, e->d_name);
+            remove_tree(path);
+        }
+    }
+    if (d) closedir(d);
+    fsync_path(dir);
     return 0;
 }
 
@@ -404,8 +426,12 @@ static bool is_checkpoint(const char *dir) {
 
 int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t err_len) {
     struct stat sb;
-    if (stat(arg, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    if (stat(arg, &sb) != 0) {
         if (errno == ENOENT) return 0;
+        tp_error_set(err, err_len, "%s: %s", arg, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
         tp_error_set(err, err_len, "%s: not a directory", arg);
         return -1;
     }

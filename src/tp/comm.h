@@ -2,12 +2,16 @@
  *
  * The model and the trainer only see this interface; comm_shm.c implements
  * it over shared memory on one host (CPU ranks, or several ranks sharing a
- * GPU staged through host memory), comm_nccl.c will implement it on NCCL.
+ * GPU staged through host memory), comm_nccl.c on NCCL (buffers are then
+ * device pointers: see comm_nccl.h). comm.c dispatches to the backend that
+ * created the communicator (comm_impl.h).
  *
  * Every collective is blocking and must be called by every rank of the
  * group in the same order with the same counts. Results are bitwise
- * identical on every rank of the group (the reduction order is fixed: rank
- * 0, 1, ... n-1), so replicated tensors stay identical.
+ * identical on every rank of the group, so replicated tensors stay
+ * identical, and the same from run to run (shm: the reduction order is
+ * fixed, rank 0, 1, ... n-1; NCCL: fixed by the topology and the NCCL
+ * version, so the last bits may differ from shm).
  *
  * A peer that dies or stops calling makes the others fail after the
  * group's timeout with an error naming the peer, never hang: collectives

@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include "tp/comm_shm.h"
+#include "tp/comm_impl.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -75,7 +76,8 @@ _Static_assert(sizeof(ShmHeader) <= HEADER_BYTES, "header fits its reserved spac
 typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_BARRIER, K_JOIN } Kind;
 static const char *const KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "join"};
 
-struct Comm {
+typedef struct {
+    Comm base;          // first: comm.c dispatches through base.ops
     char group[128];
     int rank, size;
     double timeout_s;
@@ -89,7 +91,7 @@ struct Comm {
     long calls[K_JOIN]; // calls per kind since creation (not reset with the stats): "#K" in messages
     char err[512];
     CommStats stats;
-};
+} ShmComm;
 
 /* ---- small helpers ---- */
 
@@ -177,11 +179,11 @@ static size_t segment_bytes(int size) {
     return HEADER_BYTES + (size_t)size * sizeof(RankWord) + 2 * (size_t)size * SLOT_ELEMS * sizeof(float);
 }
 
-static float *slot(const Comm *c, uint64_t parity, int q) {  // (SLOT_ELEMS)
+static float *slot(const ShmComm *c, uint64_t parity, int q) {  // (SLOT_ELEMS)
     return c->slots + ((size_t)parity * (size_t)c->size + (size_t)q) * SLOT_ELEMS;
 }
 
-static void map_layout(Comm *c, void *base) {
+static void map_layout(ShmComm *c, void *base) {
     c->hdr = (ShmHeader *)base;
     c->words = (RankWord *)((char *)base + HEADER_BYTES);
     c->slots = (float *)((char *)base + HEADER_BYTES + (size_t)c->size * sizeof(RankWord));
@@ -189,13 +191,13 @@ static void map_layout(Comm *c, void *base) {
 
 /* ---- barrier ---- */
 
-static int first_missing(const Comm *c, uint64_t target) {
+static int first_missing(const ShmComm *c, uint64_t target) {
     for (int q = 0; q < c->size; q++)
         if (atomic_load(&c->words[q].seq) < target) return q;
     return -1;
 }
 
-static void arrive(Comm *c) {
+static void arrive(ShmComm *c) {
     c->seq++;
     atomic_store(&c->words[c->rank].seq, c->seq);
     // Only the rank that completes the barrier wakes sleepers: with
@@ -207,8 +209,8 @@ static void arrive(Comm *c) {
     }
 }
 
-static int fail(Comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(Comm *c, const char *fmt, ...) {
+static int fail(ShmComm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(ShmComm *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -219,7 +221,7 @@ static int fail(Comm *c, const char *fmt, ...) {
 
 /* Waits until every rank has reached barrier c->seq. call_no: which call of
  * this kind (1-based), for the messages. */
-static int wait_all(Comm *c, Kind kind, long call_no) {
+static int wait_all(ShmComm *c, Kind kind, long call_no) {
     const uint64_t target = c->seq;
     for (int i = 0; i < SPIN_ITERS; i++) {
         if (first_missing(c, target) < 0) return 0;
@@ -258,14 +260,16 @@ static int wait_all(Comm *c, Kind kind, long call_no) {
     }
 }
 
-static int sync_all(Comm *c, Kind kind, long call_no) {
+static int sync_all(ShmComm *c, Kind kind, long call_no) {
     arrive(c);
     return wait_all(c, kind, call_no);
 }
 
 /* ---- creation ---- */
 
-static Comm *create_fail(Comm *c, const char *name, int unlink_name, char *err, size_t err_len) {
+static const CommOps *shm_ops(void);
+
+static Comm *create_fail(ShmComm *c, const char *name, int unlink_name, char *err, size_t err_len) {
     tp_error_set(err, err_len, "%s", c->err);
     if (unlink_name) shm_unlink(name);
     if (c->hdr) munmap(c->hdr, c->map_bytes);
@@ -275,7 +279,7 @@ static Comm *create_fail(Comm *c, const char *name, int unlink_name, char *err, 
 
 /* Rank 0: replace any stale segment of this name, create, initialise, and
  * publish the job key last. */
-static int create_segment(Comm *c, const char *name, const char *job_id, uint64_t key, int *created) {
+static int create_segment(ShmComm *c, const char *name, const char *job_id, uint64_t key, int *created) {
     shm_unlink(name);
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return fail(c, "comm %s: cannot create shared memory %s (%s)", c->group, name, strerror(errno));
@@ -312,7 +316,7 @@ static int create_segment(Comm *c, const char *name, const char *job_id, uint64_
 /* Other ranks: open the segment once it exists with this job's key, a live
  * creator and a free slot for this rank; returns 1 when joined, 0 to retry
  * (why in *why), -1 on a hard error. */
-static int try_join(Comm *c, const char *name, const char *job_id, uint64_t key, char *why, size_t why_len) {
+static int try_join(ShmComm *c, const char *name, const char *job_id, uint64_t key, char *why, size_t why_len) {
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0) {
         snprintf(why, why_len, "rank 0 did not create the shared memory %s", name);
@@ -367,12 +371,13 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
         tp_error_set(err, err_len, "comm %s: the timeout (%g s) must be positive", group, timeout_s);
         return NULL;
     }
-    Comm *c = TP_CALLOC(1, sizeof *c);
+    ShmComm *c = TP_CALLOC(1, sizeof *c);
+    c->base.ops = shm_ops();
     snprintf(c->group, sizeof c->group, "%s", group);
     c->rank = rank;
     c->size = size;
     c->timeout_s = timeout_s;
-    if (size == 1) return c;  // no peers: collectives are no-ops or copies
+    if (size == 1) return &c->base;  // no peers: collectives are no-ops or copies
 
     c->map_bytes = segment_bytes(size);
     char name[NAME_MAX_LEN + 32];
@@ -400,12 +405,12 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
     // Everyone has mapped the segment once all have reached the first barrier.
     if (sync_all(c, K_JOIN, 0) != 0) return create_fail(c, name, rank == 0, err, err_len);
     if (rank == 0) shm_unlink(name);
-    return c;
+    return &c->base;
 }
 
 /* ---- collectives ---- */
 
-static int begin(Comm *c, Kind kind, long *counter, double *t0) {
+static int begin(ShmComm *c, Kind kind, long *counter, double *t0) {
     if (c->failed) return -1;
     (*counter)++;
     c->calls[kind]++;
@@ -413,7 +418,7 @@ static int begin(Comm *c, Kind kind, long *counter, double *t0) {
     return 0;
 }
 
-static int end(Comm *c, double t0, int rc) {
+static int end(ShmComm *c, double t0, int rc) {
     c->stats.seconds += now_s() - t0;
     return rc;
 }
@@ -428,7 +433,8 @@ static void reduce_into(float *acc, const float *x, size_t n_elems, CommOp op) {
     }
 }
 
-int comm_allreduce(Comm *c, float *buf, size_t n_elems, CommOp op) {
+static int shm_allreduce(Comm *comm, float *buf, size_t n_elems, CommOp op) {
+    ShmComm *c = (ShmComm *)comm;
     double t0;
     if (begin(c, K_ALLREDUCE, &c->stats.allreduce, &t0) != 0) return -1;
     c->stats.allreduce_bytes += (double)n_elems * sizeof(float);
@@ -463,7 +469,8 @@ int comm_allreduce(Comm *c, float *buf, size_t n_elems, CommOp op) {
     return end(c, t0, 0);
 }
 
-int comm_reduce_scatter(Comm *c, const float *in, float *out, size_t n_elems) {
+static int shm_reduce_scatter(Comm *comm, const float *in, float *out, size_t n_elems) {
+    ShmComm *c = (ShmComm *)comm;
     double t0;
     if (begin(c, K_REDUCE_SCATTER, &c->stats.reduce_scatter, &t0) != 0) return -1;
     if (n_elems == 0) return end(c, t0, 0);
@@ -486,7 +493,8 @@ int comm_reduce_scatter(Comm *c, const float *in, float *out, size_t n_elems) {
     return end(c, t0, 0);
 }
 
-int comm_allgather(Comm *c, const float *in, float *out, size_t n_elems) {
+static int shm_allgather(Comm *comm, const float *in, float *out, size_t n_elems) {
+    ShmComm *c = (ShmComm *)comm;
     double t0;
     if (begin(c, K_ALLGATHER, &c->stats.allgather, &t0) != 0) return -1;
     if (n_elems == 0) return end(c, t0, 0);
@@ -506,7 +514,8 @@ int comm_allgather(Comm *c, const float *in, float *out, size_t n_elems) {
     return end(c, t0, 0);
 }
 
-int comm_broadcast(Comm *c, void *buf, size_t n_bytes, int root) {
+static int shm_broadcast(Comm *comm, void *buf, size_t n_bytes, int root) {
+    ShmComm *c = (ShmComm *)comm;
     double t0;
     if (begin(c, K_BROADCAST, &c->stats.broadcast, &t0) != 0) return -1;
     if (root < 0 || root >= c->size)
@@ -526,7 +535,8 @@ int comm_broadcast(Comm *c, void *buf, size_t n_bytes, int root) {
     return end(c, t0, 0);
 }
 
-int comm_barrier(Comm *c) {
+static int shm_barrier(Comm *comm) {
+    ShmComm *c = (ShmComm *)comm;
     double t0;
     if (begin(c, K_BARRIER, &c->stats.barrier, &t0) != 0) return -1;
     if (c->size == 1) return end(c, t0, 0);
@@ -535,14 +545,32 @@ int comm_barrier(Comm *c) {
 
 /* ---- accessors ---- */
 
-int comm_rank(const Comm *c) { return c->rank; }
-int comm_size(const Comm *c) { return c->size; }
-const char *comm_error(const Comm *c) { return c->err; }
-CommStats comm_stats(const Comm *c) { return c->stats; }
-void comm_reset_stats(Comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+static int shm_rank(const Comm *c) { return ((const ShmComm *)c)->rank; }
+static int shm_size(const Comm *c) { return ((const ShmComm *)c)->size; }
+static const char *shm_error(const Comm *c) { return ((const ShmComm *)c)->err; }
+static CommStats shm_stats(const Comm *c) { return ((const ShmComm *)c)->stats; }
+static void shm_reset_stats(Comm *c) { memset(&((ShmComm *)c)->stats, 0, sizeof(CommStats)); }
 
-void comm_free(Comm *c) {
-    if (!c) return;
+static void shm_free(Comm *comm) {
+    ShmComm *c = (ShmComm *)comm;
     if (c->hdr) munmap(c->hdr, c->map_bytes);
     free(c);
+}
+
+static const CommOps *shm_ops(void) {
+    static const CommOps ops = {
+        .name = "shm",
+        .allreduce = shm_allreduce,
+        .reduce_scatter = shm_reduce_scatter,
+        .allgather = shm_allgather,
+        .broadcast = shm_broadcast,
+        .barrier = shm_barrier,
+        .rank = shm_rank,
+        .size = shm_size,
+        .error = shm_error,
+        .stats = shm_stats,
+        .reset_stats = shm_reset_stats,
+        .free = shm_free,
+    };
+    return &ops;
 }

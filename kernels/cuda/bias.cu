@@ -1,0 +1,100 @@
+// bias.cu: the bias half of the linear layer (the GEMMs are in gemm.cu).
+//
+// bias_add is one IEEE add per element, bit-identical to the CPU. bias_bwd is
+// a column sum over rows, done without atomics so the result never depends on
+// scheduling: pass 1 cuts the rows into fixed chunks of BIAS_CHUNK_ROWS; a
+// (32 x 8) block sums 32 columns of one chunk in double (each thread its
+// rows in order, then the 8 row-threads in order) into partials[chunk, c];
+// pass 2 sums the partials of each column over chunks in order and adds the
+// result, rounded once, to db (as the CPU, which sums in double).
+#include "cuda_ops.h"
+#include "cuda_kernel_util.cuh"
+
+#define BIAS_THREADS 256u
+#define BIAS_COLS 32   // columns per block of pass 1 (= blockDim.x)
+#define BIAS_ROWT 8    // row-threads per block of pass 1 (= blockDim.y)
+#define BIAS_CHUNK_ROWS 256
+
+// ---- kernels ---------------------------------------------------------------------
+
+__global__ void bias_add_kernel(float *y,        // (N, C)
+                                const float *b,  // (C)
+                                size_t n_elems, int C) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_elems;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] += b[i % (size_t)C];
+}
+
+// grid (ceil(C/32), n_chunks), block (32, 8).
+__global__ void bias_bwd_partial_kernel(double *partials,  // (n_chunks, C)
+                                        const float *dy,   // (N, C)
+                                        int N, int C) {
+    __shared__ double smem[BIAS_ROWT][BIAS_COLS];
+    const int c = blockIdx.x * BIAS_COLS + threadIdx.x;
+    const int row_begin = blockIdx.y * BIAS_CHUNK_ROWS;
+    const int row_end = min(N, row_begin + BIAS_CHUNK_ROWS);
+    double acc = 0.0;
+    if (c < C)
+        for (int n = row_begin + threadIdx.y; n < row_end; n += BIAS_ROWT)
+            acc += dy[(size_t)n * C + c];
+    smem[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        double sum = 0.0;
+        for (int r = 0; r < BIAS_ROWT; r++) sum += smem[r][threadIdx.x];
+        partials[(size_t)blockIdx.y * C + c] = sum;
+    }
+}
+
+__global__ void bias_bwd_final_kernel(float *db,                // (C) accumulated
+                                      const double *partials,   // (n_chunks, C)
+                                      int n_chunks, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double sum = 0.0;
+    for (int k = 0; k < n_chunks; k++) sum += partials[(size_t)k * C + c];
+    db[c] += (float)sum;
+}
+
+// ---- launchers ---------------------------------------------------------------------
+
+static void bias_add_launch(float *y, const float *b, int N, int C, cudaStream_t stream) {
+    size_t n_elems = (size_t)N * C;
+    bias_add_kernel<<<tp_grid_1d(n_elems, BIAS_THREADS), BIAS_THREADS, 0, stream>>>(y, b,
+                                                                                   n_elems, C);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void bias_bwd_launch(float *db, const float *dy, int N, int C, cudaStream_t stream) {
+    const int n_chunks = (N + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS;
+    TP_CHECK(n_chunks <= 65535, "cuda_op_bias_bwd: N = %d rows too many", N);
+    double *partials =
+        (double *)tp_scratch_alloc((size_t)n_chunks * C * sizeof(double), stream);
+    dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
+    bias_bwd_partial_kernel<<<grid, block, 0, stream>>>(partials, dy, N, C);
+    CUDA_CHECK(cudaGetLastError());
+    bias_bwd_final_kernel<<<(C + BIAS_THREADS - 1) / BIAS_THREADS, BIAS_THREADS, 0, stream>>>(
+        db, partials, n_chunks, C);
+    CUDA_CHECK(cudaGetLastError());
+    tp_scratch_free(partials, stream);
+}
+
+// ---- exported ops ---------------------------------------------------------------------
+
+extern "C" void cuda_op_bias_add(float *y, const float *b, int N, int C, cudaStream_t stream) {
+    TP_NEED_SIZE("cuda_op_bias_add", N);
+    TP_NEED_SIZE("cuda_op_bias_add", C);
+    if (N == 0 || C == 0) return;
+    TP_NEED_PTR("cuda_op_bias_add", y);
+    TP_NEED_PTR("cuda_op_bias_add", b);
+    bias_add_launch(y, b, N, C, stream);
+}
+
+extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, cudaStream_t stream) {
+    TP_NEED_SIZE("cuda_op_bias_bwd", N);
+    TP_NEED_SIZE("cuda_op_bias_bwd", C);
+    if (N == 0 || C == 0) return;  // adds nothing
+    TP_NEED_PTR("cuda_op_bias_bwd", db);
+    TP_NEED_PTR("cuda_op_bias_bwd", dy);
+    bias_bwd_launch(db, dy, N, C, stream);
+}

@@ -1,0 +1,85 @@
+// dropout.cu: dropout with the Philox4x32-10 counter-based generator.
+//
+// The mask must be bit-identical to kernels/cpu/dropout.c, so this file
+// repeats its layout exactly: element i uses counter
+// (i/4 lo, i/4 hi, stream lo, stream hi) under key (seed lo, seed hi), takes
+// word i%4, forms uniform = (word >> 8) * 2^-24 (exact in fp32) and keeps the
+// element when uniform >= p. One thread per group of 4 elements, so each
+// Philox call is used whole. Kept values are x * (1/(1-p)) with the scale
+// computed on the host by the CPU's expression; the backward's add is kept
+// apart from the multiply (__fmul_rn / __fadd_rn: no FMA), so forward and
+// backward outputs are bit-identical to the CPU as well.
+#include "cuda_ops.h"
+#include "cuda_kernel_util.cuh"
+#include "cuda_philox.h"
+
+#define DROPOUT_THREADS 256u
+
+// ---- kernels ---------------------------------------------------------------------
+
+// out[i] = keep(i) ? x[i] * scale : 0, or out[i] += that with accumulate.
+// out may alias x: every element is read and written by one thread.
+__global__ void dropout_kernel(float *out,      // (n_elems)
+                               const float *x,  // (n_elems)
+                               size_t n_elems, float p, float scale, uint32_t seed_lo,
+                               uint32_t seed_hi, uint32_t stream_lo, uint32_t stream_hi,
+                               bool accumulate) {
+    const size_t n_groups = (n_elems + 3) / 4;
+    const uint32_t key[2] = {seed_lo, seed_hi};
+    for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < n_groups;
+         grp += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t ctr[4] = {(uint32_t)grp, (uint32_t)(grp >> 32), stream_lo, stream_hi};
+        uint32_t words[4];
+        cuda_philox4x32_10(ctr, key, words);
+        const size_t base = grp * 4;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const size_t i = base + w;
+            if (i < n_elems) {
+                const float uniform = (float)(words[w] >> 8) * (1.0f / 16777216.0f);
+                const float val = uniform >= p ? __fmul_rn(x[i], scale) : 0.0f;
+                out[i] = accumulate ? __fadd_rn(out[i], val) : val;
+            }
+        }
+    }
+}
+
+// ---- launchers ---------------------------------------------------------------------
+
+static void dropout_launch(float *out, const float *x, size_t n_elems, float p, uint64_t seed,
+                           uint64_t stream_id, bool accumulate, cudaStream_t stream) {
+    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the CPU's expression
+    const size_t n_groups = (n_elems + 3) / 4;
+    dropout_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
+        out, x, n_elems, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)stream_id,
+        (uint32_t)(stream_id >> 32), accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- exported ops ---------------------------------------------------------------------
+
+extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, float p,
+                                    uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "cuda_op_dropout_fwd: p = %g outside [0, 1]", (double)p);
+    if (n_elems == 0) return;
+    TP_NEED_PTR("cuda_op_dropout_fwd", out);
+    TP_NEED_PTR("cuda_op_dropout_fwd", x);
+    if (p == 0.0f) {
+        cuda_op_copy(out, x, n_elems, stream);  // no-op when out == x
+        return;
+    }
+    dropout_launch(out, x, n_elems, p, seed, stream_id, false, stream);
+}
+
+extern "C" void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p,
+                                    uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "cuda_op_dropout_bwd: p = %g outside [0, 1]", (double)p);
+    if (n_elems == 0) return;
+    TP_NEED_PTR("cuda_op_dropout_bwd", dx);
+    TP_NEED_PTR("cuda_op_dropout_bwd", dy);
+    if (p == 0.0f) {
+        cuda_op_accumulate(dx, dy, n_elems, stream);
+        return;
+    }
+    dropout_launch(dx, dy, n_elems, p, seed, stream_id, true, stream);
+}

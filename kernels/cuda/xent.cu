@@ -1,0 +1,339 @@
+// xent.cu: label-smoothed cross-entropy, over full logit rows and in the
+// vocab-parallel pieces of ops.h.
+//
+// Rows are a vocabulary wide (tens of thousands), so one block per row:
+// threads stride the row, the max is a block max, sum exp(x - max) and
+// sum x are accumulated in double (as the CPU) and reduced in a fixed tree,
+// so every statistic is deterministic. No softmax copy is ever stored: the
+// backward recomputes exp(x - lse) per element from the saved lse.
+//
+// Targets live on the device, so the forward ops cannot die at a bad row
+// as the CPU does: a separate one-block kernel counts non-ignored rows and
+// targets outside [0, V) (an integer block sum, no atomics); the host reads
+// both after synchronising and dies if any target was bad. Bad rows get
+// loss 0 meanwhile.
+#include "cuda_ops.h"
+#include "cuda_kernel_util.cuh"
+
+#define XENT_THREADS 256u
+#define XENT_COUNT_THREADS 1024u
+
+// ---- kernels ---------------------------------------------------------------------
+
+// counts[0] = rows with target != ignore_id, counts[1] = those outside [0, V).
+__global__ void xent_count_kernel(int *counts,             // (2)
+                                  const int32_t *targets,  // (N)
+                                  int N, int V, int32_t ignore_id) {
+    __shared__ int smem[TP_WARP];
+    int valid = 0, bad = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        const int32_t y = targets[n];
+        if (y == ignore_id) continue;
+        valid++;
+        bad += y < 0 || y >= V;
+    }
+    valid = tp_block_sum(valid, smem);
+    bad = tp_block_sum(bad, smem);
+    if (threadIdx.x == 0) {
+        counts[0] = valid;
+        counts[1] = bad;
+    }
+}
+
+// One block per row: losses[n], lse[n] of the full row.
+__global__ void xent_fwd_kernel(float *losses,           // (N)
+                                float *lse,              // (N)
+                                const float *logits,     // (N, V)
+                                const int32_t *targets,  // (N)
+                                int N, int V, float eps, int32_t ignore_id) {
+    __shared__ float smem_f[TP_WARP];
+    __shared__ double smem_d[TP_WARP];
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        const int32_t y = targets[n];  // the same for the whole block
+        if (y == ignore_id || y < 0 || y >= V) {
+            if (threadIdx.x == 0) {
+                losses[n] = 0.0f;
+                lse[n] = 0.0f;
+            }
+            continue;
+        }
+        const float *row = logits + (size_t)n * V;
+        float max = -INFINITY;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) max = fmaxf(max, row[v]);
+        max = tp_block_max(max, smem_f);
+        double sum_exp = 0.0, sum_x = 0.0;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) {
+            sum_exp += expf(row[v] - max);
+            sum_x += row[v];
+        }
+        sum_exp = tp_block_sum(sum_exp, smem_d);
+        sum_x = tp_block_sum(sum_x, smem_d);
+        if (threadIdx.x == 0) {
+            const double row_lse = max + log(sum_exp);
+            const double nll = row_lse - row[y];
+            const double smooth = row_lse - sum_x / V;
+            losses[n] = (float)((1.0 - eps) * nll + eps * smooth);
+            lse[n] = (float)row_lse;
+        }
+    }
+}
+
+// dlogits[n, v] += dloss * (exp(x - lse) - (1-eps)[v == local] - smooth) for
+// v < V_valid; local = targets[n] - vocab_start. The full-row backward is the
+// one-shard case (V_local = V_valid = V, vocab_start = 0).
+// grid (column blocks, row blocks); rows of ignored targets are skipped.
+__global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local) accumulated
+                                const float *logits,     // (N, V_local)
+                                const float *lse,        // (N)
+                                const int32_t *targets,  // (N)
+                                float dloss, float smooth, int N, int V_local, int V_valid,
+                                int vocab_start, float eps, int32_t ignore_id) {
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const int32_t y = targets[n];
+        if (y == ignore_id) continue;
+        const long long local = (long long)y - vocab_start;
+        const float row_lse = lse[n];
+        const float *row = logits + (size_t)n * V_local;
+        float *drow = dlogits + (size_t)n * V_local;
+        for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < V_valid;
+             v += gridDim.x * blockDim.x) {
+            const float p = expf(row[v] - row_lse);
+            const float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
+            drow[v] += dloss * (p - target);
+        }
+    }
+}
+
+// One block per row: the shard's max over its V_valid real columns.
+__global__ void xent_vp_max_kernel(float *row_max,       // (N)
+                                   const float *logits,  // (N, V_local)
+                                   int N, int V_local, int V_valid) {
+    __shared__ float smem[TP_WARP];
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        const float *row = logits + (size_t)n * V_local;
+        float max = -INFINITY;
+        for (int v = threadIdx.x; v < V_valid; v += blockDim.x) max = fmaxf(max, row[v]);
+        max = tp_block_max(max, smem);
+        if (threadIdx.x == 0) row_max[n] = max;
+    }
+}
+
+// One block per row: {sum exp(x - max), sum x, x_target or 0} of the shard.
+__global__ void xent_vp_sums_kernel(float *stats,            // (N, 3)
+                                    const float *logits,     // (N, V_local)
+                                    const float *row_max,    // (N) global
+                                    const int32_t *targets,  // (N)
+                                    int N, int V_local, int V_valid, int vocab_start,
+                                    int32_t ignore_id) {
+    __shared__ double smem[TP_WARP];
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        float *st = stats + (size_t)n * 3;
+        const int32_t y = targets[n];
+        if (y == ignore_id) {
+            if (threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0f;
+            continue;
+        }
+        const float *row = logits + (size_t)n * V_local;
+        const float max = row_max[n];
+        double sum_exp = 0.0, sum_x = 0.0;
+        for (int v = threadIdx.x; v < V_valid; v += blockDim.x) {
+            sum_exp += expf(row[v] - max);
+            sum_x += row[v];
+        }
+        sum_exp = tp_block_sum(sum_exp, smem);
+        sum_x = tp_block_sum(sum_x, smem);
+        if (threadIdx.x == 0) {
+            const long long local = (long long)y - vocab_start;
+            st[0] = (float)sum_exp;
+            st[1] = (float)sum_x;
+            st[2] = (local >= 0 && local < V_valid) ? row[local] : 0.0f;
+        }
+    }
+}
+
+// One thread per row: loss and lse from the reduced statistics.
+__global__ void xent_vp_loss_kernel(float *losses,           // (N)
+                                    float *lse,              // (N)
+                                    const float *row_max,    // (N) global
+                                    const float *stats,      // (N, 3) reduced
+                                    const int32_t *targets,  // (N)
+                                    int N, int V, float eps, int32_t ignore_id) {
+    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < N; n += gridDim.x * blockDim.x) {
+        const int32_t y = targets[n];
+        if (y == ignore_id || y < 0 || y >= V) {
+            losses[n] = 0.0f;
+            lse[n] = 0.0f;
+            continue;
+        }
+        const float *st = stats + (size_t)n * 3;
+        const double row_lse = (double)row_max[n] + log((double)st[0]);
+        const double nll = row_lse - st[2];
+        const double smooth = row_lse - (double)st[1] / V;
+        losses[n] = (float)((1.0 - eps) * nll + eps * smooth);
+        lse[n] = (float)row_lse;
+    }
+}
+
+// ---- launchers ---------------------------------------------------------------------
+
+// Enqueues the count kernel, synchronises and returns the non-ignored rows;
+// dies naming op if a target is outside [0, V).
+static int count_targets_sync(const char *op, const int32_t *targets, int N, int V,
+                              int32_t ignore_id, cudaStream_t stream) {
+    int *counts = (int *)tp_scratch_alloc(2 * sizeof(int), stream);
+    xent_count_kernel<<<1, XENT_COUNT_THREADS, 0, stream>>>(counts, targets, N, V, ignore_id);
+    CUDA_CHECK(cudaGetLastError());
+    int host[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpyAsync(host, counts, sizeof host, cudaMemcpyDeviceToHost, stream));
+    tp_scratch_free(counts, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    TP_CHECK(host[1] == 0, "%s: %d targets outside [0, %d)", op, host[1], V);
+    return host[0];
+}
+
+static unsigned row_grid(int N) { return tp_grid_1d((size_t)N, 1); }
+
+static int xent_fwd_launch(float *losses, float *lse, const float *logits, const int32_t *targets,
+                           int N, int V, float eps, int32_t ignore_id, cudaStream_t stream) {
+    xent_fwd_kernel<<<row_grid(N), XENT_THREADS, 0, stream>>>(losses, lse, logits, targets, N, V,
+                                                             eps, ignore_id);
+    CUDA_CHECK(cudaGetLastError());
+    return count_targets_sync("cuda_op_xent_fwd", targets, N, V, ignore_id, stream);
+}
+
+static void xent_bwd_launch(float *dlogits, const float *logits, const float *lse,
+                            const int32_t *targets, float dloss, int N, int V_local, int V_valid,
+                            int vocab_start, int V, float eps, int32_t ignore_id,
+                            cudaStream_t stream) {
+    const float smooth = eps / (float)V;  // the CPU's expression
+    dim3 grid(tp_grid_1d((size_t)V_valid, XENT_THREADS), row_grid(N));
+    xent_bwd_kernel<<<grid, XENT_THREADS, 0, stream>>>(dlogits, logits, lse, targets, dloss,
+                                                      smooth, N, V_local, V_valid, vocab_start,
+                                                      eps, ignore_id);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void xent_vp_max_launch(float *row_max, const float *logits, int N, int V_local,
+                               int V_valid, cudaStream_t stream) {
+    xent_vp_max_kernel<<<row_grid(N), XENT_THREADS, 0, stream>>>(row_max, logits, N, V_local,
+                                                                V_valid);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void xent_vp_sums_launch(float *stats, const float *logits, const float *row_max,
+                                const int32_t *targets, int N, int V_local, int V_valid,
+                                int vocab_start, int32_t ignore_id, cudaStream_t stream) {
+    xent_vp_sums_kernel<<<row_grid(N), XENT_THREADS, 0, stream>>>(
+        stats, logits, row_max, targets, N, V_local, V_valid, vocab_start, ignore_id);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static int xent_vp_loss_launch(float *losses, float *lse, const float *row_max,
+                               const float *stats, const int32_t *targets, int N, int V,
+                               float eps, int32_t ignore_id, cudaStream_t stream) {
+    xent_vp_loss_kernel<<<tp_grid_1d((size_t)N, XENT_THREADS), XENT_THREADS, 0, stream>>>(
+        losses, lse, row_max, stats, targets, N, V, eps, ignore_id);
+    CUDA_CHECK(cudaGetLastError());
+    return count_targets_sync("cuda_op_xent_vp_loss", targets, N, V, ignore_id, stream);
+}
+
+// ---- exported ops ---------------------------------------------------------------------
+
+extern "C" int cuda_op_xent_fwd(float *losses, float *lse, const float *logits,
+                                const int32_t *targets, int N, int V, float eps,
+                                int32_t ignore_id, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_fwd";
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, V);
+    if (N == 0) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return 0;
+    }
+    TP_NEED_PTR(op, losses);
+    TP_NEED_PTR(op, lse);
+    if (V > 0) TP_NEED_PTR(op, logits);  // V == 0: every row must be ignored
+    TP_NEED_PTR(op, targets);
+    return xent_fwd_launch(losses, lse, logits, targets, N, V, eps, ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_bwd(float *dlogits, const float *logits, const float *lse,
+                                 const int32_t *targets, float dloss, int N, int V, float eps,
+                                 int32_t ignore_id, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_bwd";
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, V);
+    if (N == 0 || V == 0) return;
+    TP_NEED_PTR(op, dlogits);
+    TP_NEED_PTR(op, logits);
+    TP_NEED_PTR(op, lse);
+    TP_NEED_PTR(op, targets);
+    xent_bwd_launch(dlogits, logits, lse, targets, dloss, N, V, V, 0, V, eps, ignore_id, stream);
+}
+
+static void check_vp(const char *op, int N, int V_local, int V_valid) {
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, V_local);
+    TP_CHECK(V_valid >= 0 && V_valid <= V_local, "%s: V_valid = %d outside [0, V_local = %d]",
+             op, V_valid, V_local);
+}
+
+extern "C" void cuda_op_xent_vp_max(float *row_max, const float *logits, int N, int V_local,
+                                    int V_valid, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_vp_max";
+    check_vp(op, N, V_local, V_valid);
+    if (N == 0) return;
+    TP_NEED_PTR(op, row_max);
+    if (V_valid > 0) TP_NEED_PTR(op, logits);
+    xent_vp_max_launch(row_max, logits, N, V_local, V_valid, stream);
+}
+
+extern "C" void cuda_op_xent_vp_sums(float *stats, const float *logits, const float *row_max,
+                                     const int32_t *targets, int N, int V_local, int V_valid,
+                                     int vocab_start, int32_t ignore_id, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_vp_sums";
+    check_vp(op, N, V_local, V_valid);
+    TP_NEED_SIZE(op, vocab_start);
+    if (N == 0) return;
+    TP_NEED_PTR(op, stats);
+    TP_NEED_PTR(op, row_max);
+    TP_NEED_PTR(op, targets);
+    if (V_valid > 0) TP_NEED_PTR(op, logits);
+    xent_vp_sums_launch(stats, logits, row_max, targets, N, V_local, V_valid, vocab_start,
+                        ignore_id, stream);
+}
+
+extern "C" int cuda_op_xent_vp_loss(float *losses, float *lse, const float *row_max,
+                                    const float *stats, const int32_t *targets, int N, int V,
+                                    float eps, int32_t ignore_id, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_vp_loss";
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, V);
+    if (N == 0) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return 0;
+    }
+    TP_NEED_PTR(op, losses);
+    TP_NEED_PTR(op, lse);
+    TP_NEED_PTR(op, row_max);
+    TP_NEED_PTR(op, stats);
+    TP_NEED_PTR(op, targets);
+    return xent_vp_loss_launch(losses, lse, row_max, stats, targets, N, V, eps, ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_vp_bwd(float *dlogits, const float *logits, const float *lse,
+                                    const int32_t *targets, float dloss, int N, int V_local,
+                                    int V_valid, int vocab_start, int V, float eps,
+                                    int32_t ignore_id, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_vp_bwd";
+    check_vp(op, N, V_local, V_valid);
+    TP_NEED_SIZE(op, vocab_start);
+    TP_NEED_SIZE(op, V);
+    if (N == 0 || V_valid == 0) return;
+    TP_CHECK(V > 0, "%s: V = 0 with real columns in the shard", op);
+    TP_NEED_PTR(op, dlogits);
+    TP_NEED_PTR(op, logits);
+    TP_NEED_PTR(op, lse);
+    TP_NEED_PTR(op, targets);
+    xent_bwd_launch(dlogits, logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps,
+                    ignore_id, stream);
+}

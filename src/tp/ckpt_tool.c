@@ -1,0 +1,323 @@
+/* ckpt_tool.c: the `ckpt` command, for checkpoints written by train_mt --save.
+ *
+ *   ckpt inspect PATH            what a checkpoint holds, then a full integrity check
+ *   ckpt export PATH OUT_DIR     one consolidated model (config.json, model.safetensors, spm.model)
+ *
+ * PATH is what --resume accepts: a checkpoint directory or a folder of them
+ * (its latest). Both commands sit on the library's own readers
+ * (ckpt_resolve, ckpt_read_manifest, ckpt_load, mt_save), so the tool can
+ * never disagree with a resume about what a checkpoint means. inspect reads
+ * every listed file in full and streams it through CRC-32C rather than
+ * loading tensors, so it checks any layout in constant memory and also covers
+ * the optimizer shards, which an export never reads.
+ * Exit status: 0 ok, 1 a problem with the checkpoint or the output, 2 usage.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data/spm.h"
+#include "err.h"
+#include "mt.h"
+#include "safetensors.h"
+#include "tp/checkpoint.h"
+#include "transformer/export.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ckpt inspect PATH\n"
+               "       ckpt export PATH OUT_DIR\n"
+               "  PATH     a checkpoint directory (step_N, with manifest.json) or a folder of checkpoints\n"
+               "           (train_mt --save DIR: its latest, or else its newest complete step)\n"
+               "  inspect  prints step, model, saved layout, data cursor, optimizer and every file, then\n"
+               "           checks each file's size and CRC-32C against the manifest (exit 1 on a problem)\n"
+               "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
+               "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
+               "           the format of docs/model-and-export.md\n");
+}
+
+/* snprintf for paths: a path that does not fit ends the program rather than
+ * naming another file. */
+__attribute__((format(printf, 3, 4))) static void pathf(char *out, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+    TP_CHECK(k >= 0 && (size_t)k < n, "path too long: %s...", out);
+}
+
+/* PATH -> the checkpoint directory in out; 0, or -1 after printing why. */
+static int resolve(const char *arg, char *out, size_t out_len) {
+    char err[1024];
+    struct stat sb;
+    if (stat(arg, &sb) != 0) {
+        fprintf(stderr, "ckpt: %s: %s\n", arg, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "ckpt: %s: not a directory (give a checkpoint directory or a folder of checkpoints)\n", arg);
+        return -1;
+    }
+    int found = ckpt_resolve(arg, out, out_len, err, sizeof err);
+    if (found < 0) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return -1;
+    }
+    if (found == 0) {
+        fprintf(stderr, "ckpt: %s: no checkpoint there (no manifest.json, no 'latest', no complete step_N)\n", arg);
+        return -1;
+    }
+    return 0;
+}
+
+/* The manifest's "files" object (caller deletes *root); NULL after printing why.
+ * ckpt_read_manifest has already validated everything else in it. */
+static const cJSON *manifest_files(const char *dir, cJSON **root) {
+    char path[4096], err[1024];
+    pathf(path, sizeof path, "%s/manifest.json", dir);
+    char *text = read_text_file(path, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return NULL;
+    }
+    *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(*root, "files");
+    if (!cJSON_IsObject(files)) {
+        fprintf(stderr, "ckpt: %s: field 'files' is not an object\n", path);
+        cJSON_Delete(*root);
+        return NULL;
+    }
+    return files;
+}
+
+/* Size and CRC-32C of a manifest entry; 0, or -1 with err when malformed. */
+static int entry_fields(const cJSON *e, const char *dir, double *n_bytes, const char **crc, char *err,
+                        size_t err_len) {
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(e, "bytes");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "crc32c");
+    if (!cJSON_IsNumber(b) || !cJSON_IsString(c)) {
+        tp_error_set(err, err_len, "%s/manifest.json: file '%s' is not listed with its bytes and crc32c", dir,
+                     e->string);
+        return -1;
+    }
+    *n_bytes = b->valuedouble;
+    *crc = c->valuestring;
+    return 0;
+}
+
+/* Reads dir/NAME in full and compares its size and CRC-32C with the manifest
+ * entry e. 0, or -1 with one sentence in err. */
+static int verify_file(const char *dir, const cJSON *e, char *err, size_t err_len) {
+    double want_bytes;
+    const char *want_crc;
+    if (entry_fields(e, dir, &want_bytes, &want_crc, err, err_len)) return -1;
+    char path[4096];
+    pathf(path, sizeof path, "%s/%s", dir, e->string);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        tp_error_set(err, err_len, "%s: cannot open (%s); the manifest lists it", path, strerror(errno));
+        return -1;
+    }
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = TP_MALLOC(CHUNK);
+    uint32_t crc = 0;
+    size_t n_bytes = 0, got;
+    while ((got = fread(buf, 1, CHUNK, f)) > 0) {
+        crc = crc32c(crc, buf, got);
+        n_bytes += got;
+    }
+    int bad_read = ferror(f);
+    fclose(f);
+    free(buf);
+    if (bad_read) {
+        tp_error_set(err, err_len, "%s: read error", path);
+        return -1;
+    }
+    if ((double)n_bytes != want_bytes) {
+        tp_error_set(err, err_len, "%s: %zu bytes, the manifest says %.0f (truncated or replaced)", path, n_bytes,
+                     want_bytes);
+        return -1;
+    }
+    char have[16];
+    snprintf(have, sizeof have, "%08x", crc);
+    if (strcmp(have, want_crc) != 0) {
+        tp_error_set(err, err_len, "%s: CRC-32C %s, the manifest says %s (corrupted)", path, have, want_crc);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmd_inspect(const char *arg) {
+    char dir[4096], err[1024];
+    if (resolve(arg, dir, sizeof dir)) return 1;
+    ModelConfig cfg;
+    OptimConfig oc;
+    TrainState st;
+    int tp, dp, adam_t;
+    if (ckpt_read_manifest(dir, &cfg, &tp, &dp, &oc, &adam_t, &st, err, sizeof err)) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    cJSON *root = NULL;
+    const cJSON *files = manifest_files(dir, &root);
+    if (!files) return 1;
+    ParamTable whole;
+    param_table_build(&cfg, 1, &whole);
+
+    printf("checkpoint %s\n", dir);
+    printf("step       %lld\n", (long long)st.step);
+    printf("model      d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d, max_len %d, %s, dropout %g, "
+           "label smoothing %g, ln_eps %g; %zu parameters in %d tensors\n",
+           cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.enc_layers, cfg.dec_layers, cfg.vocab_size, cfg.max_len,
+           activation_name(cfg.act), cfg.dropout, cfg.label_smoothing, cfg.ln_eps, whole.n_elems, whole.n);
+    printf("mesh       tp %d x dp %d x pp 1 (saved layout; any layout loads it)\n", tp, dp);
+    if (st.corpus)
+        printf("data       corpus: epoch %lld, next batch %lld of the epoch; seed %llu\n", (long long)st.cursor.epoch,
+               (long long)st.cursor.position, (unsigned long long)st.seed);
+    else
+        printf("data       synthetic task: position %llu of its batch stream; seed %llu\n", (unsigned long long)st.synth_index,
+               (unsigned long long)st.seed);
+    printf("optimizer  adamw: lr %g, warmup %d, betas (%g, %g), eps %g, weight decay %g, clip norm %g; t %d\n", oc.lr,
+           oc.warmup, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, oc.clip_norm, adam_t);
+    param_table_free(&whole);
+
+    printf("files\n");
+    double total = 0;
+    int n_files = 0, rc = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, files) {
+        double n_bytes;
+        const char *crc;
+        if (entry_fields(e, dir, &n_bytes, &crc, err, sizeof err)) {
+            fprintf(stderr, "ckpt: %s\n", err);
+            rc = 1;
+            break;
+        }
+        printf("  %-40s %12.0f bytes  crc32c %s\n", e->string, n_bytes, crc);
+        total += n_bytes;
+        n_files++;
+    }
+    if (rc == 0) printf("total      %.0f bytes (%.2f MiB) in %d files, plus manifest.json\n", total,
+                        total / (1024.0 * 1024.0), n_files);
+
+    /* Every shard a load needs must be listed; then every listed file must match. */
+    for (int t = 0; t < tp && rc == 0; t++) {
+        for (int d = -1; d < dp && rc == 0; d++) {
+            char name[96];
+            if (d < 0) snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
+            else snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, d);
+            if (!cJSON_GetObjectItemCaseSensitive(files, name)) {
+                tp_error_set(err, sizeof err, "%s/manifest.json: '%s' is not listed, but a tp %d x dp %d checkpoint "
+                             "has it", dir, name, tp, dp);
+                rc = 1;
+            }
+        }
+    }
+    cJSON_ArrayForEach(e, files) {
+        if (rc) break;
+        if (verify_file(dir, e, err, sizeof err)) rc = 1;
+    }
+    cJSON_Delete(root);
+    if (rc) {
+        printf("verify     FAILED: %s\n", err);
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    printf("verify     ok (%d files read in full: sizes and CRC-32C match the manifest)\n", n_files);
+    return 0;
+}
+
+/* 1 when a and b name the same existing directory. */
+static int same_dir(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+static int cmd_export(const char *arg, const char *out_dir) {
+    char dir[4096], err[1024], path[4096];
+    if (resolve(arg, dir, sizeof dir)) return 1;
+    if (same_dir(dir, out_dir)) {
+        fprintf(stderr, "ckpt: %s is the checkpoint itself; export to another directory\n", out_dir);
+        return 1;
+    }
+    ModelConfig cfg;
+    int tp, dp;
+    TrainState st;
+    if (ckpt_read_manifest(dir, &cfg, &tp, &dp, NULL, NULL, &st, err, sizeof err)) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    /* The tokenizer goes with the model when the run had one; it is checked
+     * against the manifest and the config before anything is written. */
+    cJSON *root = NULL;
+    const cJSON *files = manifest_files(dir, &root);
+    if (!files) return 1;
+    const cJSON *spm_entry = cJSON_GetObjectItemCaseSensitive(files, "spm.model");
+    int rc = spm_entry ? verify_file(dir, spm_entry, err, sizeof err) : 0;
+    cJSON_Delete(root);
+    if (rc) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    char spm_path[4096];
+    pathf(spm_path, sizeof spm_path, "%s/spm.model", dir);
+    if (spm_entry) {
+        Spm *spm = spm_load(spm_path, err, sizeof err);
+        if (!spm) {
+            fprintf(stderr, "ckpt: %s\n", err);
+            return 1;
+        }
+        int v = spm_vocab_size(spm);
+        spm_free(spm);
+        if (v != cfg.vocab_size) {
+            fprintf(stderr, "ckpt: %s has %d pieces but the manifest's config says vocab_size %d\n", spm_path, v,
+                    cfg.vocab_size);
+            return 1;
+        }
+    } else {
+        /* A stale tokenizer next to a model it does not belong to would make
+         * the export load with the wrong vocabulary. */
+        pathf(path, sizeof path, "%s/spm.model", out_dir);
+        if (access(path, F_OK) == 0) {
+            fprintf(stderr, "ckpt: the checkpoint has no tokenizer, but %s exists from something else; remove it "
+                            "or export to another directory\n", path);
+            return 1;
+        }
+    }
+
+    Model m;
+    if (model_create(&m, &cfg, NULL, 0, err, sizeof err)) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    rc = ckpt_load(dir, &m, NULL, err, sizeof err);
+    if (rc == 0)
+        rc = spm_entry ? mt_save(&m, spm_path, out_dir, err, sizeof err) : model_export(&m, out_dir, err, sizeof err);
+    if (rc) fprintf(stderr, "ckpt: %s\n", err);
+    else
+        printf("ckpt: step %lld (saved as tp %d x dp %d) exported to %s: config.json, model.safetensors%s\n",
+               (long long)st.step, tp, dp, out_dir,
+               spm_entry ? ", spm.model" : "; no tokenizer (a synthetic-task run): spm.model is absent");
+    model_free(&m);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
+    if (argc == 4 && strcmp(argv[1], "export") == 0) return cmd_export(argv[2], argv[3]);
+    if (argc >= 2 && strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "export") != 0)
+        fprintf(stderr, "ckpt: unknown command '%s'\n", argv[1]);
+    else if (argc >= 2)
+        fprintf(stderr, "ckpt: %s takes %s\n", argv[1], strcmp(argv[1], "inspect") == 0 ? "PATH" : "PATH OUT_DIR");
+    usage(stderr);
+    return 2;
+}
