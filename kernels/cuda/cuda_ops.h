@@ -26,7 +26,7 @@
  *    fwd/loss, and copy of overlapping ranges.
  *
  * dropout_stream() and philox4x32_10() stay host functions of the CPU
- * library; the device generator is cuda_philox.h. The dropout ops name the
+ * library; the device generator is kernels/philox.h. The dropout ops name the
  * Philox stream `stream_id`, since `stream` is the CUDA stream here.
  */
 #ifndef TPTRAIN_CUDA_OPS_H
@@ -37,11 +37,11 @@
 #include <stdbool.h>
 #include <cuda_runtime_api.h>
 
+#include "ops.h"  // Activation, and the contract these mirror (CPU ops: call them from C)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#include "ops.h"  // Activation; the contract these mirror
 
 /* ---- Memory ------------------------------------------------------------- */
 void cuda_op_zero(float *x, size_t n_elems, cudaStream_t stream);

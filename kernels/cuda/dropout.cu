@@ -11,7 +11,7 @@
 // backward outputs are bit-identical to the CPU as well.
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
-#include "cuda_philox.h"
+#include "philox.h"
 
 #define DROPOUT_THREADS 256u
 
@@ -30,7 +30,7 @@ __global__ void dropout_kernel(float *out,      // (n_elems)
          grp += (size_t)gridDim.x * blockDim.x) {
         const uint32_t ctr[4] = {(uint32_t)grp, (uint32_t)(grp >> 32), stream_lo, stream_hi};
         uint32_t words[4];
-        cuda_philox4x32_10(ctr, key, words);
+        philox4x32_10_inline(ctr, key, words);
         const size_t base = grp * 4;
 #pragma unroll
         for (int w = 0; w < 4; w++) {

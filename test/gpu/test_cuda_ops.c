@@ -26,7 +26,6 @@
 #include "err.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_ops.h"
-#include "cuda/cuda_philox.h"
 #include "check.h"
 
 /* ---- tolerances ----------------------------------------------------------------
@@ -259,35 +258,6 @@ static void test_bad_input(void) {
     }
     int status = run_child(ok_zero_sizes);
     CHECK(status == 0, "zero-size calls: exit status %d, want 0", status);
-}
-
-/* ---- philox ------------------------------------------------------------------------ */
-
-static void test_philox(Rng *rng) {
-    // Random123 known answers: counter, key, result
-    static const uint32_t kat[3][10] = {
-        {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
-        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d,
-         0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
-        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09,
-         0x94fdcceb, 0x5001e420, 0x24126ea1},
-    };
-    for (int t = 0; t < 3; t++) {
-        uint32_t out[4];
-        cuda_philox4x32_10(kat[t], kat[t] + 4, out);
-        CHECK(memcmp(out, kat[t] + 6, sizeof out) == 0, "cuda_philox known answer %d", t);
-    }
-    int n_diff = 0;
-    for (int s = 0; s < 1000; s++) {
-        uint32_t ctr[4], key[2], a[4], b[4];
-        for (int w = 0; w < 4; w++) ctr[w] = (uint32_t)rng_next(rng);
-        for (int w = 0; w < 2; w++) key[w] = (uint32_t)rng_next(rng);
-        philox4x32_10(ctr, key, a);
-        cuda_philox4x32_10(ctr, key, b);
-        n_diff += memcmp(a, b, sizeof a) != 0;
-    }
-    CHECK(n_diff == 0, "cuda_philox4x32_10 differs from philox4x32_10 on %d of 1000 counters",
-          n_diff);
 }
 
 /* ---- memory ------------------------------------------------------------------------ */
@@ -1130,7 +1100,6 @@ int main(void) {
     TEST_CUDA(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
 
     Rng rng = {20240611u};
-    test_philox(&rng);
     test_memory(&rng);
     test_elementwise(&rng);
     test_bias(&rng);

@@ -410,6 +410,8 @@ int main(void) {
         fprintf(stderr, "test_nccl: no CUDA device: this test needs a GPU (label gpu)\n");
         return 1;
     }
+    // One node: NCCL's bootstrap may use loopback (unless the caller chose an interface).
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
     char err[512] = "";
     StoreServer *server = store_server_start("127.0.0.1", 0, TOKEN, &g_port, err, sizeof err);
     if (!server) {
