@@ -18,6 +18,7 @@
 #include "ops.h"
 #include "err.h"
 #include "check.h"
+#include "testrng.h"
 
 /* ---- tolerances -------------------------------------------------------------
  * Finite differences in fp32. The step is applied as x +- FD_STEP and the
@@ -59,26 +60,6 @@ static const double ADAM_ATOL = 1e-6;
 
 /* ---- small helpers ------------------------------------------------------- */
 
-typedef struct {
-    uint64_t state;
-} Rng;
-
-static uint64_t rng_next(Rng *r) {  // splitmix64
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(Rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)((rng_next(r) >> 40) * 0x1p-24);
-}
-
-static float *alloc_rand(size_t n, Rng *r, float lo, float hi) {
-    float *x = TP_MALLOC(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = rng_uniform(r, lo, hi);
-    return x;
-}
 
 static float *alloc_copy(const float *src, size_t n) {
     float *x = TP_MALLOC(n * sizeof(float));
@@ -136,9 +117,9 @@ static void fd_check(const char *what, float *x, size_t n_elems,
 
 static void gemm_case(bool ta, bool tb, int M, int N, int K, float alpha, float beta,
                       Rng *rng) {
-    float *A = alloc_rand((size_t)M * K + 1, rng, -1, 1);  // (M, K) or (K, M)
-    float *B = alloc_rand((size_t)K * N + 1, rng, -1, 1);  // (K, N) or (N, K)
-    float *C = alloc_rand((size_t)M * N + 1, rng, -1, 1);  // (M, N)
+    float *A = rand_floats((size_t)M * K + 1, rng, -1, 1);  // (M, K) or (K, M)
+    float *B = rand_floats((size_t)K * N + 1, rng, -1, 1);  // (K, N) or (N, K)
+    float *C = rand_floats((size_t)M * N + 1, rng, -1, 1);  // (M, N)
     float *C0 = alloc_copy(C, (size_t)M * N + 1);
     op_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
     int n_bad = 0;
@@ -174,8 +155,8 @@ static void test_gemm(Rng *rng) {
 
     // beta == 0 overwrites: NaN in C must not survive
     int M = 4, N = 3, K = 5;
-    float *A = alloc_rand((size_t)M * K, rng, -1, 1);
-    float *B = alloc_rand((size_t)K * N, rng, -1, 1);
+    float *A = rand_floats((size_t)M * K, rng, -1, 1);
+    float *B = rand_floats((size_t)K * N, rng, -1, 1);
     float C[12];
     for (int i = 0; i < M * N; i++) C[i] = NAN;
     op_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, C);
@@ -222,8 +203,8 @@ static double linear_loss(void *p) {
 static void test_linear(Rng *rng) {
     int N = 6, in = 5, out = 4;
     size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
-    LinearCtx c = {alloc_rand(nx, rng, -1, 1), alloc_rand(nw, rng, -1, 1),
-                   alloc_rand(out, rng, -1, 1), alloc_zero(ny), alloc_rand(ny, rng, -1, 1),
+    LinearCtx c = {rand_floats(nx, rng, -1, 1), rand_floats(nw, rng, -1, 1),
+                   rand_floats(out, rng, -1, 1), alloc_zero(ny), rand_floats(ny, rng, -1, 1),
                    N, in, out};
 
     // forward against a direct sum, with and without bias
@@ -238,9 +219,9 @@ static void test_linear(Rng *rng) {
             CHECK_CLOSE(c.y[n * out + o], ref + c.b[o], FWD_RTOL, FWD_ATOL, "linear y");
         }
 
-    float *dx = alloc_rand(nx, rng, -1, 1), *dx0 = alloc_copy(dx, nx);
-    float *dW = alloc_rand(nw, rng, -1, 1), *dW0 = alloc_copy(dW, nw);
-    float *db = alloc_rand(out, rng, -1, 1), *db0 = alloc_copy(db, out);
+    float *dx = rand_floats(nx, rng, -1, 1), *dx0 = alloc_copy(dx, nx);
+    float *dW = rand_floats(nw, rng, -1, 1), *dW0 = alloc_copy(dW, nw);
+    float *db = rand_floats(out, rng, -1, 1), *db0 = alloc_copy(db, out);
     op_linear_bwd(dx, dW, db, c.R, c.x, c.W, N, in, out);
     op_linear_bwd(NULL, NULL, NULL, c.R, c.x, c.W, N, in, out);  // all skipped: no-op
     subtract_start(dx, dx0, nx);
@@ -276,9 +257,9 @@ static double bias_loss(void *p) {
 static void test_bias(Rng *rng) {
     int N = 7, C = 5;
     size_t n = (size_t)N * C;
-    BiasCtx c = {alloc_rand(n, rng, -1, 1), alloc_zero(n), alloc_rand(C, rng, -1, 1),
-                 alloc_rand(n, rng, -1, 1), N, C};
-    float *db = alloc_rand(C, rng, -1, 1), *db0 = alloc_copy(db, C);
+    BiasCtx c = {rand_floats(n, rng, -1, 1), alloc_zero(n), rand_floats(C, rng, -1, 1),
+                 rand_floats(n, rng, -1, 1), N, C};
+    float *db = rand_floats(C, rng, -1, 1), *db0 = alloc_copy(db, C);
     op_bias_bwd(db, c.R, N, C);
     subtract_start(db, db0, C);
     fd_check("bias db", c.b, C, db, bias_loss, &c, rng);
@@ -307,7 +288,7 @@ static void test_embedding(Rng *rng) {
     static const int32_t ids[10] = {4, 8, 5, 4, 0, 11, 8, 4, 3, 9};
     int N = 10, C = 3, vocab_start = 4, V_local = 5;
     size_t n_out = (size_t)N * C, n_tab = (size_t)V_local * C;
-    EmbCtx c = {alloc_zero(n_out), alloc_rand(n_tab, rng, -1, 1), alloc_rand(n_out, rng, -1, 1),
+    EmbCtx c = {alloc_zero(n_out), rand_floats(n_tab, rng, -1, 1), rand_floats(n_out, rng, -1, 1),
                 ids, 1.7f, N, C, vocab_start, V_local};
 
     emb_loss(&c);
@@ -320,7 +301,7 @@ static void test_embedding(Rng *rng) {
         CHECK(ok, "embedding row %d (id %d) wrong", n, ids[n]);
     }
 
-    float *dt = alloc_rand(n_tab, rng, -1, 1), *dt0 = alloc_copy(dt, n_tab);
+    float *dt = rand_floats(n_tab, rng, -1, 1), *dt0 = alloc_copy(dt, n_tab);
     op_embedding_bwd(dt, c.R, ids, c.scale, N, C, vocab_start, V_local);
     bool unused_rows_kept = true;
     for (int j = 2 * C; j < 4 * C; j++) unused_rows_kept = unused_rows_kept && dt[j] == dt0[j];
@@ -349,9 +330,9 @@ static double ln_loss(void *p) {
 static void test_layernorm(Rng *rng) {
     int N = 4, C = 16;
     size_t n = (size_t)N * C;
-    LnCtx c = {alloc_rand(n, rng, -2, 2), alloc_rand(C, rng, 0.5f, 1.5f),
-               alloc_rand(C, rng, -0.5f, 0.5f), alloc_zero(n), alloc_zero(N), alloc_zero(N),
-               alloc_rand(n, rng, -1, 1), N, C, 1e-5f};
+    LnCtx c = {rand_floats(n, rng, -2, 2), rand_floats(C, rng, 0.5f, 1.5f),
+               rand_floats(C, rng, -0.5f, 0.5f), alloc_zero(n), alloc_zero(N), alloc_zero(N),
+               rand_floats(n, rng, -1, 1), N, C, 1e-5f};
     for (int r = 0; r < N; r++)  // rows with different offsets
         for (int j = 0; j < C; j++) c.x[r * C + j] += 0.5f * r;
 
@@ -370,9 +351,9 @@ static void test_layernorm(Rng *rng) {
                         FWD_RTOL, FWD_ATOL, "layernorm y");
     }
 
-    float *dx = alloc_rand(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
-    float *dg = alloc_rand(C, rng, -1, 1), *dg0 = alloc_copy(dg, C);
-    float *dbt = alloc_rand(C, rng, -1, 1), *dbt0 = alloc_copy(dbt, C);
+    float *dx = rand_floats(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
+    float *dg = rand_floats(C, rng, -1, 1), *dg0 = alloc_copy(dg, C);
+    float *dbt = rand_floats(C, rng, -1, 1), *dbt0 = alloc_copy(dbt, C);
     op_layernorm_bwd(dx, dg, dbt, c.R, c.x, c.mean, c.rstd, c.gamma, N, C);
     subtract_start(dx, dx0, n);
     subtract_start(dg, dg0, C);
@@ -402,13 +383,13 @@ static void test_activations(Rng *rng) {
     size_t n = 64;
     for (int a = 0; a < 2; a++) {
         Activation act = a == 0 ? ACT_RELU : ACT_GELU;
-        ActCtx c = {alloc_rand(n, rng, -3, 3), alloc_zero(n), alloc_rand(n, rng, -1, 1), n, act};
+        ActCtx c = {rand_floats(n, rng, -3, 3), alloc_zero(n), rand_floats(n, rng, -1, 1), n, act};
         if (act == ACT_RELU)  // keep |x| >= 0.1 > FD_STEP: no kink inside a step
             for (size_t i = 0; i < n; i++) {
                 float mag = 0.1f + rng_uniform(rng, 0.0f, 1.9f);
                 c.x[i] = (i % 2) ? mag : -mag;
             }
-        float *dx = alloc_rand(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
+        float *dx = rand_floats(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
         op_act_bwd(dx, c.R, c.x, n, act);
         subtract_start(dx, dx0, n);
         fd_check(act == ACT_RELU ? "relu dx" : "gelu dx", c.x, n, dx, act_loss, &c, rng);
@@ -433,7 +414,7 @@ static void test_activations(Rng *rng) {
 
 static void test_elementwise(Rng *rng) {
     size_t n = 37;
-    float *a = alloc_rand(n, rng, -1, 1), *b = alloc_rand(n, rng, -1, 1);
+    float *a = rand_floats(n, rng, -1, 1), *b = rand_floats(n, rng, -1, 1);
     float *out = alloc_zero(n), *a0 = alloc_copy(a, n);
     op_add(out, a, b, n);
     bool ok = true;
@@ -452,7 +433,7 @@ static void test_elementwise(Rng *rng) {
     for (size_t i = 0; i < n; i++) ok = ok && out[i] == ((a0[i] + b[i]) + b[i]) * -0.25f;
     CHECK(ok, "op_scale wrong");
 
-    float *z = alloc_rand(n, rng, -1, 1);
+    float *z = rand_floats(n, rng, -1, 1);
     op_copy(z, b, n);
     CHECK(memcmp(z, b, n * sizeof(float)) == 0, "op_copy wrong");
     op_copy(z, z, n);  // same buffer: a no-op
@@ -529,7 +510,7 @@ static void test_softmax(Rng *rng) {
     int B = 3, H = 2, Tq = 5, Tk = 6;
     size_t n = (size_t)B * H * Tq * Tk;
     for (int causal = 0; causal < 2; causal++) {
-        SoftmaxCtx c = {alloc_rand(n, rng, -2, 2), alloc_zero(n), alloc_rand(n, rng, -1, 1),
+        SoftmaxCtx c = {rand_floats(n, rng, -2, 2), alloc_zero(n), rand_floats(n, rng, -1, 1),
                         k_len, B, H, Tq, Tk, 0.7f, causal};
         // masked scores are large, so reading them would show in every check
         for (int b = 0; b < B; b++)
@@ -561,7 +542,7 @@ static void test_softmax(Rng *rng) {
                         CHECK_CLOSE(sum, 1.0, 0, Tk * FLT_EPSILON, "softmax row sum");
                 }
 
-        float *dS = alloc_rand(n, rng, -1, 1), *dS0 = alloc_copy(dS, n);
+        float *dS = rand_floats(n, rng, -1, 1), *dS0 = alloc_copy(dS, n);
         op_softmax_bwd(dS, c.R, c.P, B, H, Tq, Tk, c.scale);
         subtract_start(dS, dS0, n);
         fd_check(causal ? "softmax dS (causal)" : "softmax dS (padding)", c.S, n, dS,
@@ -592,9 +573,9 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
                            int Tk, int D, bool causal, Rng *rng) {
     int HD = H * D;
     size_t nq = (size_t)B * Tq * HD, nk = (size_t)B * Tk * HD, np = (size_t)B * H * Tq * Tk;
-    AttnCtx c = {alloc_rand(nq, rng, -1.5f, 1.5f), alloc_rand(nk, rng, -1.5f, 1.5f),
-                 alloc_rand(nk, rng, -1, 1), alloc_zero(nq), alloc_zero(np),
-                 alloc_rand(nq, rng, -1, 1), k_len, B, H, Tq, Tk, D, causal};
+    AttnCtx c = {rand_floats(nq, rng, -1.5f, 1.5f), rand_floats(nk, rng, -1.5f, 1.5f),
+                 rand_floats(nk, rng, -1, 1), alloc_zero(nq), alloc_zero(np),
+                 rand_floats(nq, rng, -1, 1), k_len, B, H, Tq, Tk, D, causal};
     attn_loss(&c);
     float *out_ref = alloc_copy(c.out, nq), *P_ref = alloc_copy(c.P, np);
 
@@ -652,10 +633,10 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
     }
     attn_loss(&c);  // back at the base point: P is the one backward needs
 
-    float *dq = alloc_rand(nq, rng, -1, 1), *dq0 = alloc_copy(dq, nq);
-    float *dk = alloc_rand(nk, rng, -1, 1), *dk0 = alloc_copy(dk, nk);
-    float *dv = alloc_rand(nk, rng, -1, 1), *dv0 = alloc_copy(dv, nk);
-    float *scratch = alloc_rand(np, rng, -1, 1);  // garbage on entry is fine
+    float *dq = rand_floats(nq, rng, -1, 1), *dq0 = alloc_copy(dq, nq);
+    float *dk = rand_floats(nk, rng, -1, 1), *dk0 = alloc_copy(dk, nk);
+    float *dv = rand_floats(nk, rng, -1, 1), *dv0 = alloc_copy(dv, nk);
+    float *scratch = rand_floats(np, rng, -1, 1);  // garbage on entry is fine
     op_attention_bwd(dq, dk, dv, c.R, c.P, c.q, c.k, c.v, scratch, B, H, Tq, Tk, D);
     subtract_start(dq, dq0, nq);
     subtract_start(dk, dk0, nk);
@@ -706,7 +687,7 @@ static void test_dropout(Rng *rng) {
     size_t n = (1u << 17) + 3;  // not a multiple of 4: the last block is partial
     float p = 0.1f;
     uint64_t seed = 0x1234567890abcdefull;
-    float *x = alloc_rand(n, rng, 0.5f, 1.5f);  // nonzero, so a zero output means dropped
+    float *x = rand_floats(n, rng, 0.5f, 1.5f);  // nonzero, so a zero output means dropped
     float *y = alloc_zero(n), *y2 = alloc_zero(n), *y3 = alloc_zero(n);
     op_dropout_fwd(y, x, n, p, seed, stream);
     op_dropout_fwd(y2, x, n, p, seed, stream);
@@ -755,7 +736,7 @@ static void test_dropout(Rng *rng) {
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "dropout in place differs");
 
     // backward is the same mask and scale, and accumulates
-    float *dy = alloc_rand(n, rng, -1, 1);
+    float *dy = rand_floats(n, rng, -1, 1);
     float *dx = alloc_zero(n), *fwd_dy = alloc_zero(n);
     op_dropout_bwd(dx, dy, n, p, seed, stream);
     op_dropout_fwd(fwd_dy, dy, n, p, seed, stream);
@@ -806,7 +787,7 @@ static void test_xent(Rng *rng) {
     static const int32_t targets[6] = {3, -100, 0, 6, -100, 2};
     int N = 6, V = 7;
     size_t n = (size_t)N * V;
-    XentCtx c = {alloc_rand(n, rng, -2, 2), alloc_zero(N), alloc_zero(N), targets, N, V,
+    XentCtx c = {rand_floats(n, rng, -2, 2), alloc_zero(N), alloc_zero(N), targets, N, V,
                  0.1f, 0.37f, -100};
     for (int v = 0; v < V; v++) c.logits[5 * V + v] += 200.0f;  // exp would overflow unshifted
 
@@ -826,7 +807,7 @@ static void test_xent(Rng *rng) {
                 "xent loss, eps = 0");
 
     xent_loss(&c);  // lse at the base point
-    float *dl = alloc_rand(n, rng, -1, 1), *dl0 = alloc_copy(dl, n);
+    float *dl = rand_floats(n, rng, -1, 1), *dl0 = alloc_copy(dl, n);
     op_xent_bwd(dl, c.logits, c.lse, targets, c.dloss, N, V, c.eps, c.ignore_id);
     bool ignored_kept = true;
     for (int r = 0; r < N; r++)
@@ -844,12 +825,12 @@ static void test_xent(Rng *rng) {
 static void test_adamw(Rng *rng) {
     size_t n = 64;
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-3f, wd = 0.1f;
-    float *p = alloc_rand(n, rng, -1, 1), *m = alloc_zero(n), *v = alloc_zero(n);
+    float *p = rand_floats(n, rng, -1, 1), *m = alloc_zero(n), *v = alloc_zero(n);
     double *pr = TP_MALLOC(n * sizeof(double)), *mr = TP_CALLOC(n, sizeof(double)),
            *vr = TP_CALLOC(n, sizeof(double));
     for (size_t i = 0; i < n; i++) pr[i] = p[i];
     for (int t = 1; t <= 2; t++) {
-        float *g = alloc_rand(n, rng, -1, 1);
+        float *g = rand_floats(n, rng, -1, 1);
         op_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
         // torch.optim.AdamW, written out in double
         double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "check.h"
+#include "cuda/cuda_common.h"
 #include "cuda/cuda_gemm.h"
 #include "ops.h"
 
@@ -46,15 +47,6 @@
 #define BF16_SAME_INPUT_TOL 1e-4
 #define BF16_TOL 1e-2
 
-#define CUDA_OK(call)                                                                          \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,             \
-                    cudaGetErrorString(e_));                                                   \
-            exit(2);                                                                           \
-        }                                                                                      \
-    } while (0)
 
 /* ---- host helpers ---- */
 
@@ -97,22 +89,22 @@ static float *host_bf16(const float *x, size_t n) {
 
 static float *dev_from(const float *h, size_t n) {
     float *d = NULL;
-    CUDA_OK(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(float)));
-    if (n) CUDA_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(float)));
+    if (n) CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     return d;
 }
 
 static float *dev_nan(size_t n) {  // all bits set: NaN, as stale garbage
     float *d = NULL;
-    CUDA_OK(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(float)));
-    CUDA_OK(cudaMemset(d, 0xff, (n ? n : 1) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&d, (n ? n : 1) * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d, 0xff, (n ? n : 1) * sizeof(float)));
     return d;
 }
 
 static float *to_host(cudaStream_t s, const float *d, size_t n) {
     float *h = malloc((n ? n : 1) * sizeof *h);
-    CUDA_OK(cudaStreamSynchronize(s));
-    if (n) CUDA_OK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (n) CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
 }
 
@@ -170,10 +162,10 @@ static void test_gemm_case(CudaGemmCtx *ctx, bool ta, bool tb, int M, int N, int
         }
         free(got);
         free(want);
-        CUDA_OK(cudaFree(dC));
+        CUDA_CHECK(cudaFree(dC));
     }
-    CUDA_OK(cudaFree(dA));
-    CUDA_OK(cudaFree(dB));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dB));
     free(A);
     free(B);
     free(C0);
@@ -208,10 +200,10 @@ static void test_gemm_k0(CudaGemmCtx *ctx) {
         for (size_t j = 0; j < nc; j++) ok &= got[j] == betas[i] * C0[j];
         CHECK(ok, "gemm K=0 beta=%g leaves beta*C", betas[i]);
         free(got);
-        CUDA_OK(cudaFree(dC));
+        CUDA_CHECK(cudaFree(dC));
     }
-    CUDA_OK(cudaFree(dA));
-    CUDA_OK(cudaFree(dB));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dB));
     free(C0);
 }
 
@@ -236,9 +228,9 @@ static void test_negative_controls(CudaGemmCtx *ctx) {
     free(got);
     free(wrong);
     free(want);
-    CUDA_OK(cudaFree(dA));
-    CUDA_OK(cudaFree(dB));
-    CUDA_OK(cudaFree(dC));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dB));
+    CUDA_CHECK(cudaFree(dC));
     free(A);
     free(B);
 }
@@ -289,10 +281,10 @@ static void test_linear_fwd_case(CudaGemmCtx *ctx, CudaGemmPrecision prec, bool 
     free(x);
     free(W);
     free(b);
-    CUDA_OK(cudaFree(dx));
-    CUDA_OK(cudaFree(dW));
-    CUDA_OK(cudaFree(db));
-    CUDA_OK(cudaFree(dy));
+    CUDA_CHECK(cudaFree(dx));
+    CUDA_CHECK(cudaFree(dW));
+    CUDA_CHECK(cudaFree(db));
+    CUDA_CHECK(cudaFree(dy));
 }
 
 /* which: bit 0 dx, bit 1 dW, bit 2 db. Gradients start random: the
@@ -363,7 +355,7 @@ static void test_linear_bwd_case(CudaGemmCtx *ctx, CudaGemmPrecision prec, bool 
     free(gW0);
     free(gb0);
     float *to_free[] = {d_x, d_W, d_gy, d_gx, d_gW, d_gb};
-    for (int i = 0; i < 6; i++) CUDA_OK(cudaFree(to_free[i]));
+    for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(to_free[i]));
 }
 
 static void test_linear(CudaGemmCtx *ctx) {
@@ -396,18 +388,18 @@ static void test_determinism(CudaGemmCtx *ctx) {
         runs[r][0] = to_host(s, d_gx, nx);
         runs[r][1] = to_host(s, d_gW, nw);
         runs[r][2] = to_host(s, d_gb, (size_t)out);
-        CUDA_OK(cudaFree(d_gx));
-        CUDA_OK(cudaFree(d_gW));
-        CUDA_OK(cudaFree(d_gb));
+        CUDA_CHECK(cudaFree(d_gx));
+        CUDA_CHECK(cudaFree(d_gW));
+        CUDA_CHECK(cudaFree(d_gb));
     }
     CHECK(memcmp(runs[0][0], runs[1][0], nx * sizeof(float)) == 0, "dx is the same bits on a second run");
     CHECK(memcmp(runs[0][1], runs[1][1], nw * sizeof(float)) == 0, "dW is the same bits on a second run");
     CHECK(memcmp(runs[0][2], runs[1][2], (size_t)out * sizeof(float)) == 0, "db is the same bits on a second run");
     for (int r = 0; r < 2; r++)
         for (int k = 0; k < 3; k++) free(runs[r][k]);
-    CUDA_OK(cudaFree(d_x));
-    CUDA_OK(cudaFree(d_W));
-    CUDA_OK(cudaFree(d_gy));
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaFree(d_W));
+    CUDA_CHECK(cudaFree(d_gy));
     free(x);
     free(W);
     free(gy);
@@ -425,7 +417,7 @@ static void test_bf16_conversion(cudaStream_t s) {
     for (size_t i = n_special; i < n; i++) h[i] = urand() * 1000.0f;
     float *d = dev_from(h, n), *back = dev_nan(n);
     uint16_t *bits = NULL;
-    CUDA_OK(cudaMalloc((void **)&bits, n * sizeof(uint16_t)));
+    CUDA_CHECK(cudaMalloc((void **)&bits, n * sizeof(uint16_t)));
     cuda_gemm_f32_to_bf16(s, bits, d, n);
     cuda_gemm_bf16_to_f32(s, back, bits, n);
     float *got = to_host(s, back, n);
@@ -441,9 +433,9 @@ static void test_bf16_conversion(cudaStream_t s) {
     CHECK(got[4] == 1.0f && got[5] == 1.015625f, "ties go to even (got %.9g, %.9g)", got[4], got[5]);
     free(h);
     free(got);
-    CUDA_OK(cudaFree(d));
-    CUDA_OK(cudaFree(back));
-    CUDA_OK(cudaFree(bits));
+    CUDA_CHECK(cudaFree(d));
+    CUDA_CHECK(cudaFree(back));
+    CUDA_CHECK(cudaFree(bits));
 }
 
 static void test_memory(CudaGemmCtx *ctx) {
@@ -462,17 +454,17 @@ static void test_memory(CudaGemmCtx *ctx) {
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
     float *d_x = dev_nan(nx), *d_W = dev_nan(nw), *d_y = dev_nan(ny), *d_gx = dev_nan(nx), *d_gW = dev_nan(nw);
     float *d_gb = dev_nan((size_t)out);
-    CUDA_OK(cudaMemset(d_x, 0, nx * sizeof(float)));
-    CUDA_OK(cudaMemset(d_W, 0, nw * sizeof(float)));
-    CUDA_OK(cudaMemset(d_gx, 0, nx * sizeof(float)));
-    CUDA_OK(cudaMemset(d_gW, 0, nw * sizeof(float)));
-    CUDA_OK(cudaMemset(d_gb, 0, (size_t)out * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_x, 0, nx * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_W, 0, nw * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_gx, 0, nx * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_gW, 0, nw * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_gb, 0, (size_t)out * sizeof(float)));
     cuda_op_linear_fwd(ctx, d_y, d_x, d_W, NULL, N, in, out);
     cuda_op_linear_bwd(ctx, d_gx, d_gW, d_gb, d_y, d_x, d_W, N, in, out);
-    CUDA_OK(cudaStreamSynchronize(cuda_gemm_stream(ctx)));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_gemm_stream(ctx)));
     CHECK(cuda_gemm_stats(ctx).scratch_bytes == reserved, "a reserved context does not grow its scratch");
     float *to_free[] = {d_x, d_W, d_y, d_gx, d_gW, d_gb};
-    for (int i = 0; i < 6; i++) CUDA_OK(cudaFree(to_free[i]));
+    for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(to_free[i]));
 }
 
 int main(void) {
@@ -481,9 +473,9 @@ int main(void) {
         fprintf(stderr, "test_cuda_gemm: no CUDA device: this test needs a GPU (label gpu)\n");
         return 1;
     }
-    CUDA_OK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(0));
     cudaStream_t s;
-    CUDA_OK(cudaStreamCreate(&s));
+    CUDA_CHECK(cudaStreamCreate(&s));
     CudaGemmCtx *ctx = cuda_gemm_ctx_create(s, CUDA_GEMM_FP32, 0);
     test_bf16_conversion(s);
     test_gemm(ctx);
@@ -493,6 +485,6 @@ int main(void) {
     test_determinism(ctx);
     test_memory(ctx);
     cuda_gemm_ctx_destroy(ctx);
-    CUDA_OK(cudaStreamDestroy(s));
+    CUDA_CHECK(cudaStreamDestroy(s));
     return check_report("test_cuda_gemm");
 }

@@ -27,6 +27,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_ops.h"
 #include "check.h"
+#include "testrng.h"
 
 /* ---- tolerances ----------------------------------------------------------------
  * Bit-exact (compared with memcmp): copies, fills, single IEEE operations
@@ -67,26 +68,6 @@ static const double MIN_SIGNAL = 1e-3;
 
 /* ---- host helpers ------------------------------------------------------------- */
 
-typedef struct {
-    uint64_t state;
-} Rng;
-
-static uint64_t rng_next(Rng *r) {  // splitmix64
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(Rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)((rng_next(r) >> 40) * 0x1p-24);
-}
-
-static float *host_rand(size_t n, Rng *r, float lo, float hi) {
-    float *x = TP_MALLOC((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = rng_uniform(r, lo, hi);
-    return x;
-}
 
 static float *host_copy(const float *src, size_t n) {
     float *x = TP_MALLOC((n ? n : 1) * sizeof(float));
@@ -264,7 +245,7 @@ static void test_bad_input(void) {
 
 static void test_memory(Rng *rng) {
     const size_t n = 1001, pad = 9;
-    float *h = host_rand(n + pad, rng, -1, 1);
+    float *h = rand_floats(n + pad, rng, -1, 1);
     float *d = dev_upload(h, n + pad);
 
     // zero: the first n become 0, the rest stay
@@ -276,7 +257,7 @@ static void test_memory(Rng *rng) {
     free(got);
 
     // copy between disjoint buffers
-    float *src = host_rand(n, rng, -1, 1);
+    float *src = rand_floats(n, rng, -1, 1);
     float *d_src = dev_upload(src, n);
     cuda_op_copy(d, d_src, n, g_stream);
     memcpy(want, src, n * sizeof(float));
@@ -286,7 +267,7 @@ static void test_memory(Rng *rng) {
 
     // overlapping copies, both directions: memmove semantics
     for (int dir = 0; dir < 2; dir++) {
-        float *buf = host_rand(n + pad, rng, -1, 1);
+        float *buf = rand_floats(n + pad, rng, -1, 1);
         float *d_buf = dev_upload(buf, n + pad);
         float *dst = dir ? buf : buf + pad, *s = dir ? buf + pad : buf;
         op_copy(dst, s, n);
@@ -327,11 +308,11 @@ static void check_gelu(const char *what, const float *got, const float *want, si
 
 static void test_elementwise(Rng *rng) {
     const size_t n = 100003;
-    float *x = host_rand(n, rng, -6, 6);
+    float *x = rand_floats(n, rng, -6, 6);
     x[0] = 0.0f;
     x[1] = -0.0f;
-    float *dy = host_rand(n, rng, -1, 1);
-    float *dx0 = host_rand(n, rng, -1, 1);
+    float *dy = rand_floats(n, rng, -1, 1);
+    float *dx0 = rand_floats(n, rng, -1, 1);
     float *d_x = dev_upload(x, n), *d_dy = dev_upload(dy, n);
 
     for (int act = 0; act < 2; act++) {
@@ -375,7 +356,7 @@ static void test_elementwise(Rng *rng) {
     }
 
     // add, aliased add, accumulate, scale: single IEEE operations, exact
-    float *a = host_rand(n, rng, -2, 2), *b = host_rand(n, rng, -2, 2);
+    float *a = rand_floats(n, rng, -2, 2), *b = rand_floats(n, rng, -2, 2);
     float *d_a = dev_upload(a, n), *d_b = dev_upload(b, n);
     float *want = host_alloc(n);
     op_add(want, a, b, n);
@@ -401,7 +382,7 @@ static void test_elementwise(Rng *rng) {
 
     // sumsq: double on both sides, deterministic on the GPU
     const size_t n_big = 1000003;
-    float *big = host_rand(n_big, rng, -1, 1);
+    float *big = rand_floats(n_big, rng, -1, 1);
     float *d_big = dev_upload(big, n_big);
     double want_ss = op_sumsq(big, n_big);
     double got_ss = cuda_op_sumsq(d_big, n_big, g_stream);
@@ -439,14 +420,14 @@ static void test_elementwise(Rng *rng) {
 static void test_bias(Rng *rng) {
     const int N = 700, C = 70;  // 700 rows: three row chunks, the last partial
     const size_t nc = (size_t)N * C;
-    float *y = host_rand(nc, rng, -1, 1), *b = host_rand(C, rng, -1, 1);
+    float *y = rand_floats(nc, rng, -1, 1), *b = rand_floats(C, rng, -1, 1);
     float *d_y = dev_upload(y, nc), *d_b = dev_upload(b, C);
     op_bias_add(y, b, N, C);
     cuda_op_bias_add(d_y, d_b, N, C, g_stream);
     float *got = dev_fetch(d_y, nc);
     check_exact("bias_add", got, y, nc);
 
-    float *dy = host_rand(nc, rng, -1, 1), *db0 = host_rand(C, rng, -1, 1);
+    float *dy = rand_floats(nc, rng, -1, 1), *db0 = rand_floats(C, rng, -1, 1);
     float *db = host_copy(db0, C);
     op_bias_bwd(db, dy, N, C);
     float *d_dy = dev_upload(dy, nc), *d_db = dev_upload(db0, C), *d_db2 = dev_upload(db0, C);
@@ -481,12 +462,12 @@ static void embedding_case(const char *name, int N, int C, int V, int vocab_star
     for (int n = 0; n < N; n++) ids[n] = (int32_t)(rng_next(rng) % (uint64_t)V);
     ids[0] = vocab_start;                 // first row of the shard
     ids[N - 1] = vocab_start + V_local - 1;  // last row of the shard
-    float *table = host_rand(vc, rng, -1, 1);
+    float *table = rand_floats(vc, rng, -1, 1);
     float scale = sqrtf((float)C);
     int32_t *d_ids = dev_upload_i32(ids, N);
     float *d_table = dev_upload(table, vc);
 
-    float *out0 = host_rand(nc, rng, -1, 1);  // garbage: the forward overwrites
+    float *out0 = rand_floats(nc, rng, -1, 1);  // garbage: the forward overwrites
     float *out = host_copy(out0, nc);
     op_embedding_fwd(out, ids, table, scale, N, C, vocab_start, V_local);
     float *d_out = dev_upload(out0, nc);
@@ -495,8 +476,8 @@ static void embedding_case(const char *name, int N, int C, int V, int vocab_star
     snprintf(what, sizeof what, "embedding fwd %s", name);
     check_exact(what, got, out, nc);
 
-    float *dout = host_rand(nc, rng, -1, 1);
-    float *dtable0 = host_rand(vc, rng, -1, 1);
+    float *dout = rand_floats(nc, rng, -1, 1);
+    float *dtable0 = rand_floats(vc, rng, -1, 1);
     float *dtable = host_copy(dtable0, vc);
     op_embedding_bwd(dtable, dout, ids, scale, N, C, vocab_start, V_local);
     float *d_dout = dev_upload(dout, nc), *d_dtable = dev_upload(dtable0, vc);
@@ -534,7 +515,7 @@ static void test_positions(Rng *rng) {
     for (int s = 0; s < 2; s++) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2];
         size_t n = (size_t)B * T * C;
-        float *x = host_rand(n, rng, -1, 1);
+        float *x = rand_floats(n, rng, -1, 1);
         float *d_x = dev_upload(x, n);
         op_add_positions(x, B, T, C);
         cuda_op_add_positions(d_x, B, T, C, g_stream);
@@ -557,9 +538,9 @@ static void layernorm_case(int N, int C, Rng *rng) {
     char what[96];
     const size_t nc = (size_t)N * C;
     const float eps = 1e-5f;
-    float *x = host_rand(nc, rng, -1, 1);
+    float *x = rand_floats(nc, rng, -1, 1);
     for (size_t i = 0; i < nc; i++) x[i] += 3.0f;  // an offset the two-pass mean must remove
-    float *gamma = host_rand(C, rng, 0.5f, 1.5f), *beta = host_rand(C, rng, -0.5f, 0.5f);
+    float *gamma = rand_floats(C, rng, 0.5f, 1.5f), *beta = rand_floats(C, rng, -0.5f, 0.5f);
     float *y = host_alloc(nc), *mean = host_alloc(N), *rstd = host_alloc(N);
     op_layernorm_fwd(y, mean, rstd, x, gamma, beta, N, C, eps);
     float *d_x = dev_upload(x, nc), *d_gamma = dev_upload(gamma, C), *d_beta = dev_upload(beta, C);
@@ -575,9 +556,9 @@ static void layernorm_case(int N, int C, Rng *rng) {
     check_rel(what, got_rstd, rstd, NULL, N, SUM_RTOL);
 
     // backward from the CPU's saved statistics
-    float *dy = host_rand(nc, rng, -1, 1);
-    float *dx0 = host_rand(nc, rng, -1, 1), *dg0 = host_rand(C, rng, -1, 1),
-          *db0 = host_rand(C, rng, -1, 1);
+    float *dy = rand_floats(nc, rng, -1, 1);
+    float *dx0 = rand_floats(nc, rng, -1, 1), *dg0 = rand_floats(C, rng, -1, 1),
+          *db0 = rand_floats(C, rng, -1, 1);
     float *dx = host_copy(dx0, nc), *dg = host_copy(dg0, C), *db = host_copy(db0, C);
     op_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C);
     float *d_dy = dev_upload(dy, nc);
@@ -650,7 +631,7 @@ static void softmax_case(const int32_t *k_len, int B, int H, int Tq, int Tk, boo
     const size_t n = (size_t)B * H * Tq * Tk;
     const float scale = 0.7f;
     unsigned char *masked = masked_entries(k_len, B, H, Tq, Tk, causal);
-    float *S = host_rand(n, rng, -3, 3);
+    float *S = rand_floats(n, rng, -3, 3);
     for (size_t i = 0; i < n; i++)
         if (masked[i]) S[i] = NAN;  // masked scores must never be read
     float *P = host_alloc(n);
@@ -671,7 +652,7 @@ static void softmax_case(const int32_t *k_len, int B, int H, int Tq, int Tk, boo
     check_exact(what, got_in, got, n);
 
     // backward: dS += scale * P * (dP - sum(dP * P)), also with dS == dP
-    float *dP = host_rand(n, rng, -1, 1), *dS0 = host_rand(n, rng, -1, 1);
+    float *dP = rand_floats(n, rng, -1, 1), *dS0 = rand_floats(n, rng, -1, 1);
     float *dS = host_copy(dS0, n);
     op_softmax_bwd(dS, dP, P, B, H, Tq, Tk, scale);
     float *d_dP = dev_upload(dP, n), *d_dS = dev_upload(dS0, n);
@@ -716,9 +697,9 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
     const size_t nq = (size_t)B * Tq * HD, nk = (size_t)B * Tk * HD;
     const size_t np = (size_t)B * H * Tq * Tk;
     unsigned char *masked = masked_entries(k_len, B, H, Tq, Tk, causal);
-    float *q = host_rand(nq, rng, -1, 1), *k = host_rand(nk, rng, -1, 1),
-          *v = host_rand(nk, rng, -1, 1);
-    float *out0 = host_rand(nq, rng, -1, 1);  // garbage: the forward overwrites
+    float *q = rand_floats(nq, rng, -1, 1), *k = rand_floats(nk, rng, -1, 1),
+          *v = rand_floats(nk, rng, -1, 1);
+    float *out0 = rand_floats(nq, rng, -1, 1);  // garbage: the forward overwrites
     float *out = host_copy(out0, nq), *P = host_alloc(np);
     op_attention_fwd(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal);
 
@@ -745,9 +726,9 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
     }
 
     // backward from the CPU's P, into random starting gradients
-    float *dout = host_rand(nq, rng, -1, 1);
-    float *dq0 = host_rand(nq, rng, -1, 1), *dk0 = host_rand(nk, rng, -1, 1),
-          *dv0 = host_rand(nk, rng, -1, 1);
+    float *dout = rand_floats(nq, rng, -1, 1);
+    float *dq0 = rand_floats(nq, rng, -1, 1), *dk0 = rand_floats(nk, rng, -1, 1),
+          *dv0 = rand_floats(nk, rng, -1, 1);
     float *dq = host_copy(dq0, nq), *dk = host_copy(dk0, nk), *dv = host_copy(dv0, nk);
     float *scratch = host_alloc(np);
     op_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
@@ -789,7 +770,7 @@ static void test_attention(Rng *rng) {
     // Tk == 0: every output row is zero
     const int B = 2, H = 2, Tq = 3, D = 4;
     const size_t nq = (size_t)B * Tq * H * D;
-    float *garbage = host_rand(nq, rng, -1, 1), *zeros = host_alloc(nq);
+    float *garbage = rand_floats(nq, rng, -1, 1), *zeros = host_alloc(nq);
     float *d_out = dev_upload(garbage, nq);
     const int32_t no_keys[2] = {0, 0};
     int32_t *d_klen = dev_upload_i32(no_keys, B);
@@ -808,8 +789,8 @@ static void test_attention(Rng *rng) {
 
 static void dropout_case(size_t n, float p, uint64_t seed, uint64_t stream, Rng *rng) {
     char what[128];
-    float *x = host_rand(n, rng, 0.5f, 1.5f);  // nonzero, so a zero output means dropped
-    float *garbage = host_rand(n, rng, -1, 1);
+    float *x = rand_floats(n, rng, 0.5f, 1.5f);  // nonzero, so a zero output means dropped
+    float *garbage = rand_floats(n, rng, -1, 1);
     float *y = host_alloc(n);
     op_dropout_fwd(y, x, n, p, seed, stream);
     float *d_x = dev_upload(x, n), *d_y = dev_upload(garbage, n);
@@ -824,7 +805,7 @@ static void dropout_case(size_t n, float p, uint64_t seed, uint64_t stream, Rng 
     snprintf(what, sizeof what, "dropout fwd in place n=%zu p=%g", n, (double)p);
     check_exact(what, got_in, y, n);
 
-    float *dy = host_rand(n, rng, -1, 1), *dx0 = host_rand(n, rng, -1, 1);
+    float *dy = rand_floats(n, rng, -1, 1), *dx0 = rand_floats(n, rng, -1, 1);
     float *dx = host_copy(dx0, n);
     op_dropout_bwd(dx, dy, n, p, seed, stream);
     float *d_dy = dev_upload(dy, n), *d_dx = dev_upload(dx0, n);
@@ -871,7 +852,7 @@ static void xent_case(int N, int V, Rng *rng) {
     const float eps = 0.1f, dloss = 1.0f / 7.0f;
     const int32_t ignore_id = 3;  // a real vocabulary id, as a pad id is
     const size_t nv = (size_t)N * V;
-    float *logits = host_rand(nv, rng, -4, 4);
+    float *logits = rand_floats(nv, rng, -4, 4);
     int32_t *targets = TP_MALLOC((size_t)N * sizeof(int32_t));
     for (int n = 0; n < N; n++) targets[n] = (int32_t)(rng_next(rng) % (uint64_t)V);
     targets[0] = 0;
@@ -883,7 +864,7 @@ static void xent_case(int N, int V, Rng *rng) {
 
     float *d_logits = dev_upload(logits, nv);
     int32_t *d_t = dev_upload_i32(targets, N);
-    float *garbage = host_rand(N, rng, 1, 2);
+    float *garbage = rand_floats(N, rng, 1, 2);
     float *d_losses = dev_upload(garbage, N), *d_lse = dev_upload(garbage, N);
     int got_valid =
         cuda_op_xent_fwd(d_losses, d_lse, d_logits, d_t, N, V, eps, ignore_id, g_stream);
@@ -893,7 +874,7 @@ static void xent_case(int N, int V, Rng *rng) {
     check_rel(what, got_losses, losses, NULL, N, SUM_RTOL);
     check_rel(what, got_lse, lse, NULL, N, SUM_RTOL);
 
-    float *dl0 = host_rand(nv, rng, -1, 1);
+    float *dl0 = rand_floats(nv, rng, -1, 1);
     float *dl = host_copy(dl0, nv);
     op_xent_bwd(dl, logits, lse, targets, dloss, N, V, eps, ignore_id);
     float *d_dl = dev_upload(dl0, nv);
@@ -923,7 +904,7 @@ static void test_xent_vp(Rng *rng) {
     enum { N = 11, V = 50, TP = 2, V_LOCAL = 26 };
     const float eps = 0.1f, dloss = 0.25f;
     const int32_t ignore_id = 0;
-    float *full = host_rand((size_t)N * V, rng, -4, 4);  // (N, V)
+    float *full = rand_floats((size_t)N * V, rng, -4, 4);  // (N, V)
     int32_t targets[N];
     for (int n = 0; n < N; n++) targets[n] = (int32_t)(rng_next(rng) % V);
     targets[0] = ignore_id;
@@ -1004,7 +985,7 @@ static void test_xent_vp(Rng *rng) {
 
     for (int s = 0; s < TP; s++) {
         const size_t nl = (size_t)N * V_LOCAL;
-        float *dl0 = host_rand(nl, rng, -1, 1);
+        float *dl0 = rand_floats(nl, rng, -1, 1);
         float *dl = host_copy(dl0, nl);
         op_xent_vp_bwd(dl, shard[s], lse, targets, dloss, N, V_LOCAL, v_valid[s], s * V_LOCAL, V,
                        eps, ignore_id);
@@ -1052,12 +1033,12 @@ static void test_xent(Rng *rng) {
 static void test_adamw(Rng *rng) {
     const size_t n = 10007;
     const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, wd = 0.1f;
-    float *p = host_rand(n, rng, -1, 1), *m = host_rand(n, rng, -0.1f, 0.1f),
-          *v = host_rand(n, rng, 0.0f, 0.01f);
+    float *p = rand_floats(n, rng, -1, 1), *m = rand_floats(n, rng, -0.1f, 0.1f),
+          *v = rand_floats(n, rng, 0.0f, 0.01f);
     float *d_p = dev_upload(p, n), *d_m = dev_upload(m, n), *d_v = dev_upload(v, n);
     float *p0 = host_copy(p, n);
     for (int t = 1; t <= 3; t++) {  // three steps, new gradients each
-        float *g = host_rand(n, rng, -0.1f, 0.1f);
+        float *g = rand_floats(n, rng, -0.1f, 0.1f);
         float *d_g = dev_upload(g, n);
         op_adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
         cuda_op_adamw(d_p, d_g, d_m, d_v, n, lr, beta1, beta2, eps, wd, t, g_stream);

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "check.h"
+#include "cuda/cuda_common.h"
 #include "tp/comm_nccl.h"
 #include "tp/store.h"
 
@@ -37,15 +38,6 @@
 #define SLACK_S 15.0          // allowed past a timeout: abort, scheduling, loaded machines
 #define RUN_LIMIT_S 300.0     // a scenario that takes longer is a hang: its ranks are killed
 
-#define CUDA_OK(call)                                                                          \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call,             \
-                    cudaGetErrorString(e_));                                                   \
-            _exit(2);                                                                          \
-        }                                                                                      \
-    } while (0)
 
 static int g_port;
 static int g_n_dev;
@@ -155,7 +147,7 @@ static int probe_devices(void) {
 
 static float *dev_alloc(size_t n_bytes) {
     float *d = NULL;
-    CUDA_OK(cudaMalloc((void **)&d, n_bytes ? n_bytes : 1));
+    CUDA_CHECK(cudaMalloc((void **)&d, n_bytes ? n_bytes : 1));
     return d;
 }
 
@@ -166,9 +158,9 @@ static void check_collectives(Comm *c, int rank, int size) {
 
     // SUM of small multiples of 1/4: exact in any order.
     for (size_t i = 0; i < n; i++) h[i] = (float)(i % 13) + 0.25f * (float)rank;
-    CUDA_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(comm_allreduce(c, d, n, COMM_SUM) == 0, "allreduce sum: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += h[i] != (float)size * (float)(i % 13) + 0.25f * (float)(size * (size - 1) / 2);
@@ -176,9 +168,9 @@ static void check_collectives(Comm *c, int rank, int size) {
 
     // MAX
     for (size_t i = 0; i < n; i++) h[i] = (float)((i * 7 + (size_t)rank * 5) % 23) - (float)rank;
-    CUDA_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(comm_allreduce(c, d, n, COMM_MAX) == 0, "allreduce max: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
     bad = 0;
     for (size_t i = 0; i < n; i++) {
         float want = -1e30f;
@@ -194,18 +186,18 @@ static void check_collectives(Comm *c, int rank, int size) {
     float *r1 = malloc(n * sizeof *r1), *r2 = malloc(n * sizeof *r2);
     g_rng = 0x243f6a8885a308d3ULL ^ (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15ULL;
     for (size_t i = 0; i < n; i++) h[i] = urand();
-    CUDA_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(comm_allreduce(c, d, n, COMM_SUM) == 0, "allreduce random #1: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(r1, d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(r1, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(comm_allreduce(c, d, n, COMM_SUM) == 0, "allreduce random #2: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(r2, d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(r2, d, n * sizeof(float), cudaMemcpyDeviceToHost));
     CHECK(memcmp(r1, r2, n * sizeof(float)) == 0, "allreduce is deterministic from call to call");
     uint64_t mine = fnv1a(r1, n * sizeof(float)), theirs = mine;
     float *d_hash = dev_alloc(sizeof mine);
-    CUDA_OK(cudaMemcpy(d_hash, &mine, sizeof mine, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_hash, &mine, sizeof mine, cudaMemcpyHostToDevice));
     CHECK(comm_broadcast(c, d_hash, sizeof mine, 0) == 0, "broadcast hash: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(&theirs, d_hash, sizeof theirs, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&theirs, d_hash, sizeof theirs, cudaMemcpyDeviceToHost));
     CHECK(theirs == mine, "rank %d's allreduce result has the bits of rank 0's", rank);
     free(r1);
     free(r2);
@@ -214,9 +206,9 @@ static void check_collectives(Comm *c, int rank, int size) {
     const size_t m = 1001;
     float *d_in = dev_alloc(size * m * sizeof(float)), *d_out = dev_alloc(size * m * sizeof(float));
     for (size_t i = 0; i < m; i++) h[i] = (float)(rank * 10000) + (float)i;
-    CUDA_OK(cudaMemcpy(d_in, h, m * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_in, h, m * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(comm_allgather(c, d_in, d_out, m) == 0, "allgather: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(h, d_out, size * m * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h, d_out, size * m * sizeof(float), cudaMemcpyDeviceToHost));
     bad = 0;
     for (int q = 0; q < size; q++)
         for (size_t i = 0; i < m; i++) bad += h[(size_t)q * m + i] != (float)(q * 10000) + (float)i;
@@ -224,9 +216,9 @@ static void check_collectives(Comm *c, int rank, int size) {
 
     // reduce_scatter: out[i] = sum_q (q + 1) * (rank * m + i).
     for (size_t j = 0; j < size * m; j++) h[j] = (float)(rank + 1) * (float)j;
-    CUDA_OK(cudaMemcpy(d_in, h, size * m * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_in, h, size * m * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(comm_reduce_scatter(c, d_in, d_out, m) == 0, "reduce_scatter: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(h, d_out, m * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h, d_out, m * sizeof(float), cudaMemcpyDeviceToHost));
     bad = 0;
     for (size_t i = 0; i < m; i++)
         bad += h[i] != (float)((size_t)rank * m + i) * (float)(size * (size + 1) / 2);
@@ -237,10 +229,10 @@ static void check_collectives(Comm *c, int rank, int size) {
     unsigned char *hb = malloc(nb);
     for (size_t i = 0; i < nb; i++) hb[i] = rank == size - 1 ? (unsigned char)(i * 31 + 7) : 0;
     float *d_bytes = dev_alloc(nb);
-    CUDA_OK(cudaMemcpy(d_bytes, hb, nb, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_bytes, hb, nb, cudaMemcpyHostToDevice));
     CHECK(comm_broadcast(c, d_bytes, nb, size - 1) == 0, "broadcast: %s", comm_error(c));
-    CUDA_OK(cudaMemcpy(hb, d_bytes, nb, cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaFree(d_bytes));
+    CUDA_CHECK(cudaMemcpy(hb, d_bytes, nb, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d_bytes));
     bad = 0;
     for (size_t i = 0; i < nb; i++) bad += hb[i] != (unsigned char)(i * 31 + 7);
     CHECK(bad == 0, "broadcast: %zu of %zu bytes wrong", bad, nb);
@@ -259,10 +251,10 @@ static void check_collectives(Comm *c, int rank, int size) {
     CHECK(comm_stats(c).allreduce == 0, "reset clears the stats");
 
     free(h);
-    CUDA_OK(cudaFree(d));
-    CUDA_OK(cudaFree(d_hash));
-    CUDA_OK(cudaFree(d_in));
-    CUDA_OK(cudaFree(d_out));
+    CUDA_CHECK(cudaFree(d));
+    CUDA_CHECK(cudaFree(d_hash));
+    CUDA_CHECK(cudaFree(d_in));
+    CUDA_CHECK(cudaFree(d_out));
 }
 
 static void check_splits(Comm *world, int rank, int size) {
@@ -275,13 +267,13 @@ static void check_splits(Comm *world, int rank, int size) {
         CHECK(comm_size(half) == want_size && comm_rank(half) == rank / 2, "split by parity: rank %d of %d",
               comm_rank(half), comm_size(half));
         float v = (float)rank, *d = dev_alloc(sizeof v);
-        CUDA_OK(cudaMemcpy(d, &v, sizeof v, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(d, &v, sizeof v, cudaMemcpyHostToDevice));
         CHECK(comm_allreduce(half, d, 1, COMM_SUM) == 0, "allreduce on the split: %s", comm_error(half));
-        CUDA_OK(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(&v, d, sizeof v, cudaMemcpyDeviceToHost));
         float want = 0.0f;
         for (int q = rank % 2; q < size; q += 2) want += (float)q;
         CHECK(v == want, "allreduce on the split: %g, want %g", v, want);
-        CUDA_OK(cudaFree(d));
+        CUDA_CHECK(cudaFree(d));
         printf("rank %d: world took %.1f MiB, the split %.1f MiB of device memory\n", rank,
                comm_nccl_device_bytes(world) / 1048576.0, comm_nccl_device_bytes(half) / 1048576.0);
         comm_free(half);
@@ -328,7 +320,7 @@ static void check_idle_peer(StoreClient *st, const char *job, int rank, int size
         CHECK(comm_barrier(c) == -1 && strcmp(comm_error(c), first) == 0,
               "a failed communicator fails at once and keeps the first message");
         store_set(st, key, "done", 4);
-        CUDA_OK(cudaFree(d));
+        CUDA_CHECK(cudaFree(d));
     } else {
         size_t n_bytes = 0;
         void *v = store_get(st, key, &n_bytes, SHORT_TIMEOUT_S + 2 * SLACK_S);
@@ -342,9 +334,9 @@ static void check_idle_peer(StoreClient *st, const char *job, int rank, int size
 
 static int rank_main(int rank, int size, const char *job) {
     const int device = rank % g_n_dev;
-    CUDA_OK(cudaSetDevice(device));
+    CUDA_CHECK(cudaSetDevice(device));
     cudaStream_t stream;
-    CUDA_OK(cudaStreamCreate(&stream));  // blocking: ordered after the test's cudaMemcpy calls
+    CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after the test's cudaMemcpy calls
     StoreClient *st = store_or_die();
     char err[512] = "";
     Comm *c = comm_nccl_create(st, job, "world", rank, size, device, COMM_TIMEOUT_S, stream, err, sizeof err);
@@ -363,7 +355,7 @@ static int rank_main(int rank, int size, const char *job) {
         comm_free(c);
     }
     store_close(st);
-    CUDA_OK(cudaStreamDestroy(stream));
+    CUDA_CHECK(cudaStreamDestroy(stream));
     printf("rank %d of %d: %d checks, %d failed\n", rank, size, g_check_count, g_check_failures);
     return g_check_failures;
 }
@@ -372,7 +364,7 @@ static int rank_main(int rank, int size, const char *job) {
 static int lonely_main(int rank, int size, const char *job) {
     (void)rank;
     (void)size;
-    CUDA_OK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(0));
     StoreClient *st = store_or_die();
     char err[512] = "";
     // A group of 2 whose rank 1 never comes.
