@@ -864,11 +864,11 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
         double t = now_s();
         if (stopping && !killed && t >= kill_deadline) {
             killed = 1;
-            int stubborn = 0;
-            for (int i = 0; i < o->nproc; i++) stubborn += a->w[i].group_alive && a->w[i].running;
-            if (stubborn)
-                fprintf(stderr, "tprun: %d worker%s still running %.1f s after SIGTERM: sending SIGKILL\n", stubborn,
-                        stubborn == 1 ? "" : "s", o->grace);
+            int lingering = 0;
+            for (int i = 0; i < o->nproc; i++) lingering += a->w[i].group_alive && a->w[i].running;
+            if (lingering)
+                fprintf(stderr, "tprun: %d worker%s still running %.1f s after SIGTERM: sending SIGKILL\n", lingering,
+                        lingering == 1 ? "" : "s", o->grace);
             signal_groups(a, SIGKILL);
         } else if (killed) {
             signal_groups(a, SIGKILL);  // anything forked since the last round
