@@ -66,28 +66,9 @@ void mt_free(MtModel *mt) {
 
 int mt_save(const Model *m, const char *spm_model_path, const char *dir, char *err, size_t err_len) {
     if (model_export(m, dir, err, err_len)) return -1;
-    char *bytes = NULL;
-    FILE *f = fopen(spm_model_path, "rb");
-    if (!f) {
-        tp_error_set(err, err_len, "%s: cannot open the tokenizer to copy it", spm_model_path);
-        return -1;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    bytes = TP_MALLOC(n > 0 ? (size_t)n : 1);
-    size_t got = fread(bytes, 1, (size_t)(n > 0 ? n : 0), f);
-    fclose(f);
-    if (n <= 0 || got != (size_t)n) {
-        free(bytes);
-        tp_error_set(err, err_len, "%s: cannot read the tokenizer", spm_model_path);
-        return -1;
-    }
     char path[4096];
     snprintf(path, sizeof path, "%s/spm.model", dir);
-    int rc = write_file_atomic(path, bytes, (size_t)n, err, err_len);
-    free(bytes);
-    return rc;
+    return copy_file_atomic(spm_model_path, path, err, err_len);
 }
 
 int32_t *mt_encode_line(const Spm *spm, const char *line, int *n) {

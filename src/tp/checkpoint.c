@@ -83,28 +83,6 @@ static int remove_tree(const char *dir) {
     return rmdir(dir);
 }
 
-/* Whole file into memory (caller frees); NULL + err. */
-static uint8_t *slurp(const char *path, size_t *n, char *err, size_t err_len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tp_error_set(err, err_len, "%s: cannot open (%s)", path, strerror(errno));
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *buf = TP_MALLOC(len > 0 ? (size_t)len : 1);
-    size_t got = len > 0 ? fread(buf, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (len < 0 || got != (size_t)len) {
-        free(buf);
-        tp_error_set(err, err_len, "%s: read error", path);
-        return NULL;
-    }
-    *n = (size_t)len;
-    return buf;
-}
-
 static void step_name(char *buf, size_t n, int64_t step) { snprintf(buf, n, "step_%08lld", (long long)step); }
 
 /* Removes a checkpoint directory so that a crash halfway never leaves a
@@ -207,7 +185,7 @@ static cJSON *file_entry(const char *dir, const char *name, char *err, size_t er
     char path[4096];
     pathf(path, sizeof path, "%s/%s", dir, name);
     size_t n = 0;
-    uint8_t *bytes = slurp(path, &n, err, err_len);
+    uint8_t *bytes = read_file_bytes(path, &n, err, err_len);
     if (!bytes) return NULL;
     char crc[16];
     snprintf(crc, sizeof crc, "%08x", crc32c(0, bytes, n));
@@ -371,15 +349,6 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
     return 0;
 }
 
-static int copy_file(const char *from, const char *to, char *err, size_t err_len) {
-    size_t n = 0;
-    uint8_t *b = slurp(from, &n, err, err_len);
-    if (!b) return -1;
-    int rc = write_file_atomic(to, b, n, err, err_len);
-    free(b);
-    return rc;
-}
-
 int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
               const char *spm_path, int keep_last, char *err, size_t err_len) {
     const bool lead = rt->mesh.rank == 0;
@@ -406,7 +375,7 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
         char to[4096];
         pathf(to, sizeof to, "%s/spm.model", tmp);
         ckpt_fault_point("before the tokenizer");
-        ok = copy_file(spm_path, to, err, err_len) == 0;
+        ok = copy_file_atomic(spm_path, to, err, err_len) == 0;
     }
     if (agree(rt, ok, err, err_len)) return -1;
     if (lead) {

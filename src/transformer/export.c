@@ -12,7 +12,7 @@
 #include "err.h"
 #include "safetensors.h"
 
-char *read_text_file(const char *path, char *err, size_t err_len) {
+void *read_file_bytes(const char *path, size_t *n_bytes, char *err, size_t err_len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         tp_error_set(err, err_len, "%s: cannot open (%s)", path, strerror(errno));
@@ -38,7 +38,19 @@ char *read_text_file(const char *path, char *err, size_t err_len) {
         return NULL;
     }
     buf[n] = '\0';
+    if (n_bytes) *n_bytes = n;
     return buf;
+}
+
+char *read_text_file(const char *path, char *err, size_t err_len) { return read_file_bytes(path, NULL, err, err_len); }
+
+int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len) {
+    size_t n = 0;
+    void *bytes = read_file_bytes(from, &n, err, err_len);
+    if (!bytes) return -1;
+    int rc = write_file_atomic(to, bytes, n, err, err_len);
+    free(bytes);
+    return rc;
 }
 
 int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *err, size_t err_len) {

@@ -15,8 +15,13 @@ int model_export(const Model *m, const char *dir, char *err, size_t err_len);
  * tensor may appear. 0, or -1 with one sentence naming file and field. */
 int model_load(Model *m, const char *dir, char *err, size_t err_len);
 
-/* Reads a whole text file (NUL-terminated, caller frees); NULL + err. */
+/* Reads a whole file (NUL-terminated after its bytes, caller frees); its
+ * size goes to *n_bytes when non-NULL. NULL + err. */
+void *read_file_bytes(const char *path, size_t *n_bytes, char *err, size_t err_len);
 char *read_text_file(const char *path, char *err, size_t err_len);
+
+/* Copies a file, writing the copy atomically. 0 or -1 + err. */
+int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len);
 
 /* Writes a file atomically (tmp + fsync + rename). 0 or -1 + err. */
 int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *err, size_t err_len);
