@@ -31,7 +31,7 @@
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
-#include "kernels/ops.h"
+#include "train/step.h"
 
 typedef struct {
     const char *preset;
@@ -703,9 +703,6 @@ int main(int argc, char **argv) {
     if (a.epochs > 0 && !a.synthetic) total = a.epochs * src.train.n_batches;
     AdamW opt;
     adamw_init(&opt, be, &a.opt, m.tab.n_elems);
-    /* the step's scalars on the device, read once per step: loss sum, then grad_clip's four */
-    enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };
-    float *sc = backend_alloc(be, SC_N * sizeof(float), MEM_WORKSPACE);
     int first_step = 1;
     if (a.resume && resume(&a, &rt, &m, &opt, &src, &first_step, err, sizeof err)) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
@@ -730,6 +727,8 @@ int main(int argc, char **argv) {
                be->device_name, dtype_name(be->dtype));
         fflush(stdout);
     }
+    Trainer trainer;
+    trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, a.opt.clip_norm);
     const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = now_s();
     double t_window = t_start, t_eval = 0.0, t_comm = 0.0;
@@ -741,25 +740,11 @@ int main(int argc, char **argv) {
         source_next(&src, &b, &n_global);
         /* Masks differ across data-parallel ranks (other sentences), never across tp ranks. */
         DropoutKey key = {.seed = a.seed, .step = (uint32_t)step, .micro = (uint32_t)mesh->dp_rank};
-        model_zero_grad(&m);
-        op_zero(be, sc, SC_N);
-        if (b.view.B > 0) {
-            model_forward_step(&m, &b.view, true, key, sc + SC_LOSS);
-            model_backward(&m, &b.view, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
-        }
-        double tc = now_s();
-        if (mesh->dp > 1) {
-            comm_ok(comm_allreduce(rt.dp, m.grads, m.tab.n_elems, COMM_SUM), rt.dp);
-            comm_ok(comm_allreduce(rt.dp, sc + SC_LOSS, 1, COMM_SUM), rt.dp);  // global loss sum
-        }
-        t_comm += now_s() - tc;
-        grad_clip(be, &m.tab, m.grads, rt.tp, a.opt.clip_norm, sc + SC_CLIP);
-        float lr = lr_at(&a.opt, step);
-        adamw_step(&opt, m.params, m.grads, &m.tab, lr);
-        backend_recast_weights(be);
-        float host_sc[SC_N];
-        backend_download(be, host_sc, sc, sizeof host_sc);  // the step's one read
-        float loss = n_global > 0 ? host_sc[SC_LOSS] / (float)n_global : 0.0f, gnorm = host_sc[SC_CLIP + 2];
+        StepResult sr;
+        const float lr = lr_at(&a.opt, step);
+        train_step(&trainer, &b.view, n_global, key, lr, &sr);
+        t_comm += sr.comm_s;
+        const float loss = sr.loss, gnorm = sr.grad_norm;
         if (!isfinite(loss) || !isfinite(gnorm)) {
             fprintf(stderr, "%strain_mt: step %d: loss %g, gradient norm %g is not finite; stopping "
                             "(lower --lr or raise --warmup)\n", tty ? "\n" : "", step, loss, gnorm);
@@ -861,7 +846,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_mt: --metrics %s: write failed\n", a.metrics_path);
         rc = 1;
     }
-    backend_free(be, sc);
+    trainer_free(&trainer);
     adamw_free(&opt);
     if (decode_here) model_free(&whole);
     model_free(&m);
