@@ -543,20 +543,48 @@ enum { MEMF_TOTAL = MEM_N_TAGS, MEMF_RSS, MEMF_TP, MEMF_DP, MEMF_PP, MEMF_N };
 static double *memory_gather(const Runtime *rt, const Backend *be) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    float mine[MEMF_N];
-    for (int t = 0; t < MEM_N_TAGS; t++) mine[t] = (float)be->mem.peak[t];
-    mine[MEMF_TOTAL] = (float)be->mem.total_peak;
-    mine[MEMF_RSS] = (float)ru.ru_maxrss * 1024.0f;
-    mine[MEMF_TP] = (float)rt->mesh.tp_rank;
-    mine[MEMF_DP] = (float)rt->mesh.dp_rank;
-    mine[MEMF_PP] = (float)rt->mesh.pp_rank;
+    double mine[MEMF_N];
+    for (int t = 0; t < MEM_N_TAGS; t++) mine[t] = (double)be->mem.peak[t];
+    mine[MEMF_TOTAL] = (double)be->mem.total_peak;
+    mine[MEMF_RSS] = (double)ru.ru_maxrss * 1024.0;
+    mine[MEMF_TP] = rt->mesh.tp_rank;
+    mine[MEMF_DP] = rt->mesh.dp_rank;
+    mine[MEMF_PP] = rt->mesh.pp_rank;
+    /* byte counts travel exactly as three 21-bit float digits each */
+    enum { DIG = 3 };
+    float enc[MEMF_N * DIG];
+    for (int i = 0; i < MEMF_N; i++) {
+        unsigned long long v = (unsigned long long)mine[i];
+        for (int d = 0; d < DIG; d++) enc[i * DIG + d] = (float)((v >> (21 * (DIG - 1 - d))) & 0x1fffffULL);
+    }
     const int W = rt->mesh.world;
-    float *all = TP_MALLOC((size_t)W * MEMF_N * sizeof(float));
-    TP_CHECK(comm_allgather(rt->world, mine, all, (size_t)MEMF_N) == 0, "%s", comm_error(rt->world));
+    float *all = TP_MALLOC((size_t)W * MEMF_N * DIG * sizeof(float));
+    TP_CHECK(comm_allgather(rt->world, enc, all, (size_t)MEMF_N * DIG) == 0, "%s", comm_error(rt->world));
     double *out = TP_MALLOC((size_t)W * MEMF_N * sizeof(double));
-    for (int i = 0; i < W * MEMF_N; i++) out[i] = all[i];
+    for (int i = 0; i < W * MEMF_N; i++) {
+        unsigned long long v = 0;
+        for (int d = 0; d < DIG; d++) v = (v << 21) | (unsigned long long)all[(size_t)i * DIG + d];
+        out[i] = (double)v;
+    }
     free(all);
     return out;
+}
+
+/* The final metrics record: every rank's peak bytes per tag. */
+static void memory_record(FILE *f, const Runtime *rt, const Backend *be, int step) {
+    double *all = memory_gather(rt, be);
+    if (f) {
+        fprintf(f, "{\"step\": %d, \"memory\": [", step);
+        for (int r = 0; r < rt->mesh.world; r++) {
+            const double *x = all + (size_t)r * MEMF_N;
+            fprintf(f, "%s{\"rank\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d", r ? ", " : "", r, (int)x[MEMF_TP],
+                    (int)x[MEMF_DP], (int)x[MEMF_PP]);
+            for (int t = 0; t < MEM_N_TAGS; t++) fprintf(f, ", \"%s\": %.0f", mem_tag_name((MemTag)t), x[t]);
+            fprintf(f, ", \"allocator_peak\": %.0f, \"peak_rss\": %.0f}", x[MEMF_TOTAL], x[MEMF_RSS]);
+        }
+        fprintf(f, "]}\n");
+    }
+    free(all);
 }
 
 static void memory_table(const Runtime *rt, const Backend *be, const char *when) {
@@ -817,6 +845,7 @@ int main(int argc, char **argv) {
                    ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
     }
     memory_table(&rt, be, "end of training");
+    memory_record(lead ? metrics : NULL, &rt, be, total);
     int rc = 0;
     if (a.export_dir) {
         Model full;

@@ -27,3 +27,15 @@ assert first > 3.5, f"initial loss {first} is not near ln(V)"
 assert last_dev < 0.4 * first, f"held-out loss {last_dev} did not fall below 0.4 x {first}"
 assert dev[-1]["step"] == 300
 PY
+
+# --device cuda where no GPU can be used: refused in one sentence, exit 2.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  set +e
+  msg=$("$1" --device cuda --task copy --preset tiny --max-steps 1 2>&1 > /dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || { echo "FAIL: --device cuda without a GPU exited $rc"; exit 1; }
+  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "train_mt: --device cuda: "* ]] ||
+    { echo "FAIL: --device cuda without a GPU said: $msg"; exit 1; }
+  echo "refused as expected: $msg"
+fi
