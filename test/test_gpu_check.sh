@@ -16,7 +16,7 @@
 # Usage: test_gpu_check.sh GPU_CHECK_SH BUILD_DIR [CORPUS_DIR]
 set -euo pipefail
 script=$1 build=$2 corpus=${3:-}
-[ -s "$corpus/train.en" ] || corpus=""
+if [ -s "$corpus/train.en" ]; then corpus=$(cd "$corpus" && pwd -P); else corpus=""; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fails=0
@@ -29,12 +29,15 @@ mkdir -p "$b/bin/test" "$b/lib/fallback" "$fake"
 touch "$b/.gpu_bundle"
 cat > "$b/bin/train_mt" <<EOF
 #!/usr/bin/env bash
-# Test stand-in: the CPU train_mt, with the flags in \$FAKE_FLAGS listed and ignored.
+# Test stand-in: the CPU train_mt, with the flags in \$FAKE_FLAGS listed and ignored
+# and those in \$FAKE_HIDE left out of --help (a train_mt that lacks them).
 args=()
 while [ \$# -gt 0 ]; do
   case " \${FAKE_FLAGS:-} " in *" \$1 "*) shift 2; continue ;; esac
   if [ "\$1" = --help ]; then
-    "$build/train_mt" --help
+    hide='^\$'
+    for f in \${FAKE_HIDE:-}; do hide="\$hide|^ *\$f "; done
+    "$build/train_mt" --help | grep -Ev -- "\$hide"
     for f in \${FAKE_FLAGS:-}; do echo "  \$f VALUE              (test stand-in)"; done
     exit 0
   fi
@@ -161,7 +164,7 @@ check "nogpu: setup.gpu is the only FAIL ($n FAIL rows)" [ "$n" -eq 1 ]
 check "nogpu: short run ($(cat "$work/nogpu/secs") s)" [ "$(cat "$work/nogpu/secs")" -lt 30 ]
 
 # ---- 3. flags missing, tight budget -----------------------------------------------------------
-check_run tight GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device" GPU_CHECK_BUDGET=6 \
+check_run tight GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device" FAKE_HIDE="--dtype --comm" GPU_CHECK_BUDGET=6 \
   GPU_CHECK_TRAIN_STEPS=$max_steps "${c_args[@]}"
 row tight PASS setup.train_mt "--device"
 for s in c.cpu c.cuda_fp32 c.cuda_bf16; do row tight SKIP "$s" "does not list --dtype"; done
