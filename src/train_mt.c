@@ -49,6 +49,7 @@ typedef struct {
     const char *save_dir, *metrics_path, *resume, *export_dir;
     int save_interval, keep_last;
     int tp, dp;               // 0: automatic
+    RuntimeComm comm;         // --comm
     double comm_timeout;
     DeviceChoice device;
     Dtype dtype;
@@ -78,6 +79,8 @@ static void usage(FILE *f) {
             "parallelism (start the ranks with tprun):\n"
             "  --tp N --dp N          tensor- and data-parallel sizes (default: tp = ranks per node as far as\n"
             "                         the heads allow, dp = the rest)\n"
+            "  --comm auto|nccl|shm   the data groups' collectives (default auto: NCCL when every rank has its\n"
+            "                         own GPU, else shared memory)\n"
             "  --comm-timeout S       a peer silent this long ends the job (default 300)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
@@ -139,7 +142,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -180,7 +183,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"beam", required_argument, 0, O_BEAM},       {"tp", required_argument, 0, O_TP},
         {"dp", required_argument, 0, O_DP},           {"comm-timeout", required_argument, 0, O_CTIMEOUT},
         {"device", required_argument, 0, O_DEVICE},   {"dtype", required_argument, 0, O_DTYPE},
-        {"help", no_argument, 0, O_HELP},
+        {"comm", required_argument, 0, O_COMM},       {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
     char err[256];
@@ -294,6 +297,12 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
             a->dtype = strcmp(optarg, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
             a->dtype_given = true;
             break;
+        case O_COMM:
+            if (runtime_comm_parse(optarg, &a->comm)) {
+                fprintf(stderr, "train_mt: --comm must be auto, nccl or shm, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
         case O_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -389,7 +398,7 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     }
     /* Every rank learns whether the preparation worked (the flag rides on a broadcast). */
     int32_t ok = rc == 0;
-    TP_CHECK(comm_broadcast(rt->world, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->world));
+    TP_CHECK(comm_broadcast(rt->ctrl, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->ctrl));
     if (!ok) {
         if (rt->mesh.rank != 0) tp_error_set(err, err_len, "rank 0 could not prepare the corpus");
         return -1;
@@ -559,7 +568,7 @@ static double *memory_gather(const Runtime *rt, const Backend *be) {
     }
     const int W = rt->mesh.world;
     float *all = TP_MALLOC((size_t)W * MEMF_N * DIG * sizeof(float));
-    TP_CHECK(comm_allgather(rt->world, enc, all, (size_t)MEMF_N * DIG) == 0, "%s", comm_error(rt->world));
+    TP_CHECK(comm_allgather(rt->ctrl, enc, all, (size_t)MEMF_N * DIG) == 0, "%s", comm_error(rt->ctrl));
     double *out = TP_MALLOC((size_t)W * MEMF_N * sizeof(double));
     for (int i = 0; i < W * MEMF_N; i++) {
         unsigned long long v = 0;
@@ -691,7 +700,9 @@ int main(int argc, char **argv) {
     parse_args(argc, argv, &a);
     char err[1024];
     Runtime rt;
-    if (runtime_init(&rt, a.tp, a.dp, a.cfg.n_heads, a.cfg.d_ff, a.comm_timeout, err, sizeof err)) {
+    const RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = 1, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
+                               .timeout_s = a.comm_timeout, .comm = a.comm};  // the model is on the CPU
+    if (runtime_init(&rt, &ro, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
@@ -822,7 +833,7 @@ int main(int argc, char **argv) {
                     if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
                 }
             }
-            comm_ok(comm_barrier(rt.world), rt.world);
+            comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
             t_eval += now_s() - t0;
             t_window = now_s();
         }
@@ -869,7 +880,7 @@ int main(int argc, char **argv) {
                 if (dst == &full) model_free(&full);
             }
         }
-        comm_ok(comm_barrier(rt.world), rt.world);
+        comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
     }
     if (metrics && fclose(metrics) != 0) {
         fprintf(stderr, "train_mt: --metrics %s: write failed\n", a.metrics_path);

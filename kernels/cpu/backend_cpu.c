@@ -34,7 +34,7 @@ static void cpu_destroy(Backend *be) { free(be); }
 /* ---- bf16 emulation of the GEMM operands ---------------------------------------- */
 
 static const float *rounded(const float *x, size_t n, float *dst) {
-    for (size_t i = 0; i < n; i++) dst[i] = bf16_round(x[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = tp_bf16_round(x[i]);
     return dst;
 }
 

@@ -101,8 +101,8 @@ static int discard_checkpoint(const char *path) {
 static int agree(const Runtime *rt, int ok, char *err, size_t err_len) {
     /* Every rank learns whether all succeeded (MAX of the failure flags). */
     float bad = ok ? 0.0f : 1.0f;
-    if (comm_allreduce(rt->world, &bad, 1, COMM_MAX)) {
-        tp_error_set(err, err_len, "%s", comm_error(rt->world));
+    if (comm_allreduce(rt->ctrl, &bad, 1, COMM_MAX)) {
+        tp_error_set(err, err_len, "%s", comm_error(rt->ctrl));
         return -1;
     }
     if (bad != 0.0f && ok) tp_error_set(err, err_len, "another rank failed to write its part of the checkpoint");

@@ -18,6 +18,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bf16.h"
 #include "check.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_gemm.h"
@@ -70,16 +71,8 @@ static float *host_copy(const float *x, size_t n) {
     return y;
 }
 
-/* fp32 -> nearest bf16 (ties to even), returned as fp32; NaN kept. */
-static float bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
+/* fp32 -> nearest bf16 (ties to even), returned as fp32; NaN kept (common/bf16.h). */
+static float bf16_round(float x) { return tp_bf16_round(x); }
 
 static float *host_bf16(const float *x, size_t n) {
     float *y = malloc((n ? n : 1) * sizeof *y);
