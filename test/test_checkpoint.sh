@@ -81,7 +81,9 @@ def rows(path):
     out = []
     for line in open(path):
         r = json.loads(line, parse_float=str)  # keep the printed digits
-        for k in ("tokens_per_s", "mem_peak_mib", "mem_rss_mib", "memory"):  # measurements, not results
+        if "memory" in r:  # the final memory record: a measurement of the process, not a training result
+            continue
+        for k in ("tokens_per_s", "mem_peak_mib", "mem_rss_mib"):  # measurements, not results
             r.pop(k, None)
         out.append(r)
     return out
