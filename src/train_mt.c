@@ -713,6 +713,7 @@ int main(int argc, char **argv) {
     Backend *be = backend_create(a.device, a.dtype, rt.local_rank, err, sizeof err);
     if (!be) {
         fprintf(stderr, "train_mt: %s\n", err);
+        runtime_free(&rt);
         return 2;
     }
     if (!be->host_visible && mesh->world > 1) {
