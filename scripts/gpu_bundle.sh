@@ -34,8 +34,8 @@ dest=${1:-gpu_bundle}
 build=${BUILD_DIR:-build-gpu}
 jobs=${JOBS:-2}
 max_mib=${BUNDLE_MAX_MIB:-64}
-# The corpus path the tests are configured with: a placeholder rewritten to
-# @CORPUS@ in tests.tsv (the corpus lives elsewhere on the GPU machine).
+# The corpus path the bundle's tests are configured with: a marker path that
+# tests.tsv names as @CORPUS@ (the corpus lives elsewhere on the GPU machine).
 corpus_mark=/TPTRAIN_CORPUS_DIR
 PROGRAMS=(train_mt translate_mt ckpt tprun)
 # Sonames never bundled. glibc's own: every machine has them (needs.txt

@@ -24,6 +24,7 @@
 #include "data/corpus.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
+#include "clock.h"
 #include "err.h"
 #include "mt.h"
 #include "tp/checkpoint.h"
@@ -346,12 +347,6 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     }
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Where batches come from: the corpus, or a synthetic task. */
 typedef struct {
     const TrainArgs *args;
@@ -559,22 +554,15 @@ static double *memory_gather(const Runtime *rt, const Backend *be) {
     mine[MEMF_TP] = rt->mesh.tp_rank;
     mine[MEMF_DP] = rt->mesh.dp_rank;
     mine[MEMF_PP] = rt->mesh.pp_rank;
-    /* byte counts travel exactly as three 21-bit float digits each */
-    enum { DIG = 3 };
-    float enc[MEMF_N * DIG];
-    for (int i = 0; i < MEMF_N; i++) {
-        unsigned long long v = (unsigned long long)mine[i];
-        for (int d = 0; d < DIG; d++) enc[i * DIG + d] = (float)((v >> (21 * (DIG - 1 - d))) & 0x1fffffULL);
-    }
+    /* an allgather copies bits, so the counts travel as 64-bit integers (two floats' worth each) */
+    uint64_t enc[MEMF_N];
+    for (int i = 0; i < MEMF_N; i++) enc[i] = (uint64_t)mine[i];
     const int W = rt->mesh.world;
-    float *all = TP_MALLOC((size_t)W * MEMF_N * DIG * sizeof(float));
-    TP_CHECK(comm_allgather(rt->ctrl, enc, all, (size_t)MEMF_N * DIG) == 0, "%s", comm_error(rt->ctrl));
+    uint64_t *all = TP_MALLOC((size_t)W * MEMF_N * sizeof(uint64_t));
+    TP_CHECK(comm_allgather(rt->ctrl, (const float *)enc, (float *)all, (size_t)MEMF_N * 2) == 0, "%s",
+             comm_error(rt->ctrl));
     double *out = TP_MALLOC((size_t)W * MEMF_N * sizeof(double));
-    for (int i = 0; i < W * MEMF_N; i++) {
-        unsigned long long v = 0;
-        for (int d = 0; d < DIG; d++) v = (v << 21) | (unsigned long long)all[(size_t)i * DIG + d];
-        out[i] = (double)v;
-    }
+    for (int i = 0; i < W * MEMF_N; i++) out[i] = (double)all[i];
     free(all);
     return out;
 }
@@ -650,7 +638,7 @@ static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, S
         if (rt->mesh.rank == 0) printf("train_mt: no checkpoint in %s yet: starting from step 1\n", where);
         return 0;
     }
-    double t0 = now_s();
+    double t0 = tp_now_s();
     ModelConfig cfg;
     TrainState st;
     int old_tp, old_dp;
@@ -678,7 +666,7 @@ static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, S
     *first_step = (int)st.step + 1;
     if (rt->mesh.rank == 0)
         printf("train_mt: resumed from %s: step %lld, saved as tp %d x dp %d, loaded as tp %d x dp %d in %.2f s\n", dir,
-               (long long)st.step, old_tp, old_dp, rt->mesh.tp, rt->mesh.dp, now_s() - t0);
+               (long long)st.step, old_tp, old_dp, rt->mesh.tp, rt->mesh.dp, tp_now_s() - t0);
     return 0;
 }
 
@@ -687,12 +675,12 @@ static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const Ad
     TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index};
     if (!a->synthetic) st.cursor = dataset_cursor(&src->train);
     char err[1024];
-    double t0 = now_s();
+    double t0 = tp_now_s();
     if (ckpt_save(a->save_dir, rt, m, opt, &st, a->synthetic ? NULL : src->spm_path, a->keep_last, err, sizeof err)) {
         fprintf(stderr, "train_mt: saving step %d: %s\n", step, err);
         exit(1);
     }
-    if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, now_s() - t0);
+    if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, tp_now_s() - t0);
 }
 
 int main(int argc, char **argv) {
@@ -770,7 +758,7 @@ int main(int argc, char **argv) {
     Trainer trainer;
     trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, a.opt.clip_norm);
     const bool tty = lead && isatty(STDOUT_FILENO);
-    const double t_start = now_s();
+    const double t_start = tp_now_s();
     double t_window = t_start, t_eval = 0.0, t_comm = 0.0;
     long tok_window = 0;
     int saved_step = first_step - 1;
@@ -793,7 +781,7 @@ int main(int argc, char **argv) {
         tok_window += n_global;
         owned_batch_free(&b);
 
-        double t = now_s();
+        double t = tp_now_s();
         if (tty) {
             double per_step = (t - t_start - t_eval) / step;
             char eta[32];
@@ -815,11 +803,11 @@ int main(int argc, char **argv) {
             if (lead && metrics) fprintf(metrics, "}\n");
             if (step == a.log_interval || (step == total && total < a.log_interval))
                 memory_table(&rt, be, "after the first logged steps");
-            t_window = now_s();
+            t_window = tp_now_s();
             tok_window = 0;
         }
         if (step % a.eval_interval == 0 || step == total) {
-            double t0 = now_s();
+            double t0 = tp_now_s();
             if (mesh->dp_rank == 0) {  // one tp group evaluates; the others wait at the barrier
                 if (decode_here || (!a.synthetic && mesh->tp > 1)) model_gather(&m, decode_here ? &whole : NULL);
                 EvalResult ev = evaluate(&m, decode_here ? &whole : NULL, &src);
@@ -835,8 +823,8 @@ int main(int argc, char **argv) {
                 }
             }
             comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
-            t_eval += now_s() - t0;
-            t_window = now_s();
+            t_eval += tp_now_s() - t0;
+            t_window = tp_now_s();
         }
         if (a.save_dir && a.save_interval && step % a.save_interval == 0) {
             save(&a, &rt, &m, &opt, &src, step);
@@ -848,9 +836,9 @@ int main(int argc, char **argv) {
     if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, total);
     if (lead) {
         char took[32];
-        fmt_duration(took, sizeof took, now_s() - t_start);
+        fmt_duration(took, sizeof took, tp_now_s() - t_start);
         printf("train_mt: %d steps in %s (%.1f s training, of which %.1f s data-parallel communication; "
-               "%.1f s evaluation)\n", total, took, now_s() - t_start - t_eval, t_comm, t_eval);
+               "%.1f s evaluation)\n", total, took, tp_now_s() - t_start - t_eval, t_comm, t_eval);
         CommStats ts = comm_stats(rt.tp);
         if (mesh->tp > 1)
             printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,

@@ -4,17 +4,11 @@
  * waits on the host until its end. */
 #include "train/step.h"
 
-#include <time.h>
+#include "clock.h"
 #include "err.h"
 #include "kernels/ops.h"
 
 enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq parts, norm, factor
-
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
@@ -37,12 +31,12 @@ void train_step(Trainer *t, const Batch *b, long n_global, DropoutKey key, float
         model_forward_step(m, b, true, key, t->sc + SC_LOSS);
         model_backward(m, b, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
     }
-    double t0 = wall_s();
+    double t0 = tp_now_s();
     if (t->dp && comm_size(t->dp) > 1) {
         comm_ok(comm_allreduce(t->dp, m->grads, m->tab.n_elems, COMM_SUM), t->dp);
         comm_ok(comm_allreduce(t->dp, t->sc + SC_LOSS, 1, COMM_SUM), t->dp);  // the global loss sum
     }
-    out->comm_s = wall_s() - t0;
+    out->comm_s = tp_now_s() - t0;
     grad_clip(be, &m->tab, m->grads, t->tp, t->clip_norm, t->sc + SC_CLIP);
     adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
     backend_recast_weights(be);
