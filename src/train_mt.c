@@ -369,9 +369,9 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     cfg->bos_id = SPM_BOS_ID;
     cfg->eos_id = SPM_EOS_ID;
     snprintf(path, sizeof path, "%s/train.tok", cache);
-    if (token_file_open(&src->train_tf, path, err, err_len)) return -1;
+    if (token_file_open(&src->train_tf, path, cfg->vocab_size, err, err_len)) return -1;
     snprintf(path, sizeof path, "%s/dev.tok", cache);
-    if (token_file_open(&src->dev_tf, path, err, err_len)) return -1;
+    if (token_file_open(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
     if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
                      rt->mesh.dp, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
         tp_error_set(err, err_len, "train split: %s", why);
