@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -530,9 +531,22 @@ static void memory_table(const Runtime *rt, const Model *m, const AdamW *opt) {
 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
+/* One JSON line of --metrics, written through at once: a failed write (a
+ * full disk) ends the run naming the file instead of leaving it truncated. */
+__attribute__((format(printf, 3, 4))) static void metrics_line(FILE *f, const char *path, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vfprintf(f, fmt, ap);
+    va_end(ap);
+    if (k < 0 || fflush(f) != 0 || ferror(f)) {
+        fprintf(stderr, "train_mt: --metrics %s: writing the file failed (%s)\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
 /* Loads the checkpoint --resume names into this layout and moves the data
  * source to where it stood; *first_step receives the next step to run. */
-static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int *first_step,
+static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int total, int *first_step,
                   char *err, size_t err_len) {
     const bool is_auto = strcmp(a->resume, "auto") == 0;
     const char *where = is_auto ? a->save_dir : a->resume;
@@ -562,7 +576,17 @@ static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, S
                      st.corpus ? "corpus" : "synthetic-task", a->synthetic ? "synthetic task" : "corpus");
         return -1;
     }
+    /* Nothing of a run that ends before the checkpoint's step may be saved:
+     * it would file step-N weights under a smaller step number. */
+    if (st.step > total) {
+        tp_error_set(err, err_len, "%s is at step %lld, past this run's last step %d (--max-steps / --epochs): raise "
+                     "it to continue that run; nothing was trained or saved", dir, (long long)st.step, total);
+        return -1;
+    }
+    if (st.corpus && ckpt_check_tokenizer(dir, src->spm_path, err, err_len)) return -1;
     if (ckpt_load(dir, m, opt, err, err_len)) return -1;
+    if (st.step == total && rt->mesh.rank == 0)
+        printf("train_mt: %s is already at step %d, this run's last step: nothing to train\n", dir, total);
     if (st.corpus) {
         char why[512];
         if (dataset_seek(&src->train, st.cursor, why, sizeof why)) {
@@ -627,8 +651,13 @@ int main(int argc, char **argv) {
     AdamW opt;
     adamw_init(&opt, &a.opt, m.tab.n_elems);
     int first_step = 1;
-    if (a.resume && resume(&a, &rt, &m, &opt, &src, &first_step, err, sizeof err)) {
+    if (a.resume && resume(&a, &rt, &m, &opt, &src, total, &first_step, err, sizeof err)) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
+        adamw_free(&opt);
+        if (decode_here) model_free(&whole);
+        model_free(&m);
+        source_close(&src);
+        runtime_free(&rt);
         return 1;
     }
     FILE *metrics = NULL;
@@ -697,8 +726,8 @@ int main(int argc, char **argv) {
                 printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", tty ? "\r\033[K" : "",
                        step, total, loss, lr, gnorm, tps);
                 if (metrics)
-                    fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
-                                     "\"tokens_per_s\": %.1f}\n", step, loss, lr, gnorm, tps);
+                    metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, "
+                                 "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f}\n", step, loss, lr, gnorm, tps);
             }
             t_window = now_s();
             tok_window = 0;
@@ -712,11 +741,11 @@ int main(int argc, char **argv) {
                     printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
                            ev.loss, ev.bleu);
                     if (metrics)
-                        fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f}\n", step, ev.loss,
-                                ev.bleu);
+                        metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f}\n",
+                                     step, ev.loss, ev.bleu);
                 } else if (lead) {
                     printf("%sstep %6d/%d | held-out loss %.4f\n", tty ? "\r\033[K" : "", step, total, ev.loss);
-                    if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
+                    if (metrics) metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
                 }
             }
             comm_ok(comm_barrier(rt.world), rt.world);
@@ -728,7 +757,6 @@ int main(int argc, char **argv) {
             saved_step = step;
         }
         if (lead && !tty) fflush(stdout);
-        if (metrics) fflush(metrics);
     }
     if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, total);
     if (lead) {
@@ -768,7 +796,7 @@ int main(int argc, char **argv) {
         comm_ok(comm_barrier(rt.world), rt.world);
     }
     if (metrics && fclose(metrics) != 0) {
-        fprintf(stderr, "train_mt: --metrics %s: write failed\n", a.metrics_path);
+        fprintf(stderr, "train_mt: --metrics %s: writing the file failed (%s)\n", a.metrics_path, strerror(errno));
         rc = 1;
     }
     adamw_free(&opt);
