@@ -631,6 +631,8 @@ int main(int argc, char **argv) {
     Source src;
     if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
+        source_close(&src);
+        runtime_free(&rt);
         return 1;
     }
     Model m;
