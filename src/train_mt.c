@@ -759,6 +759,7 @@ int main(int argc, char **argv) {
             saved_step = step;
         }
         if (lead && !tty) fflush(stdout);
+        if (metrics) fflush(metrics);
     }
     if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, total);
     if (lead) {
