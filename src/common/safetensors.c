@@ -704,7 +704,7 @@ int st_writer_write(StWriter *w, const char *path, char *err, size_t err_len) {
 
     int rc = -1;
     bool renamed = false;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         tp_error_set(err, err_len, "%s: cannot create %s (%s)", path, tmp, strerror(errno));
         goto done;
