@@ -65,10 +65,7 @@ void mt_free(MtModel *mt) {
 }
 
 int mt_save(const Model *m, const char *spm_model_path, const char *dir, char *err, size_t err_len) {
-    if (model_export(m, dir, err, err_len)) return -1;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/spm.model", dir);
-    return copy_file_atomic(spm_model_path, path, err, err_len);
+    return model_export_files(m, spm_model_path, dir, err, err_len);
 }
 
 int32_t *mt_encode_line(const Spm *spm, const char *line, int *n) {

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,9 +408,9 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     cfg->bos_id = SPM_BOS_ID;
     cfg->eos_id = SPM_EOS_ID;
     snprintf(path, sizeof path, "%s/train.tok", cache);
-    if (token_file_open(&src->train_tf, path, err, err_len)) return -1;
+    if (token_file_open(&src->train_tf, path, cfg->vocab_size, err, err_len)) return -1;
     snprintf(path, sizeof path, "%s/dev.tok", cache);
-    if (token_file_open(&src->dev_tf, path, err, err_len)) return -1;
+    if (token_file_open(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
     if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
                      rt->mesh.dp, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
         tp_error_set(err, err_len, "train split: %s", why);
@@ -567,10 +568,27 @@ static double *memory_gather(const Runtime *rt, const Backend *be) {
     return out;
 }
 
-/* The final metrics record: every rank's peak bytes per tag. */
-static void memory_record(FILE *f, const Runtime *rt, const Backend *be, int step) {
+/* One JSON line of --metrics, written through at once: a failed write (a
+ * full disk) ends the run naming the file instead of leaving it truncated. */
+__attribute__((format(printf, 3, 4))) static void metrics_line(FILE *f, const char *path, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vfprintf(f, fmt, ap);
+    va_end(ap);
+    if (k < 0 || fflush(f) != 0 || ferror(f)) {
+        fprintf(stderr, "train_mt: --metrics %s: writing the file failed (%s)\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+/* The final metrics record: every rank's peak bytes per tag. Collective. */
+static void memory_record(FILE *out, const char *path, const Runtime *rt, const Backend *be, int step) {
     double *all = memory_gather(rt, be);
-    if (f) {
+    if (out) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        TP_CHECK(f, "out of memory formatting the metrics record");
         fprintf(f, "{\"step\": %d, \"memory\": [", step);
         for (int r = 0; r < rt->mesh.world; r++) {
             const double *x = all + (size_t)r * MEMF_N;
@@ -580,6 +598,9 @@ static void memory_record(FILE *f, const Runtime *rt, const Backend *be, int ste
             fprintf(f, ", \"allocator_peak\": %.0f, \"peak_rss\": %.0f}", x[MEMF_TOTAL], x[MEMF_RSS]);
         }
         fprintf(f, "]}\n");
+        TP_CHECK(fclose(f) == 0, "out of memory formatting the metrics record");
+        metrics_line(out, path, "%s", text);
+        free(text);
     }
     free(all);
 }
@@ -604,10 +625,15 @@ static void memory_table(const Runtime *rt, const Backend *be, const char *when)
 }
 
 /* Every rank's allocator peak and peak RSS in the metrics record, in MiB:
- * keys "mem_peak_mib" and "mem_rss_mib", arrays indexed by rank. */
-static void memory_metrics(FILE *f, const Runtime *rt, const Backend *be) {
+ * keys "mem_peak_mib" and "mem_rss_mib", arrays indexed by rank. Collective:
+ * every rank calls it; the text (to free) only where want is true. */
+static char *memory_metrics(const Runtime *rt, const Backend *be, bool want) {
     double *all = memory_gather(rt, be);
-    if (f) {
+    char *text = NULL;
+    size_t len = 0;
+    if (want) {
+        FILE *f = open_memstream(&text, &len);
+        TP_CHECK(f, "out of memory formatting the metrics record");
         const double mib = 1.0 / (1024.0 * 1024.0);
         for (int k = 0; k < 2; k++) {
             fprintf(f, "%s", k == 0 ? ", \"mem_peak_mib\": [" : ", \"mem_rss_mib\": [");
@@ -615,15 +641,17 @@ static void memory_metrics(FILE *f, const Runtime *rt, const Backend *be) {
                 fprintf(f, "%s%.2f", r ? ", " : "", all[(size_t)r * MEMF_N + (k == 0 ? MEMF_TOTAL : MEMF_RSS)] * mib);
             fprintf(f, "]");
         }
+        TP_CHECK(fclose(f) == 0, "out of memory formatting the metrics record");
     }
     free(all);
+    return text;
 }
 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
 /* Loads the checkpoint --resume names into this layout and moves the data
  * source to where it stood; *first_step receives the next step to run. */
-static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int *first_step,
+static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int total, int *first_step,
                   char *err, size_t err_len) {
     const bool is_auto = strcmp(a->resume, "auto") == 0;
     const char *where = is_auto ? a->save_dir : a->resume;
@@ -653,7 +681,17 @@ static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, S
                      st.corpus ? "corpus" : "synthetic-task", a->synthetic ? "synthetic task" : "corpus");
         return -1;
     }
+    /* Nothing of a run that ends before the checkpoint's step may be saved:
+     * it would file step-N weights under a smaller step number. */
+    if (st.step > total) {
+        tp_error_set(err, err_len, "%s is at step %lld, past this run's last step %d (--max-steps / --epochs): raise "
+                     "it to continue that run; nothing was trained or saved", dir, (long long)st.step, total);
+        return -1;
+    }
+    if (st.corpus && ckpt_check_tokenizer(dir, src->spm_path, err, err_len)) return -1;
     if (ckpt_load(dir, m, opt, err, err_len)) return -1;
+    if (st.step == total && rt->mesh.rank == 0)
+        printf("train_mt: %s is already at step %d, this run's last step: nothing to train\n", dir, total);
     if (st.corpus) {
         char why[512];
         if (dataset_seek(&src->train, st.cursor, why, sizeof why)) {
@@ -712,6 +750,8 @@ int main(int argc, char **argv) {
     Source src;
     if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
+        source_close(&src);
+        runtime_free(&rt);
         return 1;
     }
     Model m;
@@ -732,8 +772,13 @@ int main(int argc, char **argv) {
     AdamW opt;
     adamw_init(&opt, be, &a.opt, m.tab.n_elems);
     int first_step = 1;
-    if (a.resume && resume(&a, &rt, &m, &opt, &src, &first_step, err, sizeof err)) {
+    if (a.resume && resume(&a, &rt, &m, &opt, &src, total, &first_step, err, sizeof err)) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
+        adamw_free(&opt);
+        if (decode_here) model_free(&whole);
+        model_free(&m);
+        source_close(&src);
+        runtime_free(&rt);
         return 1;
     }
     FILE *metrics = NULL;
@@ -792,15 +837,16 @@ int main(int argc, char **argv) {
         }
         if (step % a.log_interval == 0 || step == total || step == 1) {
             double tps = tok_window / (t - t_window > 1e-9 ? t - t_window : 1e-9);
+            char *mem = memory_metrics(&rt, be, lead && metrics);
             if (lead) {
                 printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", tty ? "\r\033[K" : "",
                        step, total, loss, lr, gnorm, tps);
                 if (metrics)
-                    fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
-                                     "\"tokens_per_s\": %.1f", step, loss, lr, gnorm, tps);
+                    metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, "
+                                 "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f%s}\n", step, loss, lr, gnorm, tps,
+                                 mem ? mem : "");
             }
-            memory_metrics(lead ? metrics : NULL, &rt, be);
-            if (lead && metrics) fprintf(metrics, "}\n");
+            free(mem);
             if (step == a.log_interval || (step == total && total < a.log_interval))
                 memory_table(&rt, be, "after the first logged steps");
             t_window = tp_now_s();
@@ -815,11 +861,11 @@ int main(int argc, char **argv) {
                     printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
                            ev.loss, ev.bleu);
                     if (metrics)
-                        fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f}\n", step, ev.loss,
-                                ev.bleu);
+                        metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f}\n",
+                                     step, ev.loss, ev.bleu);
                 } else if (lead) {
                     printf("%sstep %6d/%d | held-out loss %.4f\n", tty ? "\r\033[K" : "", step, total, ev.loss);
-                    if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
+                    if (metrics) metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
                 }
             }
             comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
@@ -845,7 +891,7 @@ int main(int argc, char **argv) {
                    ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
     }
     memory_table(&rt, be, "end of training");
-    memory_record(lead ? metrics : NULL, &rt, be, total);
+    memory_record(lead ? metrics : NULL, a.metrics_path, &rt, be, total);
     int rc = 0;
     if (a.export_dir) {
         Model full;
@@ -872,7 +918,7 @@ int main(int argc, char **argv) {
         comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
     }
     if (metrics && fclose(metrics) != 0) {
-        fprintf(stderr, "train_mt: --metrics %s: write failed\n", a.metrics_path);
+        fprintf(stderr, "train_mt: --metrics %s: writing the file failed (%s)\n", a.metrics_path, strerror(errno));
         rc = 1;
     }
     trainer_free(&trainer);

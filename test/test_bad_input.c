@@ -55,6 +55,23 @@ static void test_configs(void) {
     c = base;
     c.bos_id = c.vocab_size;
     expect_config_refused(c, "bos_id");
+    /* every dimension is bounded: nothing overflows, nothing absurd is built */
+    c = base;
+    c.vocab_size = 2147483647;
+    expect_config_refused(c, "vocab_size must be at most 16777216, got 2147483647");
+    c = base;
+    c.d_model = 1 << 20;
+    expect_config_refused(c, "d_model must be at most 65536");
+    c = base;
+    c.d_ff = 1 << 30;
+    expect_config_refused(c, "d_ff must be at most 1048576");
+    c = base;
+    c.max_len = 1 << 30;
+    expect_config_refused(c, "max_len must be at most 65536");
+    c = base;
+    c.n_heads = 2048;
+    c.d_model = 4096;
+    expect_config_refused(c, "n_heads must be at most 1024");
 }
 
 static void expect_load_refused(const char *dir, const char *phrase, const char *file, const char *what) {
@@ -75,6 +92,17 @@ static void put(const char *dir, const char *name, const void *bytes, size_t n) 
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     CHECK(write_bytes(path, bytes, n), "cannot write %s", path);
+}
+
+/* out = text with the first `from` replaced by `to` (out may be text). */
+static bool replace_once(char *out, size_t cap, const char *text, const char *from, const char *to) {
+    const char *at = strstr(text, from);
+    if (!at) return false;
+    char buf[1024];
+    int k = snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    if (k < 0 || (size_t)k >= sizeof buf || (size_t)k >= cap) return false;
+    memcpy(out, buf, (size_t)k + 1);
+    return true;
 }
 
 static void test_exports(void) {
@@ -146,6 +174,21 @@ static void test_exports(void) {
         put(dir, "config.json", text, n_cfg);
         expect_load_refused(dir, "n_heads (3) must divide d_model (32)", "config.json", "bad heads");
         heads[strlen("\"n_heads\":\t")] = '4';
+    }
+    /* A config far larger than the tensors (a whole model of it would need
+     * hundreds of GiB): refused from the shapes, before anything is built. */
+    char big[1024];
+    bool ok = replace_once(big, sizeof big, text, "\"d_model\":\t32,", "\"d_model\":\t65536,") &&
+              replace_once(big, sizeof big, big, "\"d_ff\":\t64,", "\"d_ff\":\t1048576,") &&
+              replace_once(big, sizeof big, big, "\"enc_layers\":\t2,", "\"enc_layers\":\t255,");
+    CHECK(ok, "config.json lacks d_model 32, d_ff 64 or enc_layers 2 (%s)", text);
+    if (ok) {
+        put(dir, "config.json", big, strlen(big));
+        expect_load_refused(dir, "config.json needs F32 [64, 65536]", "model.safetensors", "huge config");
+        /* trailing bytes after the JSON object */
+        snprintf(big, sizeof big, "%.*s garbage", (int)n_cfg, text);
+        put(dir, "config.json", big, strlen(big));
+        expect_load_refused(dir, "not a JSON object", "config.json", "trailing garbage");
     }
     char *ff = strstr(text, "\"d_ff\":\t64");
     CHECK(ff != NULL, "config.json has no d_ff 64");

@@ -16,9 +16,11 @@
 #     tprun (TPTRAIN_FAULT_RANK=1 and 3): tprun stops the job, resume exact.
 #  4. Refusals with one clear sentence naming the file: truncated shard,
 #     flipped byte, missing optimizer shard, replaced shard, edited crc32c,
-#     edited config (other model; invalid), unknown format_version, empty
-#     --resume folder, other seed or data kind; --resume auto on an empty
-#     --save folder starts fresh.
+#     edited config (other model; invalid; not fitting the shards), unknown
+#     format_version, empty --resume folder, other seed or data kind;
+#     --resume auto on an empty --save folder starts fresh. Manifest edits
+#     are resealed (test/manifest_seal.py) so that the check of the edited
+#     field is reached; unsealed edits are test_hardening.sh's.
 # Usage: test_checkpoint.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$1 corpus=$2
@@ -337,6 +339,9 @@ refuse() {
 # copy_of NAME SRC: a fresh copy of checkpoint SRC to damage.
 copy_of() { rm -rf "$1"; cp -r "$2" "$1"; }
 crc_of() { sed -n "/\"$2\"/,/}/s/.*\"crc32c\":[[:space:]]*\"\([0-9a-f]*\)\".*/\1/p" "$1/manifest.json"; }
+# reseal DIR: recomputes the manifest's checksum line after an edit, so that
+# the check behind it (of the edited field) is the one that refuses.
+reseal() { /usr/bin/python3 "$here/manifest_seal.py" reseal "$1/manifest.json"; }
 synth_ck=copy-ckpt/step_00000010   # tp 2 x dp 2, synthetic task
 mt_ck=corpus-ckpt/step_00000010     # tp 2 x dp 2, corpus (with spm.model): translate_mt loads it
 resume_synth=("$train" "${synth[@]}" --dropout 0.1 --max-steps 12 --resume)
@@ -373,31 +378,39 @@ for ck in "$synth_ck" "$mt_ck"; do
   old=$(crc_of "$ck" model-tp1-pp0.safetensors)
   new=$(printf %08x $((0x$old ^ 0x10)))
   sed -i "s/\"crc32c\":\([[:space:]]*\)\"$old\"/\"crc32c\":\1\"$new\"/" "$kind-crc/manifest.json"
+  reseal "$kind-crc"
   refuse "$kind-crc" "$kind-crc/model-tp1-pp0.safetensors: CRC-32C $old, the manifest says $new (corrupted)" \
       "${tool[@]}" "$kind-crc"
 
   copy_of "$kind-version" "$ck"
-  sed -i '0,/"format_version":[[:space:]]*1,/s//"format_version":\t7,/' "$kind-version/manifest.json"
-  refuse "$kind-version" "$kind-version/manifest.json: field 'format_version' is 7, this build reads version 1" \
+  sed -i '0,/"format_version":[[:space:]]*2,/s//"format_version":\t7,/' "$kind-version/manifest.json"
+  reseal "$kind-version"
+  refuse "$kind-version" "$kind-version/manifest.json: field 'format_version' is 7, this build reads version 2" \
       "${tool[@]}" "$kind-version"
 
   copy_of "$kind-invalid" "$ck"
   sed -i 's/"n_heads":\([[:space:]]*\)4,/"n_heads":\13,/' "$kind-invalid/manifest.json"
+  reseal "$kind-invalid"
   refuse "$kind-invalid" "$kind-invalid/manifest.json: config: n_heads (3) must divide d_model (32)" \
       "${tool[@]}" "$kind-invalid"
 
+  # A config that does not fit the shards: refused from the manifest, before
+  # a model of it is built (translate_mt builds the manifest's model).
   copy_of "$kind-dmodel" "$ck"
   sed -i 's/"d_model":\([[:space:]]*\)32,/"d_model":\148,/' "$kind-dmodel/manifest.json"
-  if [[ $kind == copy ]]; then  # this run builds its own model: the configs differ
-    refuse copy-dmodel \
-        "copy-dmodel/manifest.json: the checkpoint's model differs from this run's: d_model is 48 in one and 32 in the other" \
-        "${tool[@]}" copy-dmodel
-  else  # translate_mt builds the manifest's model: the shards do not fit it
-    refuse corpus-dmodel \
-        "corpus-dmodel/model-tp0-pp0.safetensors: tensor 'embed.weight' is not recorded as VOCAB with global shape of this model" \
-        "${tool[@]}" corpus-dmodel
-  fi
+  reseal "$kind-dmodel"
+  refuse "$kind-dmodel" \
+      "$kind-dmodel/manifest.json: file 'model-tp0-pp0.safetensors' is listed with $(stat -c %s "$ck/model-tp0-pp0.safetensors") bytes, but the manifest's config (d_model 48," \
+      "${tool[@]}" "$kind-dmodel"
 done
+# Another model of the same shapes: train_mt builds its own model, and the
+# configs differ.
+copy_of copy-other "$synth_ck"
+sed -i 's/"label_smoothing":\([[:space:]]*\)0.1[0-9]*,/"label_smoothing":\10.2,/' copy-other/manifest.json
+reseal copy-other
+refuse copy-other \
+    "copy-other/manifest.json: the checkpoint's model differs from this run's: label_smoothing is 0.2 in one and 0.1 in the other" \
+    "${resume_synth[@]}" copy-other
 
 # The optimizer state: needed to resume, not to translate.
 copy_of no-optim "$mt_ck"

@@ -202,7 +202,7 @@ static void test_clean_and_deterministic(void) {
     /* token file contents: every pair, by its source line */
     TokenFile tf;
     path_of(pa, sizeof pa, a.cache, "dev.tok");
-    if (token_file_open(&tf, pa, err, sizeof err) != 0) {
+    if (token_file_open(&tf, pa, SMALL_VOCAB, err, sizeof err) != 0) {
         CHECK(false, "%s", err);
         return;
     }
@@ -259,7 +259,7 @@ static void test_empty_lines(void) {
           "train: %ld read, %ld empty, %ld kept", st[0].lines, st[0].empty, st[0].kept);
     TokenFile tf;
     path_of(path, sizeof path, c.cache, "train.tok");
-    if (token_file_open(&tf, path, err, sizeof err) != 0) {
+    if (token_file_open(&tf, path, SMALL_VOCAB, err, sizeof err) != 0) {
         CHECK(false, "%s", err);
         return;
     }
@@ -366,7 +366,7 @@ static void test_crlf_and_final_line(void) {
     for (int f = 0; f < 2; f++) {
         TokenFile tf;
         path_of(path, sizeof path, c.cache, files[f].tok);
-        if (token_file_open(&tf, path, err, sizeof err) != 0) {
+        if (token_file_open(&tf, path, SMALL_VOCAB, err, sizeof err) != 0) {
             CHECK(false, "%s", err);
             continue;
         }
@@ -430,7 +430,7 @@ static void test_reuse_and_rebuild(void) {
     CHECK(inode_of(dev_tok) != dev0, "changed dev.en did not rebuild dev.tok");
     CHECK(inode_of(train_tok) == train0 && inode_of(model) == model0, "changed dev.en rebuilt train or the model");
     TokenFile tf;
-    CHECK(token_file_open(&tf, dev_tok, err, sizeof err) == 0, "%s", err);
+    CHECK(token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0, "%s", err);
     int32_t ids[64];
     int n = encode(&c, "the river is old .", ids, 64);
     CHECK(tf.n_pairs == N_DEV && tf.map && same_ids(ids, n, tf.tokens + tf.en_off[6], (int)(tf.en_off[7] - tf.en_off[6])),
@@ -445,8 +445,23 @@ static void test_reuse_and_rebuild(void) {
     free(bytes);
     dev0 = inode_of(dev_tok);
     CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
-    CHECK(inode_of(dev_tok) != dev0 && token_file_open(&tf, dev_tok, err, sizeof err) == 0,
+    CHECK(inode_of(dev_tok) != dev0 && token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0,
           "truncated dev.tok not rebuilt: %s", err);
+    token_file_close(&tf);
+
+    /* a damaged body (one token id changed, header and key intact) is not
+     * reused either: the body checksum finds it and the file is rebuilt */
+    bytes = read_bytes(dev_tok, &n_bytes);
+    CHECK(bytes != NULL && n_bytes > 64, "cannot read %s", dev_tok);
+    if (bytes) {
+        bytes[n_bytes - 4] ^= 0x01;
+        write_bytes(dev_tok, bytes, n_bytes);
+    }
+    free(bytes);
+    dev0 = inode_of(dev_tok);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(inode_of(dev_tok) != dev0 && token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0,
+          "dev.tok with a damaged body was reused, not rebuilt: %s", err);
     token_file_close(&tf);
 
     /* another tokenizer (same size, other text) rebuilds every split */
@@ -490,7 +505,7 @@ static void expect_refused(const char *path, const uint8_t *bytes, size_t n, con
     CHECK(write_bytes(path, bytes, n), "cannot write %s", path);
     TokenFile tf;
     char err[1024] = "";
-    int rc = token_file_open(&tf, path, err, sizeof err);
+    int rc = token_file_open(&tf, path, SMALL_VOCAB, err, sizeof err);
     CHECK(rc != 0, "%s: damaged token file accepted", what);
     if (rc == 0) {
         token_file_close(&tf);
@@ -500,9 +515,13 @@ static void expect_refused(const char *path, const uint8_t *bytes, size_t n, con
     CHECK(strstr(err, path) != NULL, "%s: message '%s' does not name the file", what, err);
 }
 
-static void reseal(uint8_t *b) {
-    uint32_t crc = crc32c(0, b, 28);
-    memcpy(b + 28, &crc, 4);
+/* Recomputes the body crc (every byte after the 40-byte header) and then
+ * the header crc, so that a structural check is reached behind them. */
+static void reseal(uint8_t *b, size_t n) {
+    uint32_t body = crc32c(0, b + 40, n - 40);
+    memcpy(b + 28, &body, 4);
+    uint32_t crc = crc32c(0, b, 36);
+    memcpy(b + 36, &crc, 4);
 }
 
 static void test_damaged_token_files(void) {
@@ -520,7 +539,7 @@ static void test_damaged_token_files(void) {
     uint8_t *b = malloc(n);
     uint32_t n_pairs;
     memcpy(&n_pairs, orig + 12, 4);
-    const size_t en_off_at = 32, line_at = 32 + 16 * ((size_t)n_pairs + 1);
+    const size_t en_off_at = 40, line_at = 40 + 16 * ((size_t)n_pairs + 1);
     const size_t tokens_at = line_at + 4 * (size_t)n_pairs;
 
     expect_refused(path, orig, n - 4, "implies", "truncated by one token");
@@ -538,34 +557,55 @@ static void test_damaged_token_files(void) {
     static const char foreign[] = "PK\x03\x04 this is a zip file, not a token file at all.";
     expect_refused(path, (const uint8_t *)foreign, sizeof foreign - 1, "bad magic", "foreign file");
     memcpy(b, orig, n);
-    b[8] = 2;
-    reseal(b);
-    expect_refused(path, b, n, "version 2", "future version");
+    b[8] = 3;
+    reseal(b, n);
+    expect_refused(path, b, n, "version 3", "future version");
+    /* the body: a changed token id (still inside the vocabulary) or line
+     * number is caught by the body checksum, whatever the key says */
+    memcpy(b, orig, n);
+    int32_t id;
+    memcpy(&id, b + tokens_at + 8, 4);
+    id = id == 5 ? 6 : 5;
+    memcpy(b + tokens_at + 8, &id, 4);
+    expect_refused(path, b, n, "damaged body", "changed token id");
+    memcpy(b, orig, n);
+    b[line_at + 8] ^= 0x02;
+    expect_refused(path, b, n, "damaged body", "flipped line number");
     memcpy(b, orig, n);
     uint64_t v = 1u << 30;
     memcpy(b + en_off_at + 8 * 3, &v, 8); /* en_off[3] far beyond its neighbours */
+    reseal(b, n);
     expect_refused(path, b, n, "not monotone", "offset out of order");
     memcpy(b, orig, n);
     memcpy(b + en_off_at, &v, 8); /* en_off[0] != 0 */
+    reseal(b, n);
     expect_refused(path, b, n, "inconsistent offsets", "offset start");
     memcpy(b, orig, n);
     uint32_t zero = 0;
     memcpy(b + line_at + 4, &zero, 4);
+    reseal(b, n);
     expect_refused(path, b, n, "line numbers", "line number 0");
     memcpy(b, orig, n);
     int32_t neg = -5;
     memcpy(b + tokens_at + 4, &neg, 4);
+    reseal(b, n);
     expect_refused(path, b, n, "negative id", "negative token");
+    /* an id past the vocabulary, checksums consistent: refused on opening */
+    memcpy(b, orig, n);
+    int32_t big = SMALL_VOCAB;
+    memcpy(b + tokens_at + 12, &big, 4);
+    reseal(b, n);
+    expect_refused(path, b, n, "has id 80, outside the vocabulary of 80 pieces", "id past the vocabulary");
     /* a header claiming a huge token count must not overflow the size check */
     memcpy(b, orig, n);
     uint64_t huge = UINT64_MAX / 2;
     memcpy(b + 16, &huge, 8);
-    reseal(b);
+    reseal(b, n);
     expect_refused(path, b, n, "implies", "huge n_tokens");
     TokenFile tf;
-    CHECK(token_file_open(&tf, "/nonexistent/x.tok", err, sizeof err) != 0 && strstr(err, "/nonexistent/x.tok"),
+    CHECK(token_file_open(&tf, "/nonexistent/x.tok", SMALL_VOCAB, err, sizeof err) != 0 && strstr(err, "/nonexistent/x.tok"),
           "missing file: '%s'", err);
-    CHECK(token_file_open(&tf, good, err, sizeof err) == 0, "the original is still good: %s", err);
+    CHECK(token_file_open(&tf, good, SMALL_VOCAB, err, sizeof err) == 0, "the original is still good: %s", err);
     token_file_close(&tf);
     free(b);
     free(orig);

@@ -509,6 +509,67 @@ static void test_writer_errors(void) {
     }
 }
 
+/* ---- alignment ---------------------------------------------------------------- */
+
+/* A header whose length is not a multiple of 4 (other writers need not pad
+ * it) and a tensor at an odd offset: every tensor must still be handed out
+ * at an address aligned for its dtype, with its bytes intact, and the data
+ * section (what checksums cover) left as read. */
+static void test_misaligned_data(void) {
+    char path[256], err[512] = "";
+    float x[3] = {1.5f, -2.25f, 3.0f};
+    uint8_t u[3] = {7, 8, 9};
+    uint8_t data[15];
+    memcpy(data, u, sizeof u); /* u at [0, 3), x at [3, 15): x starts at an odd offset */
+    memcpy(data + 3, x, sizeof x);
+    const char *json = "{\"u\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]},"
+                       "\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[3,15]}}";
+    CHECK(strlen(json) % 4 != 0, "the header should have a length that is not a multiple of 4");
+    path_in_dir(path, sizeof path, "misaligned.safetensors");
+    CHECK(write_raw(path, json, false, data, sizeof data), "write misaligned");
+    StFile f;
+    int rc = st_read(path, &f, err, sizeof err);
+    CHECK(rc == 0, "misaligned file refused: %s", err);
+    if (rc == 0) {
+        const StTensor *tx = st_find(&f, "x"), *tu = st_find(&f, "u");
+        CHECK(tx && (uintptr_t)tx->data % sizeof(float) == 0, "F32 tensor handed out at a misaligned address %p",
+              tx ? tx->data : NULL);
+        if (tx && (uintptr_t)tx->data % sizeof(float) == 0) {
+            const float *p = tx->data; /* read as floats, as the loaders do */
+            CHECK(p[0] == x[0] && p[1] == x[1] && p[2] == x[2], "x differs after alignment");
+        }
+        CHECK(tu && memcmp(tu->data, u, sizeof u) == 0, "u differs after alignment");
+        CHECK(f.data_bytes == sizeof data && memcmp(f.data_section, data, sizeof data) == 0,
+              "the data section was changed");
+        st_free(&f);
+    }
+    /* only the header misaligned (one F32 tensor at offset 0) */
+    const char *json1 = "{\"x\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}} ";
+    CHECK(write_raw(path, json1, false, x, sizeof x), "write misaligned header");
+    rc = st_read(path, &f, err, sizeof err);
+    CHECK(rc == 0, "file with a 3-mod-4 header refused: %s", err);
+    if (rc == 0) {
+        const StTensor *tx = st_find(&f, "x");
+        CHECK(tx && (uintptr_t)tx->data % sizeof(float) == 0 && memcmp(tx->data, x, sizeof x) == 0,
+              "F32 tensor behind a %zu-byte header is misaligned or changed", strlen(json1));
+        st_free(&f);
+    }
+}
+
+/* A named pipe in place of a file is refused at once, never waited on (a
+ * reader that blocks is killed by the alarm: the test fails, not hangs). */
+#define FIFO_HANG_LIMIT_S 20
+
+static void test_fifo(void) {
+    char path[256];
+    path_in_dir(path, sizeof path, "pipe.safetensors");
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo %s: %s", path, strerror(errno));
+    alarm(FIFO_HANG_LIMIT_S);
+    expect_refused(path, "not a regular file (a named pipe)", "named pipe");
+    alarm(0);
+    unlink(path);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/test_safetensors.XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -521,6 +582,8 @@ int main(void) {
     test_malformed_headers();
     test_foreign_files();
     test_writer_errors();
+    test_misaligned_data();
+    test_fifo();
     remove_tree(g_dir);
     return check_report("test_safetensors");
 }

@@ -132,7 +132,7 @@ static void check_token_file(const Spm *spm, const char *data, const char *cache
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/%s.tok", cache, SPLITS[s]);
     TokenFile tf;
-    CHECK(token_file_open(&tf, path, err, sizeof err) == 0, "%s", err);
+    CHECK(token_file_open(&tf, path, spm_vocab_size(spm), err, sizeof err) == 0, "%s", err);
     if (!tf.map) return;
     CHECK(tf.n_pairs == SPLIT_PAIRS[s], "%s: %d pairs, want %ld", path, tf.n_pairs, SPLIT_PAIRS[s]);
     int n_diff = 0;
@@ -316,7 +316,7 @@ int main(int argc, char **argv) {
     CHECK(!same_file(before[2], file_id(cache2, "dev.tok")), "editing dev.en did not rebuild dev.tok");
     TokenFile tf;
     snprintf(to, sizeof to, "%s/dev.tok", cache2);
-    CHECK(token_file_open(&tf, to, err, sizeof err) == 0, "%s", err);
+    CHECK(token_file_open(&tf, to, spm_vocab_size(spm), err, sizeof err) == 0, "%s", err);
     if (tf.map) {
         n = spm_encode(spm, new_line, ids, MAX_IDS);
         CHECK(tf.line[9] == 10 && n == (int)(tf.en_off[10] - tf.en_off[9]) &&

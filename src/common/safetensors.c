@@ -16,6 +16,7 @@
 
 #include "safetensors.h"
 #include "err.h"
+#include "fileio.h"
 
 #include <cjson/cJSON.h>
 #include <fcntl.h>
@@ -408,62 +409,44 @@ done:
     return rc;
 }
 
+/* Tensor data must be readable through a pointer of its element type. A
+ * file whose header length is not a multiple of 8 (the writer pads it; other
+ * writers need not) or whose tensors start at odd offsets puts the data at a
+ * misaligned address: then every tensor is copied into one buffer of its
+ * own, each at an 8-byte aligned offset. The data section itself (what the
+ * checksums cover) stays as it was read. */
+static void align_tensors(StFile *f) {
+    bool aligned = true;
+    for (int i = 0; i < f->n_tensors && aligned; i++) {
+        const size_t elem = k_dtypes[f->tensors[i].dtype].n_bytes;
+        aligned = (uintptr_t)f->tensors[i].data % elem == 0;
+    }
+    if (aligned) return;
+    size_t total = 0;
+    for (int i = 0; i < f->n_tensors; i++) total += (f->tensors[i].n_bytes + 7) & ~(size_t)7;
+    uint8_t *copy = TP_MALLOC(total); /* malloc's alignment is at least 8 */
+    size_t at = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        StTensor *t = &f->tensors[i];
+        if (t->n_bytes) memcpy(copy + at, t->data, t->n_bytes);
+        t->data = copy + at;
+        at += (t->n_bytes + 7) & ~(size_t)7;
+    }
+    f->aligned_copy = copy;
+}
+
 int st_read(const char *path, StFile *f, char *err, size_t err_len) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        tp_error_set(err, err_len, "%s: cannot open file (%s)", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        tp_error_set(err, err_len, "%s: cannot stat file (%s)", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        tp_error_set(err, err_len, "%s: not a regular file", path);
-        close(fd);
-        return -1;
-    }
-    if ((uint64_t)st.st_size > SIZE_MAX) {
-        tp_error_set(err, err_len, "%s: file of %jd bytes does not fit in memory",
-                     path, (intmax_t)st.st_size);
-        close(fd);
-        return -1;
-    }
-    size_t size = (size_t)st.st_size;
-    uint8_t *buf = malloc(size ? size : 1);
-    if (!buf) {
-        tp_error_set(err, err_len, "%s: cannot allocate %zu bytes to read the file", path, size);
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t k = read(fd, buf + got, size - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            if (k < 0)
-                tp_error_set(err, err_len, "%s: read failed after %zu of %zu bytes (%s)",
-                             path, got, size, strerror(errno));
-            else
-                tp_error_set(err, err_len, "%s: file shrank to %zu bytes while being read (expected %zu)",
-                             path, got, size);
-            free(buf);
-            close(fd);
-            return -1;
-        }
-        got += (size_t)k;
-    }
-    close(fd);
-
+    size_t size = 0;
+    uint8_t *buf = read_file_bytes(path, &size, err, err_len);
+    if (!buf) return -1;
     f->buffer = buf;
     f->file_bytes = size;
     if (parse_file(path, f, err, err_len) != 0) {
         st_free(f);
         return -1;
     }
+    align_tensors(f);
     return 0;
 }
 
@@ -478,6 +461,7 @@ void st_free(StFile *f) {
     free(f->meta_keys);
     free(f->meta_values);
     free(f->buffer);
+    free(f->aligned_copy);
     memset(f, 0, sizeof *f);
 }
 
@@ -720,7 +704,7 @@ int st_writer_write(StWriter *w, const char *path, char *err, size_t err_len) {
 
     int rc = -1;
     bool renamed = false;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         tp_error_set(err, err_len, "%s: cannot create %s (%s)", path, tmp, strerror(errno));
         goto done;

@@ -14,6 +14,8 @@
  * length, JSON syntax, dtypes, shapes vs byte ranges, ranges inside the data
  * section and not overlapping, and the checksum when present. Any failure is
  * one sentence in err naming the file and the field; the call returns -1.
+ * Only a regular file is read (never blocking on a named pipe), and every
+ * tensor's data is aligned for its dtype (copied when the file misaligns it).
  */
 #ifndef TPTRAIN_SAFETENSORS_H
 #define TPTRAIN_SAFETENSORS_H
@@ -31,7 +33,9 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     size_t n_bytes;
-    const void *data;      // points into StFile.data_section
+    const void *data;      // points into StFile.data_section, or into
+                           // StFile.aligned_copy when the file put it at an
+                           // address not aligned for its dtype
 } StTensor;
 
 typedef struct {
@@ -43,6 +47,7 @@ typedef struct {
     size_t file_bytes;
     const uint8_t *data_section;
     size_t data_bytes;
+    void *aligned_copy;    // owned: tensors copied to aligned addresses, or NULL
 } StFile;
 
 int st_read(const char *path, StFile *f, char *err, size_t err_len);

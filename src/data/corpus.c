@@ -12,8 +12,11 @@
  *   - "empty" also covers lines of only spaces and tabs (they encode to no
  *     pieces); a NUL byte counts as invalid text (bad_utf8);
  *   - a '\r' ending any line is stripped and counted, the last line included;
- *   - the header crc covers the 28 header bytes before it; the offset and
- *     line tables are covered by the structural checks instead;
+ *   - the header crc covers the 36 header bytes before it; the body crc
+ *     covers every byte after the header (offset and line tables, tokens),
+ *     so a damaged body is found when the file is opened, not trusted
+ *     because its key still matches; on top of the checksum, every token id
+ *     is checked against the vocabulary the caller names;
  *   - the key is crc32c over (format version, c(.en), c(.ja), c(spm.model)),
  *     where c(f) = crc32c(length of f as uint64, bytes of f): a changed
  *     byte changes it, and so do bytes moved from one file to the next.
@@ -36,15 +39,17 @@
 
 #include "data/spm.h"
 #include "err.h"
+#include "fileio.h"
 #include "safetensors.h" /* crc32c */
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "token files are little-endian and mapped as is: a big-endian host needs byte swapping here"
 #endif
 
-#define TOK_VERSION 1u
-#define TOK_HEADER_BYTES 32
-#define TOK_HEADER_CRC_AT 28
+#define TOK_VERSION 2u
+#define TOK_HEADER_BYTES 40
+#define TOK_BODY_CRC_AT 28
+#define TOK_HEADER_CRC_AT 36
 #define CORPUS_DEFAULT_VOCAB 8000
 static const char TOK_MAGIC[8] = {'T', 'P', 'T', 'O', 'K', 0, 0, 1};
 
@@ -56,32 +61,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Whole file plus a NUL, malloc'ed; NULL + err. */
+/* Whole file plus a NUL, malloc'ed; NULL + err (a named pipe or anything
+ * but a regular file is refused by the common reader, never waited on). */
 static char *read_whole(const char *path, size_t *n_bytes, char *err, size_t err_len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        tp_error_set(err, err_len, "cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        tp_error_set(err, err_len, "%s is not a regular file", path);
-        fclose(fp);
-        return NULL;
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = TP_MALLOC(n + 1);
-    size_t got = n ? fread(buf, 1, n, fp) : 0;
-    int read_failed = ferror(fp);
-    fclose(fp);
-    if (got != n || read_failed) {
-        tp_error_set(err, err_len, "cannot read %s: short read (%zu of %zu bytes)", path, got, n);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *n_bytes = n;
-    return buf;
+    return read_file_bytes(path, n_bytes, err, err_len);
 }
 
 static int file_exists(const char *path) {
@@ -425,12 +408,19 @@ static int write_token_file(const SplitText *s, const Spm *spm, uint32_t key, co
     for (long k = 0; k <= n; k++) ja_off[k] += en.n;
     const uint64_t n_tokens = en.n + ja.n;
 
+    uint32_t body_crc = crc32c(0, en_off, ((size_t)n + 1) * sizeof *en_off);
+    body_crc = crc32c(body_crc, ja_off, ((size_t)n + 1) * sizeof *ja_off);
+    body_crc = crc32c(body_crc, line, (size_t)n * sizeof *line);
+    body_crc = crc32c(body_crc, en.ids, (size_t)en.n * sizeof *en.ids);
+    body_crc = crc32c(body_crc, ja.ids, (size_t)ja.n * sizeof *ja.ids);
     uint8_t hdr[TOK_HEADER_BYTES];
+    memset(hdr, 0, sizeof hdr);
     memcpy(hdr, TOK_MAGIC, 8);
     put_u32(hdr + 8, TOK_VERSION);
     put_u32(hdr + 12, (uint32_t)n);
     put_u64(hdr + 16, n_tokens);
     put_u32(hdr + 24, key);
+    put_u32(hdr + TOK_BODY_CRC_AT, body_crc);
     put_u32(hdr + TOK_HEADER_CRC_AT, crc32c(0, hdr, TOK_HEADER_CRC_AT));
 
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -473,20 +463,15 @@ done:
     return rc;
 }
 
-int token_file_open(TokenFile *tf, const char *path, char *err, size_t err_len) {
+int token_file_open(TokenFile *tf, const char *path, int vocab_size, char *err, size_t err_len) {
     memset(tf, 0, sizeof *tf);
-    int fd = open(path, O_RDONLY);
+    uint64_t file_bytes = 0;
+    char why[PATH_MAX + 128];
+    int fd = tp_open_regular(path, &file_bytes, why, sizeof why);
     if (fd < 0) {
-        tp_error_set(err, err_len, "cannot open token file %s: %s", path, strerror(errno));
+        tp_error_set(err, err_len, "token file %s", why);
         return -1;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        tp_error_set(err, err_len, "token file %s is not a regular file", path);
-        close(fd);
-        return -1;
-    }
-    const uint64_t file_bytes = (uint64_t)st.st_size;
     if (file_bytes < TOK_HEADER_BYTES) {
         tp_error_set(err, err_len, "token file %s is truncated: %llu bytes, shorter than its %d-byte header", path,
                      (unsigned long long)file_bytes, TOK_HEADER_BYTES);
@@ -522,6 +507,10 @@ int token_file_open(TokenFile *tf, const char *path, char *err, size_t err_len) 
                  (unsigned long long)file_bytes, (unsigned long long)n_pairs, (unsigned long long)n_tokens,
                  n_tokens > file_bytes / 4 ? "more than " : "",
                  (unsigned long long)(n_tokens > file_bytes / 4 ? file_bytes : table_bytes + 4 * n_tokens));
+    const uint32_t body_crc = crc32c(0, b + TOK_HEADER_BYTES, (size_t)file_bytes - TOK_HEADER_BYTES);
+    if (body_crc != get_u32(b + TOK_BODY_CRC_AT))
+        TOK_FAIL("token file %s has a damaged body (checksum %08x, the header says %08x)", path, body_crc,
+                 get_u32(b + TOK_BODY_CRC_AT));
     const uint64_t *en_off = (const uint64_t *)(b + TOK_HEADER_BYTES);
     const uint64_t *ja_off = en_off + n_pairs + 1;
     const uint32_t *line = (const uint32_t *)(ja_off + n_pairs + 1);
@@ -538,9 +527,13 @@ int token_file_open(TokenFile *tf, const char *path, char *err, size_t err_len) 
             TOK_FAIL("token file %s: source line numbers are not increasing at pair %llu", path,
                      (unsigned long long)i);
     }
-    for (uint64_t i = 0; i < n_tokens; i++)
+    for (uint64_t i = 0; i < n_tokens; i++) {
         if (tokens[i] < 0)
             TOK_FAIL("token file %s: token %llu has negative id %d", path, (unsigned long long)i, tokens[i]);
+        if (tokens[i] >= vocab_size)
+            TOK_FAIL("token file %s: token %llu has id %d, outside the vocabulary of %d pieces", path,
+                     (unsigned long long)i, tokens[i], vocab_size);
+    }
 #undef TOK_FAIL
     tf->n_pairs = (int)n_pairs;
     tf->en_off = en_off;
@@ -629,7 +622,7 @@ int corpus_prepare(const CorpusConfig *cfg, const char *const *splits, int n_spl
         if (file_exists(path)) {
             TokenFile tf;
             char open_err[PATH_MAX + 200];
-            if (token_file_open(&tf, path, open_err, sizeof open_err) != 0) {
+            if (token_file_open(&tf, path, spm_vocab_size(spm), open_err, sizeof open_err) != 0) {
                 snprintf(why, sizeof why, "the existing file is unusable: %s", open_err);
             } else {
                 const uint32_t old_key = get_u32((const uint8_t *)tf.map + 24);

@@ -13,9 +13,11 @@
  *      changes (a key of their checksums is stored in the file).
  *
  * Token file <split>.tok, little-endian:
- *   char magic[8] = "TPTOK\0\0\1"; uint32 version = 1; uint32 n_pairs;
+ *   char magic[8] = "TPTOK\0\0\1"; uint32 version = 2; uint32 n_pairs;
  *   uint64 n_tokens; uint32 key (crc32c of source texts + tokenizer);
- *   uint32 header crc; then uint64 en_off[n_pairs + 1], uint64 ja_off[n_pairs + 1],
+ *   uint32 body crc (crc32c of every byte after the 40-byte header);
+ *   uint32 reserved = 0; uint32 header crc (of the 36 bytes before it);
+ *   then uint64 en_off[n_pairs + 1], uint64 ja_off[n_pairs + 1],
  *   uint32 line[n_pairs] (1-based source line of each pair), then
  *   int32 tokens[n_tokens]. English sentence i is tokens[en_off[i] ..
  *   en_off[i+1]), Japanese likewise (all English first, then all Japanese).
@@ -63,9 +65,10 @@ typedef struct {
     size_t map_bytes;
 } TokenFile;
 
-/* Opens and validates (magic, version, sizes, header crc, offsets within
- * range and monotone). 0 or -1 + err naming the file. */
-int token_file_open(TokenFile *tf, const char *path, char *err, size_t err_len);
+/* Opens and validates (a regular file; magic, version, sizes, header and
+ * body crc, offsets within range and monotone, every token id in [0,
+ * vocab_size)). 0 or -1 + err naming the file. */
+int token_file_open(TokenFile *tf, const char *path, int vocab_size, char *err, size_t err_len);
 void token_file_close(TokenFile *tf);
 
 #endif

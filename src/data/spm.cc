@@ -18,6 +18,7 @@
  *   - minloglevel=1: the trainer's progress log is hidden, warnings shown.
  */
 #include "data/spm.h"
+#include "fileio.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -167,8 +168,19 @@ extern "C" int spm_train(const char *const *input_files, int n_files, const char
 extern "C" Spm *spm_load(const char *model_path, char *err, size_t err_len) {
     Spm *s = nullptr;
     try {
+        /* Through the project's reader: a named pipe in place of the model is
+         * refused instead of waited on. */
+        size_t n_bytes = 0;
+        char why[1024];
+        char *bytes = static_cast<char *>(read_file_bytes(model_path, &n_bytes, why, sizeof why));
+        if (!bytes) {
+            set_err(err, err_len, std::string("cannot load SentencePiece model: ") + why);
+            return nullptr;
+        }
+        const std::string proto(bytes, n_bytes);
+        std::free(bytes);
         s = new Spm();
-        const spp::util::Status st = s->proc.Load(model_path);
+        const spp::util::Status st = s->proc.LoadFromSerializedProto(proto);
         if (!st.ok()) {
             set_err(err, err_len, std::string("cannot load SentencePiece model ") + model_path + ": " + st.ToString());
             delete s;

@@ -17,6 +17,9 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -67,20 +70,58 @@ static int fsync_path(const char *path) {
     return rc;
 }
 
-static int remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? 0 : -1;
+/* Deletion never follows a symbolic link: an entry is looked at with
+ * lstat semantics (fstatat AT_SYMLINK_NOFOLLOW), a link (to a folder or to
+ * anything else) is removed itself, and a directory is entered only through
+ * openat(O_NOFOLLOW) relative to its parent, so nothing outside the
+ * checkpoint folder is ever deleted, even if an entry is swapped for a link
+ * while the walk runs. Checkpoint directories are flat; the depth limit only
+ * bounds the recursion. */
+#define REMOVE_TREE_MAX_DEPTH 16
+
+static int remove_tree_at(int parent_fd, const char *name, int depth) {
+    struct stat st;
+    if (fstatat(parent_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode)) return unlinkat(parent_fd, name, 0);
+    if (depth >= REMOVE_TREE_MAX_DEPTH) {
+        errno = ELOOP;
+        return -1;
+    }
+    int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return -1;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return -1;
+    }
     struct dirent *e;
-    char path[4096];
     while ((e = readdir(d)) != NULL) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        pathf(path, sizeof path, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(path);
-        else unlink(path);
+        remove_tree_at(dirfd(d), e->d_name, depth + 1);
     }
     closedir(d);
-    return rmdir(dir);
+    return unlinkat(parent_fd, name, AT_REMOVEDIR);
+}
+
+/* Removes path (a file, a link or a directory tree) without following links
+ * at or below it. */
+static int remove_tree(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char parent[4096];
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else pathf(parent, sizeof parent, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    const char *name = slash ? slash + 1 : path;
+    if (!*name || strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : -1;
+    int rc = remove_tree_at(fd, name, 0);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
 }
 
 static void step_name(char *buf, size_t n, int64_t step) { snprintf(buf, n, "step_%08lld", (long long)step); }
@@ -203,6 +244,56 @@ static cJSON *file_entry(const char *dir, const char *name, char *err, size_t er
     return e;
 }
 
+/* ---- the manifest's own checksum ------------------------------------------------ */
+
+/* manifest.json begins with the line MANIFEST_CRC_HEAD + 8 hex digits +
+ * MANIFEST_CRC_TAIL; the digits are the CRC-32C of every byte after that
+ * line, to the end of the file. The checksum is over the bytes as written,
+ * not over a re-serialization, so checking it needs no JSON parser (and
+ * cannot depend on how one prints numbers), and it is checked before any
+ * field is read. */
+#define MANIFEST_CRC_HEAD "{\n\t\"manifest_crc32c\":\t\""
+#define MANIFEST_CRC_TAIL "\",\n"
+#define MANIFEST_CRC_LINE_BYTES (sizeof MANIFEST_CRC_HEAD - 1 + 8 + sizeof MANIFEST_CRC_TAIL - 1)
+/* A manifest lists a few hundred files at most; anything past this is not one. */
+#define MANIFEST_MAX_BYTES (64u << 20)
+
+/* The manifest text with its checksum line first (caller frees). */
+static char *sealed_manifest(const cJSON *o) {
+    char *body = cJSON_Print(o); /* "{\n\t\"format\": ..." */
+    TP_CHECK(body && strncmp(body, "{\n\t", 3) == 0, "cJSON_Print did not print the manifest as expected");
+    const char *rest = body + 2; /* from the first member on */
+    const size_t n_rest = strlen(rest);
+    char *out = TP_MALLOC(MANIFEST_CRC_LINE_BYTES + n_rest + 1);
+    snprintf(out, MANIFEST_CRC_LINE_BYTES + 1, MANIFEST_CRC_HEAD "%08x" MANIFEST_CRC_TAIL, crc32c(0, rest, n_rest));
+    memcpy(out + MANIFEST_CRC_LINE_BYTES, rest, n_rest + 1);
+    cJSON_free(body);
+    return out;
+}
+
+/* 0 when text (n bytes) carries a checksum line that matches the rest. */
+static int check_manifest_seal(const char *text, size_t n, const char *path, char *err, size_t err_len) {
+    const size_t head = sizeof MANIFEST_CRC_HEAD - 1;
+    bool hex = n >= MANIFEST_CRC_LINE_BYTES && memcmp(text, MANIFEST_CRC_HEAD, head) == 0 &&
+               memcmp(text + head + 8, MANIFEST_CRC_TAIL, sizeof MANIFEST_CRC_TAIL - 1) == 0;
+    for (size_t i = 0; hex && i < 8; i++) hex = strchr("0123456789abcdef", text[head + i]) && text[head + i];
+    if (!hex) {
+        tp_error_set(err, err_len,
+                     "%s: refused: it does not begin with its \"manifest_crc32c\" line, so its fields cannot be "
+                     "trusted (a checkpoint of format version 1, written before manifests were checksummed, or an "
+                     "edited file)", path);
+        return -1;
+    }
+    char have[9];
+    snprintf(have, sizeof have, "%08x", crc32c(0, text + MANIFEST_CRC_LINE_BYTES, n - MANIFEST_CRC_LINE_BYTES));
+    if (memcmp(have, text + head, 8) != 0) {
+        tp_error_set(err, err_len, "%s: manifest_crc32c is %.8s but the manifest's content has %s (damaged or edited)",
+                     path, text + head, have);
+        return -1;
+    }
+    return 0;
+}
+
 static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
                           bool has_spm, char *err, size_t err_len) {
     cJSON *o = cJSON_CreateObject();
@@ -256,7 +347,7 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
         else cJSON_AddItemToObject(files, "spm.model", e);
     }
     if (rc == 0) {
-        char *text = cJSON_Print(o);
+        char *text = sealed_manifest(o);
         char path[4096];
         pathf(path, sizeof path, "%s/manifest.json", tmp);
         ckpt_fault_point("before the manifest");
@@ -268,6 +359,16 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     return rc;
 }
 
+/* The step of a "step_N" entry name (N: 1 to 18 digits, nothing after);
+ * -1 for any other name. */
+static int64_t parse_step_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char *d = name + 5;
+    size_t n = strspn(d, "0123456789");
+    if (n == 0 || n > 18 || d[n] != '\0') return -1;
+    return strtoll(d, NULL, 10);
+}
+
 /* Step directories in dir, newest first (caller frees). */
 static int list_steps(const char *dir, int64_t **steps_out) {
     DIR *d = opendir(dir);
@@ -277,9 +378,8 @@ static int list_steps(const char *dir, int64_t **steps_out) {
     int64_t *steps = NULL;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        long long s;
-        char tail;
-        if (sscanf(e->d_name, "step_%lld%c", &s, &tail) != 1) continue;
+        int64_t s = parse_step_name(e->d_name);
+        if (s < 0) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             steps = realloc(steps, (size_t)cap * sizeof *steps);
@@ -298,6 +398,52 @@ static int list_steps(const char *dir, int64_t **steps_out) {
     return n;
 }
 
+static bool is_checkpoint(const char *dir) {
+    char path[4096];
+    pathf(path, sizeof path, "%s/manifest.json", dir);
+    return access(path, F_OK) == 0;
+}
+
+/* The newest complete checkpoint's step in dir, or -1. */
+static int64_t newest_complete(const char *dir) {
+    int64_t *steps;
+    int n = list_steps(dir, &steps);
+    int64_t found = -1;
+    for (int i = 0; i < n && found < 0; i++) {
+        char name[64], path[4096];
+        step_name(name, sizeof name, steps[i]);
+        pathf(path, sizeof path, "%s/%s", dir, name);
+        if (is_checkpoint(path)) found = steps[i];
+    }
+    free(steps);
+    return found;
+}
+
+/* 0 when final is no complete checkpoint, or one whose manifest.json has
+ * exactly the bytes of the new one in tmp (the same step saved again with
+ * the same contents, e.g. by a resumed run that continues bit for bit);
+ * else -1: replacing it would lose a checkpoint. */
+static int same_or_absent(const char *final, const char *tmp, int64_t step, char *err, size_t err_len) {
+    if (!is_checkpoint(final)) return 0;
+    char a[4096], b[4096], why[512];
+    pathf(a, sizeof a, "%s/manifest.json", final);
+    pathf(b, sizeof b, "%s/manifest.json", tmp);
+    size_t na = 0, nb = 0;
+    char *saved = read_file_bytes_max(a, MANIFEST_MAX_BYTES, &na, why, sizeof why);
+    char *fresh = read_file_bytes_max(b, MANIFEST_MAX_BYTES, &nb, err, err_len);
+    const bool same = saved && fresh && na == nb && memcmp(saved, fresh, na) == 0;
+    free(saved);
+    if (same || !fresh) {
+        free(fresh);
+        return same ? 0 : -1;
+    }
+    free(fresh);
+    tp_error_set(err, err_len,
+                 "%s already holds a checkpoint of step %lld with other contents: refusing to replace it (save "
+                 "into another folder, or remove it first)", final, (long long)step);
+    return -1;
+}
+
 static int publish(const char *dir, const char *tmp, int64_t step, int keep_last, char *err, size_t err_len) {
     char final[4096], name[64], path[4096], latest_tmp[4096];
     step_name(name, sizeof name, step);
@@ -307,7 +453,11 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
         tp_error_set(err, err_len, "%s: cannot sync (%s)", tmp, strerror(errno));
         return -1;
     }
-    discard_checkpoint(final);  // a step saved again (e.g. after a resume from an older one)
+    if (same_or_absent(final, tmp, step, err, err_len)) {
+        remove_tree(tmp);
+        return -1;
+    }
+    discard_checkpoint(final);  // the same step saved again with the same contents, or an incomplete one
     ckpt_fault_point("before renaming the directory");
     if (rename(tmp, final) != 0 || fsync_path(dir) != 0) {
         tp_error_set(err, err_len, "%s: cannot publish the checkpoint (%s)", final, strerror(errno));
@@ -337,11 +487,11 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
             if (!complete) continue;  // left for the user to inspect; resume ignores it
             pathf(path, sizeof path, "%s/%s", dir, sd);
             ckpt_fault_point("before pruning an old checkpoint");
-            discard_checkpoint(path);
+            discard_checkpoint(path);  // a step_N that is a link: the link goes, what it points to stays
         }
         free(steps);
     }
-    /* Leftovers of discards a crash interrupted. */
+    /* Leftovers of discards a crash interrupted (links among them removed as links). */
     DIR *d = opendir(dir);
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL) {
@@ -365,11 +515,18 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
     ckpt_fault_point("start of a save");
     int ok = 1;
     if (lead) {
+        int64_t newest;
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
             tp_error_set(err, err_len, "%s: cannot create the checkpoint folder (%s)", dir, strerror(errno));
             ok = 0;
+        } else if ((newest = newest_complete(dir)) > st->step) {
+            tp_error_set(err, err_len,
+                         "%s already holds step %lld, newer than the step %lld this run would save: refusing to "
+                         "save into it (resume from its newest checkpoint, or save into another folder)",
+                         dir, (long long)newest, (long long)st->step);
+            ok = 0;
         } else {
-            remove_tree(tmp);  // left by a crashed save of the same step
+            remove_tree(tmp);  // left by a crashed save of the same step (a link there: only the link goes)
             if (mkdir(tmp, 0755) != 0) {
                 tp_error_set(err, err_len, "%s: cannot create (%s)", tmp, strerror(errno));
                 ok = 0;
@@ -394,11 +551,8 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
 
 /* ---- resolve ------------------------------------------------------------------ */
 
-static bool is_checkpoint(const char *dir) {
-    char path[4096];
-    pathf(path, sizeof path, "%s/manifest.json", dir);
-    return access(path, F_OK) == 0;
-}
+/* The longest `latest` a resume reads: "step_" and up to 18 digits, a newline. */
+#define LATEST_MAX_BYTES 64
 
 int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t err_len) {
     struct stat sb;
@@ -415,20 +569,32 @@ int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t e
         snprintf(out, out_len, "%s", arg);
         return 1;
     }
-    char path[4096];
+    char path[4096], why[512];
     pathf(path, sizeof path, "%s/latest", arg);
-    char *latest = read_text_file(path, err, err_len);
-    if (latest) {
-        latest[strcspn(latest, "\r\n")] = '\0';
-        pathf(path, sizeof path, "%s/%s", arg, latest);
-        bool ok = strchr(latest, '/') == NULL && is_checkpoint(path);
-        free(latest);
-        if (ok) {
+    if (access(path, F_OK) == 0) {
+        size_t n = 0;
+        char *latest = read_file_bytes_max(path, LATEST_MAX_BYTES, &n, why, sizeof why);
+        bool named = false;
+        if (latest) {
+            if (n > 0 && latest[n - 1] == '\n') latest[--n] = '\0';
+            if (n > 0 && latest[n - 1] == '\r') latest[--n] = '\0';
+            named = strlen(latest) == n && parse_step_name(latest) >= 0;
+        }
+        if (named) pathf(path, sizeof path, "%s/%s", arg, latest);
+        if (named && is_checkpoint(path)) {
             snprintf(out, out_len, "%s", path);
+            free(latest);
             return 1;
         }
-        fprintf(stderr, "checkpoint: %s/latest names an incomplete checkpoint; looking for the newest complete one\n",
-                arg);
+        if (!latest)
+            fprintf(stderr, "checkpoint: %s; looking for the newest complete checkpoint\n", why);
+        else if (!named)
+            fprintf(stderr, "checkpoint: %s/latest does not name a step directory; looking for the newest complete "
+                            "checkpoint\n", arg);
+        else
+            fprintf(stderr, "checkpoint: %s/latest names an incomplete checkpoint; looking for the newest complete "
+                            "one\n", arg);
+        free(latest);
     }
     int64_t *steps;
     int n = list_steps(arg, &steps);
@@ -458,46 +624,205 @@ int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t e
 
 /* ---- manifest ----------------------------------------------------------------- */
 
-static const cJSON *need(const cJSON *o, const char *key, const char *path, char *err, size_t err_len) {
+/* Bounds of what a manifest may say; train_mt's flags accept no more. */
+#define CKPT_MAX_STEP (INT_MAX - 1)        /* the step loop counts in int and runs step + 1 */
+#define CKPT_MAX_DP (1 << 20)
+#define CKPT_MAX_WORLD (1 << 20)
+#define CKPT_MAX_WARMUP (1 << 30)
+#define CKPT_MAX_SEED 0x7fffffffLL         /* --seed's range */
+#define CKPT_MAX_POSITION INT_MAX          /* batches in an epoch are counted in int */
+#define CKPT_JSON_EXACT_MAX (1LL << 53)    /* larger JSON numbers lose digits */
+/* A shard's header (tensor entries and the split metadata): a few hundred
+ * bytes per tensor, far below this even at the largest configuration. */
+#define CKPT_MAX_SHARD_HEADER (64u << 20)
+
+static const cJSON *need(const cJSON *o, const char *obj, const char *key, const char *path, char *err,
+                         size_t err_len) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) tp_error_set(err, err_len, "%s: field '%s' is missing", path, key);
+    if (!v) tp_error_set(err, err_len, "%s: field '%s%s%s' is missing", path, obj, *obj ? "." : "", key);
     return v;
 }
 
-static int need_num(const cJSON *o, const char *key, double *out, const char *path, char *err, size_t err_len) {
-    const cJSON *v = need(o, key, path, err, err_len);
+static const cJSON *need_object(const cJSON *o, const char *key, const char *path, char *err, size_t err_len) {
+    const cJSON *v = need(o, "", key, path, err, err_len);
+    if (v && !cJSON_IsObject(v)) {
+        tp_error_set(err, err_len, "%s: field '%s' is not an object", path, key);
+        return NULL;
+    }
+    return v;
+}
+
+/* An exact integer in [lo, hi]. */
+static int need_int(const cJSON *o, const char *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                    const char *path, char *err, size_t err_len) {
+    const cJSON *v = need(o, obj, key, path, err, err_len);
     if (!v) return -1;
-    if (!cJSON_IsNumber(v)) {
-        tp_error_set(err, err_len, "%s: field '%s' is not a number", path, key);
+    const double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= (double)lo && d <= (double)hi && d == floor(d))) {
+        char got[64];
+        if (cJSON_IsNumber(v)) snprintf(got, sizeof got, "%.17g", d);
+        else snprintf(got, sizeof got, "something that is not a number");
+        tp_error_set(err, err_len, "%s: field '%s%s%s' must be an integer in [%lld, %lld], got %s", path, obj,
+                     *obj ? "." : "", key, (long long)lo, (long long)hi, got);
         return -1;
     }
-    *out = v->valuedouble;
+    *out = (int64_t)d;
     return 0;
 }
 
+/* A finite number that a float holds, in the interval lo..hi (open at an
+ * end where the flag says so). */
+static int need_real(const cJSON *o, const char *obj, const char *key, double lo, bool lo_open, double hi,
+                     bool hi_open, double *out, const char *path, char *err, size_t err_len) {
+    const cJSON *v = need(o, obj, key, path, err, err_len);
+    if (!v) return -1;
+    const double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    const bool ok = isfinite(d) && isfinite((float)d) && (lo_open ? d > lo : d >= lo) && (hi_open ? d < hi : d <= hi);
+    if (!ok) {
+        char got[64];
+        if (cJSON_IsNumber(v)) snprintf(got, sizeof got, "%.17g", d);
+        else snprintf(got, sizeof got, "something that is not a number");
+        tp_error_set(err, err_len, "%s: field '%s.%s' must be a finite number in %c%g, %g%c, got %s", path, obj, key,
+                     lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']', got);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+/* Reads DIR/manifest.json into path's buffer name; checks its checksum line
+ * first, then parses it strictly (nothing may follow the object) and checks
+ * format and version. The caller deletes the result. */
 static cJSON *load_manifest(const char *dir, char *path, size_t path_len, char *err, size_t err_len) {
-    snprintf(path, path_len, "%s/manifest.json", dir);
-    char *text = read_text_file(path, err, err_len);
+    pathf(path, path_len, "%s/manifest.json", dir);
+    size_t n = 0;
+    char *text = read_file_bytes_max(path, MANIFEST_MAX_BYTES, &n, err, err_len);
     if (!text) return NULL;
-    cJSON *o = cJSON_Parse(text);
+    if (strlen(text) != n) {
+        tp_error_set(err, err_len, "%s: holds a NUL byte, so it is not JSON text", path);
+        free(text);
+        return NULL;
+    }
+    if (check_manifest_seal(text, n, path, err, err_len)) {
+        free(text);
+        return NULL;
+    }
+    cJSON *o = cJSON_ParseWithOpts(text, NULL, 1);
     free(text);
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
-        tp_error_set(err, err_len, "%s: not valid JSON", path);
+        tp_error_set(err, err_len, "%s: not valid JSON (or bytes follow the object)", path);
         return NULL;
     }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
-    double version = 0;
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "format_version");
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "tptrain-checkpoint") != 0) {
         tp_error_set(err, err_len, "%s: field 'format' is not \"tptrain-checkpoint\"", path);
-    } else if (need_num(o, "format_version", &version, path, err, err_len) == 0 && version != CKPT_FORMAT_VERSION) {
-        tp_error_set(err, err_len, "%s: field 'format_version' is %g, this build reads version %d", path, version,
-                     CKPT_FORMAT_VERSION);
-    } else if (version == CKPT_FORMAT_VERSION) {
+    } else if (!cJSON_IsNumber(ver) || ver->valuedouble != CKPT_FORMAT_VERSION) {
+        if (cJSON_IsNumber(ver))
+            tp_error_set(err, err_len, "%s: field 'format_version' is %g, this build reads version %d", path,
+                         ver->valuedouble, CKPT_FORMAT_VERSION);
+        else
+            tp_error_set(err, err_len, "%s: field 'format_version' is missing or not a number", path);
+    } else {
         return o;
     }
     cJSON_Delete(o);
     return NULL;
+}
+
+struct cJSON *ckpt_manifest(const char *dir, char *err, size_t err_len) {
+    char path[4096];
+    return load_manifest(dir, path, sizeof path, err, err_len);
+}
+
+/* One entry of "files": bytes an exact integer in [lo, hi], crc32c 8
+ * lowercase hex digits. */
+static int check_file_entry(const cJSON *files, const char *name, uint64_t lo, uint64_t hi, const char *why,
+                            const char *path, char *err, size_t err_len) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(files, name);
+    if (!cJSON_IsObject(e)) {
+        tp_error_set(err, err_len, "%s: field 'files' does not list '%s'", path, name);
+        return -1;
+    }
+    int64_t n;
+    char obj[160];
+    snprintf(obj, sizeof obj, "files.%s", name);
+    if (need_int(e, obj, "bytes", 0, CKPT_JSON_EXACT_MAX, &n, path, err, err_len)) return -1;
+    const cJSON *crc = cJSON_GetObjectItemCaseSensitive(e, "crc32c");
+    bool hex = cJSON_IsString(crc) && strlen(crc->valuestring) == 8;
+    for (int i = 0; hex && i < 8; i++) hex = strchr("0123456789abcdef", crc->valuestring[i]) != NULL;
+    if (!hex) {
+        tp_error_set(err, err_len, "%s: field 'files.%s.crc32c' is not 8 lowercase hex digits", path, name);
+        return -1;
+    }
+    if ((uint64_t)n < lo || (uint64_t)n > hi) {
+        tp_error_set(err, err_len,
+                     "%s: file '%s' is listed with %lld bytes, but %s needs %llu to %llu: the config does not match "
+                     "the shards", path, name, (long long)n, why, (unsigned long long)lo, (unsigned long long)hi);
+        return -1;
+    }
+    return 0;
+}
+
+/* The files a tp x dp checkpoint of cfg holds, and nothing else; each
+ * shard's size must fit the tensors cfg implies (8-byte length field, a
+ * JSON header, then exactly the tensor bytes), so a config that disagrees
+ * with the shards (d_model 4000 over 32-wide shards) is refused here,
+ * before any loader allocates a model of it. */
+static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int dp, bool corpus, const char *path,
+                       char *err, size_t err_len) {
+    if (!cJSON_IsObject(files)) {
+        tp_error_set(err, err_len, "%s: field 'files' is not an object", path);
+        return -1;
+    }
+    ParamTable tab;
+    param_table_build(cfg, tp, &tab);
+    uint64_t *optim_elems = TP_CALLOC((size_t)dp, sizeof *optim_elems);
+    for (int i = 0; i < tab.n; i++) optim_elems[i % dp] += 2 * (uint64_t)tab.t[i].n_elems;
+    char why[160];
+    snprintf(why, sizeof why, "the manifest's config (d_model %d, d_ff %d, vocab_size %d, %d+%d layers) at tp %d",
+             cfg->d_model, cfg->d_ff, cfg->vocab_size, cfg->enc_layers, cfg->dec_layers, tp);
+    int rc = 0, listed = 0;
+    for (int t = 0; t < tp && rc == 0; t++) {
+        char name[96];
+        uint64_t lo = 8 + 2 + 4 * (uint64_t)tab.n_elems;
+        snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
+        rc = check_file_entry(files, name, lo, lo + CKPT_MAX_SHARD_HEADER, why, path, err, err_len);
+        listed++;
+        for (int d = 0; d < dp && rc == 0; d++, listed++) {
+            snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, d);
+            lo = 8 + 2 + 4 * optim_elems[d];
+            rc = check_file_entry(files, name, lo, lo + CKPT_MAX_SHARD_HEADER, why, path, err, err_len);
+        }
+    }
+    if (rc == 0 && corpus) {
+        rc = check_file_entry(files, "spm.model", 1, CKPT_JSON_EXACT_MAX, "a tokenizer", path, err, err_len);
+        listed++;
+    }
+    if (rc == 0 && cJSON_GetArraySize(files) != listed) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, files) {
+            int t, d;
+            char tail;
+            bool known = (sscanf(e->string, "model-tp%d-pp0.safetensor%c", &t, &tail) == 2 && tail == 's' && t >= 0 &&
+                          t < tp) ||
+                         (sscanf(e->string, "optim-tp%d-pp0-dp%d.safetensor%c", &t, &d, &tail) == 3 && tail == 's' &&
+                          t >= 0 && t < tp && d >= 0 && d < dp) ||
+                         (corpus && strcmp(e->string, "spm.model") == 0);
+            if (!known) break;
+        }
+        if (e)
+            tp_error_set(err, err_len,
+                         "%s: field 'files' lists '%s', which a %s checkpoint of tp %d x dp %d does not have", path,
+                         e->string, corpus ? "corpus" : "synthetic-task", tp, dp);
+        else
+            tp_error_set(err, err_len, "%s: field 'files' lists a file twice", path);
+        rc = -1;
+    }
+    free(optim_elems);
+    param_table_free(&tab);
+    return rc;
 }
 
 int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, OptimConfig *oc, int *adam_t,
@@ -506,8 +831,9 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
     cJSON *o = load_manifest(dir, path, sizeof path, err, err_len);
     if (!o) return -1;
     int rc = -1;
-    double step, mtp, mdp, mpp, v[12];
-    const cJSON *c = need(o, "config", path, err, err_len), *mesh, *opt, *data, *rng;
+    int64_t step, mtp, mdp, mpp, warmup, t, epoch, position, synth_index, seed;
+    double lr, beta1, beta2, eps, wd, clip;
+    const cJSON *c = need_object(o, "config", path, err, err_len), *mesh, *opt, *data, *rng, *kind;
     if (!c) goto done;
     char *ctext = cJSON_PrintUnformatted(c);
     int crc = config_from_json(ctext, cfg, why, sizeof why);
@@ -516,36 +842,92 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         tp_error_set(err, err_len, "%s: config: %s", path, why);
         goto done;
     }
-    if (need_num(o, "step", &step, path, err, err_len) || !(mesh = need(o, "mesh", path, err, err_len)) ||
-        need_num(mesh, "tp", &mtp, path, err, err_len) || need_num(mesh, "dp", &mdp, path, err, err_len) ||
-        need_num(mesh, "pp", &mpp, path, err, err_len) || !(opt = need(o, "optimizer", path, err, err_len)) ||
-        need_num(opt, "lr", &v[0], path, err, err_len) || need_num(opt, "warmup", &v[1], path, err, err_len) ||
-        need_num(opt, "beta1", &v[2], path, err, err_len) || need_num(opt, "beta2", &v[3], path, err, err_len) ||
-        need_num(opt, "eps", &v[4], path, err, err_len) || need_num(opt, "weight_decay", &v[5], path, err, err_len) ||
-        need_num(opt, "clip_norm", &v[6], path, err, err_len) || need_num(opt, "t", &v[7], path, err, err_len) ||
-        !(data = need(o, "data", path, err, err_len)) || need_num(data, "epoch", &v[8], path, err, err_len) ||
-        need_num(data, "position", &v[9], path, err, err_len) ||
-        need_num(data, "synth_index", &v[10], path, err, err_len) || !(rng = need(o, "rng", path, err, err_len)) ||
-        need_num(rng, "seed", &v[11], path, err, err_len) || !need(o, "files", path, err, err_len))
+    if (need_int(o, "", "step", 0, CKPT_MAX_STEP, &step, path, err, err_len) ||
+        !(mesh = need_object(o, "mesh", path, err, err_len)) ||
+        need_int(mesh, "mesh", "tp", 1, CONFIG_MAX_HEADS, &mtp, path, err, err_len) ||
+        need_int(mesh, "mesh", "dp", 1, CKPT_MAX_DP, &mdp, path, err, err_len) ||
+        need_int(mesh, "mesh", "pp", 1, 1, &mpp, path, err, err_len) ||
+        !(opt = need_object(o, "optimizer", path, err, err_len)) ||
+        need_real(opt, "optimizer", "lr", 0.0, true, INFINITY, true, &lr, path, err, err_len) ||
+        need_int(opt, "optimizer", "warmup", 0, CKPT_MAX_WARMUP, &warmup, path, err, err_len) ||
+        need_real(opt, "optimizer", "beta1", 0.0, false, 1.0, true, &beta1, path, err, err_len) ||
+        need_real(opt, "optimizer", "beta2", 0.0, false, 1.0, true, &beta2, path, err, err_len) ||
+        need_real(opt, "optimizer", "eps", 0.0, true, INFINITY, true, &eps, path, err, err_len) ||
+        need_real(opt, "optimizer", "weight_decay", 0.0, false, INFINITY, true, &wd, path, err, err_len) ||
+        need_real(opt, "optimizer", "clip_norm", -INFINITY, true, INFINITY, true, &clip, path, err, err_len) ||
+        need_int(opt, "optimizer", "t", 0, CKPT_MAX_STEP, &t, path, err, err_len) ||
+        !(data = need_object(o, "data", path, err, err_len)) ||
+        need_int(data, "data", "epoch", 0, CKPT_JSON_EXACT_MAX, &epoch, path, err, err_len) ||
+        need_int(data, "data", "position", 0, CKPT_MAX_POSITION, &position, path, err, err_len) ||
+        need_int(data, "data", "synth_index", 0, CKPT_JSON_EXACT_MAX, &synth_index, path, err, err_len) ||
+        !(kind = need(data, "data", "kind", path, err, err_len)) ||
+        !(rng = need_object(o, "rng", path, err, err_len)) ||
+        need_int(rng, "rng", "seed", 0, CKPT_MAX_SEED, &seed, path, err, err_len))
         goto done;
-    if (step < 0 || mtp < 1 || mdp < 1 || mpp != 1 || v[7] != step) {
-        tp_error_set(err, err_len, "%s: step %g, mesh %gx%gx%g and optimizer step %g are inconsistent", path, step, mtp,
-                     mdp, mpp, v[7]);
+    const bool corpus = cJSON_IsString(kind) && strcmp(kind->valuestring, "corpus") == 0;
+    if (!corpus && !(cJSON_IsString(kind) && strcmp(kind->valuestring, "synthetic") == 0)) {
+        tp_error_set(err, err_len, "%s: field 'data.kind' must be \"corpus\" or \"synthetic\"", path);
         goto done;
     }
-    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(data, "kind");
+    if (t != step) {
+        tp_error_set(err, err_len, "%s: field 'optimizer.t' is %lld but 'step' is %lld: they must agree", path,
+                     (long long)t, (long long)step);
+        goto done;
+    }
+    if (mtp * mdp > CKPT_MAX_WORLD || cfg->n_heads % mtp || cfg->d_ff % mtp) {
+        tp_error_set(err, err_len, "%s: mesh tp %lld x dp %lld is not a layout of this model (tp must divide n_heads "
+                     "%d and d_ff %d; at most %d ranks)", path, (long long)mtp, (long long)mdp, cfg->n_heads,
+                     cfg->d_ff, CKPT_MAX_WORLD);
+        goto done;
+    }
+    if (check_files(cJSON_GetObjectItemCaseSensitive(o, "files"), cfg, (int)mtp, (int)mdp, corpus, path, err,
+                    err_len))
+        goto done;
     if (tp) *tp = (int)mtp;
     if (dp) *dp = (int)mdp;
-    if (oc) *oc = (OptimConfig){.lr = (float)v[0], .warmup = (int)v[1], .beta1 = (float)v[2], .beta2 = (float)v[3],
-                                .eps = (float)v[4], .weight_decay = (float)v[5], .clip_norm = (float)v[6]};
-    if (adam_t) *adam_t = (int)v[7];
+    if (oc) *oc = (OptimConfig){.lr = (float)lr, .warmup = (int)warmup, .beta1 = (float)beta1, .beta2 = (float)beta2,
+                                .eps = (float)eps, .weight_decay = (float)wd, .clip_norm = (float)clip};
+    if (adam_t) *adam_t = (int)t;
     if (st) {
         memset(st, 0, sizeof *st);
-        st->step = (int64_t)step;
-        st->seed = (uint64_t)v[11];
-        st->cursor = (DataCursor){.seed = (uint64_t)v[11], .epoch = (int64_t)v[8], .position = (int64_t)v[9]};
-        st->synth_index = (uint64_t)v[10];
-        st->corpus = cJSON_IsString(kind) && strcmp(kind->valuestring, "corpus") == 0;
+        st->step = step;
+        st->seed = (uint64_t)seed;
+        st->cursor = (DataCursor){.seed = (uint64_t)seed, .epoch = epoch, .position = position};
+        st->synth_index = (uint64_t)synth_index;
+        st->corpus = corpus;
+    }
+    rc = 0;
+done:
+    cJSON_Delete(o);
+    return rc;
+}
+
+int ckpt_check_tokenizer(const char *dir, const char *spm_path, char *err, size_t err_len) {
+    char path[4096];
+    cJSON *o = load_manifest(dir, path, sizeof path, err, err_len);
+    if (!o) return -1;
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(files, "spm.model");
+    const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(e, "bytes");
+    const cJSON *crc = cJSON_GetObjectItemCaseSensitive(e, "crc32c");
+    int rc = -1;
+    if (!cJSON_IsNumber(bytes) || !cJSON_IsString(crc)) {
+        tp_error_set(err, err_len, "%s: the checkpoint lists no tokenizer (spm.model), so it was not trained on a corpus",
+                     path);
+        goto done;
+    }
+    size_t n = 0;
+    uint8_t *mine = read_file_bytes(spm_path, &n, err, err_len);
+    if (!mine) goto done;
+    char have[16];
+    snprintf(have, sizeof have, "%08x", crc32c(0, mine, n));
+    free(mine);
+    if ((double)n != bytes->valuedouble || strcmp(have, crc->valuestring) != 0) {
+        tp_error_set(err, err_len,
+                     "%s was trained with another tokenizer: its spm.model (%.0f bytes, crc32c %s) is not %s (%zu "
+                     "bytes, crc32c %s) that this run tokenizes with; use the --data and --cache-dir it was trained "
+                     "with", dir, bytes->valuedouble, crc->valuestring, spm_path, n, have);
+        goto done;
     }
     rc = 0;
 done:
@@ -653,18 +1035,18 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
      * reads every shard and re-cuts. File slot t * per_tp + k: k = 0 the
      * model shard of tp rank t, k = 1 + d its optimizer shard of dp rank d. */
     const bool same = old_tp == m->tp.size;
-    const int per_tp = 1 + (opt ? old_dp : 0), n_files = old_tp * per_tp;
-    StFile *f = TP_CALLOC((size_t)n_files, sizeof *f);
-    bool *loaded = TP_CALLOC((size_t)n_files, sizeof *loaded);
-    char (*fpath)[4096] = TP_CALLOC((size_t)n_files, sizeof *fpath);
+    const size_t per_tp = 1 + (opt ? (size_t)old_dp : 0), n_files = (size_t)old_tp * per_tp;
+    StFile *f = TP_CALLOC(n_files, sizeof *f);
+    bool *loaded = TP_CALLOC(n_files, sizeof *loaded);
+    char (*fpath)[4096] = TP_CALLOC(n_files, sizeof *fpath);
     int rc = -1;
     for (int t = 0; t < old_tp; t++) {
         if (same && t != m->tp.rank) continue;
-        for (int k = 0; k < per_tp; k++) {
+        for (size_t k = 0; k < per_tp; k++) {
             char name[128];
             if (k == 0) snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
-            else snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, k - 1);
-            const int fi = t * per_tp + k;
+            else snprintf(name, sizeof name, "optim-tp%d-pp0-dp%zu.safetensors", t, k - 1);
+            const size_t fi = (size_t)t * per_tp + k;
             pathf(fpath[fi], sizeof fpath[0], "%s/%s", dir, name);
             if (read_listed(dir, files, name, &f[fi], err, err_len)) goto done;
             loaded[fi] = true;
@@ -690,7 +1072,7 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
             memset(whole, 0, param_global_elems(op) * sizeof(float));
             for (int t = 0; t < old_tp; t++) {
                 if (same ? t != m->tp.rank : (op->split == SPLIT_REPL && t > 0)) continue;
-                const int fi = t * per_tp + (kind == 0 ? 0 : 1 + i % old_dp);
+                const size_t fi = (size_t)t * per_tp + (kind == 0 ? 0 : 1 + (size_t)(i % old_dp));
                 const StTensor *tt = shard_tensor(&f[fi], name, op, fpath[fi], err, err_len);
                 if (!tt) goto unstage;
                 shard_place(op, t, (const float *)tt->data, whole);
@@ -716,7 +1098,7 @@ unstage:
     }
     rc = 0;
 done:
-    for (int i = 0; i < n_files; i++)
+    for (size_t i = 0; i < n_files; i++)
         if (loaded[i]) st_free(&f[i]);
     free(f);
     free(loaded);

@@ -34,7 +34,8 @@
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
-#define CKPT_FORMAT_VERSION 1
+/* 2: manifest.json begins with its own checksum line (docs/checkpoints.md). */
+#define CKPT_FORMAT_VERSION 2
 
 /* Everything besides tensors that a resume needs to continue bit for bit. */
 typedef struct {
@@ -47,8 +48,11 @@ typedef struct {
 
 /* Saves step st->step under dir. Collective over rt->world: every rank
  * calls it. spm_path may be NULL. keep_last > 0 prunes older steps after
- * the new one is complete. 0, or -1 with one sentence in err (on every
- * rank). */
+ * the new one is complete. A save never replaces a newer or equal
+ * checkpoint with other contents: it is refused when dir holds a complete
+ * checkpoint of a later step, or one of the same step whose manifest
+ * differs from the new one. Pruning and clean-up never follow symbolic
+ * links. 0, or -1 with one sentence in err (on every rank). */
 int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
               const char *spm_path, int keep_last, char *err, size_t err_len);
 
@@ -59,10 +63,20 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
  * with err on error. */
 int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t err_len);
 
-/* Reads and validates DIR/manifest.json: the model config, the layout it was
- * saved with and the state. */
+/* Reads and validates DIR/manifest.json: its checksum line first, then the
+ * model config, the layout it was saved with, the state (every number an
+ * integer or a finite number within its range) and the list of files (the
+ * shards of that layout, their sizes consistent with the config). */
 int ckpt_read_manifest(const char *ckpt_dir, ModelConfig *cfg, int *tp, int *dp, OptimConfig *oc, int *adam_t,
                        TrainState *st, char *err, size_t err_len);
+
+/* The verified manifest as JSON (checksum, format and version checked; the
+ * caller frees it with cJSON_Delete), or NULL + err. */
+struct cJSON *ckpt_manifest(const char *ckpt_dir, char *err, size_t err_len);
+
+/* 0 when the checkpoint's tokenizer (spm.model as the manifest records it)
+ * has the same bytes as spm_path, else -1 with one sentence. */
+int ckpt_check_tokenizer(const char *ckpt_dir, const char *spm_path, char *err, size_t err_len);
 
 /* Loads weights (and, when opt is non-NULL, the optimizer state) into a
  * model of any tp layout whose config equals the checkpoint's; every file

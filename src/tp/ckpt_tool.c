@@ -74,21 +74,19 @@ static int resolve(const char *arg, char *out, size_t out_len) {
     return 0;
 }
 
-/* The manifest's "files" object (caller deletes *root); NULL after printing why.
- * ckpt_read_manifest has already validated everything else in it. */
+/* The manifest's "files" object (caller deletes *root); NULL after printing
+ * why. The manifest is read through ckpt_manifest (its checksum checked
+ * first); ckpt_read_manifest has already validated everything else in it. */
 static const cJSON *manifest_files(const char *dir, cJSON **root) {
-    char path[4096], err[1024];
-    pathf(path, sizeof path, "%s/manifest.json", dir);
-    char *text = read_text_file(path, err, sizeof err);
-    if (!text) {
+    char err[1024];
+    *root = ckpt_manifest(dir, err, sizeof err);
+    if (!*root) {
         fprintf(stderr, "ckpt: %s\n", err);
         return NULL;
     }
-    *root = cJSON_Parse(text);
-    free(text);
     const cJSON *files = cJSON_GetObjectItemCaseSensitive(*root, "files");
     if (!cJSON_IsObject(files)) {
-        fprintf(stderr, "ckpt: %s: field 'files' is not an object\n", path);
+        fprintf(stderr, "ckpt: %s/manifest.json: field 'files' is not an object\n", dir);
         cJSON_Delete(*root);
         return NULL;
     }
@@ -118,24 +116,28 @@ static int verify_file(const char *dir, const cJSON *e, char *err, size_t err_le
     if (entry_fields(e, dir, &want_bytes, &want_crc, err, err_len)) return -1;
     char path[4096];
     pathf(path, sizeof path, "%s/%s", dir, e->string);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        tp_error_set(err, err_len, "%s: cannot open (%s); the manifest lists it", path, strerror(errno));
+    char why[1024];
+    int fd = tp_open_regular(path, NULL, why, sizeof why);
+    if (fd < 0) {
+        tp_error_set(err, err_len, "%s; the manifest lists it", why);
         return -1;
     }
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = TP_MALLOC(CHUNK);
     uint32_t crc = 0;
-    size_t n_bytes = 0, got;
-    while ((got = fread(buf, 1, CHUNK, f)) > 0) {
-        crc = crc32c(crc, buf, got);
-        n_bytes += got;
+    size_t n_bytes = 0;
+    ssize_t got;
+    while ((got = read(fd, buf, CHUNK)) != 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        crc = crc32c(crc, buf, (size_t)got);
+        n_bytes += (size_t)got;
     }
-    int bad_read = ferror(f);
-    fclose(f);
+    int bad_read = got < 0 ? errno : 0;
+    close(fd);
     free(buf);
     if (bad_read) {
-        tp_error_set(err, err_len, "%s: read error", path);
+        tp_error_set(err, err_len, "%s: read error (%s)", path, strerror(bad_read));
         return -1;
     }
     if ((double)n_bytes != want_bytes) {

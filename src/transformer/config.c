@@ -1,6 +1,8 @@
 /* config.c: presets, validation and the config.json form of ModelConfig.
  * Validation returns one sentence naming the field, so every front end
- * (flags, config.json, checkpoints) reports bad input the same way. */
+ * (flags, config.json, checkpoints) reports bad input the same way. Every
+ * dimension has an upper bound (config.h), so no product of two of them
+ * overflows and a damaged file cannot ask for an absurd model. */
 #include "transformer/config.h"
 
 #include <cjson/cJSON.h>
@@ -53,17 +55,22 @@ int config_preset(const char *name, ModelConfig *cfg, char *err, size_t err_len)
 int config_validate(const ModelConfig *c, char *err, size_t err_len) {
 #define BAD(...) do { tp_error_set(err, err_len, __VA_ARGS__); return -1; } while (0)
     if (c->d_model < 2 || c->d_model % 2) BAD("d_model must be an even number >= 2, got %d", c->d_model);
+    if (c->d_model > CONFIG_MAX_D_MODEL) BAD("d_model must be at most %d, got %d", CONFIG_MAX_D_MODEL, c->d_model);
     if (c->n_heads < 1) BAD("n_heads must be >= 1, got %d", c->n_heads);
+    if (c->n_heads > CONFIG_MAX_HEADS) BAD("n_heads must be at most %d, got %d", CONFIG_MAX_HEADS, c->n_heads);
     if (c->d_model % c->n_heads)
         BAD("n_heads (%d) must divide d_model (%d)", c->n_heads, c->d_model);
     if (c->d_ff < 1) BAD("d_ff must be >= 1, got %d", c->d_ff);
+    if (c->d_ff > CONFIG_MAX_D_FF) BAD("d_ff must be at most %d, got %d", CONFIG_MAX_D_FF, c->d_ff);
     if (c->enc_layers < 1) BAD("enc_layers must be >= 1, got %d", c->enc_layers);
     if (c->dec_layers < 1) BAD("dec_layers must be >= 1, got %d", c->dec_layers);
     if (c->enc_layers > 255 || c->dec_layers > 255)
         BAD("at most 255 encoder and 255 decoder layers are supported, got %d and %d",
             c->enc_layers, c->dec_layers);
     if (c->vocab_size < 4) BAD("vocab_size must be >= 4 (pad, unk, bos, eos), got %d", c->vocab_size);
+    if (c->vocab_size > CONFIG_MAX_VOCAB) BAD("vocab_size must be at most %d, got %d", CONFIG_MAX_VOCAB, c->vocab_size);
     if (c->max_len < 2) BAD("max_len must be >= 2, got %d", c->max_len);
+    if (c->max_len > CONFIG_MAX_LEN) BAD("max_len must be at most %d, got %d", CONFIG_MAX_LEN, c->max_len);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) BAD("dropout must be in [0, 1), got %g", c->dropout);
     if (!(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f))
         BAD("label_smoothing must be in [0, 1), got %g", c->label_smoothing);
@@ -141,7 +148,7 @@ static int get_float(const cJSON *o, const char *key, float *out, char *err, siz
 }
 
 int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len) {
-    cJSON *o = cJSON_Parse(text);
+    cJSON *o = cJSON_ParseWithOpts(text, NULL, 1); /* 1: nothing but whitespace may follow the object */
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         tp_error_set(err, err_len, "not a JSON object");

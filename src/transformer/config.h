@@ -10,6 +10,16 @@
 #include <stddef.h>
 #include "kernels/ops.h"
 
+/* Upper bounds of the dimensions (the flags of train_mt accept the same):
+ * every product the model forms from two of them (vocab x d_model, d_ff x
+ * d_model, ...) fits in 64-bit sizes, and each one fits in an int with room
+ * for padding to a multiple of tp. */
+#define CONFIG_MAX_D_MODEL 65536
+#define CONFIG_MAX_HEADS 1024
+#define CONFIG_MAX_D_FF (1 << 20)
+#define CONFIG_MAX_VOCAB (1 << 24)
+#define CONFIG_MAX_LEN (1 << 16)
+
 typedef struct {
     int d_model;        // C
     int n_heads;        // H, divides d_model

@@ -5,9 +5,16 @@
 #define TPTRAIN_EXPORT_H
 
 #include <stddef.h>
+#include "fileio.h" /* read_file_bytes, write_file_atomic, copy_file_atomic */
 #include "transformer/model.h"
 
-/* Creates dir if needed and writes both files atomically. 0 or -1 + err. */
+/* Creates dir if needed and writes config.json and model.safetensors, plus a
+ * copy of the tokenizer spm_path as spm.model when spm_path is non-NULL.
+ * Every file is first written in full under a staging name and renamed into
+ * place only when all are written: on failure (a full disk) the staged
+ * files are removed (and dir, when this call created it), so no partial
+ * export is left. 0 or -1 + err. */
+int model_export_files(const Model *m, const char *spm_path, const char *dir, char *err, size_t err_len);
 int model_export(const Model *m, const char *dir, char *err, size_t err_len);
 
 /* Reads dir/config.json, builds the model and loads dir/model.safetensors.
@@ -16,16 +23,5 @@ int model_export(const Model *m, const char *dir, char *err, size_t err_len);
 int model_load(Model *m, const char *dir, char *err, size_t err_len);
 /* The same on backend be (NULL: the model's own CPU backend). */
 int model_load_on(Model *m, Backend *be, const char *dir, char *err, size_t err_len);
-
-/* Reads a whole file (NUL-terminated after its bytes, caller frees); its
- * size goes to *n_bytes when non-NULL. NULL + err. */
-void *read_file_bytes(const char *path, size_t *n_bytes, char *err, size_t err_len);
-char *read_text_file(const char *path, char *err, size_t err_len);
-
-/* Copies a file, writing the copy atomically. 0 or -1 + err. */
-int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len);
-
-/* Writes a file atomically (tmp + fsync + rename). 0 or -1 + err. */
-int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *err, size_t err_len);
 
 #endif

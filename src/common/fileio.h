@@ -1,0 +1,44 @@
+/* fileio.h: the project's one whole-file reader and its atomic writers.
+ *
+ * Every reader of an input file (manifests, `latest`, shards, config.json,
+ * the tokenizer, corpus text, token files) opens it through
+ * tp_open_regular(): O_NONBLOCK at open, so a named pipe or a device in
+ * place of a file cannot hang the open, then fstat, and anything but a
+ * regular file is refused with one sentence naming the path. Writers go
+ * through a temporary name, fsync and rename, so a crash never leaves a torn
+ * file under the final name.
+ */
+#ifndef TPTRAIN_FILEIO_H
+#define TPTRAIN_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opens path read-only; refuses (-1 + err naming the path) anything that is
+ * not a regular file: FIFO, socket, device, directory. Returns the file
+ * descriptor (blocking mode restored) and its size in *n_bytes. */
+int tp_open_regular(const char *path, uint64_t *n_bytes, char *err, size_t err_len);
+
+/* Reads a whole regular file (NUL-terminated after its bytes, caller frees);
+ * its size goes to *n_bytes when non-NULL. A file larger than max_bytes
+ * (0: no limit) is refused. NULL + err. */
+void *read_file_bytes_max(const char *path, size_t max_bytes, size_t *n_bytes, char *err, size_t err_len);
+void *read_file_bytes(const char *path, size_t *n_bytes, char *err, size_t err_len);
+char *read_text_file(const char *path, char *err, size_t err_len);
+
+/* Writes a file atomically (path.tmp + fsync + rename). 0 or -1 + err; on
+ * failure nothing is left under either name. */
+int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *err, size_t err_len);
+
+/* Copies a file, writing the copy atomically. 0 or -1 + err. */
+int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
