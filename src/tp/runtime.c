@@ -7,21 +7,22 @@
 #include <time.h>
 #include <unistd.h>
 #include "err.h"
+#include "parse.h"
 #include "tp/comm_shm.h"
 
-/* Integer environment variable; -1 + err when present but malformed. */
+/* Integer environment variable set by the launcher, through the project's
+ * strict parser: unset means `fallback`; anything else (empty included)
+ * must be a whole decimal number in [0, 2^20]. -1 + err when it is not. */
 static int env_int(const char *name, int fallback, int *out, char *err, size_t err_len) {
     const char *v = getenv(name);
-    if (!v || !*v) {
+    if (!v) {
         *out = fallback;
         return 0;
     }
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 20) {
-        tp_error_set(err, err_len, "environment variable %s='%s' is not a non-negative integer", name, v);
-        return -1;
-    }
+    char what[64];
+    snprintf(what, sizeof what, "environment variable %s", name);
+    long x;
+    if (parse_int(what, v, 0, 1L << 20, &x, err, err_len)) return -1;
     *out = (int)x;
     return 0;
 }

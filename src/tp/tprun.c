@@ -57,6 +57,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "parse.h"
 #include "tp/store.h"
 
 extern char **environ;
@@ -90,12 +91,12 @@ static void usage(FILE *f) {
             "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n");
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "tprun: %s expects an integer in %d..%d, got '%s'\n", flag, lo, hi, v);
+/* Numbers through the project's strict parser (common/parse.h). */
+static int flag_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char err[256];
+    long x;
+    if (parse_int(flag, v, lo, hi, &x, err, sizeof err)) {
+        fprintf(stderr, "tprun: %s\n", err);
         return -1;
     }
     *out = (int)x;
@@ -151,19 +152,18 @@ static int parse_args(int argc, char **argv, Opts *o) {
             v = argv[++i];
         }
         int rc = 0;
-        if (strcmp(name, "--nproc_per_node") == 0) rc = parse_int(name, v, 1, 4096, &o->nproc);
-        else if (strcmp(name, "--nnodes") == 0) rc = parse_int(name, v, 1, 65536, &o->nnodes);
-        else if (strcmp(name, "--node_rank") == 0) rc = parse_int(name, v, 0, 65535, &o->node_rank);
-        else if (strcmp(name, "--master_port") == 0) rc = parse_int(name, v, 0, 65535, &o->master_port);
-        else if (strcmp(name, "--max_restarts") == 0) rc = parse_int(name, v, 0, 1000000, &o->max_restarts);
-        else if (strcmp(name, "--tee") == 0) rc = parse_int(name, v, 0, 3, &o->tee);
+        if (strcmp(name, "--nproc_per_node") == 0) rc = flag_int(name, v, 1, 4096, &o->nproc);
+        else if (strcmp(name, "--nnodes") == 0) rc = flag_int(name, v, 1, 65536, &o->nnodes);
+        else if (strcmp(name, "--node_rank") == 0) rc = flag_int(name, v, 0, 65535, &o->node_rank);
+        else if (strcmp(name, "--master_port") == 0) rc = flag_int(name, v, 0, 65535, &o->master_port);
+        else if (strcmp(name, "--max_restarts") == 0) rc = flag_int(name, v, 0, 1000000, &o->max_restarts);
+        else if (strcmp(name, "--tee") == 0) rc = flag_int(name, v, 0, 3, &o->tee);
         else if (strcmp(name, "--master_addr") == 0) o->master_addr = v;
         else if (strcmp(name, "--log_dir") == 0) o->log_dir = v;
         else if (strcmp(name, "--grace") == 0) {
-            char *end = NULL;
-            o->grace = strtod(v, &end);
-            if (end == v || *end || !(o->grace >= 0) || o->grace > 86400) {
-                fprintf(stderr, "tprun: --grace expects seconds in 0..86400, got '%s'\n", v);
+            char err[256];
+            if (parse_double(name, v, 0.0, 86400.0, &o->grace, err, sizeof err)) {
+                fprintf(stderr, "tprun: %s\n", err);
                 return -1;
             }
         }
