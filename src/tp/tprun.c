@@ -58,6 +58,7 @@
 
 #include "err.h"
 #include "parse.h"
+#include "tp/shm_reclaim.h"
 #include "tp/store.h"
 
 extern char **environ;
@@ -417,7 +418,7 @@ typedef enum { OUT_OK, OUT_FAILED, OUT_REMOTE } OutcomeKind;
 typedef struct {
     OutcomeKind kind;   // OUT_FAILED: a local worker failed first; OUT_REMOTE: the job failed elsewhere
     int sig;            // a terminating signal tprun received (0 = none)
-    char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..."
+    char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..." (or exited 0 early: ...)
 } Outcome;
 
 static void env_free(char **envp) {
@@ -744,6 +745,7 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
     double kill_deadline = INFINITY, drain_deadline = INFINITY;
     double next_store_poll = a->store ? now_s() + STORE_POLL_S : INFINITY;
     int have_failure = 0;
+    const Worker *early = NULL;  // the first worker to exit 0 while others still ran
 
     for (int i = 0; i < o->nproc; i++) {
         if (spawn(a, &a->w[i]) != 0) {
@@ -847,12 +849,27 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
             w->running = 0;
             w->status = status;
             int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            if (!failed && !early && !stopping) {
+                int others = 0;
+                for (int i = 0; i < o->nproc; i++) others += a->w[i].running;
+                if (others) early = w;
+            }
             if (failed && !have_failure && !stopping) {
                 have_failure = 1;
                 char what[96];
                 describe_status(status, what, sizeof what);
-                snprintf(out->report, sizeof out->report, "rank %d (local rank %d, pid %d) on host %s failed first: %s",
-                         w->rank, w->local_rank, (int)pid, a->host, what);
+                /* A rank that returned 0 while its peers still ran usually
+                 * is what ended the job: they fail on the missing peer. */
+                if (early)
+                    snprintf(out->report, sizeof out->report,
+                             "rank %d (local rank %d, pid %d) on host %s exited 0 early, while other ranks were still "
+                             "running, and the job failed after it: rank %d (local rank %d, pid %d) %s",
+                             early->rank, early->local_rank, (int)early->pid, a->host, w->rank, w->local_rank,
+                             (int)pid, what);
+                else
+                    snprintf(out->report, sizeof out->report,
+                             "rank %d (local rank %d, pid %d) on host %s failed first: %s", w->rank, w->local_rank,
+                             (int)pid, a->host, what);
                 out->kind = OUT_FAILED;
                 publish_failure(a, out->report);
                 stopping = 1;
@@ -1003,6 +1020,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tprun: OMP_NUM_THREADS is not set; each of the %d workers gets %ld thread(s) "
                         "(cores / nproc_per_node)\n", o->nproc, cores > o->nproc ? cores / o->nproc : 1);
     }
+    /* Shared memory of jobs killed while their groups formed (a SIGKILLed
+     * tprun takes its ranks along): removed by their recorded owner pid. */
+    size_t stale_bytes = 0;
+    int n_stale = shm_reclaim_stale(NULL, &stale_bytes);
+    if (n_stale > 0)
+        fprintf(stderr, "tprun: removed %d shared-memory segment%s (%.1f MiB) left in /dev/shm by jobs that died\n",
+                n_stale, n_stale == 1 ? "" : "s", (double)stale_bytes / (1024.0 * 1024.0));
     if (o->log_dir && mkdir(o->log_dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "tprun: cannot create --log_dir %s: %s\n", o->log_dir, strerror(errno));
         return 1;
