@@ -18,7 +18,9 @@
  * agent is a child subreaper, so grandchildren orphaned by a dead worker are
  * re-parented to it and reaped: no zombie or orphan survives any path. The
  * first non-zero exit or death by signal is "the failure": the others get
- * SIGTERM, after --grace seconds SIGKILL, then the report. Signals sent to
+ * SIGTERM, after --grace seconds SIGKILL, then the report. A worker that
+ * exited 0 while others still ran is named first in that report: its peers
+ * usually fail because it is gone. Signals sent to
  * tprun are forwarded to every worker group (a second one means SIGKILL now)
  * and tprun exits 128+signal. Should tprun itself be SIGKILLed, its workers
  * get SIGKILL from the kernel (PR_SET_PDEATHSIG); their own children are
