@@ -21,7 +21,7 @@ static int load_checkpoint(Model *m, const char *dir, char *resolved, size_t res
     if (found <= 0) return found;
     ModelConfig cfg;
     if (ckpt_read_manifest(resolved, &cfg, NULL, NULL, NULL, NULL, NULL, err, err_len)) return -1;
-    if (model_create(m, &cfg, NULL, 0, err, err_len)) return -1;
+    if (model_create(m, NULL, &cfg, NULL, 0, err, err_len)) return -1;
     if (ckpt_load(resolved, m, NULL, err, err_len)) {
         model_free(m);
         return -1;

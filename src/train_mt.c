@@ -32,6 +32,7 @@
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
+#include "train/step.h"
 
 typedef struct {
     const char *preset;
@@ -50,7 +51,11 @@ typedef struct {
     const char *save_dir, *metrics_path, *resume, *export_dir;
     int save_interval, keep_last;
     int tp, dp;               // 0: automatic
+    RuntimeComm comm;         // --comm
     double comm_timeout;
+    DeviceChoice device;
+    Dtype dtype;
+    bool dtype_given;
 } TrainArgs;
 
 static void usage(FILE *f) {
@@ -76,7 +81,14 @@ static void usage(FILE *f) {
             "parallelism (start the ranks with tprun):\n"
             "  --tp N --dp N          tensor- and data-parallel sizes (default: tp = ranks per node as far as\n"
             "                         the heads allow, dp = the rest)\n"
+            "  --comm auto|nccl|shm   the data groups' collectives (default auto: NCCL when every rank has its\n"
+            "                         own GPU, else shared memory)\n"
             "  --comm-timeout S       a peer silent this long ends the job (default 300)\n"
+            "device:\n"
+            "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
+            "                         LOCAL_RANK picks the GPU)\n"
+            "  --dtype fp32|bf16      GEMM precision: bf16 operands with fp32 accumulation, fp32 master\n"
+            "                         weights and optimizer (default bf16 on cuda, fp32 on cpu)\n"
             "run:\n"
             "  --max-steps N | --epochs N   length of the run (default from the preset)\n"
             "  --log-interval N       (default 50)\n"
@@ -139,8 +151,21 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_HELP,
 };
+
+static DeviceChoice parse_device(const char *s) {
+    if (strcmp(s, "auto") == 0) return DEVICE_AUTO;
+    if (strcmp(s, "cpu") == 0) return DEVICE_CPU;
+    if (strcmp(s, "cuda") == 0) return DEVICE_CUDA;
+    fprintf(stderr, "train_mt: --device must be auto, cpu or cuda, got '%s'\n", s);
+    exit(2);
+}
+
+/* Whether the run will be on a GPU: what `--preset auto` and the default dtype follow. */
+static bool device_is_gpu(DeviceChoice d) {
+    return d == DEVICE_CUDA || (d == DEVICE_AUTO && backend_cuda_available(NULL));
+}
 
 static void parse_args(int argc, char **argv, TrainArgs *a) {
     static const struct option opts[] = {
@@ -166,7 +191,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"strict", no_argument, 0, O_STRICT},         {"batch-tokens", required_argument, 0, O_BTOK},
         {"beam", required_argument, 0, O_BEAM},       {"tp", required_argument, 0, O_TP},
         {"dp", required_argument, 0, O_DP},           {"comm-timeout", required_argument, 0, O_CTIMEOUT},
-        {"help", no_argument, 0, O_HELP},
+        {"device", required_argument, 0, O_DEVICE},   {"dtype", required_argument, 0, O_DTYPE},
+        {"comm", required_argument, 0, O_COMM},       {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
     char err[256];
@@ -176,9 +202,11 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc) a->preset = argv[i + 1];
         else if (strncmp(argv[i], "--preset=", 9) == 0) a->preset = argv[i] + 9;
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) a->device = parse_device(argv[i + 1]);
+        else if (strncmp(argv[i], "--device=", 9) == 0) a->device = parse_device(argv[i] + 9);
     }
-    /* Only the CPU backend exists in this build: auto picks the CPU preset. */
-    if (strcmp(a->preset, "auto") == 0) a->preset = "tiny";
+    /* auto: the textbook base model on a GPU, the tiny one on a CPU */
+    if (strcmp(a->preset, "auto") == 0) a->preset = device_is_gpu(a->device) ? "base" : "tiny";
     if (config_preset(a->preset, &a->cfg, err, sizeof err)) {
         fprintf(stderr, "train_mt: --preset: %s\n", err);
         exit(2);
@@ -272,6 +300,21 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
         case O_DP: a->dp = (int)flag_int("--dp", optarg, 1, 1 << 20); break;
         case O_CTIMEOUT: a->comm_timeout = flag_real("--comm-timeout", optarg, 0.0, 1e6, PARSE_LO_OPEN); break;
+        case O_DEVICE: a->device = parse_device(optarg); break;
+        case O_DTYPE:
+            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) {
+                fprintf(stderr, "train_mt: --dtype must be fp32 or bf16, got '%s'\n", optarg);
+                exit(2);
+            }
+            a->dtype = strcmp(optarg, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
+            a->dtype_given = true;
+            break;
+        case O_COMM:
+            if (runtime_comm_parse(optarg, &a->comm)) {
+                fprintf(stderr, "train_mt: --comm must be auto, nccl or shm, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
         case O_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -391,7 +434,7 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     }
     /* Every rank learns whether the preparation worked (the flag rides on a broadcast). */
     int32_t ok = rc == 0;
-    TP_CHECK(comm_broadcast(rt->world, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->world));
+    TP_CHECK(comm_broadcast(rt->ctrl, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->ctrl));
     if (!ok) {
         if (rt->mesh.rank != 0) tp_error_set(err, err_len, "rank 0 could not prepare the corpus");
         return -1;
@@ -536,29 +579,89 @@ static void fmt_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-/* Host memory of one rank, in bytes: what it allocated by category and its
- * peak resident set (getrusage). */
-enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_ACTS, MEM_PEAK_RSS, MEM_N };
+/* Memory of every rank by tag (kernels/backend.h), gathered over the host
+ * control communicator: per rank the peak of each tag, the allocator's
+ * total peak (what torch.cuda.max_memory_allocated reports), the library
+ * overhead, and the process's peak resident set. */
+enum { MEMF_TOTAL = MEM_N_TAGS, MEMF_RSS, MEMF_TP, MEMF_DP, MEMF_PP, MEMF_N };
 
-static void memory_table(const Runtime *rt, const Model *m, const AdamW *opt) {
+static double *memory_gather(const Runtime *rt, const Backend *be) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    const float mine[MEM_N + 3] = {
-        (float)(m->tab.n_elems * sizeof(float)), (float)(m->tab.n_elems * sizeof(float)),
-        (float)(2 * opt->n_elems * sizeof(float)), (float)model_activation_bytes(m), (float)ru.ru_maxrss * 1024.0f,
-        (float)rt->mesh.tp_rank, (float)rt->mesh.dp_rank, (float)rt->mesh.pp_rank};
-    const int W = rt->mesh.world, K = MEM_N + 3;
-    float *all = TP_MALLOC((size_t)W * K * sizeof(float));
-    TP_CHECK(comm_allgather(rt->world, mine, all, (size_t)K) == 0, "%s", comm_error(rt->world));
+    double mine[MEMF_N];
+    for (int t = 0; t < MEM_N_TAGS; t++) mine[t] = (double)be->mem.peak[t];
+    mine[MEMF_TOTAL] = (double)be->mem.total_peak;
+    mine[MEMF_RSS] = (double)ru.ru_maxrss * 1024.0;
+    mine[MEMF_TP] = rt->mesh.tp_rank;
+    mine[MEMF_DP] = rt->mesh.dp_rank;
+    mine[MEMF_PP] = rt->mesh.pp_rank;
+    /* byte counts travel exactly as three 21-bit float digits each */
+    enum { DIG = 3 };
+    float enc[MEMF_N * DIG];
+    for (int i = 0; i < MEMF_N; i++) {
+        unsigned long long v = (unsigned long long)mine[i];
+        for (int d = 0; d < DIG; d++) enc[i * DIG + d] = (float)((v >> (21 * (DIG - 1 - d))) & 0x1fffffULL);
+    }
+    const int W = rt->mesh.world;
+    float *all = TP_MALLOC((size_t)W * MEMF_N * DIG * sizeof(float));
+    TP_CHECK(comm_allgather(rt->ctrl, enc, all, (size_t)MEMF_N * DIG) == 0, "%s", comm_error(rt->ctrl));
+    double *out = TP_MALLOC((size_t)W * MEMF_N * sizeof(double));
+    for (int i = 0; i < W * MEMF_N; i++) {
+        unsigned long long v = 0;
+        for (int d = 0; d < DIG; d++) v = (v << 21) | (unsigned long long)all[(size_t)i * DIG + d];
+        out[i] = (double)v;
+    }
+    free(all);
+    return out;
+}
+
+/* The final metrics record: every rank's peak bytes per tag. */
+static void memory_record(FILE *f, const Runtime *rt, const Backend *be, int step) {
+    double *all = memory_gather(rt, be);
+    if (f) {
+        fprintf(f, "{\"step\": %d, \"memory\": [", step);
+        for (int r = 0; r < rt->mesh.world; r++) {
+            const double *x = all + (size_t)r * MEMF_N;
+            fprintf(f, "%s{\"rank\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d", r ? ", " : "", r, (int)x[MEMF_TP],
+                    (int)x[MEMF_DP], (int)x[MEMF_PP]);
+            for (int t = 0; t < MEM_N_TAGS; t++) fprintf(f, ", \"%s\": %.0f", mem_tag_name((MemTag)t), x[t]);
+            fprintf(f, ", \"allocator_peak\": %.0f, \"peak_rss\": %.0f}", x[MEMF_TOTAL], x[MEMF_RSS]);
+        }
+        fprintf(f, "]}\n");
+    }
+    free(all);
+}
+
+static void memory_table(const Runtime *rt, const Backend *be, const char *when) {
+    double *all = memory_gather(rt, be);
     if (rt->mesh.rank == 0) {
-        printf("peak host memory per rank (MiB):\n");
-        printf("  rank (tp,dp,pp) | params | grads | optimizer | activations | peak RSS\n");
-        for (int r = 0; r < W; r++) {
-            const float *x = all + (size_t)r * K;
-            const double mib = 1.0 / (1024.0 * 1024.0);
-            printf("  %4d (%d,%d,%d)    | %6.1f | %5.1f | %9.1f | %11.1f | %8.1f\n", r, (int)x[MEM_N],
-                   (int)x[MEM_N + 1], (int)x[MEM_N + 2], x[MEM_PARAMS] * mib, x[MEM_GRADS] * mib, x[MEM_OPTIM] * mib,
-                   x[MEM_ACTS] * mib, x[MEM_PEAK_RSS] * mib);
+        const double mib = 1.0 / (1024.0 * 1024.0);
+        printf("peak memory per rank (MiB, %s; device %s):\n", when, be->device_name);
+        printf("  rank (tp,dp,pp) |");
+        for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11s", mem_tag_name((MemTag)t));
+        printf(" | allocator |  peak RSS\n");
+        for (int r = 0; r < rt->mesh.world; r++) {
+            const double *x = all + (size_t)r * MEMF_N;
+            printf("  %4d (%d,%d,%d)    |", r, (int)x[MEMF_TP], (int)x[MEMF_DP], (int)x[MEMF_PP]);
+            for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11.2f", x[t] * mib);
+            printf(" | %9.2f | %9.1f\n", x[MEMF_TOTAL] * mib, x[MEMF_RSS] * mib);
+        }
+        fflush(stdout);
+    }
+    free(all);
+}
+
+/* Every rank's allocator peak and peak RSS in the metrics record, in MiB:
+ * keys "mem_peak_mib" and "mem_rss_mib", arrays indexed by rank. */
+static void memory_metrics(FILE *f, const Runtime *rt, const Backend *be) {
+    double *all = memory_gather(rt, be);
+    if (f) {
+        const double mib = 1.0 / (1024.0 * 1024.0);
+        for (int k = 0; k < 2; k++) {
+            fprintf(f, "%s", k == 0 ? ", \"mem_peak_mib\": [" : ", \"mem_rss_mib\": [");
+            for (int r = 0; r < rt->mesh.world; r++)
+                fprintf(f, "%s%.2f", r ? ", " : "", all[(size_t)r * MEMF_N + (k == 0 ? MEMF_TOTAL : MEMF_RSS)] * mib);
+            fprintf(f, "]");
         }
     }
     free(all);
@@ -633,13 +736,27 @@ int main(int argc, char **argv) {
     parse_args(argc, argv, &a);
     char err[1024];
     Runtime rt;
-    if (runtime_init(&rt, a.tp, a.dp, a.cfg.n_heads, a.cfg.d_ff, a.comm_timeout, err, sizeof err)) {
+    const RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = 1, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
+                               .timeout_s = a.comm_timeout, .comm = a.comm};  // the model is on the CPU
+    if (runtime_init(&rt, &ro, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
     const Mesh *mesh = &rt.mesh;
     const bool lead = mesh->rank == 0;  // prints, writes metrics and saves
     if (mesh->world > 1) tp_set_log_rank(mesh->rank);
+    if (!a.dtype_given) a.dtype = device_is_gpu(a.device) ? DTYPE_BF16 : DTYPE_F32;
+    Backend *be = backend_create(a.device, a.dtype, rt.local_rank, err, sizeof err);
+    if (!be) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        runtime_free(&rt);
+        return 2;
+    }
+    if (!be->host_visible && mesh->world > 1) {
+        fprintf(stderr, "train_mt: --device cuda with %d ranks needs device-buffer collectives, which this build "
+                        "does not have yet; run one rank per job on the GPU or use --device cpu\n", mesh->world);
+        return 2;
+    }
     Source src;
     if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
@@ -647,20 +764,20 @@ int main(int argc, char **argv) {
     }
     Model m;
     TpGroup tpg = {.size = mesh->tp, .rank = mesh->tp_rank, .comm = rt.tp};
-    if (model_create(&m, &a.cfg, &tpg, a.seed, err, sizeof err)) {
+    if (model_create(&m, be, &a.cfg, &tpg, a.seed, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
     /* Dev BLEU decodes with the whole model, assembled on rank 0. */
     Model whole;
     bool decode_here = lead && !a.synthetic;
-    if (decode_here && model_create(&whole, &a.cfg, NULL, a.seed, err, sizeof err)) {
+    if (decode_here && model_create(&whole, be, &a.cfg, NULL, a.seed, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
     int total = run_steps(&a, a.synthetic ? 0 : src.train.n_batches);
     AdamW opt;
-    adamw_init(&opt, &a.opt, m.tab.n_elems);
+    adamw_init(&opt, be, &a.opt, m.tab.n_elems);
     int first_step = 1;
     if (a.resume && resume(&a, &rt, &m, &opt, &src, &first_step, err, sizeof err)) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
@@ -680,10 +797,13 @@ int main(int argc, char **argv) {
                a.synthetic ? (a.task == SYNTH_COPY ? "synthetic copy task" : "synthetic reverse task")
                            : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
                total);
-        printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank\n", mesh->world,
-               mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp, mesh->pp, m.tab.n_elems);
+        printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s\n",
+               mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp, mesh->pp, m.tab.n_elems,
+               be->device_name, dtype_name(be->dtype));
         fflush(stdout);
     }
+    Trainer trainer;
+    trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, a.opt.clip_norm);
     const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = now_s();
     double t_window = t_start, t_eval = 0.0, t_comm = 0.0;
@@ -695,26 +815,17 @@ int main(int argc, char **argv) {
         source_next(&src, &b, &n_global);
         /* Masks differ across data-parallel ranks (other sentences), never across tp ranks. */
         DropoutKey key = {.seed = a.seed, .step = (uint32_t)step, .micro = (uint32_t)mesh->dp_rank};
-        int n_local = 0;
-        model_zero_grad(&m);
-        float loss = b.view.B > 0 ? model_forward(&m, &b.view, true, key, &n_local) : 0.0f;
-        if (b.view.B > 0) model_backward(&m, &b.view, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
-        double tc = now_s();
-        if (mesh->dp > 1) comm_ok(comm_allreduce(rt.dp, m.grads, m.tab.n_elems, COMM_SUM), rt.dp);
-        float sums[2] = {loss * (float)n_local, (float)n_local};  // global mean loss over dp
-        if (mesh->dp > 1) comm_ok(comm_allreduce(rt.dp, sums, 2, COMM_SUM), rt.dp);
-        t_comm += now_s() - tc;
-        loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0f;
-        float gnorm = grad_global_norm(&m.tab, m.grads, rt.tp);
+        StepResult sr;
+        const float lr = lr_at(&a.opt, step);
+        train_step(&trainer, &b.view, n_global, key, lr, &sr);
+        t_comm += sr.comm_s;
+        const float loss = sr.loss, gnorm = sr.grad_norm;
         if (!isfinite(loss) || !isfinite(gnorm)) {
             fprintf(stderr, "%strain_mt: step %d: loss %g, gradient norm %g is not finite; stopping "
                             "(lower --lr or raise --warmup)\n", tty ? "\n" : "", step, loss, gnorm);
             return 1;
         }
-        clip_grads(m.grads, m.tab.n_elems, gnorm, a.opt.clip_norm);
-        float lr = lr_at(&a.opt, step);
-        adamw_step(&opt, m.params, m.grads, &m.tab, lr);
-        tok_window += (long)sums[1];
+        tok_window += n_global;
         owned_batch_free(&b);
 
         double t = now_s();
@@ -733,8 +844,12 @@ int main(int argc, char **argv) {
                        step, total, loss, lr, gnorm, tps);
                 if (metrics)
                     fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, \"grad_norm\": %.9g, "
-                                     "\"tokens_per_s\": %.1f}\n", step, loss, lr, gnorm, tps);
+                                     "\"tokens_per_s\": %.1f", step, loss, lr, gnorm, tps);
             }
+            memory_metrics(lead ? metrics : NULL, &rt, be);
+            if (lead && metrics) fprintf(metrics, "}\n");
+            if (step == a.log_interval || (step == total && total < a.log_interval))
+                memory_table(&rt, be, "after the first logged steps");
             t_window = now_s();
             tok_window = 0;
         }
@@ -754,7 +869,7 @@ int main(int argc, char **argv) {
                     if (metrics) fprintf(metrics, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
                 }
             }
-            comm_ok(comm_barrier(rt.world), rt.world);
+            comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
             t_eval += now_s() - t0;
             t_window = now_s();
         }
@@ -776,7 +891,8 @@ int main(int argc, char **argv) {
             printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,
                    ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
     }
-    memory_table(&rt, &m, &opt);
+    memory_table(&rt, be, "end of training");
+    memory_record(lead ? metrics : NULL, &rt, be, total);
     int rc = 0;
     if (a.export_dir) {
         Model full;
@@ -784,7 +900,7 @@ int main(int argc, char **argv) {
         if (mesh->dp_rank == 0) {
             Model *dst = decode_here ? &whole : NULL;
             if (writer && !dst) {
-                TP_CHECK(model_create(&full, &m.cfg, NULL, a.seed, err, sizeof err) == 0, "%s", err);
+                TP_CHECK(model_create(&full, be, &m.cfg, NULL, a.seed, err, sizeof err) == 0, "%s", err);
                 dst = &full;
             }
             model_gather(&m, dst);
@@ -800,15 +916,17 @@ int main(int argc, char **argv) {
                 if (dst == &full) model_free(&full);
             }
         }
-        comm_ok(comm_barrier(rt.world), rt.world);
+        comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
     }
     if (metrics && fclose(metrics) != 0) {
         fprintf(stderr, "train_mt: --metrics %s: write failed\n", a.metrics_path);
         rc = 1;
     }
+    trainer_free(&trainer);
     adamw_free(&opt);
     if (decode_here) model_free(&whole);
     model_free(&m);
+    backend_destroy(be);
     source_close(&src);
     runtime_free(&rt);
     return rc;

@@ -45,14 +45,14 @@ int main(int argc, char **argv) {
     cfg.label_smoothing = 0.1f;
     TP_CHECK(activation_parse(argv[2], &cfg.act) == 0, "activation must be relu or gelu");
     Model m;
-    TP_CHECK(model_create(&m, &cfg, NULL, 1234, err, sizeof err) == 0, "%s", err);
+    TP_CHECK(model_create(&m, NULL, &cfg, NULL, 1234, err, sizeof err) == 0, "%s", err);
 
     /* A few steps on the copy task, so no parameter keeps its initial value. */
     OptimConfig oc = optim_defaults();
     oc.lr = 3e-3f;
     oc.warmup = 0;
     AdamW warm;
-    adamw_init(&warm, &oc, m.tab.n_elems);
+    adamw_init(&warm, m.be, &oc, m.tab.n_elems);
     for (int step = 1; step <= 5; step++) {
         OwnedBatch b;
         synth_batch(&b, SYNTH_COPY, &cfg, 8, 2, 6, 5, (uint64_t)step);
@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
     model_zero_grad(&m);
     float loss = model_forward(&m, &b, false, (DropoutKey){0}, &n_tok);
     model_backward(&m, &b, false, (DropoutKey){0}, 1.0f / (float)n_tok);
-    float gnorm = grad_global_norm(&m.tab, m.grads, NULL);
+    float gnorm = grad_global_norm(m.be, &m.tab, m.grads, NULL);
 
     /* One optimizer step from fresh AdamW state, clipping active (clip < norm). */
     OptimConfig step_cfg = {.lr = 1e-3f, .warmup = 0, .beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f,
@@ -85,9 +85,9 @@ int main(int argc, char **argv) {
     float *updated = TP_MALLOC(m.tab.n_elems * sizeof(float));
     memcpy(grads_clipped, m.grads, m.tab.n_elems * sizeof(float));
     memcpy(updated, m.params, m.tab.n_elems * sizeof(float));
-    clip_grads(grads_clipped, m.tab.n_elems, gnorm, step_cfg.clip_norm);
+    clip_grads(m.be, grads_clipped, m.tab.n_elems, gnorm, step_cfg.clip_norm);
     AdamW opt;
-    adamw_init(&opt, &step_cfg, m.tab.n_elems);
+    adamw_init(&opt, m.be, &step_cfg, m.tab.n_elems);
     adamw_step(&opt, updated, grads_clipped, &m.tab, step_cfg.lr);
 
     StWriter *w = st_writer_new();

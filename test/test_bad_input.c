@@ -15,7 +15,7 @@ static void expect_config_refused(ModelConfig cfg, const char *phrase) {
     CHECK(strstr(err, phrase) != NULL, "message '%s' lacks '%s'", err, phrase);
     Model m;
     err[0] = '\0';
-    CHECK(model_create(&m, &cfg, NULL, 1, err, sizeof err) != 0, "model_create accepted a bad config ('%s')", phrase);
+    CHECK(model_create(&m, NULL, &cfg, NULL, 1, err, sizeof err) != 0, "model_create accepted a bad config ('%s')", phrase);
     CHECK(strstr(err, phrase) != NULL, "model_create message '%s' lacks '%s'", err, phrase);
 }
 
@@ -82,7 +82,7 @@ static void test_exports(void) {
     ModelConfig cfg;
     config_preset("tiny", &cfg, err, sizeof err);
     Model m;
-    CHECK(model_create(&m, &cfg, NULL, 42, err, sizeof err) == 0, "%s", err);
+    CHECK(model_create(&m, NULL, &cfg, NULL, 42, err, sizeof err) == 0, "%s", err);
     snprintf(dir, sizeof dir, "%s/export", g_dir);
     CHECK(model_export(&m, dir, err, sizeof err) == 0, "export: %s", err);
 

@@ -19,7 +19,7 @@ static void train_copy(Model *m, int steps) {
     oc.lr = 5e-3f;
     oc.warmup = 50;
     AdamW opt;
-    adamw_init(&opt, &oc, m->tab.n_elems);
+    adamw_init(&opt, m->be, &oc, m->tab.n_elems);
     for (int step = 1; step <= steps; step++) {
         OwnedBatch b;
         synth_batch(&b, SYNTH_COPY, &m->cfg, 32, 4, 12, 3, (uint64_t)step);
@@ -27,8 +27,8 @@ static void train_copy(Model *m, int steps) {
         model_zero_grad(m);
         model_forward(m, &b.view, false, (DropoutKey){0}, &n);
         model_backward(m, &b.view, false, (DropoutKey){0}, 1.0f / (float)n);
-        float g = grad_global_norm(&m->tab, m->grads, NULL);
-        clip_grads(m->grads, m->tab.n_elems, g, 1.0f);
+        float g = grad_global_norm(m->be, &m->tab, m->grads, NULL);
+        clip_grads(m->be, m->grads, m->tab.n_elems, g, 1.0f);
         adamw_step(&opt, m->params, m->grads, &m->tab, lr_at(&oc, step));
         owned_batch_free(&b);
     }
@@ -40,7 +40,7 @@ int main(void) {
     ModelConfig cfg;
     config_preset("tiny", &cfg, err, sizeof err);
     Model m;
-    CHECK(model_create(&m, &cfg, NULL, 11, err, sizeof err) == 0, "%s", err);
+    CHECK(model_create(&m, NULL, &cfg, NULL, 11, err, sizeof err) == 0, "%s", err);
     train_copy(&m, 400);
 
     OwnedBatch ob;

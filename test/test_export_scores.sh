@@ -31,7 +31,7 @@ head -n 100 "$corpus/dev.ja" > ref.ja
 
 t0=$SECONDS
 "$build/tprun" --standalone --nproc_per_node 4 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny \
-    --tp 2 --dp 2 --max-steps 40 --warmup 10 --lr 3e-3 --log-interval 10 --eval-interval 1000 --comm-timeout 60 \
+    --tp 2 --dp 2 --max-steps 40 --warmup 10 --lr 3e-3 --log-interval 10 --eval-interval 1000 --comm-timeout 300 \
     --save ckpt --export trained > train.log 2>&1 || { cat train.log; exit 1; }
 grep -q "tp 2 x dp 2 x pp 1" train.log
 echo "trained in $((SECONDS - t0)) s"

@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "transformer/model.h"
+#include "cpu_ops.h"
 
 #define FD_H 1e-2f
 #define FD_RTOL 2e-2
@@ -46,7 +47,7 @@ static void run(float dropout, Activation act) {
     cfg.label_smoothing = 0.1f;
     cfg.act = act;
     Model m;
-    CHECK(model_create(&m, &cfg, NULL, 7, err, sizeof err) == 0, "%s", err);
+    CHECK(model_create(&m, NULL, &cfg, NULL, 7, err, sizeof err) == 0, "%s", err);
     Batch b = {.B = 3, .S = 5, .T = 6, .src = SRC, .src_len = SRC_LEN, .tgt_in = TGT_IN, .tgt_out = TGT_OUT,
                .tgt_len = TGT_LEN};
     CHECK(model_check_batch(&m, &b, err, sizeof err) == 0, "%s", err);
@@ -92,7 +93,7 @@ static void run(float dropout, Activation act) {
      * trivially with zeros only if its true gradient were zero too. */
     for (int i = 0; i < m.tab.n; i++) {
         const ParamInfo *p = &m.tab.t[i];
-        double s = op_sumsq(m.grads + p->offset, p->n_elems);
+        double s = cpu_sumsq(m.grads + p->offset, p->n_elems);
         CHECK(s > 0.0, "%s received no gradient", p->name);
     }
     model_free(&m);

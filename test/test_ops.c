@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 #include "check.h"
 #include "testrng.h"
@@ -121,7 +121,7 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, float alpha, float 
     float *B = rand_floats((size_t)K * N + 1, rng, -1, 1);  // (K, N) or (N, K)
     float *C = rand_floats((size_t)M * N + 1, rng, -1, 1);  // (M, N)
     float *C0 = alloc_copy(C, (size_t)M * N + 1);
-    op_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
+    cpu_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
     int n_bad = 0;
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
@@ -159,7 +159,7 @@ static void test_gemm(Rng *rng) {
     float *B = rand_floats((size_t)K * N, rng, -1, 1);
     float C[12];
     for (int i = 0; i < M * N; i++) C[i] = NAN;
-    op_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, C);
+    cpu_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, C);
     bool finite = true;
     for (int i = 0; i < M * N; i++) finite = finite && isfinite(C[i]);
     CHECK(finite, "gemm with beta=0 kept a NaN from C");
@@ -167,18 +167,18 @@ static void test_gemm(Rng *rng) {
     // zero sizes: nothing is touched when M or N is 0; K = 0 leaves beta * C
     float D[12];
     for (int i = 0; i < 12; i++) D[i] = (float)i;
-    op_gemm(false, false, 0, N, K, 1.0f, A, B, 0.0f, D);
-    op_gemm(true, true, M, 0, K, 1.0f, A, B, 0.0f, D);
-    op_gemm(false, false, 0, 0, 0, 1.0f, NULL, NULL, 0.0f, NULL);
+    cpu_gemm(false, false, 0, N, K, 1.0f, A, B, 0.0f, D);
+    cpu_gemm(true, true, M, 0, K, 1.0f, A, B, 0.0f, D);
+    cpu_gemm(false, false, 0, 0, 0, 1.0f, NULL, NULL, 0.0f, NULL);
     bool untouched = true;
     for (int i = 0; i < 12; i++) untouched = untouched && D[i] == (float)i;
     CHECK(untouched, "gemm with M or N = 0 wrote to C");
-    op_gemm(false, false, M, N, 0, 1.0f, A, B, 0.5f, D);
+    cpu_gemm(false, false, M, N, 0, 1.0f, A, B, 0.5f, D);
     bool halved = true;
     for (int i = 0; i < 12; i++) halved = halved && D[i] == 0.5f * (float)i;
     CHECK(halved, "gemm with K = 0 must give beta * C");
     for (int i = 0; i < 12; i++) D[i] = NAN;
-    op_gemm(true, false, M, N, 0, 1.0f, A, B, 0.0f, D);
+    cpu_gemm(true, false, M, N, 0, 1.0f, A, B, 0.0f, D);
     bool zeros = true;
     for (int i = 0; i < 12; i++) zeros = zeros && D[i] == 0.0f;
     CHECK(zeros, "gemm with K = 0 and beta = 0 must give zeros");
@@ -196,7 +196,7 @@ typedef struct {
 
 static double linear_loss(void *p) {
     LinearCtx *c = p;
-    op_linear_fwd(c->y, c->x, c->W, c->b, c->N, c->in, c->out);
+    cpu_linear_fwd(c->y, c->x, c->W, c->b, c->N, c->in, c->out);
     return dot_d(c->y, c->R, (size_t)c->N * c->out);
 }
 
@@ -208,9 +208,9 @@ static void test_linear(Rng *rng) {
                    N, in, out};
 
     // forward against a direct sum, with and without bias
-    op_linear_fwd(c.y, c.x, c.W, NULL, N, in, out);
+    cpu_linear_fwd(c.y, c.x, c.W, NULL, N, in, out);
     float *y_nobias = alloc_copy(c.y, ny);
-    op_linear_fwd(c.y, c.x, c.W, c.b, N, in, out);
+    cpu_linear_fwd(c.y, c.x, c.W, c.b, N, in, out);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < out; o++) {
             double ref = 0.0;
@@ -222,8 +222,8 @@ static void test_linear(Rng *rng) {
     float *dx = rand_floats(nx, rng, -1, 1), *dx0 = alloc_copy(dx, nx);
     float *dW = rand_floats(nw, rng, -1, 1), *dW0 = alloc_copy(dW, nw);
     float *db = rand_floats(out, rng, -1, 1), *db0 = alloc_copy(db, out);
-    op_linear_bwd(dx, dW, db, c.R, c.x, c.W, N, in, out);
-    op_linear_bwd(NULL, NULL, NULL, c.R, c.x, c.W, N, in, out);  // all skipped: no-op
+    cpu_linear_bwd(dx, dW, db, c.R, c.x, c.W, N, in, out);
+    cpu_linear_bwd(NULL, NULL, NULL, c.R, c.x, c.W, N, in, out);  // all skipped: no-op
     subtract_start(dx, dx0, nx);
     subtract_start(dW, dW0, nw);
     subtract_start(db, db0, out);
@@ -233,7 +233,7 @@ static void test_linear(Rng *rng) {
 
     // each gradient alone equals its part of the full call
     float *dx_only = alloc_zero(nx);
-    op_linear_bwd(dx_only, NULL, NULL, c.R, c.x, c.W, N, in, out);
+    cpu_linear_bwd(dx_only, NULL, NULL, c.R, c.x, c.W, N, in, out);
     bool same = true;
     for (size_t i = 0; i < nx; i++) same = same && fabsf(dx_only[i] - dx[i]) <= 1e-5f;
     CHECK(same, "linear_bwd with only dx differs from the full call");
@@ -250,7 +250,7 @@ typedef struct {
 static double bias_loss(void *p) {
     BiasCtx *c = p;
     memcpy(c->y, c->y0, (size_t)c->N * c->C * sizeof(float));
-    op_bias_add(c->y, c->b, c->N, c->C);
+    cpu_bias_add(c->y, c->b, c->N, c->C);
     return dot_d(c->y, c->R, (size_t)c->N * c->C);
 }
 
@@ -260,7 +260,7 @@ static void test_bias(Rng *rng) {
     BiasCtx c = {rand_floats(n, rng, -1, 1), alloc_zero(n), rand_floats(C, rng, -1, 1),
                  rand_floats(n, rng, -1, 1), N, C};
     float *db = rand_floats(C, rng, -1, 1), *db0 = alloc_copy(db, C);
-    op_bias_bwd(db, c.R, N, C);
+    cpu_bias_bwd(db, c.R, N, C);
     subtract_start(db, db0, C);
     fd_check("bias db", c.b, C, db, bias_loss, &c, rng);
     free(c.y0); free(c.y); free(c.b); free(c.R); free(db); free(db0);
@@ -277,7 +277,7 @@ typedef struct {
 
 static double emb_loss(void *p) {
     EmbCtx *c = p;
-    op_embedding_fwd(c->out, c->ids, c->table, c->scale, c->N, c->C, c->vocab_start,
+    cpu_embedding_fwd(c->out, c->ids, c->table, c->scale, c->N, c->C, c->vocab_start,
                      c->V_local);
     return dot_d(c->out, c->R, (size_t)c->N * c->C);
 }
@@ -302,7 +302,7 @@ static void test_embedding(Rng *rng) {
     }
 
     float *dt = rand_floats(n_tab, rng, -1, 1), *dt0 = alloc_copy(dt, n_tab);
-    op_embedding_bwd(dt, c.R, ids, c.scale, N, C, vocab_start, V_local);
+    cpu_embedding_bwd(dt, c.R, ids, c.scale, N, C, vocab_start, V_local);
     bool unused_rows_kept = true;
     for (int j = 2 * C; j < 4 * C; j++) unused_rows_kept = unused_rows_kept && dt[j] == dt0[j];
     CHECK(unused_rows_kept, "embedding_bwd wrote to rows no id refers to");
@@ -323,7 +323,7 @@ typedef struct {
 
 static double ln_loss(void *p) {
     LnCtx *c = p;
-    op_layernorm_fwd(c->y, c->mean, c->rstd, c->x, c->gamma, c->beta, c->N, c->C, c->eps);
+    cpu_layernorm_fwd(c->y, c->mean, c->rstd, c->x, c->gamma, c->beta, c->N, c->C, c->eps);
     return dot_d(c->y, c->R, (size_t)c->N * c->C);
 }
 
@@ -354,7 +354,7 @@ static void test_layernorm(Rng *rng) {
     float *dx = rand_floats(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
     float *dg = rand_floats(C, rng, -1, 1), *dg0 = alloc_copy(dg, C);
     float *dbt = rand_floats(C, rng, -1, 1), *dbt0 = alloc_copy(dbt, C);
-    op_layernorm_bwd(dx, dg, dbt, c.R, c.x, c.mean, c.rstd, c.gamma, N, C);
+    cpu_layernorm_bwd(dx, dg, dbt, c.R, c.x, c.mean, c.rstd, c.gamma, N, C);
     subtract_start(dx, dx0, n);
     subtract_start(dg, dg0, C);
     subtract_start(dbt, dbt0, C);
@@ -375,7 +375,7 @@ typedef struct {
 
 static double act_loss(void *p) {
     ActCtx *c = p;
-    op_act_fwd(c->y, c->x, c->n, c->act);
+    cpu_act_fwd(c->y, c->x, c->n, c->act);
     return dot_d(c->y, c->R, c->n);
 }
 
@@ -390,7 +390,7 @@ static void test_activations(Rng *rng) {
                 c.x[i] = (i % 2) ? mag : -mag;
             }
         float *dx = rand_floats(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
-        op_act_bwd(dx, c.R, c.x, n, act);
+        cpu_act_bwd(dx, c.R, c.x, n, act);
         subtract_start(dx, dx0, n);
         fd_check(act == ACT_RELU ? "relu dx" : "gelu dx", c.x, n, dx, act_loss, &c, rng);
         free(c.x); free(c.y); free(c.R); free(dx); free(dx0);
@@ -398,11 +398,11 @@ static void test_activations(Rng *rng) {
 
     // forward values: relu exact; gelu(x) = x Phi(x) at known Phi values
     float x[5] = {-2.0f, -1.0f, 0.0f, 1.0f, 2.0f}, y[5];
-    op_act_fwd(y, x, 5, ACT_RELU);
+    cpu_act_fwd(y, x, 5, ACT_RELU);
     CHECK(y[0] == 0.0f && y[1] == 0.0f && y[2] == 0.0f && y[3] == 1.0f && y[4] == 2.0f,
           "relu forward wrong");
     static const double phi_1 = 0.8413447460685429, phi_2 = 0.9772498680518208;
-    op_act_fwd(y, x, 5, ACT_GELU);
+    cpu_act_fwd(y, x, 5, ACT_GELU);
     CHECK_CLOSE(y[0], -2.0 * (1.0 - phi_2), FWD_RTOL, FWD_ATOL, "gelu(-2)");
     CHECK_CLOSE(y[1], -1.0 * (1.0 - phi_1), FWD_RTOL, FWD_ATOL, "gelu(-1)");
     CHECK(y[2] == 0.0f, "gelu(0) = %g", (double)y[2]);
@@ -416,45 +416,45 @@ static void test_elementwise(Rng *rng) {
     size_t n = 37;
     float *a = rand_floats(n, rng, -1, 1), *b = rand_floats(n, rng, -1, 1);
     float *out = alloc_zero(n), *a0 = alloc_copy(a, n);
-    op_add(out, a, b, n);
+    cpu_add(out, a, b, n);
     bool ok = true;
     for (size_t i = 0; i < n; i++) ok = ok && out[i] == a[i] + b[i];
     CHECK(ok, "op_add wrong");
-    op_add(a, a, b, n);  // aliased output
+    cpu_add(a, a, b, n);  // aliased output
     ok = true;
     for (size_t i = 0; i < n; i++) ok = ok && a[i] == out[i];
     CHECK(ok, "op_add with out == a wrong");
-    op_accumulate(out, b, n);
+    cpu_accumulate(out, b, n);
     ok = true;
     for (size_t i = 0; i < n; i++) ok = ok && out[i] == (a0[i] + b[i]) + b[i];
     CHECK(ok, "op_accumulate wrong");
-    op_scale(out, -0.25f, n);
+    cpu_scale(out, -0.25f, n);
     ok = true;
     for (size_t i = 0; i < n; i++) ok = ok && out[i] == ((a0[i] + b[i]) + b[i]) * -0.25f;
     CHECK(ok, "op_scale wrong");
 
     float *z = rand_floats(n, rng, -1, 1);
-    op_copy(z, b, n);
+    cpu_copy(z, b, n);
     CHECK(memcmp(z, b, n * sizeof(float)) == 0, "op_copy wrong");
-    op_copy(z, z, n);  // same buffer: a no-op
+    cpu_copy(z, z, n);  // same buffer: a no-op
     CHECK(memcmp(z, b, n * sizeof(float)) == 0, "op_copy onto itself wrong");
-    op_zero(z, n);
+    cpu_zero(z, n);
     ok = true;
     for (size_t i = 0; i < n; i++) ok = ok && z[i] == 0.0f;
     CHECK(ok, "op_zero wrong");
 
     double ref = 0.0;
     for (size_t i = 0; i < n; i++) ref += (double)b[i] * b[i];
-    CHECK_CLOSE(op_sumsq(b, n), ref, 1e-12, 0.0, "sumsq");
+    CHECK_CLOSE(cpu_sumsq(b, n), ref, 1e-12, 0.0, "sumsq");
     // 4096^2 = 2^24, then 1000 * 0.25: an fp32 accumulator would drop every
     // 0.25 (the fp32 spacing at 2^24 is 2); double keeps the exact sum
     size_t m = 1001;
     float *big = alloc_zero(m);
     big[0] = 4096.0f;
     for (size_t i = 1; i < m; i++) big[i] = 0.5f;
-    CHECK(op_sumsq(big, m) == 16777216.0 + 250.0, "sumsq not accumulated in double: %.1f",
-          op_sumsq(big, m));
-    CHECK(op_sumsq(big, 0) == 0.0, "sumsq of nothing");
+    CHECK(cpu_sumsq(big, m) == 16777216.0 + 250.0, "sumsq not accumulated in double: %.1f",
+          cpu_sumsq(big, m));
+    CHECK(cpu_sumsq(big, 0) == 0.0, "sumsq of nothing");
     free(a); free(b); free(out); free(a0); free(big); free(z);
 }
 
@@ -462,7 +462,7 @@ static void test_positions(void) {
     int B = 2, T = 7, C = 8;
     size_t n = (size_t)B * T * C;
     float *x = alloc_zero(n);
-    op_add_positions(x, B, T, C);
+    cpu_add_positions(x, B, T, C);
     // literal values: t = 1, i = 0 -> angle 1; t = 3, i = 1 -> 3 / 10000^(2/8) = 0.3
     CHECK_CLOSE(x[1 * C + 0], 0.8414709848078965, 0, 1e-6, "pe[1, 0] = sin(1)");
     CHECK_CLOSE(x[1 * C + 1], 0.5403023058681398, 0, 1e-6, "pe[1, 1] = cos(1)");
@@ -478,7 +478,7 @@ static void test_positions(void) {
                 CHECK_CLOSE(row[2 * i + 1], cos(angle), 0, 1e-6, "pe cos");
             }
     // positions are added, not written
-    op_add_positions(x, B, T, C);
+    cpu_add_positions(x, B, T, C);
     CHECK_CLOSE(x[(size_t)(T + 1) * C], 2 * 0.8414709848078965, 0, 2e-6, "pe added twice");
     free(x);
 }
@@ -495,7 +495,7 @@ typedef struct {
 
 static double softmax_loss(void *p) {
     SoftmaxCtx *c = p;
-    op_softmax_fwd(c->P, c->S, c->k_len, c->B, c->H, c->Tq, c->Tk, c->scale, c->causal);
+    cpu_softmax_fwd(c->P, c->S, c->k_len, c->B, c->H, c->Tq, c->Tk, c->scale, c->causal);
     return dot_d(c->P, c->R, (size_t)c->B * c->H * c->Tq * c->Tk);
 }
 
@@ -543,7 +543,7 @@ static void test_softmax(Rng *rng) {
                 }
 
         float *dS = rand_floats(n, rng, -1, 1), *dS0 = alloc_copy(dS, n);
-        op_softmax_bwd(dS, c.R, c.P, B, H, Tq, Tk, c.scale);
+        cpu_softmax_bwd(dS, c.R, c.P, B, H, Tq, Tk, c.scale);
         subtract_start(dS, dS0, n);
         fd_check(causal ? "softmax dS (causal)" : "softmax dS (padding)", c.S, n, dS,
                  softmax_loss, &c, rng);
@@ -564,7 +564,7 @@ typedef struct {
 
 static double attn_loss(void *p) {
     AttnCtx *c = p;
-    op_attention_fwd(c->out, c->P, c->q, c->k, c->v, c->k_len, c->B, c->H, c->Tq, c->Tk,
+    cpu_attention_fwd(c->out, c->P, c->q, c->k, c->v, c->k_len, c->B, c->H, c->Tq, c->Tk,
                      c->D, c->causal);
     return dot_d(c->out, c->R, (size_t)c->B * c->Tq * c->H * c->D);
 }
@@ -637,7 +637,7 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
     float *dk = rand_floats(nk, rng, -1, 1), *dk0 = alloc_copy(dk, nk);
     float *dv = rand_floats(nk, rng, -1, 1), *dv0 = alloc_copy(dv, nk);
     float *scratch = rand_floats(np, rng, -1, 1);  // garbage on entry is fine
-    op_attention_bwd(dq, dk, dv, c.R, c.P, c.q, c.k, c.v, scratch, B, H, Tq, Tk, D);
+    cpu_attention_bwd(dq, dk, dv, c.R, c.P, c.q, c.k, c.v, scratch, B, H, Tq, Tk, D);
     subtract_start(dq, dq0, nq);
     subtract_start(dk, dk0, nk);
     subtract_start(dv, dv0, nk);
@@ -689,8 +689,8 @@ static void test_dropout(Rng *rng) {
     uint64_t seed = 0x1234567890abcdefull;
     float *x = rand_floats(n, rng, 0.5f, 1.5f);  // nonzero, so a zero output means dropped
     float *y = alloc_zero(n), *y2 = alloc_zero(n), *y3 = alloc_zero(n);
-    op_dropout_fwd(y, x, n, p, seed, stream);
-    op_dropout_fwd(y2, x, n, p, seed, stream);
+    cpu_dropout_fwd(y, x, n, p, seed, stream);
+    cpu_dropout_fwd(y2, x, n, p, seed, stream);
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "dropout: same seed and stream differ");
 
     size_t kept = 0;
@@ -720,37 +720,37 @@ static void test_dropout(Rng *rng) {
     }
     CHECK(layout_ok, "dropout mask does not follow counter (i/4, stream), word i%%4");
 
-    op_dropout_fwd(y3, x, n, p, seed, stream + 1);
+    cpu_dropout_fwd(y3, x, n, p, seed, stream + 1);
     size_t n_diff = 0;
     for (size_t i = 0; i < n; i++) n_diff += (y3[i] != 0.0f) != (y[i] != 0.0f);
     // two independent masks disagree on 2p(1-p) = 18% of elements
     CHECK(n_diff > n / 10, "dropout: another stream gives nearly the same mask (%zu)", n_diff);
-    op_dropout_fwd(y3, x, n, p, seed + 1, stream);
+    cpu_dropout_fwd(y3, x, n, p, seed + 1, stream);
     n_diff = 0;
     for (size_t i = 0; i < n; i++) n_diff += (y3[i] != 0.0f) != (y[i] != 0.0f);
     CHECK(n_diff > n / 10, "dropout: another seed gives nearly the same mask (%zu)", n_diff);
 
     // in place equals out of place
     memcpy(y2, x, n * sizeof(float));
-    op_dropout_fwd(y2, y2, n, p, seed, stream);
+    cpu_dropout_fwd(y2, y2, n, p, seed, stream);
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "dropout in place differs");
 
     // backward is the same mask and scale, and accumulates
     float *dy = rand_floats(n, rng, -1, 1);
     float *dx = alloc_zero(n), *fwd_dy = alloc_zero(n);
-    op_dropout_bwd(dx, dy, n, p, seed, stream);
-    op_dropout_fwd(fwd_dy, dy, n, p, seed, stream);
+    cpu_dropout_bwd(dx, dy, n, p, seed, stream);
+    cpu_dropout_fwd(fwd_dy, dy, n, p, seed, stream);
     CHECK(memcmp(dx, fwd_dy, n * sizeof(float)) == 0, "dropout bwd differs from its mask");
-    op_dropout_bwd(dx, dy, n, p, seed, stream);
+    cpu_dropout_bwd(dx, dy, n, p, seed, stream);
     bool doubled = true;
     for (size_t i = 0; i < n; i++) doubled = doubled && dx[i] == 2.0f * fwd_dy[i];
     CHECK(doubled, "dropout bwd does not accumulate");
 
     // p = 0 is the identity, forward and backward
-    op_dropout_fwd(y2, x, n, 0.0f, seed, stream);
+    cpu_dropout_fwd(y2, x, n, 0.0f, seed, stream);
     CHECK(memcmp(y2, x, n * sizeof(float)) == 0, "dropout with p = 0 is not a copy");
     memset(dx, 0, n * sizeof(float));
-    op_dropout_bwd(dx, dy, n, 0.0f, seed, stream);
+    cpu_dropout_bwd(dx, dy, n, 0.0f, seed, stream);
     CHECK(memcmp(dx, dy, n * sizeof(float)) == 0, "dropout bwd with p = 0 is not a copy");
     free(x); free(y); free(y2); free(y3); free(dy); free(dx); free(fwd_dy);
 }
@@ -767,7 +767,7 @@ typedef struct {
 
 static double xent_loss(void *p) {
     XentCtx *c = p;
-    op_xent_fwd(c->losses, c->lse, c->logits, c->targets, c->N, c->V, c->eps, c->ignore_id);
+    cpu_xent_fwd(c->losses, c->lse, c->logits, c->targets, c->N, c->V, c->eps, c->ignore_id);
     double sum = 0.0;
     for (int n = 0; n < c->N; n++) sum += c->losses[n];
     return c->dloss * sum;
@@ -791,7 +791,7 @@ static void test_xent(Rng *rng) {
                  0.1f, 0.37f, -100};
     for (int v = 0; v < V; v++) c.logits[5 * V + v] += 200.0f;  // exp would overflow unshifted
 
-    int count = op_xent_fwd(c.losses, c.lse, c.logits, targets, N, V, c.eps, c.ignore_id);
+    int count = cpu_xent_fwd(c.losses, c.lse, c.logits, targets, N, V, c.eps, c.ignore_id);
     CHECK(count == 4, "xent counted %d rows, want 4", count);
     for (int r = 0; r < N; r++) {
         if (targets[r] == c.ignore_id) {
@@ -802,13 +802,13 @@ static void test_xent(Rng *rng) {
                     FWD_RTOL, FWD_ATOL, "xent loss");
     }
     // eps = 0 is plain cross-entropy
-    op_xent_fwd(c.losses, c.lse, c.logits, targets, N, V, 0.0f, c.ignore_id);
+    cpu_xent_fwd(c.losses, c.lse, c.logits, targets, N, V, 0.0f, c.ignore_id);
     CHECK_CLOSE(c.losses[0], xent_ref(c.logits, V, targets[0], 0.0), FWD_RTOL, FWD_ATOL,
                 "xent loss, eps = 0");
 
     xent_loss(&c);  // lse at the base point
     float *dl = rand_floats(n, rng, -1, 1), *dl0 = alloc_copy(dl, n);
-    op_xent_bwd(dl, c.logits, c.lse, targets, c.dloss, N, V, c.eps, c.ignore_id);
+    cpu_xent_bwd(dl, c.logits, c.lse, targets, c.dloss, N, V, c.eps, c.ignore_id);
     bool ignored_kept = true;
     for (int r = 0; r < N; r++)
         if (targets[r] == c.ignore_id)
@@ -831,7 +831,7 @@ static void test_adamw(Rng *rng) {
     for (size_t i = 0; i < n; i++) pr[i] = p[i];
     for (int t = 1; t <= 2; t++) {
         float *g = rand_floats(n, rng, -1, 1);
-        op_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+        cpu_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
         // torch.optim.AdamW, written out in double
         double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
         for (size_t i = 0; i < n; i++) {

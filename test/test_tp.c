@@ -55,7 +55,7 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
     ModelConfig cfg = test_config();
     Model m;
     TpGroup g = {.size = tp, .rank = rank, .comm = comm};
-    if (model_create(&m, &cfg, &g, 5, err, sizeof err)) {
+    if (model_create(&m, NULL, &cfg, &g, 5, err, sizeof err)) {
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return 11;
     }
@@ -74,7 +74,7 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
     /* Gradients assembled from the shards (model_gather reads `params`). */
     Model whole, gview = m;
     gview.params = m.grads;
-    if (rank == 0) model_create(&whole, &cfg, NULL, 5, err, sizeof err);
+    if (rank == 0) model_create(&whole, NULL, &cfg, NULL, 5, err, sizeof err);
     model_gather(&gview, rank == 0 ? &whole : NULL);
 
     /* A few optimizer steps with dropout: replicated tensors must stay identical. */
@@ -82,7 +82,7 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
     oc.lr = 1e-2f;
     oc.warmup = 0;
     AdamW opt;
-    adamw_init(&opt, &oc, m.tab.n_elems);
+    adamw_init(&opt, m.be, &oc, m.tab.n_elems);
     m.cfg.dropout = 0.2f;
     for (int step = 1; step <= 3; step++) {
         OwnedBatch sb;
@@ -91,8 +91,8 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
         model_zero_grad(&m);
         model_forward(&m, &sb.view, true, key, &n);
         model_backward(&m, &sb.view, true, key, 1.0f / (float)n);
-        float gn = grad_global_norm(&m.tab, m.grads, comm);
-        clip_grads(m.grads, m.tab.n_elems, gn, 1.0f);
+        float gn = grad_global_norm(m.be, &m.tab, m.grads, comm);
+        clip_grads(m.be, m.grads, m.tab.n_elems, gn, 1.0f);
         adamw_step(&opt, m.params, m.grads, &m.tab, oc.lr);
         owned_batch_free(&sb);
     }
@@ -180,7 +180,7 @@ int main(void) {
     ModelConfig cfg = test_config();
     char err[256];
     Model ref;
-    CHECK(model_create(&ref, &cfg, NULL, 5, err, sizeof err) == 0, "%s", err);
+    CHECK(model_create(&ref, NULL, &cfg, NULL, 5, err, sizeof err) == 0, "%s", err);
     OwnedBatch b;
     synth_batch(&b, SYNTH_REVERSE, &cfg, 6, 3, 9, 17, 1);
     int n = 0;

@@ -16,8 +16,9 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 train = [r for r in rows if "loss" in r]
 dev = [r for r in rows if "dev_loss" in r]
 for r in train:
-    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s"):
+    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mem_peak_mib", "mem_rss_mib"):
         assert k in r, f"metrics row lacks {k}: {r}"
+    assert len(r["mem_peak_mib"]) == 1 and r["mem_peak_mib"][0] > 0, f"memory figures of one rank expected: {r}"
 first, last_dev = train[0]["loss"], dev[-1]["dev_loss"]
 print(f"first training loss {first:.4f}, held-out loss at step {dev[-1]['step']}: {last_dev:.4f}")
 # Uniform guessing over 64 symbols costs ln(64) = 4.16; the label-smoothing
@@ -26,3 +27,15 @@ assert first > 3.5, f"initial loss {first} is not near ln(V)"
 assert last_dev < 0.4 * first, f"held-out loss {last_dev} did not fall below 0.4 x {first}"
 assert dev[-1]["step"] == 300
 PY
+
+# --device cuda where no GPU can be used: refused in one sentence, exit 2.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  set +e
+  msg=$("$1" --device cuda --task copy --preset tiny --max-steps 1 2>&1 > /dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || { echo "FAIL: --device cuda without a GPU exited $rc"; exit 1; }
+  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "train_mt: --device cuda: "* ]] ||
+    { echo "FAIL: --device cuda without a GPU said: $msg"; exit 1; }
+  echo "refused as expected: $msg"
+fi

@@ -7,10 +7,10 @@
  */
 #include <math.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 
-void op_adamw(float *p,        // (n_elems) parameters, updated
+void cpu_adamw(float *p,        // (n_elems) parameters, updated
               const float *g,  // (n_elems) gradients
               float *m,        // (n_elems) first moment, updated
               float *v,        // (n_elems) second moment, updated

@@ -13,7 +13,7 @@
 #include <cblas.h>
 #include <math.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 
 /* Number of valid keys of query row i: keys [0, n) are valid. */
@@ -59,7 +59,7 @@ static void softmax_bwd_row(float *ds,        // (Tk)
     for (int j = 0; j < Tk; j++) ds[j] += scale * p[j] * (dp[j] - d);
 }
 
-void op_softmax_fwd(float *P,              // (B, H, Tq, Tk)
+void cpu_softmax_fwd(float *P,              // (B, H, Tq, Tk)
                     const float *S,        // (B, H, Tq, Tk)
                     const int32_t *k_len,  // (B)
                     int B, int H, int Tq, int Tk, float scale, bool causal) {
@@ -72,7 +72,7 @@ void op_softmax_fwd(float *P,              // (B, H, Tq, Tk)
             }
 }
 
-void op_softmax_bwd(float *dS,        // (B, H, Tq, Tk)
+void cpu_softmax_bwd(float *dS,        // (B, H, Tq, Tk)
                     const float *dP,  // (B, H, Tq, Tk)
                     const float *P,   // (B, H, Tq, Tk)
                     int B, int H, int Tq, int Tk, float scale) {
@@ -90,7 +90,7 @@ static void sgemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alph
                 beta, C, ldc);
 }
 
-void op_attention_fwd(float *out,            // (B, Tq, H*D)
+void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
                       float *P,              // (B, H, Tq, Tk)
                       const float *q,        // (B, Tq, H*D)
                       const float *k,        // (B, Tk, H*D)
@@ -121,7 +121,7 @@ void op_attention_fwd(float *out,            // (B, Tq, H*D)
         }
 }
 
-void op_attention_bwd(float *dq,          // (B, Tq, H*D)
+void cpu_attention_bwd(float *dq,          // (B, Tq, H*D)
                       float *dk,          // (B, Tk, H*D)
                       float *dv,          // (B, Tk, H*D)
                       const float *dout,  // (B, Tq, H*D)

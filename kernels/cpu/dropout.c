@@ -8,7 +8,7 @@
  * takes word i%4; its uniform is (word >> 8) * 2^-24 in [0, 1), exact in fp32,
  * and the element is kept when uniform >= p.
  */
-#include "ops.h"
+#include "cpu_ops.h"
 #include "philox.h"
 #include "err.h"
 
@@ -47,7 +47,7 @@ static void apply_mask(float *out, const float *x, size_t n_elems, float p,
     }
 }
 
-void op_dropout_fwd(float *out,      // (n_elems), may alias x
+void cpu_dropout_fwd(float *out,      // (n_elems), may alias x
                     const float *x,  // (n_elems)
                     size_t n_elems, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_fwd: p = %g outside [0, 1]", (double)p);
@@ -59,12 +59,12 @@ void op_dropout_fwd(float *out,      // (n_elems), may alias x
     apply_mask(out, x, n_elems, p, seed, stream, false);
 }
 
-void op_dropout_bwd(float *dx,        // (n_elems) accumulated
+void cpu_dropout_bwd(float *dx,        // (n_elems) accumulated
                     const float *dy,  // (n_elems)
                     size_t n_elems, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_bwd: p = %g outside [0, 1]", (double)p);
     if (p == 0.0f) {
-        op_accumulate(dx, dy, n_elems);
+        cpu_accumulate(dx, dy, n_elems);
         return;
     }
     apply_mask(dx, dy, n_elems, p, seed, stream, true);

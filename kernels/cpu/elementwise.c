@@ -9,13 +9,13 @@
  */
 #include <math.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 
 static const double INV_SQRT2 = 0.70710678118654752440;
 static const double INV_SQRT_2PI = 0.39894228040143267794;
 
-void op_act_fwd(float *y,        // (n_elems)
+void cpu_act_fwd(float *y,        // (n_elems)
                 const float *x,  // (n_elems)
                 size_t n_elems, Activation act) {
     if (act == ACT_RELU) {
@@ -28,7 +28,7 @@ void op_act_fwd(float *y,        // (n_elems)
     }
 }
 
-void op_act_bwd(float *dx,        // (n_elems) accumulated
+void cpu_act_bwd(float *dx,        // (n_elems) accumulated
                 const float *dy,  // (n_elems)
                 const float *x,   // (n_elems)
                 size_t n_elems, Activation act) {
@@ -46,32 +46,56 @@ void op_act_bwd(float *dx,        // (n_elems) accumulated
     }
 }
 
-void op_add(float *out,      // (n_elems), may alias a or b
+void cpu_add(float *out,      // (n_elems), may alias a or b
             const float *a,  // (n_elems)
             const float *b,  // (n_elems)
             size_t n_elems) {
     for (size_t i = 0; i < n_elems; i++) out[i] = a[i] + b[i];
 }
 
-void op_accumulate(float *y,        // (n_elems)
+void cpu_accumulate(float *y,        // (n_elems)
                    const float *x,  // (n_elems)
                    size_t n_elems) {
     for (size_t i = 0; i < n_elems; i++) y[i] += x[i];
 }
 
-void op_scale(float *x,  // (n_elems)
+void cpu_scale(float *x,  // (n_elems)
               float s, size_t n_elems) {
     for (size_t i = 0; i < n_elems; i++) x[i] *= s;
 }
 
-double op_sumsq(const float *x,  // (n_elems)
+double cpu_sumsq(const float *x,  // (n_elems)
                 size_t n_elems) {
     double sum = 0.0;
     for (size_t i = 0; i < n_elems; i++) sum += (double)x[i] * x[i];
     return sum;
 }
 
-void op_embedding_fwd(float *out,           // (N, C)
+void cpu_sum_acc(float *acc, const float *x, size_t n_elems) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n_elems; i++) sum += x[i];
+    acc[0] = (float)((double)acc[0] + sum);
+}
+
+void cpu_sumsq_acc(float *acc, const float *x, size_t n_elems) {
+    acc[0] = (float)((double)acc[0] + cpu_sumsq(x, n_elems));
+}
+
+void cpu_clip_coef(float *norm_coef, const float *sumsq, int n_parts, float max_norm) {
+    double ss = 0.0;
+    for (int i = 0; i < n_parts; i++) ss += sumsq[i];
+    float norm = (float)sqrt(ss);
+    float coef = max_norm > 0.0f ? max_norm / (norm + 1e-6f) : 1.0f;
+    norm_coef[0] = norm;
+    norm_coef[1] = coef < 1.0f ? coef : 1.0f;
+}
+
+void cpu_scale_by(float *x, const float *s, size_t n_elems) {
+    const float f = s[0];
+    for (size_t i = 0; i < n_elems; i++) x[i] *= f;
+}
+
+void cpu_embedding_fwd(float *out,           // (N, C)
                       const int32_t *ids,   // (N)
                       const float *table,   // (V_local, C)
                       float scale, int N, int C, int vocab_start, int V_local) {
@@ -87,7 +111,7 @@ void op_embedding_fwd(float *out,           // (N, C)
     }
 }
 
-void op_embedding_bwd(float *dtable,       // (V_local, C) accumulated
+void cpu_embedding_bwd(float *dtable,       // (V_local, C) accumulated
                       const float *dout,   // (N, C)
                       const int32_t *ids,  // (N)
                       float scale, int N, int C, int vocab_start, int V_local) {
@@ -100,7 +124,7 @@ void op_embedding_bwd(float *dtable,       // (V_local, C) accumulated
     }
 }
 
-void op_add_positions(float *x,  // (B, T, C)
+void cpu_add_positions(float *x,  // (B, T, C)
                       int B, int T, int C) {
     TP_CHECK(C % 2 == 0, "op_add_positions: C must be even, got %d", C);
     for (int t = 0; t < T; t++)

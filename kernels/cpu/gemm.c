@@ -8,10 +8,10 @@
  */
 #include <cblas.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 
-void op_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+void cpu_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
              const float *A,  // (M, K), or (K, M) when trans_a
              const float *B,  // (K, N), or (N, K) when trans_b
              float beta,
@@ -33,28 +33,28 @@ void op_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                 ldb, beta, C, N);
 }
 
-void op_linear_fwd(float *y,        // (N, out)
+void cpu_linear_fwd(float *y,        // (N, out)
                    const float *x,  // (N, in)
                    const float *W,  // (out, in)
                    const float *b,  // (out) or NULL
                    int N, int in, int out) {
-    op_gemm(false, true, N, out, in, 1.0f, x, W, 0.0f, y);  // y = x W^T
-    if (b) op_bias_add(y, b, N, out);
+    cpu_gemm(false, true, N, out, in, 1.0f, x, W, 0.0f, y);  // y = x W^T
+    if (b) cpu_bias_add(y, b, N, out);
 }
 
-void op_linear_bwd(float *dx,        // (N, in) or NULL
+void cpu_linear_bwd(float *dx,        // (N, in) or NULL
                    float *dW,        // (out, in) or NULL
                    float *db,        // (out) or NULL
                    const float *dy,  // (N, out)
                    const float *x,   // (N, in)
                    const float *W,   // (out, in)
                    int N, int in, int out) {
-    if (dx) op_gemm(false, false, N, in, out, 1.0f, dy, W, 1.0f, dx);  // dx += dy W
-    if (dW) op_gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dW);   // dW += dy^T x
-    if (db) op_bias_bwd(db, dy, N, out);
+    if (dx) cpu_gemm(false, false, N, in, out, 1.0f, dy, W, 1.0f, dx);  // dx += dy W
+    if (dW) cpu_gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dW);   // dW += dy^T x
+    if (db) cpu_bias_bwd(db, dy, N, out);
 }
 
-void op_bias_add(float *y,        // (N, C)
+void cpu_bias_add(float *y,        // (N, C)
                  const float *b,  // (C)
                  int N, int C) {
     for (int n = 0; n < N; n++) {
@@ -63,7 +63,7 @@ void op_bias_add(float *y,        // (N, C)
     }
 }
 
-void op_bias_bwd(float *db,        // (C)
+void cpu_bias_bwd(float *db,        // (C)
                  const float *dy,  // (N, C)
                  int N, int C) {
     if (C <= 0) return;

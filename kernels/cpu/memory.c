@@ -1,10 +1,10 @@
 /* memory.c: fills and copies, so model code never touches memory directly
  * and the CUDA backend can implement the same calls on device pointers. */
 #include <string.h>
-#include "ops.h"
+#include "cpu_ops.h"
 
-void op_zero(float *x, size_t n_elems) { memset(x, 0, n_elems * sizeof *x); }
+void cpu_zero(float *x, size_t n_elems) { memset(x, 0, n_elems * sizeof *x); }
 
-void op_copy(float *dst, const float *src, size_t n_elems) {
+void cpu_copy(float *dst, const float *src, size_t n_elems) {
     if (dst != src) memmove(dst, src, n_elems * sizeof *dst);
 }

@@ -10,10 +10,10 @@
  */
 #include <math.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 
-void op_layernorm_fwd(float *y,            // (N, C)
+void cpu_layernorm_fwd(float *y,            // (N, C)
                       float *mean,         // (N)
                       float *rstd,         // (N)
                       const float *x,      // (N, C)
@@ -40,7 +40,7 @@ void op_layernorm_fwd(float *y,            // (N, C)
     }
 }
 
-void op_layernorm_bwd(float *dx,           // (N, C)  accumulated
+void cpu_layernorm_bwd(float *dx,           // (N, C)  accumulated
                       float *dgamma,       // (C)     accumulated
                       float *dbeta,        // (C)     accumulated
                       const float *dy,     // (N, C)

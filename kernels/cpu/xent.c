@@ -9,10 +9,10 @@
  */
 #include <math.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 
-int op_xent_fwd(float *losses,           // (N)
+int cpu_xent_fwd(float *losses,           // (N)
                 float *lse,              // (N)
                 const float *logits,     // (N, V)
                 const int32_t *targets,  // (N)
@@ -45,7 +45,7 @@ int op_xent_fwd(float *losses,           // (N)
     return n_valid;
 }
 
-void op_xent_bwd(float *dlogits,         // (N, V) accumulated
+void cpu_xent_bwd(float *dlogits,         // (N, V) accumulated
                  const float *logits,    // (N, V)
                  const float *lse,       // (N)
                  const int32_t *targets, // (N)

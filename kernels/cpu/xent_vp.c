@@ -5,9 +5,9 @@
 #include <math.h>
 
 #include "err.h"
-#include "ops.h"
+#include "cpu_ops.h"
 
-void op_xent_vp_max(float *row_max, const float *logits, int N, int V_local, int V_valid) {
+void cpu_xent_vp_max(float *row_max, const float *logits, int N, int V_local, int V_valid) {
     for (int n = 0; n < N; n++) {
         const float *row = logits + (size_t)n * V_local;
         float mx = -INFINITY;
@@ -16,7 +16,7 @@ void op_xent_vp_max(float *row_max, const float *logits, int N, int V_local, int
     }
 }
 
-void op_xent_vp_sums(float *stats, const float *logits, const float *row_max, const int32_t *targets, int N,
+void cpu_xent_vp_sums(float *stats, const float *logits, const float *row_max, const int32_t *targets, int N,
                      int V_local, int V_valid, int vocab_start, int32_t ignore_id) {
     for (int n = 0; n < N; n++) {
         const float *row = logits + (size_t)n * V_local;
@@ -37,7 +37,7 @@ void op_xent_vp_sums(float *stats, const float *logits, const float *row_max, co
     }
 }
 
-int op_xent_vp_loss(float *losses, float *lse, const float *row_max, const float *stats, const int32_t *targets,
+int cpu_xent_vp_loss(float *losses, float *lse, const float *row_max, const float *stats, const int32_t *targets,
                     int N, int V, float eps, int32_t ignore_id) {
     int n_valid = 0;
     for (int n = 0; n < N; n++) {
@@ -59,7 +59,7 @@ int op_xent_vp_loss(float *losses, float *lse, const float *row_max, const float
     return n_valid;
 }
 
-void op_xent_vp_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets, float dloss,
+void cpu_xent_vp_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets, float dloss,
                     int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
     const float smooth = eps / (float)V;
     for (int n = 0; n < N; n++) {

@@ -101,8 +101,8 @@ static int discard_checkpoint(const char *path) {
 static int agree(const Runtime *rt, int ok, char *err, size_t err_len) {
     /* Every rank learns whether all succeeded (MAX of the failure flags). */
     float bad = ok ? 0.0f : 1.0f;
-    if (comm_allreduce(rt->world, &bad, 1, COMM_MAX)) {
-        tp_error_set(err, err_len, "%s", comm_error(rt->world));
+    if (comm_allreduce(rt->ctrl, &bad, 1, COMM_MAX)) {
+        tp_error_set(err, err_len, "%s", comm_error(rt->ctrl));
         return -1;
     }
     if (bad != 0.0f && ok) tp_error_set(err, err_len, "another rank failed to write its part of the checkpoint");
@@ -141,13 +141,17 @@ static int write_shards(const char *tmp, const Runtime *rt, const Model *m, cons
     char path[4096];
     char *meta = shard_meta_json(m);
     int rc = 0;
+    /* host copies of the device buffers (the pointers themselves on the CPU) */
+    const float *params = backend_host_view(m->be, m->params, m->tab.n_elems);
+    const float *om = backend_host_view(opt->be, opt->m, opt->n_elems);
+    const float *ov = backend_host_view(opt->be, opt->v, opt->n_elems);
     if (me->dp_rank == 0) {
         StWriter *w = st_writer_new();
         add_shard_meta(w, rt, "tptrain-checkpoint-model", meta);
         for (int i = 0; i < m->tab.n; i++) {
             const ParamInfo *p = &m->tab.t[i];
             int64_t shape[2] = {p->local[0], p->local[1]};
-            st_writer_add(w, p->name, ST_F32, p->ndim, shape, m->params + p->offset);
+            st_writer_add(w, p->name, ST_F32, p->ndim, shape, params + p->offset);
         }
         pathf(path, sizeof path, "%s/model-tp%d-pp%d.safetensors", tmp, me->tp_rank, me->pp_rank);
         ckpt_fault_point("before a model shard");
@@ -165,9 +169,9 @@ static int write_shards(const char *tmp, const Runtime *rt, const Model *m, cons
             const ParamInfo *p = &m->tab.t[i];
             int64_t shape[2] = {p->local[0], p->local[1]};
             snprintf(names[k], sizeof names[k], "exp_avg.%s", p->name);
-            st_writer_add(w, names[k++], ST_F32, p->ndim, shape, opt->m + p->offset);
+            st_writer_add(w, names[k++], ST_F32, p->ndim, shape, om + p->offset);
             snprintf(names[k], sizeof names[k], "exp_avg_sq.%s", p->name);
-            st_writer_add(w, names[k++], ST_F32, p->ndim, shape, opt->v + p->offset);
+            st_writer_add(w, names[k++], ST_F32, p->ndim, shape, ov + p->offset);
         }
         pathf(path, sizeof path, "%s/optim-tp%d-pp%d-dp%d.safetensors", tmp, me->tp_rank, me->pp_rank,
                  me->dp_rank);
@@ -177,6 +181,9 @@ static int write_shards(const char *tmp, const Runtime *rt, const Model *m, cons
         free(names);
         ckpt_fault_point("after an optimizer shard");
     }
+    backend_host_view_free(params, m->params);
+    backend_host_view_free(om, opt->m);
+    backend_host_view_free(ov, opt->v);
     free(meta);
     return rc;
 }
@@ -668,6 +675,11 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
     for (int i = 0; i < old.n; i++)
         max_global = param_global_elems(&old.t[i]) > max_global ? param_global_elems(&old.t[i]) : max_global;
     float *whole = TP_MALLOC(max_global * sizeof(float));
+    /* host staging of the device buffers (the pointers themselves on the CPU) */
+    float *stage[3] = {backend_host_stage(m->be, m->params, m->tab.n_elems),
+                       opt ? backend_host_stage(opt->be, opt->m, opt->n_elems) : NULL,
+                       opt ? backend_host_stage(opt->be, opt->v, opt->n_elems) : NULL};
+    bool staged_ok = false;
     for (int i = 0; i < old.n; i++) {
         const ParamInfo *op = &old.t[i], *np = &m->tab.t[i];
         /* 0: weights, 1: exp_avg, 2: exp_avg_sq */
@@ -680,17 +692,23 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
                 if (same ? t != m->tp.rank : (op->split == SPLIT_REPL && t > 0)) continue;
                 const int fi = t * per_tp + (kind == 0 ? 0 : 1 + i % old_dp);
                 const StTensor *tt = shard_tensor(&f[fi], name, op, fpath[fi], err, err_len);
-                if (!tt) {
-                    free(whole);
-                    goto done;
-                }
+                if (!tt) goto unstage;
                 shard_place(op, t, (const float *)tt->data, whole);
             }
-            float *dst = kind == 0 ? m->params : kind == 1 ? opt->m : opt->v;
-            shard_extract(np, m->tp.rank, whole, dst + np->offset);
+            shard_extract(np, m->tp.rank, whole, stage[kind] + np->offset);
         }
     }
+    staged_ok = true;
+unstage:
     free(whole);
+    /* a failed load leaves the device buffers as the host stage has them: the caller stops anyway */
+    backend_host_commit(m->be, m->params, stage[0], m->tab.n_elems);
+    if (opt) {
+        backend_host_commit(opt->be, opt->m, stage[1], opt->n_elems);
+        backend_host_commit(opt->be, opt->v, stage[2], opt->n_elems);
+    }
+    backend_recast_weights(m->be);
+    if (!staged_ok) goto done;
     if (opt) {
         int t;
         if (ckpt_read_manifest(dir, &cfg, NULL, NULL, NULL, &t, NULL, err, err_len)) goto done;

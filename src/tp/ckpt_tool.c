@@ -291,7 +291,7 @@ static int cmd_export(const char *arg, const char *out_dir) {
     }
 
     Model m;
-    if (model_create(&m, &cfg, NULL, 0, err, sizeof err)) {
+    if (model_create(&m, NULL, &cfg, NULL, 0, err, sizeof err)) {
         fprintf(stderr, "ckpt: %s\n", err);
         return 1;
     }

@@ -14,11 +14,13 @@
  * The world communicator is created from a unique id exchanged through the
  * job's store; the tp and dp groups are split from it (comm_nccl_split), so
  * only one rendezvous goes through the store.
+ *
+ * Send and recv (comm_nccl_p2p.c) are ncclSend / ncclRecv, polled the
+ * same way; the communicator's struct is in comm_nccl_impl.h.
  */
 #define _GNU_SOURCE
 #include "tp/comm_nccl.h"
 
-#include <nccl.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,31 +29,16 @@
 #include <time.h>
 
 #include "err.h"
-#include "tp/comm_impl.h"
+#include "tp/comm_nccl_impl.h"
 
 #define SPIN_POLLS 256     // polls before yielding
 #define YIELD_POLLS 4096   // polls before sleeping
 #define SLEEP_S 50e-6      // between later polls
 
-typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_BARRIER, K_COUNT } Kind;
-static const char *const KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
-
-typedef struct {
-    Comm base;             // first: comm.c dispatches through base.ops
-    char group[128];
-    int rank, size, device;
-    double timeout_s;
-    cudaStream_t stream;   // not owned
-    ncclComm_t nccl;       // NULL once aborted or destroyed
-    float *barrier_buf;    // (1) device: the barrier is a one-element allreduce
-    size_t device_bytes;   // what NCCL took (cudaMemGetInfo around creation)
-    int failed;            // poisoned: every later call fails at once
-    long calls[K_COUNT];   // calls per kind since creation: "#n" in messages
-    char err[512];
-    CommStats stats;
-} NcclComm;
-
 static const CommOps *nccl_ops(void);
+
+const char *const NCCL_KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                      "barrier",   "send",           "recv"};
 
 /* ---- small helpers ---- */
 
@@ -84,8 +71,7 @@ static void abort_nccl(NcclComm *c) {
 }
 
 /* Records the first failure, aborts the communicator and poisons it. */
-static int fail(NcclComm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(NcclComm *c, const char *fmt, ...) {
+int nccl_fail(NcclComm *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -117,7 +103,7 @@ static ncclResult_t wait_state(ncclComm_t comm, double deadline) {
 
 /* ---- collectives ---- */
 
-static int begin(NcclComm *c, Kind kind, long *counter, double *t0) {
+int nccl_begin(NcclComm *c, Kind kind, long *counter, double *t0) {
     if (c->failed) return -1;  // comm_error() still holds the first failure
     (*counter)++;
     c->calls[kind]++;
@@ -125,34 +111,33 @@ static int begin(NcclComm *c, Kind kind, long *counter, double *t0) {
     return 0;
 }
 
-static int end(NcclComm *c, double t0, int rc) {
+int nccl_end(NcclComm *c, double t0, int rc) {
     c->stats.seconds += now_s() - t0;
     return rc;
 }
 
 /* An argument error: no NCCL call was made, but the ranks are now out of
  * step, so the communicator is poisoned as after any failure. */
-static int bad_call(NcclComm *c, double t0, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad_call(NcclComm *c, double t0, const char *fmt, ...) {
+int nccl_bad_call(NcclComm *c, double t0, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err, sizeof c->err, fmt, ap);
     va_end(ap);
     c->failed = 1;
-    return end(c, t0, -1);
+    return nccl_end(c, t0, -1);
 }
 
 /* Completes the collective that `queued` reports on: polls NCCL and the
  * stream until both are done, or fails (and aborts) on an error or at the
  * timeout. */
-static int finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0) {
+int nccl_finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0) {
     const long call_no = c->calls[kind];
     char detail[256];
     if (queued != ncclSuccess && queued != ncclInProgress) {
         nccl_detail(c->nccl, detail, sizeof detail);
-        return end(c, t0,
-                   fail(c, "comm %s (nccl): %s #%ld could not start: %s%s; the communicator was aborted", c->group,
-                        KIND_NAME[kind], call_no, ncclGetErrorString(queued), detail));
+        return nccl_end(c, t0,
+                        nccl_fail(c, "comm %s (nccl): %s #%ld could not start: %s%s; the communicator was aborted",
+                                  c->group, NCCL_KIND_NAME[kind], call_no, ncclGetErrorString(queued), detail));
     }
     const double deadline = t0 + c->timeout_s;
     for (unsigned i = 0;; i++) {
@@ -161,82 +146,101 @@ static int finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0) {
         if (r != ncclSuccess) state = r;
         if (state != ncclSuccess && state != ncclInProgress) {
             nccl_detail(c->nccl, detail, sizeof detail);
-            return end(c, t0,
-                       fail(c, "comm %s (nccl): %s #%ld failed: %s%s; the communicator was aborted", c->group,
-                            KIND_NAME[kind], call_no, ncclGetErrorString(state), detail));
+            return nccl_end(c, t0,
+                            nccl_fail(c, "comm %s (nccl): %s #%ld failed: %s%s; the communicator was aborted", c->group,
+                                      NCCL_KIND_NAME[kind], call_no, ncclGetErrorString(state), detail));
         }
         if (state == ncclSuccess) {
             cudaError_t e = cudaStreamQuery(c->stream);
-            if (e == cudaSuccess) return end(c, t0, 0);
+            if (e == cudaSuccess) return nccl_end(c, t0, 0);
             if (e != cudaErrorNotReady)
-                return end(c, t0,
-                           fail(c, "comm %s (nccl): %s #%ld failed on device %d: %s; the communicator was aborted",
-                                c->group, KIND_NAME[kind], call_no, c->device, cudaGetErrorString(e)));
+                return nccl_end(
+                    c, t0,
+                    nccl_fail(c, "comm %s (nccl): %s #%ld failed on device %d: %s; the communicator was aborted",
+                              c->group, NCCL_KIND_NAME[kind], call_no, c->device, cudaGetErrorString(e)));
         }
         if (now_s() >= deadline)
-            return end(c, t0,
-                       fail(c,
-                            "comm %s (nccl): %s #%ld did not complete within %g s (a peer did not make the same "
-                            "call, exited or hangs); the communicator was aborted",
-                            c->group, KIND_NAME[kind], call_no, c->timeout_s));
+            return nccl_end(
+                c, t0,
+                nccl_fail(c,
+                          "comm %s (nccl): %s #%ld did not complete within %g s (a peer did not make the same "
+                          "call, exited or hangs); the communicator was aborted",
+                          c->group, NCCL_KIND_NAME[kind], call_no, c->timeout_s));
         backoff(i);
     }
 }
 
-static int nccl_allreduce(Comm *comm, float *buf, size_t n_elems, CommOp op) {
+/* NCCL's type for dt; 0, or -1 for an unknown dtype. */
+static int nccl_type(CommDtype dt, ncclDataType_t *out) {
+    switch (dt) {
+    case COMM_F32: *out = ncclFloat32; return 0;
+    case COMM_BF16: *out = ncclBfloat16; return 0;
+    }
+    return -1;
+}
+
+static int nccl_allreduce(Comm *comm, void *buf, size_t n_elems, CommDtype dt, CommOp op) {
     NcclComm *c = (NcclComm *)comm;
     double t0;
-    if (begin(c, K_ALLREDUCE, &c->stats.allreduce, &t0) != 0) return -1;
-    c->stats.allreduce_bytes += (double)n_elems * sizeof(float);
+    if (nccl_begin(c, K_ALLREDUCE, &c->stats.allreduce, &t0) != 0) return -1;
+    ncclDataType_t type;
+    if (nccl_type(dt, &type) != 0)
+        return nccl_bad_call(c, t0, "comm %s (nccl): allreduce of unknown dtype %d", c->group, (int)dt);
+    c->stats.allreduce_bytes += (double)n_elems * (double)comm_dtype_bytes(dt);
     if (op != COMM_SUM && op != COMM_MAX)
-        return bad_call(c, t0, "comm %s (nccl): unknown reduction %d", c->group, (int)op);
-    if (n_elems == 0) return end(c, t0, 0);
-    if (!buf) return bad_call(c, t0, "comm %s (nccl): allreduce of %zu elements from NULL", c->group, n_elems);
-    ncclResult_t q = ncclAllReduce(buf, buf, n_elems, ncclFloat32, op == COMM_SUM ? ncclSum : ncclMax, c->nccl,
-                                   c->stream);
-    return finish(c, K_ALLREDUCE, q, t0);
+        return nccl_bad_call(c, t0, "comm %s (nccl): unknown reduction %d", c->group, (int)op);
+    if (n_elems == 0) return nccl_end(c, t0, 0);
+    if (!buf) return nccl_bad_call(c, t0, "comm %s (nccl): allreduce of %zu elements from NULL", c->group, n_elems);
+    ncclResult_t q = ncclAllReduce(buf, buf, n_elems, type, op == COMM_SUM ? ncclSum : ncclMax, c->nccl, c->stream);
+    return nccl_finish(c, K_ALLREDUCE, q, t0);
 }
 
-static int nccl_reduce_scatter(Comm *comm, const float *in, float *out, size_t n_elems) {
+static int nccl_reduce_scatter(Comm *comm, const void *in, void *out, size_t n_elems, CommDtype dt) {
     NcclComm *c = (NcclComm *)comm;
     double t0;
-    if (begin(c, K_REDUCE_SCATTER, &c->stats.reduce_scatter, &t0) != 0) return -1;
-    if (n_elems == 0) return end(c, t0, 0);
-    if (!in || !out) return bad_call(c, t0, "comm %s (nccl): reduce_scatter with a NULL buffer", c->group);
-    ncclResult_t q = ncclReduceScatter(in, out, n_elems, ncclFloat32, ncclSum, c->nccl, c->stream);
-    return finish(c, K_REDUCE_SCATTER, q, t0);
+    if (nccl_begin(c, K_REDUCE_SCATTER, &c->stats.reduce_scatter, &t0) != 0) return -1;
+    ncclDataType_t type;
+    if (nccl_type(dt, &type) != 0)
+        return nccl_bad_call(c, t0, "comm %s (nccl): reduce_scatter of unknown dtype %d", c->group, (int)dt);
+    if (n_elems == 0) return nccl_end(c, t0, 0);
+    if (!in || !out) return nccl_bad_call(c, t0, "comm %s (nccl): reduce_scatter with a NULL buffer", c->group);
+    ncclResult_t q = ncclReduceScatter(in, out, n_elems, type, ncclSum, c->nccl, c->stream);
+    return nccl_finish(c, K_REDUCE_SCATTER, q, t0);
 }
 
-static int nccl_allgather(Comm *comm, const float *in, float *out, size_t n_elems) {
+static int nccl_allgather(Comm *comm, const void *in, void *out, size_t n_elems, CommDtype dt) {
     NcclComm *c = (NcclComm *)comm;
     double t0;
-    if (begin(c, K_ALLGATHER, &c->stats.allgather, &t0) != 0) return -1;
-    if (n_elems == 0) return end(c, t0, 0);
-    if (!in || !out) return bad_call(c, t0, "comm %s (nccl): allgather with a NULL buffer", c->group);
-    ncclResult_t q = ncclAllGather(in, out, n_elems, ncclFloat32, c->nccl, c->stream);
-    return finish(c, K_ALLGATHER, q, t0);
+    if (nccl_begin(c, K_ALLGATHER, &c->stats.allgather, &t0) != 0) return -1;
+    ncclDataType_t type;
+    if (nccl_type(dt, &type) != 0)
+        return nccl_bad_call(c, t0, "comm %s (nccl): allgather of unknown dtype %d", c->group, (int)dt);
+    if (n_elems == 0) return nccl_end(c, t0, 0);
+    if (!in || !out) return nccl_bad_call(c, t0, "comm %s (nccl): allgather with a NULL buffer", c->group);
+    ncclResult_t q = ncclAllGather(in, out, n_elems, type, c->nccl, c->stream);
+    return nccl_finish(c, K_ALLGATHER, q, t0);
 }
 
 static int nccl_broadcast(Comm *comm, void *buf, size_t n_bytes, int root) {
     NcclComm *c = (NcclComm *)comm;
     double t0;
-    if (begin(c, K_BROADCAST, &c->stats.broadcast, &t0) != 0) return -1;
+    if (nccl_begin(c, K_BROADCAST, &c->stats.broadcast, &t0) != 0) return -1;
     if (root < 0 || root >= c->size)
-        return bad_call(c, t0, "comm %s (nccl): broadcast root %d is outside the group of %d", c->group, root,
-                        c->size);
-    if (n_bytes == 0) return end(c, t0, 0);
-    if (!buf) return bad_call(c, t0, "comm %s (nccl): broadcast of %zu bytes from NULL", c->group, n_bytes);
+        return nccl_bad_call(c, t0, "comm %s (nccl): broadcast root %d is outside the group of %d", c->group, root,
+                             c->size);
+    if (n_bytes == 0) return nccl_end(c, t0, 0);
+    if (!buf) return nccl_bad_call(c, t0, "comm %s (nccl): broadcast of %zu bytes from NULL", c->group, n_bytes);
     ncclResult_t q = ncclBroadcast(buf, buf, n_bytes, ncclUint8, root, c->nccl, c->stream);
-    return finish(c, K_BROADCAST, q, t0);
+    return nccl_finish(c, K_BROADCAST, q, t0);
 }
 
 /* No rank's allreduce can complete before every rank has joined it. */
 static int nccl_barrier(Comm *comm) {
     NcclComm *c = (NcclComm *)comm;
     double t0;
-    if (begin(c, K_BARRIER, &c->stats.barrier, &t0) != 0) return -1;
+    if (nccl_begin(c, K_BARRIER, &c->stats.barrier, &t0) != 0) return -1;
     ncclResult_t q = ncclAllReduce(c->barrier_buf, c->barrier_buf, 1, ncclFloat32, ncclSum, c->nccl, c->stream);
-    return finish(c, K_BARRIER, q, t0);
+    return nccl_finish(c, K_BARRIER, q, t0);
 }
 
 /* ---- accessors and teardown ---- */
@@ -267,6 +271,7 @@ static void nccl_free(Comm *comm) {
         c->nccl = NULL;
     }
     if (c->barrier_buf) cudaFree(c->barrier_buf);
+    nccl_free_self_msgs(c);
     if (prev >= 0) cudaSetDevice(prev);
     free(c);
 }
@@ -279,6 +284,9 @@ static const CommOps *nccl_ops(void) {
         .allgather = nccl_allgather,
         .broadcast = nccl_broadcast,
         .barrier = nccl_barrier,
+        .send = nccl_send,
+        .recv = nccl_recv,
+        .set_device_copy = nccl_set_device_copy,
         .rank = nccl_rank,
         .size = nccl_size,
         .error = nccl_error,
@@ -313,8 +321,8 @@ static int finish_setup(NcclComm *c, size_t used_before) {
     cudaError_t e = cudaMalloc((void **)&c->barrier_buf, sizeof(float));
     if (e == cudaSuccess) e = cudaMemset(c->barrier_buf, 0, sizeof(float));
     if (e != cudaSuccess)
-        return fail(c, "comm %s (nccl): cannot allocate its barrier buffer on device %d (%s)", c->group, c->device,
-                    cudaGetErrorString(e));
+        return nccl_fail(c, "comm %s (nccl): cannot allocate its barrier buffer on device %d (%s)", c->group, c->device,
+                         cudaGetErrorString(e));
     if (nccl_barrier(&c->base) != 0) return -1;
     const size_t used_after = used_bytes();
     c->device_bytes = used_after > used_before ? used_after - used_before : 0;
@@ -332,7 +340,7 @@ static Comm *create_fail(NcclComm *c, char *err, size_t err_len) {
 }
 
 Comm *comm_nccl_create(StoreClient *store, const char *job_id, const char *group, int rank, int size, int device,
-                       double timeout_s, cudaStream_t stream, char *err, size_t err_len) {
+                       double timeout_s, void *stream, char *err, size_t err_len) {
     if (!job_id || !*job_id || !group || !*group) {
         tp_error_set(err, err_len, "comm (nccl): the job id and the group name must not be empty");
         return NULL;
@@ -357,7 +365,7 @@ Comm *comm_nccl_create(StoreClient *store, const char *job_id, const char *group
         return NULL;
     }
     const double deadline = now_s() + timeout_s;
-    NcclComm *c = new_comm(group, device, timeout_s, stream);
+    NcclComm *c = new_comm(group, device, timeout_s, (cudaStream_t)stream);
     c->rank = rank;
     c->size = size;
 
@@ -368,25 +376,25 @@ Comm *comm_nccl_create(StoreClient *store, const char *job_id, const char *group
     if (rank == 0) {
         ncclResult_t r = ncclGetUniqueId(&id);
         if (r != ncclSuccess) {
-            fail(c, "comm %s (nccl): cannot make the NCCL id: %s", group, ncclGetErrorString(r));
+            nccl_fail(c, "comm %s (nccl): cannot make the NCCL id: %s", group, ncclGetErrorString(r));
             return create_fail(c, err, err_len);
         }
         if (size > 1 && store_set(store, key, &id, sizeof id) != 0) {
-            fail(c, "comm %s (nccl): cannot publish the NCCL id in the store (%s)", group, store_error(store));
+            nccl_fail(c, "comm %s (nccl): cannot publish the NCCL id in the store (%s)", group, store_error(store));
             return create_fail(c, err, err_len);
         }
     } else {
         size_t n_bytes = 0;
         void *v = store_get(store, key, &n_bytes, timeout_s);
         if (!v) {
-            fail(c, "comm %s (nccl): rank %d did not get the NCCL id from rank 0 within %g s (%s)", group, rank,
-                 timeout_s, store_error(store));
+            nccl_fail(c, "comm %s (nccl): rank %d did not get the NCCL id from rank 0 within %g s (%s)", group, rank,
+                      timeout_s, store_error(store));
             return create_fail(c, err, err_len);
         }
         if (n_bytes != sizeof id) {
             free(v);
-            fail(c, "comm %s (nccl): the NCCL id in the store has %zu bytes, expected %zu", group, n_bytes,
-                 sizeof id);
+            nccl_fail(c, "comm %s (nccl): the NCCL id in the store has %zu bytes, expected %zu", group, n_bytes,
+                      sizeof id);
             return create_fail(c, err, err_len);
         }
         memcpy(&id, v, sizeof id);
@@ -401,22 +409,23 @@ Comm *comm_nccl_create(StoreClient *store, const char *job_id, const char *group
     if (r != ncclSuccess && r != ncclInProgress) {
         char detail[256];
         nccl_detail(c->nccl, detail, sizeof detail);
-        fail(c, "comm %s (nccl): rank %d of %d could not start NCCL initialisation: %s%s", group, rank, size,
-             ncclGetErrorString(r), detail);
+        nccl_fail(c, "comm %s (nccl): rank %d of %d could not start NCCL initialisation: %s%s", group, rank, size,
+                  ncclGetErrorString(r), detail);
         return create_fail(c, err, err_len);
     }
     ncclResult_t state = wait_state(c->nccl, deadline);
     if (state == ncclInProgress) {
-        fail(c, "comm %s (nccl): rank %d of %d: the group did not form within %g s (a peer did not join, exited or "
-                "hangs); the communicator was aborted",
-             group, rank, size, timeout_s);
+        nccl_fail(c,
+                  "comm %s (nccl): rank %d of %d: the group did not form within %g s (a peer did not join, exited or "
+                  "hangs); the communicator was aborted",
+                  group, rank, size, timeout_s);
         return create_fail(c, err, err_len);
     }
     if (state != ncclSuccess) {
         char detail[256];
         nccl_detail(c->nccl, detail, sizeof detail);
-        fail(c, "comm %s (nccl): rank %d of %d: NCCL initialisation failed: %s%s", group, rank, size,
-             ncclGetErrorString(state), detail);
+        nccl_fail(c, "comm %s (nccl): rank %d of %d: NCCL initialisation failed: %s%s", group, rank, size,
+                  ncclGetErrorString(state), detail);
         return create_fail(c, err, err_len);
     }
     if (finish_setup(c, used_before) != 0) return create_fail(c, err, err_len);
@@ -469,7 +478,7 @@ int comm_nccl_split(Comm *parent, const char *group, int color, int key, Comm **
         else
             snprintf(c->err, sizeof c->err, "comm %s (nccl): splitting %s from it failed: %s%s; both were aborted",
                      p->group, group, ncclGetErrorString(state), detail);
-        fail(p, "%s", c->err);
+        nccl_fail(p, "%s", c->err);
         create_fail(c, err, err_len);
         return -1;
     }
@@ -478,7 +487,7 @@ int comm_nccl_split(Comm *parent, const char *group, int color, int key, Comm **
         return 0;
     }
     if (ncclCommCount(c->nccl, &c->size) != ncclSuccess || ncclCommUserRank(c->nccl, &c->rank) != ncclSuccess) {
-        fail(c, "comm %s (nccl): cannot read its rank and size after the split", group);
+        nccl_fail(c, "comm %s (nccl): cannot read its rank and size after the split", group);
         create_fail(c, err, err_len);
         return -1;
     }

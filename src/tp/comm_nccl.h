@@ -1,12 +1,17 @@
 /* comm_nccl.h: the NCCL backend of comm.h (one GPU per rank, any number of
  * nodes).
  *
- * Every buffer passed to comm_allreduce, comm_reduce_scatter,
- * comm_allgather and comm_broadcast on a communicator made here is a DEVICE
- * pointer on the communicator's device. Collectives are queued on the
- * communicator's stream, after whatever the caller queued there before, and
- * the call returns once the stream has drained, so a collective is blocking
- * as comm.h says (and the host waits for the stream's earlier work too).
+ * Every buffer passed to a collective or to comm_send / comm_recv on a
+ * communicator made here is a DEVICE pointer on the communicator's device.
+ * Calls are queued on the communicator's stream, after whatever the caller
+ * queued there before, and return once the stream has drained, so they are
+ * blocking as comm.h says (and the host waits for the stream's earlier work
+ * too). COMM_BF16 is ncclBfloat16. Send / recv are ncclSend / ncclRecv
+ * (blocking: a send waits for its receive); a message to oneself is kept as
+ * a device copy until received. comm_set_device_copy is refused.
+ *
+ * This header is free of CUDA headers (the stream is a cudaStream_t passed
+ * as void *), so runtime.c can include it; only comm_nccl.c includes CUDA.
  *
  * Communicators are non-blocking NCCL communicators: creation and every
  * collective are polled (ncclCommGetAsyncError, cudaStreamQuery) against
@@ -26,7 +31,6 @@
 #ifndef TPTRAIN_COMM_NCCL_H
 #define TPTRAIN_COMM_NCCL_H
 
-#include <cuda_runtime.h>
 #include <stddef.h>
 
 #include "tp/comm.h"
@@ -36,11 +40,12 @@
  * 0 makes the NCCL unique id and publishes it in the store under
  * "<job_id>/nccl/<group>/id"; the others wait for it there (store may be
  * NULL when size is 1). timeout_s bounds the whole creation and, later,
- * every collective. stream: where collectives run (the caller keeps
- * ownership; 0 = the legacy default stream). Ends with a first barrier, so a
- * returned communicator has met all its peers. NULL + one sentence in err. */
+ * every collective. stream: the cudaStream_t where calls run (the caller
+ * keeps ownership; NULL = the legacy default stream). Ends with a first
+ * barrier, so a returned communicator has met all its peers. NULL + one
+ * sentence in err. */
 Comm *comm_nccl_create(StoreClient *store, const char *job_id, const char *group, int rank, int size, int device,
-                       double timeout_s, cudaStream_t stream, char *err, size_t err_len);
+                       double timeout_s, void *stream, char *err, size_t err_len);
 
 /* Collective over every rank of parent (ncclCommSplit): ranks passing the
  * same color >= 0 form one new communicator, ordered by key (ties by parent

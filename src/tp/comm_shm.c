@@ -1,16 +1,11 @@
-/* comm_shm.c: comm.h over POSIX shared memory, for ranks on one host.
+/* comm_shm.c: comm.h over POSIX shared memory, for ranks on one host:
+ * the segment, the barrier, staging of device buffers, set-up and teardown.
+ * The collectives are in comm_shm_coll.c, send / recv in comm_shm_p2p.c;
+ * the layout is in comm_shm_impl.h.
  *
  * One segment per group: a header, one cache line per rank (its pid and a
- * monotonic barrier counter), then two sets of per-rank data slots of
- * SLOT_ELEMS floats. A collective runs in chunks of at most one slot: each
- * rank copies its chunk into its slot, a barrier publishes it, and every
- * element is reduced over ranks 0, 1, ..., n-1 in that order, whoever
- * computes it, so results are deterministic and bitwise equal on all ranks.
- * Large chunks are reduced one portion per rank and copied back (2 barriers,
- * O(n) traffic per rank); small ones are reduced whole by every rank
- * (1 barrier). Consecutive data exchanges alternate between the two slot
- * sets, so a slot is rewritten only after a barrier that every reader of
- * its previous contents has passed: no barrier is needed at the end.
+ * monotonic barrier counter), the point-to-point pair words, two sets of
+ * per-rank data slots of SLOT_BYTES, then the point-to-point rings.
  *
  * The barrier is a counter per rank: a rank stores how many barriers it has
  * reached, then waits until every counter has caught up. Per-rank counters
@@ -22,7 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "tp/comm_shm.h"
-#include "tp/comm_impl.h"
+#include "tp/comm_shm_impl.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -40,70 +35,31 @@
 #include "tp/shm_reclaim.h"
 
 #define SHM_MAGIC 0x316d68732d747074ULL  // "tpt-shm1"
-#define SHM_VERSION 2u
-#define SLOT_ELEMS ((size_t)1 << 20)     // floats per rank slot (4 MiB): the chunk of every collective
-#define DIRECT_MAX_ELEMS ((size_t)16384) // chunks up to this size are reduced whole by every rank
+#define SHM_VERSION 3u  // 2: point-to-point rings; 3: the owner record first (shm_reclaim.h)
 #define MAX_RANKS 1024
-#define SPIN_ITERS 200                   // polls before sleeping on the futex
-#define CHECK_PERIOD_S 0.05              // how often a waiter re-checks missing peers
 #define NAME_MAX_LEN 96
 
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free to live in shared memory");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to live in shared memory");
 
-typedef struct {
-    ShmOwner owner;  // first, written before anything else: stale segments are reclaimed by it (shm_reclaim.h)
-    uint64_t magic;
-    uint32_t version;
-    int32_t size;
-    uint64_t slot_elems;
-    uint64_t total_bytes;
-    char job_id[128];
-    char group[128];
-    _Atomic uint32_t wake;        // futex word: bumped by the rank that completes a barrier
-    _Atomic uint32_t n_sleepers;  // ranks inside (or about to enter) futex wait
-    _Atomic uint64_t job_key;     // hash of (job id, group); written last by rank 0
-} ShmHeader;
-
-typedef struct {
-    _Alignas(64) _Atomic uint64_t seq;  // barriers this rank has reached
-    _Atomic int32_t pid;                 // 0 until the rank has joined
-} RankWord;
-
 _Static_assert(sizeof(RankWord) == 64, "one cache line per rank");
+_Static_assert(sizeof(PairWord) == 192, "head, tail and wake on their own cache lines");
 
 #define HEADER_BYTES ((size_t)1024)
 _Static_assert(sizeof(ShmHeader) <= HEADER_BYTES, "header fits its reserved space");
 
-typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_BARRIER, K_JOIN } Kind;
-static const char *const KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "join"};
-
-typedef struct {
-    Comm base;          // first: comm.c dispatches through base.ops
-    char group[128];
-    int rank, size;
-    double timeout_s;
-    ShmHeader *hdr;     // NULL for a group of one
-    RankWord *words;    // (size)
-    float *slots;       // (2, size, SLOT_ELEMS)
-    size_t map_bytes;
-    uint64_t seq;       // barriers this rank has reached
-    uint64_t n_uses;    // data exchanges so far: parity picks the slot set
-    int failed;         // poisoned: every later call fails at once
-    long calls[K_JOIN]; // calls per kind since creation (not reset with the stats): "#K" in messages
-    char err[512];
-    CommStats stats;
-} ShmComm;
+const char *const SHM_KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                     "barrier",   "send",           "recv",      "join"};
 
 /* ---- small helpers ---- */
 
-static double now_s(void) {
+double shm_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void cpu_relax(void) {
+void shm_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -117,12 +73,12 @@ static void sleep_s(double s) {
 }
 
 /* Shared (not private) futex: the word lives in memory mapped by several processes. */
-static void futex_wait(_Atomic uint32_t *word, uint32_t expected, double timeout_s) {
+void shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, double timeout_s) {
     struct timespec ts = {(time_t)timeout_s, (long)((timeout_s - (double)(time_t)timeout_s) * 1e9)};
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
 }
 
-static void futex_wake_all(_Atomic uint32_t *word) {
+void shm_futex_wake_all(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
 }
 
@@ -162,7 +118,7 @@ static void segment_name(char *out, size_t out_len, const char *job_id, const ch
 
 /* A peer is gone when its pid no longer exists or is a zombie (exited, not
  * yet reaped by its parent: kill() still succeeds on it). */
-static int peer_gone(pid_t pid) {
+int shm_peer_gone(pid_t pid) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0) return errno == ESRCH;
     char path[64], buf[512];
@@ -177,18 +133,28 @@ static int peer_gone(pid_t pid) {
     return p[2] == 'Z' || p[2] == 'X';
 }
 
-static size_t segment_bytes(int size) {
-    return HEADER_BYTES + (size_t)size * sizeof(RankWord) + 2 * (size_t)size * SLOT_ELEMS * sizeof(float);
+static size_t n_pairs(int size) { return (size_t)size * (size_t)(size - 1); }
+
+static size_t segment_bytes(int size, size_t ring_bytes) {
+    return HEADER_BYTES + (size_t)size * sizeof(RankWord) + n_pairs(size) * sizeof(PairWord) +
+           2 * (size_t)size * SLOT_BYTES + n_pairs(size) * ring_bytes;
 }
 
-static float *slot(const ShmComm *c, uint64_t parity, int q) {  // (SLOT_ELEMS)
-    return c->slots + ((size_t)parity * (size_t)c->size + (size_t)q) * SLOT_ELEMS;
+unsigned char *shm_slot(const ShmComm *c, uint64_t parity, int q) {
+    return c->slots + ((size_t)parity * (size_t)c->size + (size_t)q) * SLOT_BYTES;
 }
 
 static void map_layout(ShmComm *c, void *base) {
-    c->hdr = (ShmHeader *)base;
-    c->words = (RankWord *)((char *)base + HEADER_BYTES);
-    c->slots = (float *)((char *)base + HEADER_BYTES + (size_t)c->size * sizeof(RankWord));
+    unsigned char *p = base;
+    c->hdr = (ShmHeader *)p;
+    p += HEADER_BYTES;
+    c->words = (RankWord *)p;
+    p += (size_t)c->size * sizeof(RankWord);
+    c->pairs = (PairWord *)p;
+    p += n_pairs(c->size) * sizeof(PairWord);
+    c->slots = p;
+    p += 2 * (size_t)c->size * SLOT_BYTES;
+    c->rings = p;
 }
 
 /* ---- barrier ---- */
@@ -207,12 +173,11 @@ static void arrive(ShmComm *c) {
     // simultaneous last arrivers sees all counters.
     if (first_missing(c, c->seq) < 0) {
         atomic_fetch_add(&c->hdr->wake, 1);
-        if (atomic_load(&c->hdr->n_sleepers) > 0) futex_wake_all(&c->hdr->wake);
+        if (atomic_load(&c->hdr->n_sleepers) > 0) shm_futex_wake_all(&c->hdr->wake);
     }
 }
 
-static int fail(ShmComm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(ShmComm *c, const char *fmt, ...) {
+int shm_fail(ShmComm *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -227,42 +192,42 @@ static int wait_all(ShmComm *c, Kind kind, long call_no) {
     const uint64_t target = c->seq;
     for (int i = 0; i < SPIN_ITERS; i++) {
         if (first_missing(c, target) < 0) return 0;
-        cpu_relax();
+        shm_cpu_relax();
     }
-    const double t0 = now_s();
+    const double t0 = shm_now_s();
     double next_check = t0 + CHECK_PERIOD_S;
     for (;;) {
         uint32_t w = atomic_load(&c->hdr->wake);
         int missing = first_missing(c, target);
         if (missing < 0) return 0;
-        double t = now_s();
+        double t = shm_now_s();
         if (t >= next_check) {
             next_check = t + CHECK_PERIOD_S;
             for (int q = missing; q < c->size; q++) {
                 if (atomic_load(&c->words[q].seq) >= target) continue;
                 pid_t pid = atomic_load(&c->words[q].pid);
-                if (peer_gone(pid)) {
+                if (shm_peer_gone(pid)) {
                     if (kind == K_JOIN)
-                        return fail(c, "comm %s: rank %d (pid %d) exited while the group was forming", c->group,
-                                    q, (int)pid);
-                    return fail(c, "comm %s: rank %d (pid %d) exited during %s", c->group, q, (int)pid,
-                                KIND_NAME[kind]);
+                        return shm_fail(c, "comm %s: rank %d (pid %d) exited while the group was forming", c->group, q,
+                                        (int)pid);
+                    return shm_fail(c, "comm %s: rank %d (pid %d) exited during %s", c->group, q, (int)pid,
+                                    SHM_KIND_NAME[kind]);
                 }
             }
             if (t - t0 >= c->timeout_s) {
                 if (kind == K_JOIN)
-                    return fail(c, "comm %s: rank %d did not join within %g s", c->group, missing, c->timeout_s);
-                return fail(c, "comm %s: rank %d did not reach %s #%ld within %g s", c->group, missing,
-                            KIND_NAME[kind], call_no, c->timeout_s);
+                    return shm_fail(c, "comm %s: rank %d did not join within %g s", c->group, missing, c->timeout_s);
+                return shm_fail(c, "comm %s: rank %d did not reach %s #%ld within %g s", c->group, missing,
+                                SHM_KIND_NAME[kind], call_no, c->timeout_s);
             }
         }
         atomic_fetch_add(&c->hdr->n_sleepers, 1);
-        if (first_missing(c, target) >= 0) futex_wait(&c->hdr->wake, w, CHECK_PERIOD_S);
+        if (first_missing(c, target) >= 0) shm_futex_wait(&c->hdr->wake, w, CHECK_PERIOD_S);
         atomic_fetch_sub(&c->hdr->n_sleepers, 1);
     }
 }
 
-static int sync_all(ShmComm *c, Kind kind, long call_no) {
+int shm_sync_all(ShmComm *c, Kind kind, long call_no) {
     arrive(c);
     return wait_all(c, kind, call_no);
 }
@@ -284,23 +249,24 @@ static Comm *create_fail(ShmComm *c, const char *name, int unlink_name, char *er
  * the job key last. */
 static int create_segment(ShmComm *c, const char *name, const char *job_id, uint64_t key, int *created) {
     int fd = shm_owned_create(name);
-    if (fd < 0) return fail(c, "comm %s: cannot create shared memory %s (%s)", c->group, name, strerror(errno));
+    if (fd < 0) return shm_fail(c, "comm %s: cannot create shared memory %s (%s)", c->group, name, strerror(errno));
     *created = 1;
     int rc = posix_fallocate(fd, 0, (off_t)c->map_bytes);  // fail here, not with SIGBUS when /dev/shm is full
     if (rc != 0) {
         close(fd);
-        return fail(c, "comm %s: cannot reserve %.1f MiB of shared memory for %s (%s)", c->group,
-                    (double)c->map_bytes / (1 << 20), name, strerror(rc));
+        return shm_fail(c, "comm %s: cannot reserve %.1f MiB of shared memory for %s (%s)", c->group,
+                        (double)c->map_bytes / (1 << 20), name, strerror(rc));
     }
     void *base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (base == MAP_FAILED) return fail(c, "comm %s: cannot map %s (%s)", c->group, name, strerror(errno));
+    if (base == MAP_FAILED) return shm_fail(c, "comm %s: cannot map %s (%s)", c->group, name, strerror(errno));
     map_layout(c, base);
     ShmHeader *h = c->hdr;
     h->magic = SHM_MAGIC;
     h->version = SHM_VERSION;
     h->size = c->size;
-    h->slot_elems = SLOT_ELEMS;
+    h->slot_bytes = SLOT_BYTES;
+    h->ring_bytes = c->ring_bytes;
     h->total_bytes = c->map_bytes;
     snprintf(h->job_id, sizeof h->job_id, "%s", job_id);
     snprintf(h->group, sizeof h->group, "%s", c->group);
@@ -309,6 +275,12 @@ static int create_segment(ShmComm *c, const char *name, const char *job_id, uint
     for (int q = 0; q < c->size; q++) {
         atomic_store(&c->words[q].seq, 0);
         atomic_store(&c->words[q].pid, 0);
+    }
+    for (size_t k = 0; k < n_pairs(c->size); k++) {
+        atomic_store(&c->pairs[k].head, 0);
+        atomic_store(&c->pairs[k].tail, 0);
+        atomic_store(&c->pairs[k].wake, 0);
+        atomic_store(&c->pairs[k].n_sleepers, 0);
     }
     atomic_store(&c->words[0].pid, (int32_t)getpid());
     atomic_store_explicit(&h->job_key, key, memory_order_release);
@@ -334,18 +306,20 @@ static int try_join(ShmComm *c, const char *name, const char *job_id, uint64_t k
     void *base = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
-        fail(c, "comm %s: cannot map %s (%s)", c->group, name, strerror(errno));
+        shm_fail(c, "comm %s: cannot map %s (%s)", c->group, name, strerror(errno));
         return -1;
     }
     map_layout(c, base);
     ShmHeader *h = c->hdr;
     const char *bad = NULL;
     if (atomic_load_explicit(&h->job_key, memory_order_acquire) != key) bad = "it belongs to another job";
-    else if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->slot_elems != SLOT_ELEMS)
+    else if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || h->slot_bytes != SLOT_BYTES ||
+             h->ring_bytes != c->ring_bytes)
         bad = "it has another layout";
     else if (h->size != c->size || strcmp(h->job_id, job_id) != 0 || strcmp(h->group, c->group) != 0)
         bad = "it was made for another group";
-    else if (peer_gone(atomic_load(&c->words[0].pid))) bad = "its creator has exited";
+    else if (shm_peer_gone(atomic_load(&c->words[0].pid)))
+        bad = "its creator has exited";
     else {
         int32_t expected = 0;
         if (atomic_compare_exchange_strong(&c->words[c->rank].pid, &expected, (int32_t)getpid())) {
@@ -389,7 +363,8 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
     c->timeout_s = timeout_s;
     if (size == 1) return &c->base;  // no peers: collectives are no-ops or copies
 
-    c->map_bytes = segment_bytes(size);
+    c->ring_bytes = shm_ring_bytes(size);
+    c->map_bytes = segment_bytes(size, c->ring_bytes);
     char name[NAME_MAX_LEN + 32];
     segment_name(name, sizeof name, job_id, group);
     const uint64_t key = job_key_of(job_id, group);
@@ -397,15 +372,15 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
         int created = 0;
         if (create_segment(c, name, job_id, key, &created) != 0) return create_fail(c, name, created, err, err_len);
     } else {
-        const double t0 = now_s();
+        const double t0 = shm_now_s();
         double pause_s = 0.001;
         char why[256] = "";
         for (;;) {
             int rc = try_join(c, name, job_id, key, why, sizeof why);
             if (rc < 0) return create_fail(c, name, 0, err, err_len);
             if (rc == 1) break;
-            if (now_s() - t0 >= timeout_s) {
-                fail(c, "comm %s: rank %d could not join within %g s: %s", group, rank, timeout_s, why);
+            if (shm_now_s() - t0 >= timeout_s) {
+                shm_fail(c, "comm %s: rank %d could not join within %g s: %s", group, rank, timeout_s, why);
                 return create_fail(c, name, 0, err, err_len);
             }
             sleep_s(pause_s);
@@ -413,144 +388,110 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
         }
     }
     // Everyone has mapped the segment once all have reached the first barrier.
-    if (sync_all(c, K_JOIN, 0) != 0) return create_fail(c, name, rank == 0, err, err_len);
+    if (shm_sync_all(c, K_JOIN, 0) != 0) return create_fail(c, name, rank == 0, err, err_len);
     if (rank == 0) shm_unlink(name);
     return &c->base;
 }
 
-/* ---- collectives ---- */
+/* ---- calls and staging ---- */
 
-static int begin(ShmComm *c, Kind kind, long *counter, double *t0) {
-    if (c->failed) return -1;
-    (*counter)++;
-    c->calls[kind]++;
-    *t0 = now_s();
+static int make_stage(ShmComm *c) {
+    c->stage = c->hooks.host_alloc ? c->hooks.host_alloc(c->hooks.ctx, STAGE_BYTES) : malloc(STAGE_BYTES);
+    if (!c->stage)
+        return shm_fail(c, "comm %s: cannot allocate its %zu MiB host staging buffer for device buffers", c->group,
+                        STAGE_BYTES >> 20);
     return 0;
 }
 
-static int end(ShmComm *c, double t0, int rc) {
-    c->stats.seconds += now_s() - t0;
+static void release_stage(ShmComm *c) {
+    if (!c->stage) return;
+    if (c->hooks.host_free)
+        c->hooks.host_free(c->hooks.ctx, c->stage);
+    else
+        free(c->stage);
+    c->stage = NULL;
+}
+
+int shm_begin(ShmComm *c, Kind kind, long *counter, double *t0) {
+    if (c->failed) return -1;
+    (*counter)++;
+    c->calls[kind]++;
+    *t0 = shm_now_s();
+    if (c->staged && !c->stage) return make_stage(c);
+    return 0;
+}
+
+int shm_end(ShmComm *c, double t0, int rc) {
+    c->stats.seconds += shm_now_s() - t0;
     return rc;
 }
 
-/* acc[i] = acc[i] op x[i]; MAX keeps NaN (a NaN anywhere makes the result NaN). */
-static void reduce_into(float *acc, const float *x, size_t n_elems, CommOp op) {
-    if (op == COMM_SUM) {
-        for (size_t i = 0; i < n_elems; i++) acc[i] += x[i];
-    } else {
-        for (size_t i = 0; i < n_elems; i++)
-            if (x[i] > acc[i] || x[i] != x[i]) acc[i] = x[i];
+void shm_copy_in(ShmComm *c, void *host_dst, const void *user_src, size_t n_bytes) {
+    if (n_bytes == 0) return;
+    if (!c->staged) {
+        memcpy(host_dst, user_src, n_bytes);
+        return;
+    }
+    for (size_t k = 0; k < n_bytes; k += STAGE_BYTES) {
+        const size_t piece = n_bytes - k < STAGE_BYTES ? n_bytes - k : STAGE_BYTES;
+        c->hooks.to_host(c->hooks.ctx, c->stage, (const char *)user_src + k, piece);
+        memcpy((char *)host_dst + k, c->stage, piece);
     }
 }
 
-static int shm_allreduce(Comm *comm, float *buf, size_t n_elems, CommOp op) {
-    ShmComm *c = (ShmComm *)comm;
-    double t0;
-    if (begin(c, K_ALLREDUCE, &c->stats.allreduce, &t0) != 0) return -1;
-    c->stats.allreduce_bytes += (double)n_elems * sizeof(float);
-    if (op != COMM_SUM && op != COMM_MAX)
-        return end(c, t0, fail(c, "comm %s: unknown reduction %d", c->group, (int)op));
-    if (c->size == 1 || n_elems == 0) return end(c, t0, 0);
-    const long call_no = c->calls[K_ALLREDUCE];
-    const int n = c->size, r = c->rank;
-    for (size_t off = 0; off < n_elems; off += SLOT_ELEMS) {
-        const size_t m = n_elems - off < SLOT_ELEMS ? n_elems - off : SLOT_ELEMS;
-        const uint64_t p = c->n_uses++ & 1;
-        float *out = buf + off;  // (m)
-        memcpy(slot(c, p, r), out, m * sizeof(float));
-        if (sync_all(c, K_ALLREDUCE, call_no) != 0) return end(c, t0, -1);
-        if (m <= DIRECT_MAX_ELEMS) {
-            memcpy(out, slot(c, p, 0), m * sizeof(float));
-            for (int q = 1; q < n; q++) reduce_into(out, slot(c, p, q), m, op);
-            continue;
-        }
-        // This rank reduces its portion [lo, hi) and publishes it in its own slot.
-        const size_t lo = m * (size_t)r / (size_t)n, hi = m * (size_t)(r + 1) / (size_t)n;
-        memcpy(out + lo, slot(c, p, 0) + lo, (hi - lo) * sizeof(float));
-        for (int q = 1; q < n; q++) reduce_into(out + lo, slot(c, p, q) + lo, hi - lo, op);
-        memcpy(slot(c, p, r) + lo, out + lo, (hi - lo) * sizeof(float));
-        if (sync_all(c, K_ALLREDUCE, call_no) != 0) return end(c, t0, -1);
-        for (int q = 0; q < n; q++) {
-            if (q == r) continue;
-            const size_t qlo = m * (size_t)q / (size_t)n, qhi = m * (size_t)(q + 1) / (size_t)n;
-            memcpy(out + qlo, slot(c, p, q) + qlo, (qhi - qlo) * sizeof(float));
-        }
+void shm_copy_out(ShmComm *c, void *user_dst, const void *host_src, size_t n_bytes) {
+    if (n_bytes == 0) return;
+    if (!c->staged) {
+        memcpy(user_dst, host_src, n_bytes);
+        return;
     }
-    return end(c, t0, 0);
+    for (size_t k = 0; k < n_bytes; k += STAGE_BYTES) {
+        const size_t piece = n_bytes - k < STAGE_BYTES ? n_bytes - k : STAGE_BYTES;
+        memcpy(c->stage, (const char *)host_src + k, piece);
+        c->hooks.to_device(c->hooks.ctx, (char *)user_dst + k, c->stage, piece);
+    }
 }
 
-static int shm_reduce_scatter(Comm *comm, const float *in, float *out, size_t n_elems) {
-    ShmComm *c = (ShmComm *)comm;
-    double t0;
-    if (begin(c, K_REDUCE_SCATTER, &c->stats.reduce_scatter, &t0) != 0) return -1;
-    if (n_elems == 0) return end(c, t0, 0);
-    if (c->size == 1) {
-        memmove(out, in, n_elems * sizeof(float));
-        return end(c, t0, 0);
+/* Overlapping buffers are allowed unstaged (memmove); staged, the caller's
+ * device buffers must not overlap. */
+void shm_copy_user(ShmComm *c, void *user_dst, const void *user_src, size_t n_bytes) {
+    if (n_bytes == 0 || user_dst == user_src) return;
+    if (!c->staged) {
+        memmove(user_dst, user_src, n_bytes);
+        return;
     }
-    const long call_no = c->calls[K_REDUCE_SCATTER];
-    const int n = c->size, r = c->rank;
-    const size_t per_rank = SLOT_ELEMS / (size_t)n;  // each slot holds one piece for every rank
-    for (size_t off = 0; off < n_elems; off += per_rank) {
-        const size_t m = n_elems - off < per_rank ? n_elems - off : per_rank;
-        const uint64_t p = c->n_uses++ & 1;
-        float *mine = slot(c, p, r);  // (n, m)
-        for (int q = 0; q < n; q++) memcpy(mine + (size_t)q * m, in + (size_t)q * n_elems + off, m * sizeof(float));
-        if (sync_all(c, K_REDUCE_SCATTER, call_no) != 0) return end(c, t0, -1);
-        memcpy(out + off, slot(c, p, 0) + (size_t)r * m, m * sizeof(float));
-        for (int q = 1; q < n; q++) reduce_into(out + off, slot(c, p, q) + (size_t)r * m, m, COMM_SUM);
+    for (size_t k = 0; k < n_bytes; k += STAGE_BYTES) {
+        const size_t piece = n_bytes - k < STAGE_BYTES ? n_bytes - k : STAGE_BYTES;
+        c->hooks.to_host(c->hooks.ctx, c->stage, (const char *)user_src + k, piece);
+        c->hooks.to_device(c->hooks.ctx, (char *)user_dst + k, c->stage, piece);
     }
-    return end(c, t0, 0);
 }
 
-static int shm_allgather(Comm *comm, const float *in, float *out, size_t n_elems) {
-    ShmComm *c = (ShmComm *)comm;
-    double t0;
-    if (begin(c, K_ALLGATHER, &c->stats.allgather, &t0) != 0) return -1;
-    if (n_elems == 0) return end(c, t0, 0);
-    if (c->size == 1) {
-        memmove(out, in, n_elems * sizeof(float));
-        return end(c, t0, 0);
-    }
-    const long call_no = c->calls[K_ALLGATHER];
-    const int n = c->size, r = c->rank;
-    for (size_t off = 0; off < n_elems; off += SLOT_ELEMS) {
-        const size_t m = n_elems - off < SLOT_ELEMS ? n_elems - off : SLOT_ELEMS;
-        const uint64_t p = c->n_uses++ & 1;
-        memcpy(slot(c, p, r), in + off, m * sizeof(float));
-        if (sync_all(c, K_ALLGATHER, call_no) != 0) return end(c, t0, -1);
-        for (int q = 0; q < n; q++) memcpy(out + (size_t)q * n_elems + off, slot(c, p, q), m * sizeof(float));
-    }
-    return end(c, t0, 0);
+void *shm_result_at(ShmComm *c, void *user) { return c->staged ? c->stage : user; }
+
+void shm_result_done(ShmComm *c, void *user, size_t n_bytes) {
+    if (c->staged && n_bytes) c->hooks.to_device(c->hooks.ctx, user, c->stage, n_bytes);
 }
 
-static int shm_broadcast(Comm *comm, void *buf, size_t n_bytes, int root) {
-    ShmComm *c = (ShmComm *)comm;
-    double t0;
-    if (begin(c, K_BROADCAST, &c->stats.broadcast, &t0) != 0) return -1;
-    if (root < 0 || root >= c->size)
-        return end(c, t0, fail(c, "comm %s: broadcast root %d is outside the group of %d", c->group, root, c->size));
-    if (c->size == 1 || n_bytes == 0) return end(c, t0, 0);
-    const long call_no = c->calls[K_BROADCAST];
-    // Only the root writes: the whole slot set of one parity is its staging area.
-    const size_t chunk_bytes = (size_t)c->size * SLOT_ELEMS * sizeof(float);
-    for (size_t off = 0; off < n_bytes; off += chunk_bytes) {
-        const size_t m = n_bytes - off < chunk_bytes ? n_bytes - off : chunk_bytes;
-        const uint64_t p = c->n_uses++ & 1;
-        char *stage = (char *)slot(c, p, 0);
-        if (c->rank == root) memcpy(stage, (char *)buf + off, m);
-        if (sync_all(c, K_BROADCAST, call_no) != 0) return end(c, t0, -1);
-        if (c->rank != root) memcpy((char *)buf + off, stage, m);
-    }
-    return end(c, t0, 0);
+/* A refusal leaves the communicator usable; a poisoned one keeps its first error. */
+static int refuse(ShmComm *c, const char *what) {
+    if (!c->failed) snprintf(c->err, sizeof c->err, "comm %s: %s", c->group, what);
+    return -1;
 }
 
-static int shm_barrier(Comm *comm) {
+static int shm_set_device_copy(Comm *comm, const CommDeviceCopy *hooks) {
     ShmComm *c = (ShmComm *)comm;
-    double t0;
-    if (begin(c, K_BARRIER, &c->stats.barrier, &t0) != 0) return -1;
-    if (c->size == 1) return end(c, t0, 0);
-    return end(c, t0, sync_all(c, K_BARRIER, c->calls[K_BARRIER]));
+    if (hooks && (!hooks->to_host || !hooks->to_device))
+        return refuse(c, "device-copy hooks need both to_host and to_device");
+    if (hooks && !hooks->host_alloc != !hooks->host_free)
+        return refuse(c, "device-copy hooks need both host_alloc and host_free, or neither");
+    release_stage(c);  // made by the previous hooks' allocator
+    if (hooks)
+        c->hooks = *hooks;
+    else
+        memset(&c->hooks, 0, sizeof c->hooks);
+    c->staged = hooks != NULL;
+    return 0;
 }
 
 /* ---- accessors ---- */
@@ -563,6 +504,8 @@ static void shm_reset_stats(Comm *c) { memset(&((ShmComm *)c)->stats, 0, sizeof(
 
 static void shm_free(Comm *comm) {
     ShmComm *c = (ShmComm *)comm;
+    release_stage(c);
+    shm_free_self_msgs(c);
     if (c->hdr) munmap(c->hdr, c->map_bytes);
     free(c);
 }
@@ -575,6 +518,9 @@ static const CommOps *shm_ops(void) {
         .allgather = shm_allgather,
         .broadcast = shm_broadcast,
         .barrier = shm_barrier,
+        .send = shm_send,
+        .recv = shm_recv,
+        .set_device_copy = shm_set_device_copy,
         .rank = shm_rank,
         .size = shm_size,
         .error = shm_error,

@@ -10,6 +10,8 @@
  * or the next tprun, removes those whose creator is dead.
  * Each rank's pid is in the segment: a waiting rank notices a dead peer
  * (kill(pid, 0) fails) and errors at once instead of waiting for the timeout.
+ * Buffers are host memory, or device memory once comm_set_device_copy has
+ * given the hooks that stage them (comm.h). Layout: comm_shm_impl.h.
  */
 #ifndef TPTRAIN_COMM_SHM_H
 #define TPTRAIN_COMM_SHM_H

@@ -7,6 +7,10 @@
  * runs the decoder stack on it with the same ops as training, so the logits
  * equal those of a full forward pass (the tests check it). Beam search
  * reorders the self-attention caches by parent row after every step.
+ *
+ * Everything runs on the model's backend; host and device meet once per
+ * step: the chosen tokens go up (with the rows' key lengths) and the logits
+ * come down for the search's choice.
  */
 #include "transformer/decode.h"
 
@@ -18,8 +22,11 @@
 typedef struct {
     Model *m;
     int rows, S, max_T;
-    int32_t *src_len;          // (rows)
-    int32_t *k_len;            // (rows) scratch: valid self-attention keys
+    int32_t *src_len;          // (rows) device
+    int32_t *k_len;            // (rows) device: valid self-attention keys
+    int32_t *tok;              // (rows) device: this step's input tokens
+    int32_t *host_ids;         // (rows) host staging for k_len and tok
+    float *host_logits;        // (rows, V) host: the step's logits, for the search
     float **sk, **sv;          // [dec_layers] (rows, max_T, C)
     float **sk2, **sv2;        // [dec_layers] same, reorder targets
     float **ck, **cv;          // [dec_layers] (rows, S, C)
@@ -44,7 +51,8 @@ int decode_max_len(const ModelConfig *cfg, int src_len) {
     return n < cfg->max_len - 1 ? n : cfg->max_len - 1;
 }
 
-static float *fbuf(size_t n) { return TP_MALLOC((n ? n : 1) * sizeof(float)); }
+static float *fbuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(float), MEM_WORKSPACE); }
+static int32_t *ibuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(int32_t), MEM_WORKSPACE); }
 
 /* Encodes the n sentences once and gives each of them `beam` rows. */
 static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
@@ -56,14 +64,24 @@ static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
     st->rows = b->n * beam;
     st->S = S;
     st->max_T = c->max_len;
+    Backend *be = m->be;
     const size_t R = (size_t)st->rows, T = (size_t)st->max_T;
-    st->src_len = TP_MALLOC(R * sizeof(int32_t));
-    st->k_len = TP_MALLOC(R * sizeof(int32_t));
-    for (size_t r = 0; r < R; r++) st->src_len[r] = b->src_len[r / (size_t)beam];
+    st->host_ids = TP_MALLOC(R * sizeof(int32_t));
+    st->host_logits = TP_MALLOC(R * (size_t)c->vocab_size * sizeof(float));
+    st->src_len = ibuf(be, R);
+    st->k_len = ibuf(be, R);
+    st->tok = ibuf(be, R);
+    for (size_t r = 0; r < R; r++) st->host_ids[r] = b->src_len[r / (size_t)beam];
+    backend_upload(be, st->src_len, st->host_ids, R * sizeof(int32_t));
 
-    float *enc = fbuf((size_t)b->n * S * C);
-    model_encode(m, b->src, b->src_len, b->n, S, enc);
-    float *kv = fbuf((size_t)b->n * S * C);
+    int32_t *src = ibuf(be, (size_t)b->n * S), *src_len = ibuf(be, (size_t)b->n);
+    backend_upload(be, src, b->src, (size_t)b->n * S * sizeof(int32_t));
+    backend_upload(be, src_len, b->src_len, (size_t)b->n * sizeof(int32_t));
+    float *enc = fbuf(be, (size_t)b->n * S * C);
+    model_encode(m, src, src_len, b->n, S, enc);
+    backend_free(be, src);
+    backend_free(be, src_len);
+    float *kv = fbuf(be, (size_t)b->n * S * C);
     st->sk = TP_CALLOC((size_t)L, sizeof(float *));
     st->sv = TP_CALLOC((size_t)L, sizeof(float *));
     st->sk2 = TP_CALLOC((size_t)L, sizeof(float *));
@@ -72,49 +90,50 @@ static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
     st->cv = TP_CALLOC((size_t)L, sizeof(float *));
     for (int l = 0; l < L; l++) {
         const AttnW *w = &m->w.dec[l].cross;
-        st->sk[l] = fbuf(R * T * C);
-        st->sv[l] = fbuf(R * T * C);
-        st->sk2[l] = fbuf(R * T * C);
-        st->sv2[l] = fbuf(R * T * C);
-        st->ck[l] = fbuf(R * S * C);
-        st->cv[l] = fbuf(R * S * C);
+        st->sk[l] = fbuf(be, R * T * C);
+        st->sv[l] = fbuf(be, R * T * C);
+        st->sk2[l] = fbuf(be, R * T * C);
+        st->sv2[l] = fbuf(be, R * T * C);
+        st->ck[l] = fbuf(be, R * S * C);
+        st->cv[l] = fbuf(be, R * S * C);
         /* Cross keys/values once per sentence, then copied to its beam rows. */
         float *dst[2] = {st->ck[l], st->cv[l]};
         const float *wt[2] = {w->wk, w->wv}, *bs[2] = {NULL, w->bv};
         for (int j = 0; j < 2; j++) {
-            op_linear_fwd(kv, enc, wt[j], bs[j], b->n * S, C, C);
+            op_linear_fwd(be, kv, enc, wt[j], bs[j], b->n * S, C, C);
             for (size_t r = 0; r < R; r++)
-                op_copy(dst[j] + r * S * C, kv + (r / (size_t)beam) * S * C, (size_t)S * C);
+                op_copy(be, dst[j] + r * S * C, kv + (r / (size_t)beam) * S * C, (size_t)S * C);
         }
     }
-    free(kv);
-    free(enc);
-    st->pe = fbuf(T * C);
-    op_zero(st->pe, T * C);
-    op_add_positions(st->pe, 1, (int)T, C);
-    st->x = fbuf(R * C);
-    st->ln = fbuf(R * C);
-    st->q = fbuf(R * C);
-    st->kn = fbuf(R * C);
-    st->vn = fbuf(R * C);
-    st->att = fbuf(R * C);
-    st->tmp = fbuf(R * C);
-    st->h = fbuf(R * F);
-    st->a = fbuf(R * F);
-    st->mean = fbuf(R);
-    st->rstd = fbuf(R);
-    st->P = fbuf(R * H * (size_t)(S > st->max_T ? S : st->max_T));
-    st->logits = fbuf(R * (size_t)c->vocab_size);
+    backend_free(be, kv);
+    backend_free(be, enc);
+    st->pe = fbuf(be, T * C);
+    op_zero(be, st->pe, T * C);
+    op_add_positions(be, st->pe, 1, (int)T, C);
+    st->x = fbuf(be, R * C);
+    st->ln = fbuf(be, R * C);
+    st->q = fbuf(be, R * C);
+    st->kn = fbuf(be, R * C);
+    st->vn = fbuf(be, R * C);
+    st->att = fbuf(be, R * C);
+    st->tmp = fbuf(be, R * C);
+    st->h = fbuf(be, R * F);
+    st->a = fbuf(be, R * F);
+    st->mean = fbuf(be, R);
+    st->rstd = fbuf(be, R);
+    st->P = fbuf(be, R * H * (size_t)(S > st->max_T ? S : st->max_T));
+    st->logits = fbuf(be, R * (size_t)c->vocab_size);
 }
 
 static void state_free(DecodeState *st) {
+    Backend *be = st->m->be;
     for (int l = 0; l < st->m->cfg.dec_layers; l++) {
-        free(st->sk[l]);
-        free(st->sv[l]);
-        free(st->sk2[l]);
-        free(st->sv2[l]);
-        free(st->ck[l]);
-        free(st->cv[l]);
+        backend_free(be, st->sk[l]);
+        backend_free(be, st->sv[l]);
+        backend_free(be, st->sk2[l]);
+        backend_free(be, st->sv2[l]);
+        backend_free(be, st->ck[l]);
+        backend_free(be, st->cv[l]);
     }
     free(st->sk);
     free(st->sv);
@@ -122,22 +141,25 @@ static void state_free(DecodeState *st) {
     free(st->sv2);
     free(st->ck);
     free(st->cv);
-    free(st->src_len);
-    free(st->k_len);
-    free(st->pe);
-    free(st->x);
-    free(st->ln);
-    free(st->q);
-    free(st->kn);
-    free(st->vn);
-    free(st->att);
-    free(st->tmp);
-    free(st->h);
-    free(st->a);
-    free(st->mean);
-    free(st->rstd);
-    free(st->P);
-    free(st->logits);
+    backend_free(be, st->src_len);
+    backend_free(be, st->k_len);
+    backend_free(be, st->pe);
+    backend_free(be, st->x);
+    backend_free(be, st->ln);
+    backend_free(be, st->q);
+    backend_free(be, st->kn);
+    backend_free(be, st->vn);
+    backend_free(be, st->att);
+    backend_free(be, st->tmp);
+    backend_free(be, st->h);
+    backend_free(be, st->a);
+    backend_free(be, st->mean);
+    backend_free(be, st->rstd);
+    backend_free(be, st->P);
+    backend_free(be, st->logits);
+    backend_free(be, st->tok);
+    free(st->host_ids);
+    free(st->host_logits);
     memset(st, 0, sizeof *st);
 }
 
@@ -145,53 +167,60 @@ static void state_free(DecodeState *st) {
 static void step_attn(DecodeState *st, const AttnW *w, const float *k, const float *v, int Tk, const int32_t *k_len) {
     const ModelConfig *c = &st->m->cfg;
     const int R = st->rows, C = c->d_model, H = c->n_heads;
-    op_linear_fwd(st->q, st->ln, w->wq, w->bq, R, C, C);
-    op_attention_fwd(st->att, st->P, st->q, k, v, k_len, R, H, 1, Tk, C / H, false);
-    op_linear_fwd(st->tmp, st->att, w->wo, w->bo, R, C, C);
-    op_accumulate(st->x, st->tmp, (size_t)R * C);
+    Backend *be = st->m->be;
+    op_linear_fwd(be, st->q, st->ln, w->wq, w->bq, R, C, C);
+    op_attention_fwd(be, st->att, st->P, st->q, k, v, k_len, R, H, 1, Tk, C / H, false);
+    op_linear_fwd(be, st->tmp, st->att, w->wo, w->bo, R, C, C);
+    op_accumulate(be, st->x, st->tmp, (size_t)R * C);
 }
 
-/* Runs the decoder on token[r] at position t for every row: logits (rows, V). */
+/* Runs the decoder on token[r] (host) at position t for every row; the
+ * logits (rows, V) land in st->host_logits. */
 static void state_step(DecodeState *st, const int32_t *token, int t) {
     Model *m = st->m;
+    Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const int R = st->rows, C = c->d_model, F = c->d_ff, V = c->vocab_size, T = st->max_T;
     TP_CHECK(t < T, "decode step %d beyond max_len %d", t, T);
-    op_embedding_fwd(st->x, token, m->w.embed, sqrtf((float)C), R, C, 0, V);
-    for (int r = 0; r < R; r++) op_accumulate(st->x + (size_t)r * C, st->pe + (size_t)t * C, (size_t)C);
-    for (int r = 0; r < R; r++) st->k_len[r] = t + 1;
+    backend_upload(be, st->tok, token, (size_t)R * sizeof(int32_t));
+    for (int r = 0; r < R; r++) st->host_ids[r] = t + 1;
+    backend_upload(be, st->k_len, st->host_ids, (size_t)R * sizeof(int32_t));
+    op_embedding_fwd(be, st->x, st->tok, m->w.embed, sqrtf((float)C), R, C, 0, V);
+    for (int r = 0; r < R; r++) op_accumulate(be, st->x + (size_t)r * C, st->pe + (size_t)t * C, (size_t)C);
     for (int l = 0; l < c->dec_layers; l++) {
         const DecLayerW *w = &m->w.dec[l];
         /* self-attention: append this position's key/value to the cache */
-        op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->self.ln_g, w->self.ln_b, R, C, c->ln_eps);
-        op_linear_fwd(st->kn, st->ln, w->self.wk, NULL, R, C, C);
-        op_linear_fwd(st->vn, st->ln, w->self.wv, w->self.bv, R, C, C);
+        op_layernorm_fwd(be, st->ln, st->mean, st->rstd, st->x, w->self.ln_g, w->self.ln_b, R, C, c->ln_eps);
+        op_linear_fwd(be, st->kn, st->ln, w->self.wk, NULL, R, C, C);
+        op_linear_fwd(be, st->vn, st->ln, w->self.wv, w->self.bv, R, C, C);
         for (int r = 0; r < R; r++) {
-            op_copy(st->sk[l] + ((size_t)r * T + t) * C, st->kn + (size_t)r * C, (size_t)C);
-            op_copy(st->sv[l] + ((size_t)r * T + t) * C, st->vn + (size_t)r * C, (size_t)C);
+            op_copy(be, st->sk[l] + ((size_t)r * T + t) * C, st->kn + (size_t)r * C, (size_t)C);
+            op_copy(be, st->sv[l] + ((size_t)r * T + t) * C, st->vn + (size_t)r * C, (size_t)C);
         }
         step_attn(st, &w->self, st->sk[l], st->sv[l], T, st->k_len);
         /* cross-attention over the encoder output */
-        op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->cross.ln_g, w->cross.ln_b, R, C, c->ln_eps);
+        op_layernorm_fwd(be, st->ln, st->mean, st->rstd, st->x, w->cross.ln_g, w->cross.ln_b, R, C, c->ln_eps);
         step_attn(st, &w->cross, st->ck[l], st->cv[l], st->S, st->src_len);
         /* feed-forward */
-        op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, w->ffn.ln_g, w->ffn.ln_b, R, C, c->ln_eps);
-        op_linear_fwd(st->h, st->ln, w->ffn.w1, w->ffn.b1, R, C, F);
-        op_act_fwd(st->a, st->h, (size_t)R * F, c->act);
-        op_linear_fwd(st->tmp, st->a, w->ffn.w2, w->ffn.b2, R, F, C);
-        op_accumulate(st->x, st->tmp, (size_t)R * C);
+        op_layernorm_fwd(be, st->ln, st->mean, st->rstd, st->x, w->ffn.ln_g, w->ffn.ln_b, R, C, c->ln_eps);
+        op_linear_fwd(be, st->h, st->ln, w->ffn.w1, w->ffn.b1, R, C, F);
+        op_act_fwd(be, st->a, st->h, (size_t)R * F, c->act);
+        op_linear_fwd(be, st->tmp, st->a, w->ffn.w2, w->ffn.b2, R, F, C);
+        op_accumulate(be, st->x, st->tmp, (size_t)R * C);
     }
-    op_layernorm_fwd(st->ln, st->mean, st->rstd, st->x, m->w.dec_ln_g, m->w.dec_ln_b, R, C, c->ln_eps);
-    op_linear_fwd(st->logits, st->ln, m->w.embed, NULL, R, C, V);
+    op_layernorm_fwd(be, st->ln, st->mean, st->rstd, st->x, m->w.dec_ln_g, m->w.dec_ln_b, R, C, c->ln_eps);
+    op_linear_fwd(be, st->logits, st->ln, m->w.embed, NULL, R, C, V);
+    backend_download(be, st->host_logits, st->logits, (size_t)R * V * sizeof(float));
 }
 
 /* Row r of the self-attention caches becomes old row parent[r] (positions 0..t). */
 static void state_reorder(DecodeState *st, const int *parent, int t) {
+    Backend *be = st->m->be;
     const int C = st->m->cfg.d_model, T = st->max_T;
     for (int l = 0; l < st->m->cfg.dec_layers; l++) {
         for (int r = 0; r < st->rows; r++) {
-            op_copy(st->sk2[l] + (size_t)r * T * C, st->sk[l] + (size_t)parent[r] * T * C, (size_t)(t + 1) * C);
-            op_copy(st->sv2[l] + (size_t)r * T * C, st->sv[l] + (size_t)parent[r] * T * C, (size_t)(t + 1) * C);
+            op_copy(be, st->sk2[l] + (size_t)r * T * C, st->sk[l] + (size_t)parent[r] * T * C, (size_t)(t + 1) * C);
+            op_copy(be, st->sv2[l] + (size_t)r * T * C, st->sv[l] + (size_t)parent[r] * T * C, (size_t)(t + 1) * C);
         }
         float *k = st->sk[l], *v = st->sv[l];
         st->sk[l] = st->sk2[l];
@@ -237,7 +266,7 @@ void decode_greedy(Model *m, const SrcBatch *b, Hypotheses *out) {
         state_step(&st, tok, t);
         for (int i = 0; i < n; i++) {
             if (done[i]) continue;
-            const float *lg = st.logits + (size_t)i * V;
+            const float *lg = st.host_logits + (size_t)i * V;
             if (t == decode_max_len(c, b->src_len[i])) {  // length limit: stop without eos
                 done[i] = true;
                 left--;
@@ -304,7 +333,7 @@ void decode_beam(Model *m, const SrcBatch *b, int beam, float lenpen, Hypotheses
     int left = n;
     for (int t = 0; t < max_steps && left > 0; t++) {
         state_step(&st, tok, t);
-        for (int r = 0; r < R; r++) lse[r] = row_lse(st.logits + (size_t)r * V, V);
+        for (int r = 0; r < R; r++) lse[r] = row_lse(st.host_logits + (size_t)r * V, V);
         for (int i = 0; i < n; i++) {
             int base = i * K;
             if (n_done[i] >= K) {  // finished sentence: rows idle, keep their place
@@ -317,7 +346,7 @@ void decode_beam(Model *m, const SrcBatch *b, int beam, float lenpen, Hypotheses
             for (int k = 0; k < K; k++) {
                 int r = base + k;
                 if (!isfinite(score[r])) continue;
-                const float *lg = st.logits + (size_t)r * V;
+                const float *lg = st.host_logits + (size_t)r * V;
                 for (int v = 0; v < V; v++) {
                     if (v == c->pad_id || v == c->bos_id || (force_eos && v != c->eos_id)) continue;
                     Cand x = {score[r] + (double)lg[v] - lse[r], k, v};
@@ -390,15 +419,19 @@ void model_score(Model *m, const Batch *b, double *scores) {
     const ModelConfig *c = &m->cfg;
     const int N = b->B * b->T, V = c->vocab_size;
     TP_CHECK(m->tp.size == 1, "scoring runs on a whole model (tensor parallelism 1), not a shard of %d", m->tp.size);
+    Backend *be = m->be;
     int n;
     model_forward(m, b, false, (DropoutKey){0}, &n);
-    float *nll = fbuf((size_t)N), *lse = fbuf((size_t)N);
-    op_xent_fwd(nll, lse, model_logits(m), b->tgt_out, N, V, 0.0f, c->pad_id);
+    float *nll_dev = fbuf(be, (size_t)N), *lse = fbuf(be, (size_t)N);
+    op_xent_fwd(be, nll_dev, lse, model_logits(m), model_targets(m), N, V, 0.0f, c->pad_id);
+    float *nll = TP_MALLOC((size_t)N * sizeof(float));
+    backend_download(be, nll, nll_dev, (size_t)N * sizeof(float));
+    backend_free(be, nll_dev);
+    backend_free(be, lse);
     for (int i = 0; i < b->B; i++) {
         double s = 0.0;
         for (int t = 0; t < b->tgt_len[i]; t++) s -= nll[(size_t)i * b->T + t];
         scores[i] = s;
     }
     free(nll);
-    free(lse);
 }

@@ -98,18 +98,20 @@ int model_export(const Model *m, const char *dir, char *err, size_t err_len) {
     StWriter *w = st_writer_new();
     st_writer_meta(w, "format", "tptrain-model");
     st_writer_meta(w, "format_version", "1");
+    const float *params = backend_host_view(m->be, m->params, m->tab.n_elems);
     for (int i = 0; i < m->tab.n; i++) {
         const ParamInfo *p = &m->tab.t[i];
         int64_t shape[2] = {p->shape[0], p->shape[1]};
-        st_writer_add(w, p->name, ST_F32, p->ndim, shape, m->params + p->offset);
+        st_writer_add(w, p->name, ST_F32, p->ndim, shape, params + p->offset);
     }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     rc = st_writer_write(w, path, err, err_len);
     st_writer_free(w);
+    backend_host_view_free(params, m->params);
     return rc;
 }
 
-int model_load(Model *m, const char *dir, char *err, size_t err_len) {
+int model_load_on(Model *m, Backend *be, const char *dir, char *err, size_t err_len) {
     char path[4096], why[512];
     memset(m, 0, sizeof *m);
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -125,12 +127,13 @@ int model_load(Model *m, const char *dir, char *err, size_t err_len) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     StFile f;
     if (st_read(path, &f, err, err_len)) return -1;
-    if (model_create(m, &cfg, NULL, 0, why, sizeof why)) {
+    if (model_create(m, be, &cfg, NULL, 0, why, sizeof why)) {
         tp_error_set(err, err_len, "%s: %s", path, why);
         st_free(&f);
         return -1;
     }
     rc = -1;
+    float *params = backend_host_stage(m->be, m->params, m->tab.n_elems);
     for (int i = 0; i < f.n_tensors; i++) {
         if (!param_table_find(&m->tab, f.tensors[i].name)) {
             tp_error_set(err, err_len, "%s: tensor '%s' is not a parameter of this model", path,
@@ -158,11 +161,15 @@ int model_load(Model *m, const char *dir, char *err, size_t err_len) {
                          st_dtype_name(t->dtype), have, want);
             goto done;
         }
-        memcpy(m->params + p->offset, t->data, p->n_elems * sizeof(float));
+        memcpy(params + p->offset, t->data, p->n_elems * sizeof(float));
     }
     rc = 0;
 done:
+    backend_host_commit(m->be, m->params, params, m->tab.n_elems);
+    if (rc == 0) backend_recast_weights(m->be);
     st_free(&f);
     if (rc) model_free(m);
     return rc;
 }
+
+int model_load(Model *m, const char *dir, char *err, size_t err_len) { return model_load_on(m, NULL, dir, err, err_len); }

@@ -14,6 +14,8 @@ int model_export(const Model *m, const char *dir, char *err, size_t err_len);
  * Every tensor must be present with its shape and dtype F32, and no unknown
  * tensor may appear. 0, or -1 with one sentence naming file and field. */
 int model_load(Model *m, const char *dir, char *err, size_t err_len);
+/* The same on backend be (NULL: the model's own CPU backend). */
+int model_load_on(Model *m, Backend *be, const char *dir, char *err, size_t err_len);
 
 /* Reads a whole file (NUL-terminated after its bytes, caller frees); its
  * size goes to *n_bytes when non-NULL. NULL + err. */

@@ -45,7 +45,10 @@ typedef struct { AttnActs self, cross; FfnActs ffn; } DecActs;
 
 struct ModelActs {
     int B, S, T;                 // shape the layout was carved for
-    float *buf;
+    float *buf;                  // device, MEM_ACT
+    int32_t *ids;                // device, MEM_ACT: the uploaded batch (dev_* below point into it)
+    size_t ids_cap;
+    const int32_t *dev_src, *dev_src_len, *dev_tgt_in, *dev_tgt_out, *dev_tgt_len;
     size_t n_elems, cap_elems;
     EncActs *enc;                // [enc_layers]
     DecActs *dec;                // [dec_layers]
@@ -152,8 +155,8 @@ static void acts_prepare(Model *m, int B, int S, int T) {
     if (A->buf && A->B == B && A->S == S && A->T == T) return;
     size_t need = carve_acts(A, m, NULL, B, S, T);
     if (need > A->cap_elems) {
-        free(A->buf);
-        A->buf = TP_MALLOC(need * sizeof(float));
+        backend_free(m->be, A->buf);
+        A->buf = backend_alloc(m->be, need * sizeof(float), MEM_ACT);
         A->cap_elems = need;
     }
     carve_acts(A, m, A->buf, B, S, T);
@@ -165,8 +168,8 @@ static void acts_prepare(Model *m, int B, int S, int T) {
 
 /* ---- life cycle ----------------------------------------------------------------- */
 
-int model_create(Model *m, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed, char *err,
-                 size_t err_len) {
+int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
+                 char *err, size_t err_len) {
     memset(m, 0, sizeof *m);
     if (config_validate(cfg, err, err_len)) return -1;
     m->cfg = *cfg;
@@ -189,12 +192,26 @@ int model_create(Model *m, const ModelConfig *cfg, const TpGroup *tp, unsigned l
         tp_error_set(err, err_len, "vocabulary of %d is too small to split %d ways", cfg->vocab_size, t);
         return -1;
     }
+    if (!be) {
+        be = backend_create(DEVICE_CPU, DTYPE_F32, 0, err, err_len);
+        if (!be) return -1;
+        m->owns_be = true;
+    }
+    m->be = be;
     param_table_build(cfg, t, &m->tab);
-    m->params = TP_MALLOC(m->tab.n_elems * sizeof(float));
-    m->grads = TP_CALLOC(m->tab.n_elems, sizeof(float));
+    m->params = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_MASTER);
+    m->grads = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_GRAD);
+    m->scalars = backend_alloc(be, 2 * sizeof(float), MEM_WORKSPACE);
     weights_bind(&m->w, cfg, t, m->params);
     weights_bind(&m->g, cfg, t, m->grads);
-    params_init(m->params, &m->tab, cfg, m->tp.rank, seed);
+    /* initialised on the host (a pure function of seed and position), uploaded once */
+    float *init = be->host_visible ? m->params : TP_MALLOC(m->tab.n_elems * sizeof(float));
+    params_init(init, &m->tab, cfg, m->tp.rank, seed);
+    if (init != m->params) {
+        backend_upload(be, m->params, init, m->tab.n_elems * sizeof(float));
+        free(init);
+    }
+    backend_add_compute_weights(be, m->params, m->tab.n_elems);
     ModelActs *A = TP_CALLOC(1, sizeof *A);
     A->enc = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc);
     A->dec = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec);
@@ -210,7 +227,8 @@ int model_create(Model *m, const ModelConfig *cfg, const TpGroup *tp, unsigned l
 void model_free(Model *m) {
     if (m->acts) {
         ModelActs *A = m->acts;
-        free(A->buf);
+        backend_free(m->be, A->buf);
+        backend_free(m->be, A->ids);
         free(A->enc);
         free(A->dec);
         free(A->enc_res);
@@ -223,12 +241,17 @@ void model_free(Model *m) {
     weights_free(&m->w);
     weights_free(&m->g);
     param_table_free(&m->tab);
-    free(m->params);
-    free(m->grads);
+    if (m->be) {
+        backend_remove_compute_weights(m->be, m->params);
+        backend_free(m->be, m->params);
+        backend_free(m->be, m->grads);
+        backend_free(m->be, m->scalars);
+        if (m->owns_be) backend_destroy(m->be);
+    }
     memset(m, 0, sizeof *m);
 }
 
-void model_zero_grad(Model *m) { op_zero(m->grads, m->tab.n_elems); }
+void model_zero_grad(Model *m) { op_zero(m->be, m->grads, m->tab.n_elems); }
 
 void model_gather(const Model *m, Model *whole) {
     const int tp = m->tp.size;
@@ -236,22 +259,77 @@ void model_gather(const Model *m, Model *whole) {
              "model_gather needs a whole model of the same config");
     size_t max_n = 0;
     for (int i = 0; i < m->tab.n; i++) max_n = m->tab.t[i].n_elems > max_n ? m->tab.t[i].n_elems : max_n;
-    float *all = TP_MALLOC((size_t)tp * max_n * sizeof(float));
+    /* gathered on the device, assembled on the host, uploaded into `whole` */
+    float *all = backend_alloc(m->be, (size_t)tp * max_n * sizeof(float), MEM_COMM);
+    float *host = TP_MALLOC((size_t)tp * max_n * sizeof(float));
+    float *whole_host = whole ? TP_MALLOC(whole->tab.n_elems * sizeof(float)) : NULL;
     for (int i = 0; i < m->tab.n; i++) {
         const ParamInfo *p = &m->tab.t[i];
-        float *dst = whole ? whole->params + whole->tab.t[i].offset : NULL;
+        float *dst = whole ? whole_host + whole->tab.t[i].offset : NULL;
         if (tp == 1) {
-            if (dst) op_copy(dst, m->params + p->offset, p->n_elems);
+            if (dst) backend_download(m->be, dst, m->params + p->offset, p->n_elems * sizeof(float));
             continue;
         }
         TP_CHECK(comm_allgather(m->tp.comm, m->params + p->offset, all, p->n_elems) == 0, "%s",
                  comm_error(m->tp.comm));
-        for (int r = 0; dst && r < (p->split == SPLIT_REPL ? 1 : tp); r++) shard_place(p, r, all + (size_t)r * p->n_elems, dst);
+        if (!dst) continue;
+        backend_download(m->be, host, all, (size_t)tp * p->n_elems * sizeof(float));
+        for (int r = 0; r < (p->split == SPLIT_REPL ? 1 : tp); r++) shard_place(p, r, host + (size_t)r * p->n_elems, dst);
     }
-    free(all);
+    if (whole) {
+        model_params_from_host(whole, whole_host);
+        free(whole_host);
+    }
+    free(host);
+    backend_free(m->be, all);
 }
 
 const float *model_logits(const Model *m) { return m->acts->logits; }
+
+const int32_t *model_targets(const Model *m) { return m->acts->dev_tgt_out; }
+
+void model_params_to_host(const Model *m, float *host) {
+    backend_download(m->be, host, m->params, m->tab.n_elems * sizeof(float));
+}
+
+void model_params_from_host(Model *m, const float *host) {
+    backend_upload(m->be, m->params, host, m->tab.n_elems * sizeof(float));
+    backend_recast_weights(m->be);
+}
+
+int batch_target_tokens(const Batch *b, int32_t pad_id) {
+    int n = 0;
+    for (int i = 0; i < b->B; i++)
+        for (int t = 0; t < b->tgt_len[i]; t++) n += b->tgt_out[(size_t)i * b->T + t] != pad_id;
+    return n;
+}
+
+/* The batch's ids on the device: the host arrays themselves where the
+ * backend sees host memory, else one upload into a buffer kept for reuse. */
+static void upload_batch(Model *m, const Batch *b) {
+    ModelActs *A = m->acts;
+    const size_t nS = (size_t)b->B * b->S, nT = (size_t)b->B * b->T, B = (size_t)b->B;
+    if (m->be->host_visible) {
+        A->dev_src = b->src, A->dev_src_len = b->src_len, A->dev_tgt_in = b->tgt_in;
+        A->dev_tgt_out = b->tgt_out, A->dev_tgt_len = b->tgt_len;
+        return;
+    }
+    const size_t need = nS + 2 * nT + 2 * B;
+    if (need > A->ids_cap) {
+        backend_free(m->be, A->ids);
+        A->ids = backend_alloc(m->be, need * sizeof(int32_t), MEM_ACT);
+        A->ids_cap = need;
+    }
+    int32_t *p = A->ids;
+    const struct { const int32_t *src; size_t n; const int32_t **dst; } parts[] = {
+        {b->src, nS, &A->dev_src}, {b->tgt_in, nT, &A->dev_tgt_in}, {b->tgt_out, nT, &A->dev_tgt_out},
+        {b->src_len, B, &A->dev_src_len}, {b->tgt_len, B, &A->dev_tgt_len}};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        backend_upload(m->be, p, parts[i].src, parts[i].n * sizeof(int32_t));
+        *parts[i].dst = p;
+        p += parts[i].n;
+    }
+}
 
 size_t model_activation_bytes(const Model *m) { return m->acts->cap_elems * sizeof(float); }
 
@@ -321,40 +399,40 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     float *tmp = m->acts->d_tmp;  // (N, C) scratch: free during forward
-    op_layernorm_fwd(a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
+    op_layernorm_fwd(m->be, a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
     const float *src = kv ? kv : a->ln;
-    op_linear_fwd(a->q, a->ln, w->wq, w->bq, N, C, Cl);
-    op_linear_fwd(a->k, src, w->wk, NULL, Nk, C, Cl);
-    op_linear_fwd(a->v, src, w->wv, w->bv, Nk, C, Cl);
-    op_attention_fwd(a->att, a->P, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
-    op_linear_fwd(tmp, a->att, w->wo, NULL, N, Cl, C);
+    op_linear_fwd(m->be, a->q, a->ln, w->wq, w->bq, N, C, Cl);
+    op_linear_fwd(m->be, a->k, src, w->wk, NULL, Nk, C, Cl);
+    op_linear_fwd(m->be, a->v, src, w->wv, w->bv, Nk, C, Cl);
+    op_attention_fwd(m->be, a->att, a->P, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+    op_linear_fwd(m->be, tmp, a->att, w->wo, NULL, N, Cl, C);
     tp_reduce(m, tmp, (size_t)N * C, COMM_SUM);
-    op_bias_add(tmp, w->bo, N, C);
-    op_dropout_fwd(tmp, tmp, (size_t)N * C, p, seed, stream);
-    op_add(x_out, x_in, tmp, (size_t)N * C);
+    op_bias_add(m->be, tmp, w->bo, N, C);
+    op_dropout_fwd(m->be, tmp, tmp, (size_t)N * C, p, seed, stream);
+    op_add(m->be, x_out, x_in, tmp, (size_t)N * C);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
                     float p, uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     float *tmp = m->acts->d_tmp;
-    op_layernorm_fwd(f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
-    op_linear_fwd(f->h, f->ln, w->w1, w->b1, N, C, Fl);
-    op_act_fwd(f->a, f->h, (size_t)N * Fl, m->cfg.act);
-    op_linear_fwd(tmp, f->a, w->w2, NULL, N, Fl, C);
+    op_layernorm_fwd(m->be, f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
+    op_linear_fwd(m->be, f->h, f->ln, w->w1, w->b1, N, C, Fl);
+    op_act_fwd(m->be, f->a, f->h, (size_t)N * Fl, m->cfg.act);
+    op_linear_fwd(m->be, tmp, f->a, w->w2, NULL, N, Fl, C);
     tp_reduce(m, tmp, (size_t)N * C, COMM_SUM);
-    op_bias_add(tmp, w->b2, N, C);
-    op_dropout_fwd(tmp, tmp, (size_t)N * C, p, seed, stream);
-    op_add(x_out, x_in, tmp, (size_t)N * C);
+    op_bias_add(m->be, tmp, w->b2, N, C);
+    op_dropout_fwd(m->be, tmp, tmp, (size_t)N * C, p, seed, stream);
+    op_add(m->be, x_out, x_in, tmp, (size_t)N * C);
 }
 
 static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
                       uint64_t stream) {
     const int C = m->cfg.d_model;
-    op_embedding_fwd(x, ids, m->w.embed, sqrtf((float)C), B * T, C, m->vocab_start, m->vocab_local);
+    op_embedding_fwd(m->be, x, ids, m->w.embed, sqrtf((float)C), B * T, C, m->vocab_start, m->vocab_local);
     tp_reduce(m, x, (size_t)B * T * C, COMM_SUM);  // each id lives on one rank
-    op_add_positions(x, B, T, C);
-    op_dropout_fwd(x, x, (size_t)B * T * C, p, seed, stream);
+    op_add_positions(m->be, x, B, T, C);
+    op_dropout_fwd(m->be, x, x, (size_t)B * T * C, p, seed, stream);
 }
 
 /* Encoder stack into A->enc_out (Ns, C); the activation layout must be prepared. */
@@ -372,51 +450,60 @@ static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, in
         ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN));
     }
-    op_layernorm_fwd(A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b,
+    op_layernorm_fwd(m->be, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b,
                      Ns, c->d_model, c->ln_eps);
 }
 
+/* src and src_len are device arrays here (decode.c uploads them). */
 void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float *enc_out) {
     acts_prepare(m, B, S, 1);
     encoder_fwd(m, src, src_len, B, S, 0.0f, (DropoutKey){0});
-    op_copy(enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
+    op_copy(m->be, enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
 }
 
-float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {
+void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, float *loss_sum) {
     const ModelConfig *c = &m->cfg;
     const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
     const int Nt = B * T;
     const float p = drop_p(m, train);
     acts_prepare(m, B, S, T);
     ModelActs *A = m->acts;
+    upload_batch(m, b);
+    const int32_t *src_len = A->dev_src_len, *tgt_len = A->dev_tgt_len, *tgt_out = A->dev_tgt_out;
 
-    encoder_fwd(m, b->src, b->src_len, B, S, p, key);
-    embed_fwd(m, A->dec_res[0], b->tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+    encoder_fwd(m, A->dev_src, src_len, B, S, p, key);
+    embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
     for (int l = 0; l < c->dec_layers; l++) {
         const DecLayerW *w = &m->w.dec[l];
         DecActs *a = &A->dec[l];
-        attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, b->tgt_len, B, T, T, true, p,
+        attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, tgt_len, B, T, T, true, p,
                  key.seed, stream_of(key, l, SITE_DEC_SELF));
-        attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, b->src_len, B, T, S,
+        attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, src_len, B, T, S,
                  false, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
         ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], Nt, p, key.seed,
                 stream_of(key, l, SITE_DEC_FFN));
     }
-    op_layernorm_fwd(A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
+    op_layernorm_fwd(m->be, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
                      Nt, C, c->ln_eps);
     /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
-    op_linear_fwd(A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
-    op_xent_vp_max(A->row_max, A->logits, Nt, m->vocab_local, m->vocab_valid);
+    op_linear_fwd(m->be, A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
+    op_xent_vp_max(m->be, A->row_max, A->logits, Nt, m->vocab_local, m->vocab_valid);
     tp_reduce(m, A->row_max, (size_t)Nt, COMM_MAX);
-    op_xent_vp_sums(A->xstats, A->logits, A->row_max, b->tgt_out, Nt, m->vocab_local, m->vocab_valid,
+    op_xent_vp_sums(m->be, A->xstats, A->logits, A->row_max, tgt_out, Nt, m->vocab_local, m->vocab_valid,
                     m->vocab_start, c->pad_id);
     tp_reduce(m, A->xstats, (size_t)Nt * 3, COMM_SUM);
-    int n = op_xent_vp_loss(A->losses, A->lse, A->row_max, A->xstats, b->tgt_out, Nt, V, c->label_smoothing,
-                            c->pad_id);
-    double sum = 0.0;
-    for (int i = 0; i < Nt; i++) sum += A->losses[i];
+    op_xent_vp_loss(m->be, A->losses, A->lse, A->row_max, A->xstats, tgt_out, Nt, V, c->label_smoothing, c->pad_id);
+    op_sum_acc(m->be, loss_sum, A->losses, (size_t)Nt);
+}
+
+float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {
+    op_zero(m->be, m->scalars, 1);
+    model_forward_step(m, b, train, key, m->scalars);
+    float sum = 0.0f;
+    backend_download(m->be, &sum, m->scalars, sizeof sum);
+    int n = batch_target_tokens(b, m->cfg.pad_id);
     if (n_tokens) *n_tokens = n;
-    return n > 0 ? (float)(sum / n) : 0.0f;
+    return n > 0 ? sum / (float)n : 0.0f;
 }
 
 /* ---- backward ------------------------------------------------------------------ */
@@ -432,23 +519,23 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     const int N = B * Tq, Nk = B * Tk;
     ModelActs *A = m->acts;
     const size_t nC = (size_t)N * C, nCl = (size_t)N * Cl, nkCl = (size_t)Nk * Cl;
-    op_zero(A->d_tmp, nC);
-    op_dropout_bwd(A->d_tmp, d_x, nC, p, seed, stream);
-    op_bias_bwd(g->bo, A->d_tmp, N, C);
-    op_zero(A->d_att, nCl);
-    op_linear_bwd(A->d_att, g->wo, NULL, A->d_tmp, a->att, w->wo, N, Cl, C);
-    op_zero(A->d_q, nCl);
-    op_zero(A->d_k, nkCl);
-    op_zero(A->d_v, nkCl);
-    op_attention_bwd(A->d_q, A->d_k, A->d_v, A->d_att, a->P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
-    op_zero(A->d_ln, nC);
-    op_linear_bwd(A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, Cl);
+    op_zero(m->be, A->d_tmp, nC);
+    op_dropout_bwd(m->be, A->d_tmp, d_x, nC, p, seed, stream);
+    op_bias_bwd(m->be, g->bo, A->d_tmp, N, C);
+    op_zero(m->be, A->d_att, nCl);
+    op_linear_bwd(m->be, A->d_att, g->wo, NULL, A->d_tmp, a->att, w->wo, N, Cl, C);
+    op_zero(m->be, A->d_q, nCl);
+    op_zero(m->be, A->d_k, nkCl);
+    op_zero(m->be, A->d_v, nkCl);
+    op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, a->P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
+    op_zero(m->be, A->d_ln, nC);
+    op_linear_bwd(m->be, A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, Cl);
     const float *src = kv ? kv : a->ln;
     float *d_src = kv ? d_kv : A->d_ln;
-    op_linear_bwd(d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
-    op_linear_bwd(d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
+    op_linear_bwd(m->be, d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
+    op_linear_bwd(m->be, d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
     tp_reduce(m, A->d_ln, nC, COMM_SUM);
-    op_layernorm_bwd(d_x, g->ln_g, g->ln_b, A->d_ln, x_in, a->ln_m, a->ln_r, w->ln_g, N, C);
+    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, A->d_ln, x_in, a->ln_m, a->ln_r, w->ln_g, N, C);
 }
 
 static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
@@ -456,26 +543,26 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     ModelActs *A = m->acts;
     const size_t nC = (size_t)N * C, nF = (size_t)N * Fl;
-    op_zero(A->d_tmp, nC);
-    op_dropout_bwd(A->d_tmp, d_x, nC, p, seed, stream);
-    op_bias_bwd(g->b2, A->d_tmp, N, C);
-    op_zero(A->d_a, nF);
-    op_linear_bwd(A->d_a, g->w2, NULL, A->d_tmp, f->a, w->w2, N, Fl, C);
-    op_zero(A->d_h, nF);
-    op_act_bwd(A->d_h, A->d_a, f->h, nF, m->cfg.act);
-    op_zero(A->d_ln, nC);
-    op_linear_bwd(A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, Fl);
+    op_zero(m->be, A->d_tmp, nC);
+    op_dropout_bwd(m->be, A->d_tmp, d_x, nC, p, seed, stream);
+    op_bias_bwd(m->be, g->b2, A->d_tmp, N, C);
+    op_zero(m->be, A->d_a, nF);
+    op_linear_bwd(m->be, A->d_a, g->w2, NULL, A->d_tmp, f->a, w->w2, N, Fl, C);
+    op_zero(m->be, A->d_h, nF);
+    op_act_bwd(m->be, A->d_h, A->d_a, f->h, nF, m->cfg.act);
+    op_zero(m->be, A->d_ln, nC);
+    op_linear_bwd(m->be, A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, Fl);
     tp_reduce(m, A->d_ln, nC, COMM_SUM);
-    op_layernorm_bwd(d_x, g->ln_g, g->ln_b, A->d_ln, x_in, f->ln_m, f->ln_r, w->ln_g, N, C);
+    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, A->d_ln, x_in, f->ln_m, f->ln_r, w->ln_g, N, C);
 }
 
 static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, float p, uint64_t seed,
                       uint64_t stream) {
     const int C = m->cfg.d_model;
     float *tmp = m->acts->d_tmp;
-    op_zero(tmp, (size_t)N * C);
-    op_dropout_bwd(tmp, d_x, (size_t)N * C, p, seed, stream);
-    op_embedding_bwd(m->g.embed, tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
+    op_zero(m->be, tmp, (size_t)N * C);
+    op_dropout_bwd(m->be, tmp, d_x, (size_t)N * C, p, seed, stream);
+    op_embedding_bwd(m->be, m->g.embed, tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
 
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
@@ -489,17 +576,17 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
 
     /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
     const int Vl = m->vocab_local;
-    op_zero(A->d_logits, (size_t)Nt * Vl);
-    op_xent_vp_bwd(A->d_logits, A->logits, A->lse, b->tgt_out, loss_scale, Nt, Vl, m->vocab_valid, m->vocab_start,
+    op_zero(m->be, A->d_logits, (size_t)Nt * Vl);
+    op_xent_vp_bwd(m->be, A->d_logits, A->logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid, m->vocab_start,
                    V, c->label_smoothing, c->pad_id);
-    op_zero(A->d_ln, (size_t)Nt * C);
-    op_linear_bwd(A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+    op_zero(m->be, A->d_ln, (size_t)Nt * C);
+    op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
     tp_reduce(m, A->d_ln, (size_t)Nt * C, COMM_SUM);
-    op_zero(A->d_res_t, (size_t)Nt * C);
-    op_layernorm_bwd(A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
+    op_zero(m->be, A->d_res_t, (size_t)Nt * C);
+    op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
                      A->dec_r, m->w.dec_ln_g, Nt, C);
 
-    op_zero(A->d_enc_out, (size_t)Ns * C);
+    op_zero(m->be, A->d_enc_out, (size_t)Ns * C);
     for (int l = c->dec_layers - 1; l >= 0; l--) {
         const DecLayerW *w = &m->w.dec[l];
         DecLayerW *g = &m->g.dec[l];
@@ -511,11 +598,11 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, B, T, T, p, key.seed,
                  stream_of(key, l, SITE_DEC_SELF));
     }
-    embed_bwd(m, A->d_res_t, b->tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+    embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
     tp_reduce(m, A->d_enc_out, (size_t)Ns * C, COMM_SUM);  // cross-attention k/v of every decoder layer
-    op_zero(A->d_res_s, (size_t)Ns * C);
-    op_layernorm_bwd(A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
+    op_zero(m->be, A->d_res_s, (size_t)Ns * C);
+    op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
                      A->enc_r, m->w.enc_ln_g, Ns, C);
     for (int l = c->enc_layers - 1; l >= 0; l--) {
         const EncLayerW *w = &m->w.enc[l];
@@ -526,5 +613,5 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, B, S, S, p, key.seed,
                  stream_of(key, l, SITE_ENC_ATTN));
     }
-    embed_bwd(m, A->d_res_s, b->src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    embed_bwd(m, A->d_res_s, A->dev_src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
 }

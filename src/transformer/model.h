@@ -1,18 +1,22 @@
 /* model.h: the encoder-decoder Transformer, forward and backward by hand.
  *
- * The model owns three buffers, each carved from a size table: parameters,
- * gradients (same table as parameters) and activations (sized for the
- * largest batch seen). Everything it computes goes through kernels/ops.h,
- * so the same code runs on any backend.
+ * The model owns three buffers, each carved from a size table and allocated
+ * by its backend (kernels/backend.h) with a memory tag: parameters (the fp32
+ * master weights), gradients (same table as parameters) and activations
+ * (sized for the largest batch seen). Everything it computes goes through
+ * kernels/ops.h, so the same code runs on any backend; params, grads and the
+ * activations are device pointers (host pointers on the CPU backend).
  *
- * A training step is: model_zero_grad, model_forward(train=true),
- * model_backward, then the optimizer (optim.h) on params/grads.
+ * A training step is: model_zero_grad, model_forward_step(train=true),
+ * model_backward, then the optimizer (optim.h) on params/grads. The batch
+ * (host arrays) is uploaded once by the forward pass and reused by backward.
  */
 #ifndef TPTRAIN_MODEL_H
 #define TPTRAIN_MODEL_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "kernels/backend.h"
 #include "tp/comm.h"
 #include "transformer/config.h"
 #include "transformer/params.h"
@@ -46,23 +50,28 @@ typedef struct {
 
 typedef struct {
     ModelConfig cfg;
+    Backend *be;         // where the buffers live and the ops run
+    bool owns_be;        // created by model_create (be == NULL was passed)
     TpGroup tp;
     int vocab_local;     // vocabulary rows of this rank's shard (padded / tp)
     int vocab_start;     // first vocabulary id of the shard
     int vocab_valid;     // real (unpadded) rows of the shard
     ParamTable tab;
-    float *params;       // (tab.n_elems)
-    float *grads;        // (tab.n_elems)
+    float *params;       // (tab.n_elems) device, MEM_MASTER
+    float *grads;        // (tab.n_elems) device, MEM_GRAD
+    float *scalars;      // (2) device: loss sum of the last forward, spare
     Weights w;           // views into params
     Weights g;           // views into grads
     ModelActs *acts;     // private: activation buffer and its layout
 } Model;
 
-/* Allocates a model for a validated cfg; parameters initialised from seed.
- * tp == NULL: a whole model on one rank. Otherwise this rank's shard of a
- * tp->size-way tensor-parallel model (heads and d_ff must divide). Returns 0,
- * or -1 with one sentence in err when cfg or the layout is invalid. */
-int model_create(Model *m, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
+/* Allocates a model for a validated cfg on backend be; parameters
+ * initialised from seed. be == NULL: the model makes (and owns) an fp32 CPU
+ * backend. tp == NULL: a whole model on one rank. Otherwise this rank's
+ * shard of a tp->size-way tensor-parallel model (heads and d_ff must
+ * divide). Returns 0, or -1 with one sentence in err when cfg or the layout
+ * is invalid. */
+int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                  char *err, size_t err_len);
 void model_free(Model *m);
 
@@ -70,10 +79,22 @@ void model_free(Model *m);
  * Returns 0 or -1 with a sentence in err. */
 int model_check_batch(const Model *m, const Batch *b, char *err, size_t err_len);
 
-/* Forward pass; keeps what backward needs. Returns the mean label-smoothed
- * loss over non-padding target tokens; *n_tokens receives their count.
- * train = false disables dropout. */
+/* Forward pass; keeps what backward needs. Adds the sum of the
+ * label-smoothed token losses (non-padding targets) to the device scalar
+ * loss_sum; nothing is read back. train = false disables dropout. */
+void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, float *loss_sum);
+
+/* model_forward_step, then one read: returns the mean loss over
+ * non-padding target tokens; *n_tokens receives their count. */
 float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens);
+
+/* Non-padding target tokens of a batch (tgt_out != pad_id within tgt_len). */
+int batch_target_tokens(const Batch *b, int32_t pad_id);
+
+/* Host copies of the master weights (checkpoint and export points): whole
+ * buffer out, or in (then the compute copy is re-cast). */
+void model_params_to_host(const Model *m, float *host);
+void model_params_from_host(Model *m, const float *host);
 
 /* Accumulates d(loss_scale * sum of token losses)/d(params) into m->grads,
  * for the batch of the last model_forward (same key, same train flag).
@@ -89,8 +110,10 @@ void model_zero_grad(Model *m);
 void model_gather(const Model *m, Model *whole);
 
 /* Logits of the last forward pass: (B*T, vocab_local), row b*T + t (the
- * whole vocabulary when tp = 1). */
+ * whole vocabulary when tp = 1); a device pointer. */
 const float *model_logits(const Model *m);
+/* The device copy of the last batch's target ids (B*T). */
+const int32_t *model_targets(const Model *m);
 
 /* Bytes held by the activation buffer now (for memory reports). */
 size_t model_activation_bytes(const Model *m);

@@ -13,17 +13,20 @@ OptimConfig optim_defaults(void) {
                          .weight_decay = 0.01f, .clip_norm = 1.0f};
 }
 
-void adamw_init(AdamW *opt, const OptimConfig *cfg, size_t n_elems) {
+void adamw_init(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t n_elems) {
     memset(opt, 0, sizeof *opt);
     opt->cfg = *cfg;
+    opt->be = be;
     opt->n_elems = n_elems;
-    opt->m = TP_CALLOC(n_elems, sizeof(float));
-    opt->v = TP_CALLOC(n_elems, sizeof(float));
+    opt->m = backend_alloc(be, n_elems * sizeof(float), MEM_OPTIM);
+    opt->v = backend_alloc(be, n_elems * sizeof(float), MEM_OPTIM);
 }
 
 void adamw_free(AdamW *opt) {
-    free(opt->m);
-    free(opt->v);
+    if (opt->be) {
+        backend_free(opt->be, opt->m);
+        backend_free(opt->be, opt->v);
+    }
     memset(opt, 0, sizeof *opt);
 }
 
@@ -35,26 +38,37 @@ float lr_at(const OptimConfig *cfg, int step) {
     return (float)(cfg->lr * f);
 }
 
-float grad_global_norm(const ParamTable *tab, const float *grads, Comm *tp) {
-    double shard = 0.0, repl = 0.0;
+/* sumsq of the sharded tensors into sc[0] (then summed over tp), of the
+ * replicated ones into sc[1]. */
+static void grad_sumsq(Backend *be, const ParamTable *tab, const float *grads, Comm *tp, float *sc) {
+    op_zero(be, sc, 2);
     for (int i = 0; i < tab->n; i++) {
         const ParamInfo *p = &tab->t[i];
-        double s = op_sumsq(grads + p->offset, p->n_elems);
-        if (p->split == SPLIT_REPL) repl += s;
-        else shard += s;
+        op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + p->offset, p->n_elems);
     }
-    if (tp && comm_size(tp) > 1) {
-        float v = (float)shard;
-        TP_CHECK(comm_allreduce(tp, &v, 1, COMM_SUM) == 0, "%s", comm_error(tp));
-        shard = v;
-    }
-    return (float)sqrt(shard + repl);
+    if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
 }
 
-void clip_grads(float *grads, size_t n_elems, float norm, float max_norm) {
+void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, float max_norm, float *sc) {
+    grad_sumsq(be, tab, grads, tp, sc);
+    op_clip_coef(be, sc + 2, sc, 2, max_norm);
+    if (max_norm > 0.0f) op_scale_by(be, grads, sc + 3, tab->n_elems);
+}
+
+float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, Comm *tp) {
+    float *sc = backend_alloc(be, 4 * sizeof(float), MEM_WORKSPACE);
+    grad_sumsq(be, tab, grads, tp, sc);
+    op_clip_coef(be, sc + 2, sc, 2, 0.0f);
+    float norm = 0.0f;
+    backend_download(be, &norm, sc + 2, sizeof norm);
+    backend_free(be, sc);
+    return norm;
+}
+
+void clip_grads(Backend *be, float *grads, size_t n_elems, float norm, float max_norm) {
     if (max_norm <= 0.0f) return;
     float coef = max_norm / (norm + 1e-6f);
-    if (coef < 1.0f) op_scale(grads, coef, n_elems);
+    if (coef < 1.0f) op_scale(be, grads, coef, n_elems);
 }
 
 void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable *tab, float lr) {
@@ -64,7 +78,7 @@ void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable 
     opt->t++;
     for (int i = 0; i < tab->n; i++) {
         const ParamInfo *p = &tab->t[i];
-        op_adamw(params + p->offset, grads + p->offset, opt->m + p->offset, opt->v + p->offset, p->n_elems, lr,
+        op_adamw(opt->be, params + p->offset, grads + p->offset, opt->m + p->offset, opt->v + p->offset, p->n_elems, lr,
                  c->beta1, c->beta2, c->eps, p->decay ? c->weight_decay : 0.0f, opt->t);
     }
 }

@@ -1,11 +1,15 @@
 /* optim.h: AdamW over the contiguous parameter buffer, the learning-rate
  * schedule (linear warmup, then inverse square root) and global-norm
- * gradient clipping. The optimizer state (m, v) uses the parameter table's
- * offsets, so it is two more buffers of the same size. */
+ * gradient clipping, all on the backend's device. The optimizer state
+ * (m, v) uses the parameter table's offsets, so it is two more buffers of
+ * the same size (MEM_OPTIM). The norm and the clipping factor stay on the
+ * device (grad_clip); grad_global_norm reads the norm back for callers
+ * that want it at once (tests). */
 #ifndef TPTRAIN_OPTIM_H
 #define TPTRAIN_OPTIM_H
 
 #include <stddef.h>
+#include "kernels/backend.h"
 #include "tp/comm.h"
 #include "transformer/params.h"
 
@@ -19,7 +23,8 @@ typedef struct {
 
 typedef struct {
     OptimConfig cfg;
-    float *m, *v;        // (n_elems) first and second moments
+    Backend *be;
+    float *m, *v;        // (n_elems) first and second moments, device
     size_t n_elems;
     int t;               // steps taken
 } AdamW;
@@ -28,20 +33,25 @@ typedef struct {
  * al.), weight decay 0.01, clip norm 1.0. */
 OptimConfig optim_defaults(void);
 
-void adamw_init(AdamW *opt, const OptimConfig *cfg, size_t n_elems);
+void adamw_init(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t n_elems);
 void adamw_free(AdamW *opt);
 
 /* lr(step) = peak * min(step / warmup, sqrt(warmup / step)), step >= 1. */
 float lr_at(const OptimConfig *cfg, int step);
 
-/* Global L2 norm of the whole model's gradient: sharded tensors summed over
- * the tp group (tp may be NULL), replicated ones counted once. */
-float grad_global_norm(const ParamTable *tab, const float *grads, Comm *tp);
+/* On the device, into sc (4 device floats): the sums of squares of the
+ * sharded tensors (summed over the tp group, which may be NULL) and of the
+ * replicated ones (counted once) in sc[0], sc[1]; the global L2 norm in
+ * sc[2]; the clipping factor min(1, max_norm / (norm + 1e-6)) in sc[3] (as
+ * torch.nn.utils.clip_grad_norm_; max_norm <= 0: 1); grads scaled by it.
+ * Nothing is read back. */
+void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, float max_norm, float *sc);
 
-/* Scales grads so their global norm is at most max_norm, as
- * torch.nn.utils.clip_grad_norm_ does (factor max_norm / (norm + 1e-6)).
- * norm is the value grad_global_norm returned. */
-void clip_grads(float *grads, size_t n_elems, float norm, float max_norm);
+/* The norm alone, read back (a sync point): for tests and tools. */
+float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, Comm *tp);
+/* Scales grads by min(1, max_norm / (norm + 1e-6)) for a norm the caller
+ * holds on the host (tests and tools; the trainer uses grad_clip). */
+void clip_grads(Backend *be, float *grads, size_t n_elems, float norm, float max_norm);
 
 /* One AdamW step at learning rate lr over every tensor of tab. */
 void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable *tab, float lr);

@@ -18,10 +18,11 @@
 
 #include <cuda_runtime.h>
 
+#include "bf16.h"
 #include "check.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_gemm.h"
-#include "ops.h"
+#include "cpu_ops.h"
 
 /* Tolerances: max |got - want| <= TOL * max |want| over the tensor.
  *
@@ -70,16 +71,8 @@ static float *host_copy(const float *x, size_t n) {
     return y;
 }
 
-/* fp32 -> nearest bf16 (ties to even), returned as fp32; NaN kept. */
-static float bf16_round(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
+/* fp32 -> nearest bf16 (ties to even), returned as fp32; NaN kept (common/bf16.h). */
+static float bf16_round(float x) { return tp_bf16_round(x); }
 
 static float *host_bf16(const float *x, size_t n) {
     float *y = malloc((n ? n : 1) * sizeof *y);
@@ -144,7 +137,7 @@ static void test_gemm_case(CudaGemmCtx *ctx, bool ta, bool tb, int M, int N, int
         cuda_op_gemm(ctx, ta, tb, M, N, K, alpha, dA, dB, beta, dC);
         float *got = to_host(s, dC, nc);
         float *want = host_copy(C0, nc);
-        op_gemm(ta, tb, M, N, K, alpha, A, B, beta, want);
+        cpu_gemm(ta, tb, M, N, K, alpha, A, B, beta, want);
         if (prec == CUDA_GEMM_FP32) {
             CHECK_CLOSE_TENSOR(got, want, nc, FP32_TOL, "gemm fp32 ta=%d tb=%d %dx%dx%d alpha=%g beta=%g", ta, tb, M,
                                N, K, alpha, beta);
@@ -153,7 +146,7 @@ static void test_gemm_case(CudaGemmCtx *ctx, bool ta, bool tb, int M, int N, int
                                N, K, beta);
             float *Ab = host_bf16(A, na), *Bb = host_bf16(B, nb);
             float *want_b = host_copy(C0, nc);
-            op_gemm(ta, tb, M, N, K, alpha, Ab, Bb, beta, want_b);
+            cpu_gemm(ta, tb, M, N, K, alpha, Ab, Bb, beta, want_b);
             CHECK_CLOSE_TENSOR(got, want_b, nc, BF16_SAME_INPUT_TOL,
                                "gemm bf16 vs bf16 inputs ta=%d tb=%d %dx%dx%d beta=%g", ta, tb, M, N, K, beta);
             free(Ab);
@@ -218,10 +211,10 @@ static void test_negative_controls(CudaGemmCtx *ctx) {
     cuda_op_gemm(ctx, true, false, M, N, K, 1.0f, dA, dB, 0.0f, dC);
     float *got = to_host(s, dC, nc);
     float *wrong = host_copy(got, nc);
-    op_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, wrong);  // same bytes read without the transpose
+    cpu_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, wrong);  // same bytes read without the transpose
     CHECK(rel_err(got, wrong, nc) > BF16_TOL, "a wrong transpose is detected (error %.3g)", rel_err(got, wrong, nc));
     float *want = host_copy(got, nc);
-    op_gemm(true, false, M, N, K, 1.0f, A, B, 0.0f, want);
+    cpu_gemm(true, false, M, N, K, 1.0f, A, B, 0.0f, want);
     want[nc / 2] += 1e-3f;  // planted: 1e-3 of an O(1) entry
     CHECK(rel_err(got, want, nc) > FP32_TOL, "a planted error of 1e-3 is detected (error %.3g)",
           rel_err(got, want, nc));
@@ -250,7 +243,7 @@ static void test_linear_fwd_case(CudaGemmCtx *ctx, CudaGemmPrecision prec, bool 
     CudaGemmStats after = cuda_gemm_stats(ctx);
     float *got = to_host(s, dy, ny);
     float *want = malloc(ny * sizeof *want);
-    op_linear_fwd(want, x, W, with_bias ? b : NULL, N, in, out);
+    cpu_linear_fwd(want, x, W, with_bias ? b : NULL, N, in, out);
     const char *name = prec_name(prec);
     if (prec == CUDA_GEMM_FP32) {
         CHECK_CLOSE_TENSOR(got, want, ny, FP32_TOL, "linear_fwd %s fuse=%d bias=%d N=%d in=%d out=%d", name, fuse,
@@ -259,7 +252,7 @@ static void test_linear_fwd_case(CudaGemmCtx *ctx, CudaGemmPrecision prec, bool 
         CHECK_CLOSE_TENSOR(got, want, ny, BF16_TOL, "linear_fwd %s vs fp32 fuse=%d bias=%d N=%d in=%d out=%d", name,
                            fuse, with_bias, N, in, out);
         float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw);
-        op_linear_fwd(want, xb, Wb, with_bias ? b : NULL, N, in, out);  // the bias stays fp32
+        cpu_linear_fwd(want, xb, Wb, with_bias ? b : NULL, N, in, out);  // the bias stays fp32
         CHECK_CLOSE_TENSOR(got, want, ny, BF16_SAME_INPUT_TOL,
                            "linear_fwd %s vs bf16 inputs fuse=%d bias=%d N=%d in=%d out=%d", name, fuse, with_bias, N,
                            in, out);
@@ -308,7 +301,7 @@ static void test_linear_bwd_case(CudaGemmCtx *ctx, CudaGemmPrecision prec, bool 
 
     // fp32 reference; and for bf16 the reference on bf16-rounded x, W, dy (db from fp32 dy: see below)
     float *ref_gx = host_copy(gx0, nx), *ref_gW = host_copy(gW0, nw), *ref_gb = host_copy(gb0, nb);
-    op_linear_bwd(want_dx ? ref_gx : NULL, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, gy, x, W, N, in, out);
+    cpu_linear_bwd(want_dx ? ref_gx : NULL, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, gy, x, W, N, in, out);
     const char *name = prec_name(prec);
     const double tol = prec == CUDA_GEMM_FP32 ? FP32_TOL : BF16_TOL;
     CHECK_CLOSE_TENSOR(got_gx, ref_gx, nx, tol, "linear_bwd %s dx (which=%d fuse=%d N=%d in=%d out=%d)", name, which,
@@ -320,7 +313,7 @@ static void test_linear_bwd_case(CudaGemmCtx *ctx, CudaGemmPrecision prec, bool 
     if (prec == CUDA_GEMM_BF16) {
         float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw), *gyb = host_bf16(gy, ny);
         float *rb_gx = host_copy(gx0, nx), *rb_gW = host_copy(gW0, nw);
-        op_linear_bwd(want_dx ? rb_gx : NULL, want_dW ? rb_gW : NULL, NULL, gyb, xb, Wb, N, in, out);
+        cpu_linear_bwd(want_dx ? rb_gx : NULL, want_dW ? rb_gW : NULL, NULL, gyb, xb, Wb, N, in, out);
         CHECK_CLOSE_TENSOR(got_gx, rb_gx, nx, BF16_SAME_INPUT_TOL, "linear_bwd bf16 dx vs bf16 inputs (which=%d)",
                            which);
         CHECK_CLOSE_TENSOR(got_gW, rb_gW, nw, BF16_SAME_INPUT_TOL, "linear_bwd bf16 dW vs bf16 inputs (which=%d)",

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ops.h"
+#include "cpu_ops.h"
 #include "err.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_ops.h"
@@ -250,7 +250,7 @@ static void test_memory(Rng *rng) {
 
     // zero: the first n become 0, the rest stay
     float *want = host_copy(h, n + pad);
-    op_zero(want, n);
+    cpu_zero(want, n);
     cuda_op_zero(d, n, g_stream);
     float *got = dev_fetch(d, n + pad);
     check_exact("zero", got, want, n + pad);
@@ -270,7 +270,7 @@ static void test_memory(Rng *rng) {
         float *buf = rand_floats(n + pad, rng, -1, 1);
         float *d_buf = dev_upload(buf, n + pad);
         float *dst = dir ? buf : buf + pad, *s = dir ? buf + pad : buf;
-        op_copy(dst, s, n);
+        cpu_copy(dst, s, n);
         cuda_op_copy(dir ? d_buf : d_buf + pad, dir ? d_buf + pad : d_buf, n, g_stream);
         got = dev_fetch(d_buf, n + pad);
         check_exact(dir ? "copy overlapping backward" : "copy overlapping forward", got, buf,
@@ -319,7 +319,7 @@ static void test_elementwise(Rng *rng) {
         const char *name = act == ACT_RELU ? "relu" : "gelu";
         char what[64];
         float *y = host_alloc(n);
-        op_act_fwd(y, x, n, (Activation)act);
+        cpu_act_fwd(y, x, n, (Activation)act);
         float *d_y = dev_upload(dx0, n);  // garbage: the forward overwrites
         cuda_op_act_fwd(d_y, d_x, n, (Activation)act, g_stream);
         float *got = dev_fetch(d_y, n);
@@ -330,7 +330,7 @@ static void test_elementwise(Rng *rng) {
             check_gelu(what, got, y, n);
 
         float *dx = host_copy(dx0, n);
-        op_act_bwd(dx, dy, x, n, (Activation)act);
+        cpu_act_bwd(dx, dy, x, n, (Activation)act);
         float *d_dx = dev_upload(dx0, n);
         cuda_op_act_bwd(d_dx, d_dy, d_x, n, (Activation)act, g_stream);
         float *got_dx = dev_fetch(d_dx, n);
@@ -359,7 +359,7 @@ static void test_elementwise(Rng *rng) {
     float *a = rand_floats(n, rng, -2, 2), *b = rand_floats(n, rng, -2, 2);
     float *d_a = dev_upload(a, n), *d_b = dev_upload(b, n);
     float *want = host_alloc(n);
-    op_add(want, a, b, n);
+    cpu_add(want, a, b, n);
     float *d_out = dev_upload(dx0, n);
     cuda_op_add(d_out, d_a, d_b, n, g_stream);
     float *got = dev_fetch(d_out, n);
@@ -369,13 +369,13 @@ static void test_elementwise(Rng *rng) {
     check_exact("add in place", got_alias, want, n);
 
     float *acc = host_copy(dx0, n);
-    op_accumulate(acc, b, n);
+    cpu_accumulate(acc, b, n);
     float *d_acc = dev_upload(dx0, n);
     cuda_op_accumulate(d_acc, d_b, n, g_stream);
     float *got_acc = dev_fetch(d_acc, n);
     check_exact("accumulate", got_acc, acc, n);
 
-    op_scale(acc, -0.37f, n);
+    cpu_scale(acc, -0.37f, n);
     cuda_op_scale(d_acc, -0.37f, n, g_stream);
     dev_download(got_acc, d_acc, n);
     check_exact("scale", got_acc, acc, n);
@@ -384,7 +384,7 @@ static void test_elementwise(Rng *rng) {
     const size_t n_big = 1000003;
     float *big = rand_floats(n_big, rng, -1, 1);
     float *d_big = dev_upload(big, n_big);
-    double want_ss = op_sumsq(big, n_big);
+    double want_ss = cpu_sumsq(big, n_big);
     double got_ss = cuda_op_sumsq(d_big, n_big, g_stream);
     double got_ss2 = cuda_op_sumsq(d_big, n_big, g_stream);
     CHECK(fabs(got_ss - want_ss) <= SUMSQ_RTOL * want_ss, "sumsq: got %.17g want %.17g", got_ss,
@@ -422,14 +422,14 @@ static void test_bias(Rng *rng) {
     const size_t nc = (size_t)N * C;
     float *y = rand_floats(nc, rng, -1, 1), *b = rand_floats(C, rng, -1, 1);
     float *d_y = dev_upload(y, nc), *d_b = dev_upload(b, C);
-    op_bias_add(y, b, N, C);
+    cpu_bias_add(y, b, N, C);
     cuda_op_bias_add(d_y, d_b, N, C, g_stream);
     float *got = dev_fetch(d_y, nc);
     check_exact("bias_add", got, y, nc);
 
     float *dy = rand_floats(nc, rng, -1, 1), *db0 = rand_floats(C, rng, -1, 1);
     float *db = host_copy(db0, C);
-    op_bias_bwd(db, dy, N, C);
+    cpu_bias_bwd(db, dy, N, C);
     float *d_dy = dev_upload(dy, nc), *d_db = dev_upload(db0, C), *d_db2 = dev_upload(db0, C);
     cuda_op_bias_bwd(d_db, d_dy, N, C, g_stream);
     cuda_op_bias_bwd(d_db2, d_dy, N, C, g_stream);
@@ -469,7 +469,7 @@ static void embedding_case(const char *name, int N, int C, int V, int vocab_star
 
     float *out0 = rand_floats(nc, rng, -1, 1);  // garbage: the forward overwrites
     float *out = host_copy(out0, nc);
-    op_embedding_fwd(out, ids, table, scale, N, C, vocab_start, V_local);
+    cpu_embedding_fwd(out, ids, table, scale, N, C, vocab_start, V_local);
     float *d_out = dev_upload(out0, nc);
     cuda_op_embedding_fwd(d_out, d_ids, d_table, scale, N, C, vocab_start, V_local, g_stream);
     float *got = dev_fetch(d_out, nc);
@@ -479,7 +479,7 @@ static void embedding_case(const char *name, int N, int C, int V, int vocab_star
     float *dout = rand_floats(nc, rng, -1, 1);
     float *dtable0 = rand_floats(vc, rng, -1, 1);
     float *dtable = host_copy(dtable0, vc);
-    op_embedding_bwd(dtable, dout, ids, scale, N, C, vocab_start, V_local);
+    cpu_embedding_bwd(dtable, dout, ids, scale, N, C, vocab_start, V_local);
     float *d_dout = dev_upload(dout, nc), *d_dtable = dev_upload(dtable0, vc);
     cuda_op_embedding_bwd(d_dtable, d_dout, d_ids, scale, N, C, vocab_start, V_local, g_stream);
     float *got_dt = dev_fetch(d_dtable, vc);
@@ -517,7 +517,7 @@ static void test_positions(Rng *rng) {
         size_t n = (size_t)B * T * C;
         float *x = rand_floats(n, rng, -1, 1);
         float *d_x = dev_upload(x, n);
-        op_add_positions(x, B, T, C);
+        cpu_add_positions(x, B, T, C);
         cuda_op_add_positions(d_x, B, T, C, g_stream);
         float *got = dev_fetch(d_x, n);
         double worst = 0.0;
@@ -542,7 +542,7 @@ static void layernorm_case(int N, int C, Rng *rng) {
     for (size_t i = 0; i < nc; i++) x[i] += 3.0f;  // an offset the two-pass mean must remove
     float *gamma = rand_floats(C, rng, 0.5f, 1.5f), *beta = rand_floats(C, rng, -0.5f, 0.5f);
     float *y = host_alloc(nc), *mean = host_alloc(N), *rstd = host_alloc(N);
-    op_layernorm_fwd(y, mean, rstd, x, gamma, beta, N, C, eps);
+    cpu_layernorm_fwd(y, mean, rstd, x, gamma, beta, N, C, eps);
     float *d_x = dev_upload(x, nc), *d_gamma = dev_upload(gamma, C), *d_beta = dev_upload(beta, C);
     float *d_y = dev_upload(x, nc), *d_mean = dev_upload(x, N), *d_rstd = dev_upload(x, N);
     cuda_op_layernorm_fwd(d_y, d_mean, d_rstd, d_x, d_gamma, d_beta, N, C, eps, g_stream);
@@ -560,7 +560,7 @@ static void layernorm_case(int N, int C, Rng *rng) {
     float *dx0 = rand_floats(nc, rng, -1, 1), *dg0 = rand_floats(C, rng, -1, 1),
           *db0 = rand_floats(C, rng, -1, 1);
     float *dx = host_copy(dx0, nc), *dg = host_copy(dg0, C), *db = host_copy(db0, C);
-    op_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C);
+    cpu_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, gamma, N, C);
     float *d_dy = dev_upload(dy, nc);
     dev_free(d_mean);
     dev_free(d_rstd);
@@ -635,7 +635,7 @@ static void softmax_case(const int32_t *k_len, int B, int H, int Tq, int Tk, boo
     for (size_t i = 0; i < n; i++)
         if (masked[i]) S[i] = NAN;  // masked scores must never be read
     float *P = host_alloc(n);
-    op_softmax_fwd(P, S, k_len, B, H, Tq, Tk, scale, causal);
+    cpu_softmax_fwd(P, S, k_len, B, H, Tq, Tk, scale, causal);
     float *d_S = dev_upload(S, n), *d_P = dev_upload(S, n);
     int32_t *d_klen = dev_upload_i32(k_len, B);
     cuda_op_softmax_fwd(d_P, d_S, d_klen, B, H, Tq, Tk, scale, causal, g_stream);
@@ -654,7 +654,7 @@ static void softmax_case(const int32_t *k_len, int B, int H, int Tq, int Tk, boo
     // backward: dS += scale * P * (dP - sum(dP * P)), also with dS == dP
     float *dP = rand_floats(n, rng, -1, 1), *dS0 = rand_floats(n, rng, -1, 1);
     float *dS = host_copy(dS0, n);
-    op_softmax_bwd(dS, dP, P, B, H, Tq, Tk, scale);
+    cpu_softmax_bwd(dS, dP, P, B, H, Tq, Tk, scale);
     float *d_dP = dev_upload(dP, n), *d_dS = dev_upload(dS0, n);
     dev_free(d_P);
     d_P = dev_upload(P, n);
@@ -664,7 +664,7 @@ static void softmax_case(const int32_t *k_len, int B, int H, int Tq, int Tk, boo
     check_rel(what, got_dS, dS, dS0, n, SUM_RTOL);
 
     float *alias = host_copy(dP, n);
-    op_softmax_bwd(alias, alias, P, B, H, Tq, Tk, scale);
+    cpu_softmax_bwd(alias, alias, P, B, H, Tq, Tk, scale);
     cuda_op_softmax_bwd(d_dP, d_dP, d_P, B, H, Tq, Tk, scale, g_stream);
     float *got_alias = dev_fetch(d_dP, n);
     snprintf(what, sizeof what, "softmax bwd dS == dP B%d Tk%d", B, Tk);
@@ -701,7 +701,7 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
           *v = rand_floats(nk, rng, -1, 1);
     float *out0 = rand_floats(nq, rng, -1, 1);  // garbage: the forward overwrites
     float *out = host_copy(out0, nq), *P = host_alloc(np);
-    op_attention_fwd(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal);
+    cpu_attention_fwd(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal);
 
     float *d_q = dev_upload(q, nq), *d_k = dev_upload(k, nk), *d_v = dev_upload(v, nk);
     int32_t *d_klen = dev_upload_i32(k_len, B);
@@ -731,7 +731,7 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
           *dv0 = rand_floats(nk, rng, -1, 1);
     float *dq = host_copy(dq0, nq), *dk = host_copy(dk0, nk), *dv = host_copy(dv0, nk);
     float *scratch = host_alloc(np);
-    op_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+    cpu_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
     float *d_dout = dev_upload(dout, nq), *d_dq = dev_upload(dq0, nq), *d_dk = dev_upload(dk0, nk),
           *d_dv = dev_upload(dv0, nk), *d_scratch = dev_upload(P, np);
     TEST_CUDA(cudaMemset(d_scratch, 0xff, np * sizeof(float)));
@@ -792,7 +792,7 @@ static void dropout_case(size_t n, float p, uint64_t seed, uint64_t stream, Rng 
     float *x = rand_floats(n, rng, 0.5f, 1.5f);  // nonzero, so a zero output means dropped
     float *garbage = rand_floats(n, rng, -1, 1);
     float *y = host_alloc(n);
-    op_dropout_fwd(y, x, n, p, seed, stream);
+    cpu_dropout_fwd(y, x, n, p, seed, stream);
     float *d_x = dev_upload(x, n), *d_y = dev_upload(garbage, n);
     cuda_op_dropout_fwd(d_y, d_x, n, p, seed, stream, g_stream);
     float *got = dev_fetch(d_y, n);
@@ -807,7 +807,7 @@ static void dropout_case(size_t n, float p, uint64_t seed, uint64_t stream, Rng 
 
     float *dy = rand_floats(n, rng, -1, 1), *dx0 = rand_floats(n, rng, -1, 1);
     float *dx = host_copy(dx0, n);
-    op_dropout_bwd(dx, dy, n, p, seed, stream);
+    cpu_dropout_bwd(dx, dy, n, p, seed, stream);
     float *d_dy = dev_upload(dy, n), *d_dx = dev_upload(dx0, n);
     cuda_op_dropout_bwd(d_dx, d_dy, n, p, seed, stream, g_stream);
     float *got_dx = dev_fetch(d_dx, n);
@@ -860,7 +860,7 @@ static void xent_case(int N, int V, Rng *rng) {
     targets[2] = V - 1;
     targets[N - 1] = ignore_id;
     float *losses = host_alloc(N), *lse = host_alloc(N);
-    int n_valid = op_xent_fwd(losses, lse, logits, targets, N, V, eps, ignore_id);
+    int n_valid = cpu_xent_fwd(losses, lse, logits, targets, N, V, eps, ignore_id);
 
     float *d_logits = dev_upload(logits, nv);
     int32_t *d_t = dev_upload_i32(targets, N);
@@ -876,7 +876,7 @@ static void xent_case(int N, int V, Rng *rng) {
 
     float *dl0 = rand_floats(nv, rng, -1, 1);
     float *dl = host_copy(dl0, nv);
-    op_xent_bwd(dl, logits, lse, targets, dloss, N, V, eps, ignore_id);
+    cpu_xent_bwd(dl, logits, lse, targets, dloss, N, V, eps, ignore_id);
     float *d_dl = dev_upload(dl0, nv);
     dev_free(d_lse);
     d_lse = dev_upload(lse, N);
@@ -926,7 +926,7 @@ static void test_xent_vp(Rng *rng) {
                 shard[s][(size_t)n * V_LOCAL + j] =
                     j < v_valid[s] ? full[(size_t)n * V + s * V_LOCAL + j] : NAN;
         d_shard[s] = dev_upload(shard[s], (size_t)N * V_LOCAL);
-        op_xent_vp_max(max_cpu[s], shard[s], N, V_LOCAL, v_valid[s]);
+        cpu_xent_vp_max(max_cpu[s], shard[s], N, V_LOCAL, v_valid[s]);
         float *d_max = dev_upload(shard[s], N);
         cuda_op_xent_vp_max(d_max, d_shard[s], N, V_LOCAL, v_valid[s], g_stream);
         dev_download(max_gpu[s], d_max, N);
@@ -942,7 +942,7 @@ static void test_xent_vp(Rng *rng) {
     float stats_gpu[N * 3] = {0}, stats_cpu[N * 3];
     for (int s = 0; s < TP; s++) {
         float st_cpu[N * 3], st_gpu[N * 3];
-        op_xent_vp_sums(st_cpu, shard[s], row_max, targets, N, V_LOCAL, v_valid[s], s * V_LOCAL,
+        cpu_xent_vp_sums(st_cpu, shard[s], row_max, targets, N, V_LOCAL, v_valid[s], s * V_LOCAL,
                         ignore_id);
         float *d_st = dev_upload(full, N * 3);  // garbage
         cuda_op_xent_vp_sums(d_st, d_shard[s], d_row_max, d_t, N, V_LOCAL, v_valid[s],
@@ -967,7 +967,7 @@ static void test_xent_vp(Rng *rng) {
     float *d_stats = dev_upload(stats_gpu, N * 3);
 
     float losses[N], lse[N], got_losses[N], got_lse[N];
-    int n_valid = op_xent_vp_loss(losses, lse, row_max, stats_cpu, targets, N, V, eps, ignore_id);
+    int n_valid = cpu_xent_vp_loss(losses, lse, row_max, stats_cpu, targets, N, V, eps, ignore_id);
     float *d_losses = dev_upload(full, N), *d_lse = dev_upload(full, N);
     int got_valid = cuda_op_xent_vp_loss(d_losses, d_lse, d_row_max, d_stats, d_t, N, V, eps,
                                          ignore_id, g_stream);
@@ -979,7 +979,7 @@ static void test_xent_vp(Rng *rng) {
 
     // the whole protocol equals the full-row loss
     float full_losses[N], full_lse[N];
-    int full_valid = op_xent_fwd(full_losses, full_lse, full, targets, N, V, eps, ignore_id);
+    int full_valid = cpu_xent_fwd(full_losses, full_lse, full, targets, N, V, eps, ignore_id);
     CHECK(full_valid == got_valid, "xent_vp: %d valid rows, full rows %d", got_valid, full_valid);
     check_rel("xent_vp protocol vs full-row loss", got_losses, full_losses, NULL, N, SUM_RTOL);
 
@@ -987,7 +987,7 @@ static void test_xent_vp(Rng *rng) {
         const size_t nl = (size_t)N * V_LOCAL;
         float *dl0 = rand_floats(nl, rng, -1, 1);
         float *dl = host_copy(dl0, nl);
-        op_xent_vp_bwd(dl, shard[s], lse, targets, dloss, N, V_LOCAL, v_valid[s], s * V_LOCAL, V,
+        cpu_xent_vp_bwd(dl, shard[s], lse, targets, dloss, N, V_LOCAL, v_valid[s], s * V_LOCAL, V,
                        eps, ignore_id);
         float *d_dl = dev_upload(dl0, nl);
         float *d_lse_cpu = dev_upload(lse, N);
@@ -1040,7 +1040,7 @@ static void test_adamw(Rng *rng) {
     for (int t = 1; t <= 3; t++) {  // three steps, new gradients each
         float *g = rand_floats(n, rng, -0.1f, 0.1f);
         float *d_g = dev_upload(g, n);
-        op_adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
+        cpu_adamw(p, g, m, v, n, lr, beta1, beta2, eps, wd, t);
         cuda_op_adamw(d_p, d_g, d_m, d_v, n, lr, beta1, beta2, eps, wd, t, g_stream);
         free(g);
         dev_free(d_g);

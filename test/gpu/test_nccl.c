@@ -8,7 +8,10 @@
  *    MAX (exact integer-valued data), bitwise determinism and agreement
  *    across ranks on random data, allgather, reduce_scatter, broadcast of an
  *    odd byte count, barrier, stats, splits (by parity; and one rank in no
- *    group), an argument error that poisons the communicator;
+ *    group), an argument error that poisons the communicator; bf16
+ *    allreduce / reduce_scatter / allgather (exact integer-valued data);
+ *    send / recv to oneself (messages kept in order, zero bytes) and, with
+ *    N ranks, around a ring;
  *  - N >= 2: a peer that never makes the call: the caller fails within the
  *    timeout with a message, and stays failed;
  *  - a group whose peer never joins, and a rank whose rank 0 never publishes
@@ -26,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include "bf16.h"
 #include "check.h"
 #include "cuda/cuda_common.h"
 #include "tp/comm_nccl.h"
@@ -257,6 +261,91 @@ static void check_collectives(Comm *c, int rank, int size) {
     CUDA_CHECK(cudaFree(d_out));
 }
 
+/* bf16 collectives on small integers (exact in bf16 whatever the order), then
+ * send / recv: to oneself, and around a ring (even ranks send first, since
+ * an NCCL send waits for its receive). */
+static void check_dtype_p2p(Comm *c, int rank, int size) {
+    const size_t m = 3001;
+    uint16_t *h = malloc((size_t)size * m * sizeof *h);
+    uint16_t *d_in = (uint16_t *)dev_alloc((size_t)size * m * 2), *d_out = (uint16_t *)dev_alloc((size_t)size * m * 2);
+    for (size_t i = 0; i < m; i++) h[i] = tp_f32_to_bf16((float)(i % 7) + (float)rank);
+    CUDA_CHECK(cudaMemcpy(d_in, h, m * 2, cudaMemcpyHostToDevice));
+    CHECK(comm_allreduce_t(c, d_in, m, COMM_BF16, COMM_SUM) == 0, "bf16 allreduce: %s", comm_error(c));
+    CUDA_CHECK(cudaMemcpy(h, d_in, m * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < m; i++)
+        bad += h[i] != tp_f32_to_bf16((float)size * (float)(i % 7) + (float)(size * (size - 1) / 2));
+    CHECK(bad == 0, "bf16 allreduce sum: %zu of %zu wrong", bad, m);
+
+    // Any partial sum over ranks stays below 256: exact in bf16 in whatever order NCCL adds.
+    for (size_t j = 0; j < (size_t)size * m; j++) h[j] = tp_f32_to_bf16((float)(j % 5) * (float)(rank + 1));
+    CUDA_CHECK(cudaMemcpy(d_in, h, (size_t)size * m * 2, cudaMemcpyHostToDevice));
+    CHECK(comm_reduce_scatter_t(c, d_in, d_out, m, COMM_BF16) == 0, "bf16 reduce_scatter: %s", comm_error(c));
+    CUDA_CHECK(cudaMemcpy(h, d_out, m * 2, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (size_t i = 0; i < m; i++)
+        bad += h[i] != tp_f32_to_bf16((float)(((size_t)rank * m + i) % 5) * (float)(size * (size + 1) / 2));
+    CHECK(bad == 0, "bf16 reduce_scatter: %zu wrong", bad);
+
+    for (size_t i = 0; i < m; i++) h[i] = (uint16_t)(rank * 1000 + (int)(i % 1000));  // any bits: copied as they are
+    CUDA_CHECK(cudaMemcpy(d_in, h, m * 2, cudaMemcpyHostToDevice));
+    CHECK(comm_allgather_t(c, d_in, d_out, m, COMM_BF16) == 0, "bf16 allgather: %s", comm_error(c));
+    CUDA_CHECK(cudaMemcpy(h, d_out, (size_t)size * m * 2, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int q = 0; q < size; q++)
+        for (size_t i = 0; i < m; i++) bad += h[(size_t)q * m + i] != (uint16_t)(q * 1000 + (int)(i % 1000));
+    CHECK(bad == 0, "bf16 allgather: %zu wrong", bad);
+
+    // Messages to oneself arrive in order, zero bytes included.
+    const size_t sizes[3] = {0, 1000, ((size_t)3 << 20) + 1};
+    unsigned char *hb = malloc(sizes[2]);
+    unsigned char *d_msg[3], *d_got = (unsigned char *)dev_alloc(sizes[2]);
+    for (int k = 0; k < 3; k++) {
+        for (size_t i = 0; i < sizes[k]; i++) hb[i] = (unsigned char)(i * 7 + (size_t)k);
+        d_msg[k] = (unsigned char *)dev_alloc(sizes[k]);
+        if (sizes[k]) CUDA_CHECK(cudaMemcpy(d_msg[k], hb, sizes[k], cudaMemcpyHostToDevice));
+        CHECK(comm_send(c, d_msg[k], sizes[k], rank) == 0, "send #%d to itself: %s", k, comm_error(c));
+    }
+    for (int k = 0; k < 3; k++) {
+        CHECK(comm_recv(c, d_got, sizes[k], rank) == 0, "recv #%d from itself: %s", k, comm_error(c));
+        if (sizes[k]) CUDA_CHECK(cudaMemcpy(hb, d_got, sizes[k], cudaMemcpyDeviceToHost));
+        bad = 0;
+        for (size_t i = 0; i < sizes[k]; i++) bad += hb[i] != (unsigned char)(i * 7 + (size_t)k);
+        CHECK(bad == 0, "message #%d to itself: %zu of %zu bytes wrong", k, bad, sizes[k]);
+    }
+    // Around the ring: the largest message to rank + 1, from rank - 1.
+    if (size >= 2) {
+        const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+        for (size_t i = 0; i < sizes[2]; i++) hb[i] = (unsigned char)(i * 13 + (size_t)rank);
+        CUDA_CHECK(cudaMemcpy(d_msg[2], hb, sizes[2], cudaMemcpyHostToDevice));
+        int ok = rank % 2 == 0
+                     ? comm_send(c, d_msg[2], sizes[2], next) == 0 && comm_recv(c, d_got, sizes[2], prev) == 0
+                     : comm_recv(c, d_got, sizes[2], prev) == 0 && comm_send(c, d_msg[2], sizes[2], next) == 0;
+        CHECK(ok, "ring send/recv: %s", comm_error(c));
+        CUDA_CHECK(cudaMemcpy(hb, d_got, sizes[2], cudaMemcpyDeviceToHost));
+        bad = 0;
+        for (size_t i = 0; i < sizes[2]; i++) bad += hb[i] != (unsigned char)(i * 13 + (size_t)prev);
+        CHECK(bad == 0, "ring message from %d: %zu bytes wrong", prev, bad);
+    }
+    CommStats s = comm_stats(c);
+    const long n_p2p = 3 + (size >= 2);
+    CHECK(s.allreduce == 1 && s.reduce_scatter == 1 && s.allgather == 1 && s.send == n_p2p && s.recv == n_p2p,
+          "stats: %ld allreduce, %ld reduce_scatter, %ld allgather, %ld send, %ld recv", s.allreduce, s.reduce_scatter,
+          s.allgather, s.send, s.recv);
+    CHECK(s.allreduce_bytes == 2.0 * (double)m, "bf16 allreduce bytes: %g", s.allreduce_bytes);
+    const CommDeviceCopy hooks = {0};
+    CHECK(comm_set_device_copy(c, &hooks) == -1 && strstr(comm_error(c), "NCCL"), "staging hooks refused: %s",
+          comm_error(c));
+    CHECK(comm_barrier(c) == 0, "a refused staging leaves the communicator working: %s", comm_error(c));
+    comm_reset_stats(c);
+    for (int k = 0; k < 3; k++) CUDA_CHECK(cudaFree(d_msg[k]));
+    CUDA_CHECK(cudaFree(d_got));
+    CUDA_CHECK(cudaFree(d_in));
+    CUDA_CHECK(cudaFree(d_out));
+    free(hb);
+    free(h);
+}
+
 static void check_splits(Comm *world, int rank, int size) {
     char err[512] = "";
     // By parity: ranks 0, 2, 4... and 1, 3, 5...
@@ -346,6 +435,7 @@ static int rank_main(int rank, int size, const char *job) {
               comm_size(c));
         CHECK(comm_stats(c).barrier == 0, "creation's own barrier is not in the stats");
         check_collectives(c, rank, size);
+        check_dtype_p2p(c, rank, size);
         check_splits(c, rank, size);
         if (size >= 2) check_idle_peer(st, job, rank, size, device, stream);
         // An argument error poisons the communicator (the ranks are out of step after it).

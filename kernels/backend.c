@@ -1,0 +1,189 @@
+/* backend.c: what every backend shares: choosing one at run time, the tagged
+ * allocator with its current and peak bytes per tag, the workspace arena,
+ * and the compute-weight registration. The backends themselves
+ * (cpu/backend_cpu.c, cuda/backend_cuda.cu) only fill the table and provide
+ * raw allocation and copies. */
+#include "backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "err.h"
+
+/* One live allocation. A list: a rank holds a few dozen buffers at most. */
+typedef struct BackendAlloc {
+    void *p;
+    size_t n_bytes;
+    MemTag tag;
+    struct BackendAlloc *next;
+} BackendAlloc;
+
+Backend *backend_cpu_create(Dtype dtype);
+#ifdef TPTRAIN_HAVE_CUDA
+Backend *backend_cuda_create(Dtype dtype, int local_rank, char *err, size_t err_len);
+int backend_cuda_device_count(void);
+#endif
+
+const char *mem_tag_name(MemTag t) {
+    static const char *names[MEM_N_TAGS] = {"master", "compute", "grads", "optimizer",
+                                            "activations", "workspace", "comm", "library"};
+    return t >= 0 && t < MEM_N_TAGS ? names[t] : "?";
+}
+
+const char *dtype_name(Dtype d) { return d == DTYPE_BF16 ? "bf16" : "fp32"; }
+
+bool backend_cuda_available(int *n_gpus) {
+    int n = 0;
+#ifdef TPTRAIN_HAVE_CUDA
+    n = backend_cuda_device_count();
+#endif
+    if (n_gpus) *n_gpus = n;
+    return n > 0;
+}
+
+Backend *backend_create(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len) {
+    if (choice == DEVICE_CPU) return backend_cpu_create(dtype);
+#ifdef TPTRAIN_HAVE_CUDA
+    int n = backend_cuda_device_count();
+    if (n > 0) return backend_cuda_create(dtype, local_rank, err, err_len);
+    if (choice == DEVICE_AUTO) return backend_cpu_create(dtype);
+    tp_error_set(err, err_len, "--device cuda: no GPU is visible to this process");
+    return NULL;
+#else
+    (void)local_rank;
+    if (choice == DEVICE_AUTO) return backend_cpu_create(dtype);
+    tp_error_set(err, err_len, "--device cuda: this build of tptrain has no CUDA backend");
+    return NULL;
+#endif
+}
+
+void backend_destroy(Backend *be) {
+    if (!be) return;
+    backend_sync(be);
+    while (be->n_weights) backend_remove_compute_weights(be, be->weights[0].master);
+    backend_free(be, be->ws);
+    be->ws = NULL;
+    while (be->allocs) backend_free(be, be->allocs->p);
+    be->ops->destroy(be);  // frees be itself
+}
+
+void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag) {
+    TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc: tag %d cannot be allocated", (int)tag);
+    if (n_bytes == 0) n_bytes = 1;
+    void *p = be->ops->dev_alloc(be, n_bytes);
+    if (!p)
+        tp_die(__FILE__, __LINE__,
+               "out of %s memory: %.1f MiB for %s could not be allocated (%.1f MiB held: %s)",
+               be->kind == BACKEND_CUDA ? "GPU" : "host", n_bytes / 1048576.0, mem_tag_name(tag),
+               be->mem.total_cur / 1048576.0, be->device_name);
+    BackendAlloc *a = TP_MALLOC(sizeof *a);
+    *a = (BackendAlloc){.p = p, .n_bytes = n_bytes, .tag = tag, .next = be->allocs};
+    be->allocs = a;
+    MemStats *s = &be->mem;
+    s->cur[tag] += n_bytes;
+    if (s->cur[tag] > s->peak[tag]) s->peak[tag] = s->cur[tag];
+    s->total_cur += n_bytes;
+    if (s->total_cur > s->total_peak) s->total_peak = s->total_cur;
+    s->n_allocs++;
+    return p;
+}
+
+void backend_free(Backend *be, void *p) {
+    if (!p) return;
+    for (BackendAlloc **pp = &be->allocs; *pp; pp = &(*pp)->next) {
+        BackendAlloc *a = *pp;
+        if (a->p != p) continue;
+        be->mem.cur[a->tag] -= a->n_bytes;
+        be->mem.total_cur -= a->n_bytes;
+        *pp = a->next;
+        free(a);
+        be->ops->dev_free(be, p);
+        return;
+    }
+    tp_die(__FILE__, __LINE__, "backend_free: %p was not allocated by this backend", p);
+}
+
+void backend_note_library(Backend *be, size_t n_bytes) {
+    be->mem.cur[MEM_LIBRARY] += n_bytes;
+    if (be->mem.cur[MEM_LIBRARY] > be->mem.peak[MEM_LIBRARY]) be->mem.peak[MEM_LIBRARY] = be->mem.cur[MEM_LIBRARY];
+}
+
+void *backend_workspace(Backend *be, size_t n_bytes) {
+    if (n_bytes <= be->ws_bytes && be->ws) return be->ws;
+    if (be->ws) {
+        backend_sync(be);  // queued ops may still read the old arena
+        backend_free(be, be->ws);
+    }
+    size_t grow = be->ws_bytes + be->ws_bytes / 2;
+    be->ws_bytes = n_bytes > grow ? n_bytes : grow;
+    be->ws = backend_alloc(be, be->ws_bytes, MEM_WORKSPACE);
+    return be->ws;
+}
+
+void backend_upload(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes) {
+    if (n_bytes) be->ops->upload(be, dst_dev, src_host, n_bytes);
+}
+
+void backend_download(Backend *be, void *dst_host, const void *src_dev, size_t n_bytes) {
+    if (n_bytes) be->ops->download(be, dst_host, src_dev, n_bytes);
+}
+
+void backend_sync(Backend *be) { be->ops->sync(be); }
+
+const float *backend_host_view(Backend *be, const float *dev, size_t n_elems) {
+    if (be->host_visible) return dev;
+    float *h = TP_MALLOC((n_elems ? n_elems : 1) * sizeof(float));
+    backend_download(be, h, dev, n_elems * sizeof(float));
+    return h;
+}
+
+void backend_host_view_free(const float *view, const float *dev) {
+    if (view != dev) free((void *)view);
+}
+
+float *backend_host_stage(Backend *be, float *dev, size_t n_elems) {
+    return be->host_visible ? dev : TP_CALLOC(n_elems ? n_elems : 1, sizeof(float));
+}
+
+void backend_host_commit(Backend *be, float *dev, float *stage, size_t n_elems) {
+    if (stage == dev) return;
+    backend_upload(be, dev, stage, n_elems * sizeof(float));
+    free(stage);
+}
+
+void backend_add_compute_weights(Backend *be, const float *master, size_t n_elems) {
+    TP_CHECK(be->n_weights < BACKEND_MAX_WEIGHT_RANGES, "backend: more than %d models on one backend",
+             BACKEND_MAX_WEIGHT_RANGES);
+    void *compute = NULL;  // fp32, or bf16 emulated at the GEMM (CPU): no copy
+    if (be->dtype == DTYPE_BF16 && be->kind == BACKEND_CUDA)
+        compute = backend_alloc(be, n_elems * sizeof(uint16_t), MEM_COMPUTE);
+    int k = be->n_weights++;
+    be->weights[k].master = master;
+    be->weights[k].compute = compute;
+    be->weights[k].n_elems = n_elems;
+    if (compute) be->ops->recast(be, compute, master, n_elems);
+}
+
+void backend_remove_compute_weights(Backend *be, const float *master) {
+    for (int k = 0; k < be->n_weights; k++) {
+        if (be->weights[k].master != master) continue;
+        backend_free(be, be->weights[k].compute);
+        be->weights[k] = be->weights[--be->n_weights];
+        return;
+    }
+}
+
+void backend_recast_weights(Backend *be) {
+    for (int k = 0; k < be->n_weights; k++)
+        if (be->weights[k].compute)
+            be->ops->recast(be, be->weights[k].compute, be->weights[k].master, be->weights[k].n_elems);
+}
+
+const void *backend_compute_twin(const Backend *be, const float *W) {
+    for (int k = 0; k < be->n_weights; k++) {
+        const float *m = be->weights[k].master;
+        if (be->weights[k].compute && W >= m && W < m + be->weights[k].n_elems)
+            return (const uint16_t *)be->weights[k].compute + (W - m);
+    }
+    return NULL;
+}

@@ -1,0 +1,217 @@
+/* backend.h: the run-time seam between the model and the hardware.
+ *
+ * A Backend is a table of ops (kernels/ops.h states their contract: shapes,
+ * row-major, backward ops accumulate) plus the context they run in: the
+ * device, its stream, the GEMM library's handle and plan cache, a workspace
+ * arena, and the allocator that hands out (and accounts for) every buffer.
+ * The model, the loss, the optimizer, the decoder and the trainer call only
+ * this table, so one build trains on the CPU or a GPU chosen at run time
+ * (`--device auto|cpu|cuda`). kernels/cpu and kernels/cuda each fill it; the
+ * CUDA headers stay private to kernels/cuda (ggml's backend table and the
+ * project's own comm_impl.h are the model for this shape).
+ *
+ * Memory. backend_alloc tags each buffer with what it holds, so a rank can
+ * report its peak memory by category (the "peak GPU memory per rank" of the
+ * run report). Library overhead (CUDA context, cuBLASLt, NCCL) is not
+ * allocated here but measured around its set-up and noted with
+ * backend_note_library. No op allocates behind the allocator: the ops that
+ * need temporary space take it from the backend's workspace arena, which
+ * is itself an allocation tagged MEM_WORKSPACE.
+ *
+ * Host and device meet only at named points: backend_upload (the batch,
+ * through pinned staging on CUDA), backend_download (the step's scalars,
+ * checkpoint and export copies, decoding's logits), and backend_sync.
+ * On the CPU backend device memory is host memory (host_visible), so the
+ * copies are memcpy and callers may skip them.
+ *
+ * Precision (`--dtype fp32|bf16`): master weights, gradients, AdamW moments,
+ * LayerNorm statistics, softmax and the loss stay fp32. In bf16 mode the
+ * GEMMs (gemm, linear_fwd, linear_bwd) round their operands to bf16 and
+ * accumulate in fp32; weights come from the compute copy registered with
+ * backend_add_compute_weights (a bf16 twin on CUDA, re-cast once per step by
+ * backend_recast_weights; on the CPU the rounding is emulated at the same
+ * points so CPU tests prove the logic).
+ */
+#ifndef TPTRAIN_BACKEND_H
+#define TPTRAIN_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } Dtype;
+typedef enum { ACT_RELU = 0, ACT_GELU = 1 } Activation;
+
+/* What a buffer holds: the categories of the memory report. */
+typedef enum {
+    MEM_MASTER = 0,  // fp32 master weights
+    MEM_COMPUTE,     // compute weights (bf16 twin on CUDA; an alias on the CPU: 0 bytes)
+    MEM_GRAD,        // gradients
+    MEM_OPTIM,       // optimizer state (AdamW m, v)
+    MEM_ACT,         // activations (carved once for the largest batch) and batch ids
+    MEM_WORKSPACE,   // the ops' workspace arena, GEMM workspace, step scalars, decode state
+    MEM_COMM,        // communication staging buffers
+    MEM_LIBRARY,     // CUDA context, cuBLASLt, NCCL: measured, not allocated here
+    MEM_N_TAGS
+} MemTag;
+
+typedef struct {
+    size_t cur[MEM_N_TAGS], peak[MEM_N_TAGS];
+    size_t total_cur, total_peak;  // all tags but MEM_LIBRARY: the allocator's figures
+    long n_allocs;                 // calls to backend_alloc so far
+} MemStats;
+
+const char *mem_tag_name(MemTag t);  // "master", "compute", ...
+
+typedef struct Backend Backend;
+#define BACKEND_MAX_WEIGHT_RANGES 8
+
+/* The table. Entries mirror ops.h one for one (see there for contracts);
+ * the memory entries serve the allocator functions below. Every entry is
+ * required. */
+typedef struct BackendOps {
+    const char *name;  // "cpu", "cuda"
+    /* memory (raw: the accounting is done by backend.c) */
+    void *(*dev_alloc)(Backend *be, size_t n_bytes);
+    void (*dev_free)(Backend *be, void *p);
+    void (*upload)(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes);
+    void (*download)(Backend *be, void *dst_host, const void *src_dev, size_t n_bytes);
+    void (*sync)(Backend *be);
+    void (*recast)(Backend *be, void *compute, const float *master, size_t n_elems);  // fp32 -> compute dtype
+    void (*destroy)(Backend *be);
+    /* ops */
+    void (*zero)(Backend *be, float *x, size_t n_elems);
+    void (*copy)(Backend *be, float *dst, const float *src, size_t n_elems);
+    void (*copy_ids)(Backend *be, int32_t *dst, const int32_t *src, size_t n_elems);
+    void (*gemm)(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
+                 const float *B, float beta, float *C);
+    void (*linear_fwd)(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
+                       int out);
+    void (*linear_bwd)(Backend *be, float *dx, float *dW, float *db, const float *dy, const float *x,
+                       const float *W, int N, int in, int out);
+    void (*bias_add)(Backend *be, float *y, const float *b, int N, int C);
+    void (*bias_bwd)(Backend *be, float *db, const float *dy, int N, int C);
+    void (*embedding_fwd)(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N,
+                          int C, int vocab_start, int V_local);
+    void (*embedding_bwd)(Backend *be, float *dtable, const float *dout, const int32_t *ids, float scale, int N,
+                          int C, int vocab_start, int V_local);
+    void (*add_positions)(Backend *be, float *x, int B, int T, int C);
+    void (*layernorm_fwd)(Backend *be, float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                          const float *beta, int N, int C, float eps);
+    void (*layernorm_bwd)(Backend *be, float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                          const float *mean, const float *rstd, const float *gamma, int N, int C);
+    void (*act_fwd)(Backend *be, float *y, const float *x, size_t n_elems, Activation act);
+    void (*act_bwd)(Backend *be, float *dx, const float *dy, const float *x, size_t n_elems, Activation act);
+    void (*add)(Backend *be, float *out, const float *a, const float *b, size_t n_elems);
+    void (*accumulate)(Backend *be, float *y, const float *x, size_t n_elems);
+    void (*scale)(Backend *be, float *x, float s, size_t n_elems);
+    void (*sum_acc)(Backend *be, float *acc, const float *x, size_t n_elems);
+    void (*sumsq_acc)(Backend *be, float *acc, const float *x, size_t n_elems);
+    void (*clip_coef)(Backend *be, float *norm_coef, const float *sumsq, int n_parts, float max_norm);
+    void (*scale_by)(Backend *be, float *x, const float *s, size_t n_elems);
+    void (*softmax_fwd)(Backend *be, float *P, const float *S, const int32_t *k_len, int B, int H, int Tq, int Tk,
+                        float scale, bool causal);
+    void (*softmax_bwd)(Backend *be, float *dS, const float *dP, const float *P, int B, int H, int Tq, int Tk,
+                        float scale);
+    void (*attention_fwd)(Backend *be, float *out, float *P, const float *q, const float *k, const float *v,
+                          const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal);
+    void (*attention_bwd)(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *P,
+                          const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
+                          int Tk, int D);
+    void (*dropout_fwd)(Backend *be, float *out, const float *x, size_t n_elems, float p, uint64_t seed,
+                        uint64_t stream);
+    void (*dropout_bwd)(Backend *be, float *dx, const float *dy, size_t n_elems, float p, uint64_t seed,
+                        uint64_t stream);
+    void (*xent_fwd)(Backend *be, float *losses, float *lse, const float *logits, const int32_t *targets, int N,
+                     int V, float eps, int32_t ignore_id);
+    void (*xent_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse, const int32_t *targets,
+                     float dloss, int N, int V, float eps, int32_t ignore_id);
+    void (*xent_vp_max)(Backend *be, float *row_max, const float *logits, int N, int V_local, int V_valid);
+    void (*xent_vp_sums)(Backend *be, float *stats, const float *logits, const float *row_max,
+                         const int32_t *targets, int N, int V_local, int V_valid, int vocab_start,
+                         int32_t ignore_id);
+    void (*xent_vp_loss)(Backend *be, float *losses, float *lse, const float *row_max, const float *stats,
+                         const int32_t *targets, int N, int V, float eps, int32_t ignore_id);
+    void (*xent_vp_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse,
+                        const int32_t *targets, float dloss, int N, int V_local, int V_valid, int vocab_start,
+                        int V, float eps, int32_t ignore_id);
+    void (*adamw)(Backend *be, float *p, const float *g, float *m, float *v, size_t n_elems, float lr,
+                  float beta1, float beta2, float eps, float wd, int t);
+} BackendOps;
+
+/* The context. Backends keep their private state behind impl. */
+struct Backend {
+    const BackendOps *ops;
+    BackendKind kind;
+    Dtype dtype;          // GEMM operand precision
+    bool host_visible;    // device pointers are host pointers (CPU)
+    int device;           // GPU ordinal (-1 on the CPU)
+    char device_name[128];
+    size_t device_total_bytes;  // GPU memory (0 on the CPU)
+    MemStats mem;
+    /* Master weights and their compute copies (backend_add_compute_weights):
+     * one range per model living on this backend. */
+    struct { const float *master; void *compute; size_t n_elems; } weights[BACKEND_MAX_WEIGHT_RANGES];
+    int n_weights;
+    /* workspace arena (backend_workspace) */
+    void *ws;
+    size_t ws_bytes;
+    struct BackendAlloc *allocs;  // live allocations (pointer, size, tag)
+    void *impl;
+};
+
+/* Which backend `--device auto|cpu|cuda` means here. */
+typedef enum { DEVICE_AUTO = 0, DEVICE_CPU = 1, DEVICE_CUDA = 2 } DeviceChoice;
+
+/* Creates the backend asked for. local_rank picks the GPU (local_rank %
+ * visible GPUs). auto = cuda when this build has CUDA and a GPU is
+ * visible, else cpu. NULL + one sentence in err when cuda is asked for and
+ * unavailable ("--device cuda: this build has no CUDA" / "no GPU is
+ * visible"). */
+Backend *backend_create(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len);
+void backend_destroy(Backend *be);
+/* Whether this build and machine can run the CUDA backend; the number of
+ * visible GPUs in *n_gpus (0 without CUDA). */
+bool backend_cuda_available(int *n_gpus);
+const char *dtype_name(Dtype d);
+
+/* Tagged allocation of device memory, zero-filled. Dies with a message
+ * naming the tag and size when the device is out of memory. */
+void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag);
+void backend_free(Backend *be, void *p);  // NULL is a no-op
+/* Notes memory a library took (measured by the caller), for the report. */
+void backend_note_library(Backend *be, size_t n_bytes);
+/* At least n_bytes of scratch for the ops that need it (grows, never shrinks;
+ * growing waits for queued work). Backends call it; callers may reserve. */
+void *backend_workspace(Backend *be, size_t n_bytes);
+
+void backend_upload(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes);
+void backend_download(Backend *be, void *dst_host, const void *src_dev, size_t n_bytes);
+void backend_sync(Backend *be);
+
+/* Host access to a whole device buffer (checkpoint and export points).
+ * backend_host_view: a readable host copy of n_elems floats, or the device
+ * pointer itself where device memory is host memory; release with
+ * backend_host_view_free. backend_host_stage: a writable host buffer for
+ * them (the device pointer itself, or a fresh one); backend_host_commit
+ * uploads it and releases it. */
+const float *backend_host_view(Backend *be, const float *dev, size_t n_elems);
+void backend_host_view_free(const float *view, const float *dev);
+float *backend_host_stage(Backend *be, float *dev, size_t n_elems);
+void backend_host_commit(Backend *be, float *dev, float *stage, size_t n_elems);
+
+/* Registers a model's master weights (fp32, n_elems) so that in bf16 mode
+ * the GEMMs read weights inside that range from a compute copy; allocates
+ * the copy (MEM_COMPUTE) where the backend keeps one (CUDA), and casts it.
+ * backend_remove_compute_weights forgets the range (and frees its copy). */
+void backend_add_compute_weights(Backend *be, const float *master, size_t n_elems);
+void backend_remove_compute_weights(Backend *be, const float *master);
+/* Re-casts every compute copy from its master weights (after each optimizer
+ * step, and after weights are loaded). */
+void backend_recast_weights(Backend *be);
+/* The compute copy of the weight tensor W (a pointer into a registered
+ * master range), or NULL when W is not in one or there is no copy. */
+const void *backend_compute_twin(const Backend *be, const float *W);
+
+#endif

@@ -1,0 +1,215 @@
+/* backend_cpu.c: the CPU backend: the fp32 reference ops (cpu_ops.h) in the
+ * table, host memory as "device" memory, copies as memcpy.
+ *
+ * bf16 mode emulates the GPU's mixed precision at the same points: the
+ * operands of gemm and the linear layers are rounded to bf16 (round to
+ * nearest even) in the workspace arena and multiplied with fp32
+ * accumulation; biases, bias gradients and everything else stay fp32. A
+ * CPU run in bf16 therefore shows what the rounding does to training
+ * without a GPU. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend.h"
+#include "bf16.h"
+#include "cpu_ops.h"
+#include "err.h"
+
+static void *cpu_dev_alloc(Backend *be, size_t n_bytes) {
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (n_bytes + 63) & ~(size_t)63)) return NULL;
+    memset(p, 0, n_bytes);
+    return p;
+}
+static void cpu_dev_free(Backend *be, void *p) { (void)be; free(p); }
+static void cpu_upload(Backend *be, void *dst, const void *src, size_t n) { (void)be; if (dst != src) memcpy(dst, src, n); }
+static void cpu_download(Backend *be, void *dst, const void *src, size_t n) { (void)be; if (dst != src) memcpy(dst, src, n); }
+static void cpu_sync(Backend *be) { (void)be; }
+static void cpu_recast(Backend *be, void *c, const float *m, size_t n) {  // never called: no copies on the CPU
+    (void)be, (void)c, (void)m, (void)n;
+}
+static void cpu_destroy(Backend *be) { free(be); }
+
+/* ---- bf16 emulation of the GEMM operands ---------------------------------------- */
+
+static const float *rounded(const float *x, size_t n, float *dst) {
+    for (size_t i = 0; i < n; i++) dst[i] = tp_bf16_round(x[i]);
+    return dst;
+}
+
+static float *operand_space(Backend *be, size_t n_elems) {
+    return backend_workspace(be, n_elems * sizeof(float));
+}
+
+static void t_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float alpha, const float *A, const float *B,
+                   float beta, float *C) {
+    if (be->dtype == DTYPE_BF16) {
+        const size_t nA = (size_t)M * K, nB = (size_t)K * N;
+        float *ws = operand_space(be, nA + nB);
+        A = rounded(A, nA, ws);
+        B = rounded(B, nB, ws + nA);
+    }
+    cpu_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
+}
+
+static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
+                         int out) {
+    if (be->dtype == DTYPE_BF16) {
+        const size_t nx = (size_t)N * in, nW = (size_t)out * in;
+        float *ws = operand_space(be, nx + nW);
+        x = rounded(x, nx, ws);
+        W = rounded(W, nW, ws + nx);
+    }
+    cpu_linear_fwd(y, x, W, b, N, in, out);
+}
+
+static void t_linear_bwd(Backend *be, float *dx, float *dW, float *db, const float *dy, const float *x,
+                         const float *W, int N, int in, int out) {
+    if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
+    if (be->dtype == DTYPE_BF16) {
+        const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
+        float *ws = operand_space(be, ndy + nx + nW);
+        dy = rounded(dy, ndy, ws);
+        if (dW) x = rounded(x, nx, ws + ndy);
+        if (dx) W = rounded(W, nW, ws + ndy + nx);
+    }
+    cpu_linear_bwd(dx, dW, NULL, dy, x, W, N, in, out);
+}
+
+/* ---- the rest: the reference as it is ------------------------------------------ */
+
+static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); }
+static void t_copy(Backend *be, float *d, const float *s, size_t n) { (void)be; cpu_copy(d, s, n); }
+static void t_copy_ids(Backend *be, int32_t *d, const int32_t *s, size_t n) {
+    (void)be;
+    if (d != s) memmove(d, s, n * sizeof *d);
+}
+static void t_bias_add(Backend *be, float *y, const float *b, int N, int C) { (void)be; cpu_bias_add(y, b, N, C); }
+static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) { (void)be; cpu_bias_bwd(db, dy, N, C); }
+static void t_embedding_fwd(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N, int C,
+                            int vs, int Vl) {
+    (void)be;
+    cpu_embedding_fwd(out, ids, table, scale, N, C, vs, Vl);
+}
+static void t_embedding_bwd(Backend *be, float *dt, const float *dout, const int32_t *ids, float scale, int N, int C,
+                            int vs, int Vl) {
+    (void)be;
+    cpu_embedding_bwd(dt, dout, ids, scale, N, C, vs, Vl);
+}
+static void t_add_positions(Backend *be, float *x, int B, int T, int C) { (void)be; cpu_add_positions(x, B, T, C); }
+static void t_layernorm_fwd(Backend *be, float *y, float *mean, float *rstd, const float *x, const float *g,
+                            const float *b, int N, int C, float eps) {
+    (void)be;
+    cpu_layernorm_fwd(y, mean, rstd, x, g, b, N, C, eps);
+}
+static void t_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const float *dy, const float *x,
+                            const float *mean, const float *rstd, const float *g, int N, int C) {
+    (void)be;
+    cpu_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, g, N, C);
+}
+static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
+static void t_act_bwd(Backend *be, float *dx, const float *dy, const float *x, size_t n, Activation a) {
+    (void)be;
+    cpu_act_bwd(dx, dy, x, n, a);
+}
+static void t_add(Backend *be, float *o, const float *a, const float *b, size_t n) { (void)be; cpu_add(o, a, b, n); }
+static void t_accumulate(Backend *be, float *y, const float *x, size_t n) { (void)be; cpu_accumulate(y, x, n); }
+static void t_scale(Backend *be, float *x, float s, size_t n) { (void)be; cpu_scale(x, s, n); }
+static void t_sum_acc(Backend *be, float *acc, const float *x, size_t n) { (void)be; cpu_sum_acc(acc, x, n); }
+static void t_sumsq_acc(Backend *be, float *acc, const float *x, size_t n) { (void)be; cpu_sumsq_acc(acc, x, n); }
+static void t_clip_coef(Backend *be, float *nc, const float *ss, int k, float max_norm) {
+    (void)be;
+    cpu_clip_coef(nc, ss, k, max_norm);
+}
+static void t_scale_by(Backend *be, float *x, const float *s, size_t n) { (void)be; cpu_scale_by(x, s, n); }
+static void t_softmax_fwd(Backend *be, float *P, const float *S, const int32_t *kl, int B, int H, int Tq, int Tk,
+                          float scale, bool causal) {
+    (void)be;
+    cpu_softmax_fwd(P, S, kl, B, H, Tq, Tk, scale, causal);
+}
+static void t_softmax_bwd(Backend *be, float *dS, const float *dP, const float *P, int B, int H, int Tq, int Tk,
+                          float scale) {
+    (void)be;
+    cpu_softmax_bwd(dS, dP, P, B, H, Tq, Tk, scale);
+}
+static void t_attention_fwd(Backend *be, float *out, float *P, const float *q, const float *k, const float *v,
+                            const int32_t *kl, int B, int H, int Tq, int Tk, int D, bool causal) {
+    (void)be;
+    cpu_attention_fwd(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal);
+}
+static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *P,
+                            const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
+                            int Tk, int D) {
+    (void)be;
+    cpu_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+}
+static void t_dropout_fwd(Backend *be, float *o, const float *x, size_t n, float p, uint64_t seed, uint64_t st) {
+    (void)be;
+    cpu_dropout_fwd(o, x, n, p, seed, st);
+}
+static void t_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, float p, uint64_t seed, uint64_t st) {
+    (void)be;
+    cpu_dropout_bwd(dx, dy, n, p, seed, st);
+}
+static void t_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
+                       float eps, int32_t ig) {
+    (void)be;
+    (void)cpu_xent_fwd(losses, lse, logits, t, N, V, eps, ig);
+}
+static void t_xent_bwd(Backend *be, float *dl, const float *logits, const float *lse, const int32_t *t, float dloss,
+                       int N, int V, float eps, int32_t ig) {
+    (void)be;
+    cpu_xent_bwd(dl, logits, lse, t, dloss, N, V, eps, ig);
+}
+static void t_xent_vp_max(Backend *be, float *rm, const float *logits, int N, int Vl, int Vv) {
+    (void)be;
+    cpu_xent_vp_max(rm, logits, N, Vl, Vv);
+}
+static void t_xent_vp_sums(Backend *be, float *st, const float *logits, const float *rm, const int32_t *t, int N,
+                           int Vl, int Vv, int vs, int32_t ig) {
+    (void)be;
+    cpu_xent_vp_sums(st, logits, rm, t, N, Vl, Vv, vs, ig);
+}
+static void t_xent_vp_loss(Backend *be, float *losses, float *lse, const float *rm, const float *st, const int32_t *t,
+                           int N, int V, float eps, int32_t ig) {
+    (void)be;
+    (void)cpu_xent_vp_loss(losses, lse, rm, st, t, N, V, eps, ig);
+}
+static void t_xent_vp_bwd(Backend *be, float *dl, const float *logits, const float *lse, const int32_t *t,
+                          float dloss, int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
+    (void)be;
+    cpu_xent_vp_bwd(dl, logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
+}
+static void t_adamw(Backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                    float eps, float wd, int t) {
+    (void)be;
+    cpu_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+}
+
+static const BackendOps CPU_OPS = {
+    .name = "cpu",
+    .dev_alloc = cpu_dev_alloc, .dev_free = cpu_dev_free, .upload = cpu_upload, .download = cpu_download,
+    .sync = cpu_sync, .recast = cpu_recast, .destroy = cpu_destroy,
+    .zero = t_zero, .copy = t_copy, .copy_ids = t_copy_ids, .gemm = t_gemm,
+    .linear_fwd = t_linear_fwd, .linear_bwd = t_linear_bwd, .bias_add = t_bias_add, .bias_bwd = t_bias_bwd,
+    .embedding_fwd = t_embedding_fwd, .embedding_bwd = t_embedding_bwd, .add_positions = t_add_positions,
+    .layernorm_fwd = t_layernorm_fwd, .layernorm_bwd = t_layernorm_bwd, .act_fwd = t_act_fwd,
+    .act_bwd = t_act_bwd, .add = t_add, .accumulate = t_accumulate, .scale = t_scale, .sum_acc = t_sum_acc,
+    .sumsq_acc = t_sumsq_acc, .clip_coef = t_clip_coef, .scale_by = t_scale_by, .softmax_fwd = t_softmax_fwd,
+    .softmax_bwd = t_softmax_bwd, .attention_fwd = t_attention_fwd, .attention_bwd = t_attention_bwd,
+    .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
+    .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,
+    .xent_vp_bwd = t_xent_vp_bwd, .adamw = t_adamw,
+};
+
+Backend *backend_cpu_create(Dtype dtype) {
+    Backend *be = TP_CALLOC(1, sizeof *be);
+    be->ops = &CPU_OPS;
+    be->kind = BACKEND_CPU;
+    be->dtype = dtype;
+    be->host_visible = true;
+    be->device = -1;
+    snprintf(be->device_name, sizeof be->device_name, "CPU");
+    return be;
+}

@@ -1,0 +1,495 @@
+#!/usr/bin/env bash
+# The whole GPU check in one run, on the GPU machine, from the repository
+# root, with the folder scripts/gpu_bundle.sh made here:
+#
+#   bash scripts/gpu_check.sh [BUNDLE_DIR] [CORPUS_DIR]     # default gpu_bundle
+#
+# GPU time is scarce, so one run does everything and keeps going after a
+# failure; every step has a timeout and the run ends within GPU_CHECK_BUDGET
+# seconds (default 540). Steps, in order (PASS / FAIL / SKIP with a reason):
+#   setup  the bundle, the GPU (nvidia-smi), the CUDA/cuBLASLt/NCCL/cuDNN
+#          libraries (toolkit folders, the system's, PyTorch's nvidia wheels),
+#          every bundled binary's libraries resolved (ldd), glibc and
+#          libstdc++ versions, train_mt --help (the flags later steps need),
+#          the corpus
+#   a      the GPU tests (label gpu in tests.tsv), and the CPU tests named by
+#          GPU_CHECK_CPU_TESTS (a regex, default ^(test_ops|compare_curves)$:
+#          canaries for the bundled OpenBLAS and python3)
+#   b      compute-sanitizer memcheck, racecheck, synccheck, initcheck on the
+#          GPU op tests and on 5 training steps (train_mt --device cuda)
+#   c      50 steps on the corpus: --device cpu, then --device cuda with
+#          --dtype fp32 and bf16 (same seed, data, flags, dropout 0); the
+#          curves judged by scripts/compare_curves.py (its bands)
+#   d      tp = 2, tp = 4 and dp = 2 on the one GPU through tprun (--comm shm),
+#          each against tp = 1 on the synthetic copy task, judged the same way
+#   e      scripts/bench_gpu.sh CORPUS_DIR, when the script exists
+# Output under $OUT (else ./gpu_report): report.md (environment, one line
+# per step with its time, totals), logs/STEP.log, the metrics files, and
+# nvidia-smi.txt, libraries.txt. Exit status 0 when no step failed.
+# Steps needing a train_mt flag (--device, --dtype, --comm) SKIP when
+# train_mt --help does not list it. Environment: GPU_CHECK_BUDGET (seconds),
+# GPU_CHECK_FORCE=1 (run the GPU steps even when no GPU is seen),
+# GPU_CHECK_CPU_TESTS, GPU_CHECK_TRAIN_STEPS (50), TPTRAIN_CORPUS_DIR,
+# CUDA_HOME, and for tests of this script GPU_CHECK_SMI (an nvidia-smi to
+# use, or none) and GPU_CHECK_SANITIZER (a compute-sanitizer, or none).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle_arg=${1:-gpu_bundle}
+corpus_arg=${2:-${TPTRAIN_CORPUS_DIR:-}}
+out=${OUT:-$PWD/gpu_report}
+budget=${GPU_CHECK_BUDGET:-540}
+cpu_tests_re=${GPU_CHECK_CPU_TESTS-^(test_ops|compare_curves)$}
+MIN_STEP_S=5          # a step with less time left than this is skipped
+SAN_TOOLS=(memcheck racecheck synccheck initcheck)
+SAN_TARGETS_RE='^(test_cuda_ops|test_cuda_gemm|test_backend_ops)$'
+# Training runs of steps c and d: the tiny preset, 50 steps, one log row per step.
+TRAIN_STEPS=${GPU_CHECK_TRAIN_STEPS:-50}
+# A training step's note: train_mt's "N steps in ..." line, or an error line.
+TRAIN_NOTE_RE='train_mt: [0-9]+ steps in|error|Error|ERROR|FAIL|not |refus|invalid'
+TRAIN_ARGS=(--preset tiny --max-steps "$TRAIN_STEPS" --lr 2e-3 --warmup 10 --log-interval 1
+            --eval-interval "$TRAIN_STEPS" --dropout 0 --seed 1)
+
+mkdir -p "$out/logs" || { echo "gpu_check: cannot create $out" >&2; exit 2; }
+out=$(cd "$out" && pwd)
+report=$out/report.md
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || { echo "gpu_check: mktemp failed" >&2; exit 2; }
+trap 'rm -rf "$work"' EXIT
+t_start=$SECONDS
+deadline=$((t_start + budget))
+phase_deadline=$deadline
+n_pass=0 n_fail=0 n_skip=0
+
+# ---- report ------------------------------------------------------------------------
+say() { echo "gpu_check: $*"; }
+note() { echo "$*" >> "$report"; }
+# record STATUS STEP SECONDS NOTE: one table row in report.md and one line on stdout.
+record() {
+  local status=$1 step=$2 secs=$3 text=${4//|/\\|}
+  text=${text//$'\n'/ }
+  case $status in PASS) n_pass=$((n_pass + 1)) ;; FAIL) n_fail=$((n_fail + 1)) ;; *) n_skip=$((n_skip + 1)) ;; esac
+  printf '| %s | %s | %s | %s |\n' "$status" "$step" "$secs" "${text:0:300}" >> "$report"
+  printf '%-4s  %-34s %7s s  %s\n' "$status" "$step" "$secs" "${text:0:200}"
+}
+skip() { record SKIP "$1" 0 "$2"; }
+# last_line LOG [REGEX]: the last line of a log matching REGEX (else the last
+# non-empty one), trimmed.
+last_line() {
+  local l
+  l=$( { [ -z "${2:-}" ] || grep -E -- "$2" "$1"; } 2>/dev/null | tail -n 1)
+  [ -n "$l" ] || l=$(grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1)
+  echo "$l" | tr -s ' \t' ' ' | cut -c1-240
+}
+# phase SECONDS: steps from here on end by now + SECONDS (and by the global deadline).
+phase() {
+  phase_deadline=$((SECONDS + $1))
+  [ "$phase_deadline" -le "$deadline" ] || phase_deadline=$deadline
+}
+
+# step NAME CAP CMD...: runs CMD with a timeout of CAP seconds (less when the
+# phase or the run is nearly out of time), output to logs/NAME.log, and
+# records the result with the log's last line (or its last line matching
+# $STEP_NOTE_RE). Exit 77 with a "gpu_check SKIP: why" line is a SKIP.
+# Returns 0 on PASS, 1 on FAIL, 2 on SKIP.
+step() {
+  local name=$1 cap=$2 log=$out/logs/$1.log rc t0 secs left
+  shift 2
+  left=$((phase_deadline - SECONDS))
+  if [ "$left" -lt "$MIN_STEP_S" ]; then
+    skip "$name" "time budget spent ($budget s for the run; GPU_CHECK_BUDGET)"
+    return 2
+  fi
+  [ "$cap" -le "$left" ] || cap=$left
+  t0=$(date +%s.%N)
+  echo "+ $*" > "$log"
+  timeout -k 5 "$cap" "$@" >> "$log" 2>&1 < /dev/null
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [ "$rc" -eq 0 ]; then
+    record PASS "$name" "$secs" "$(last_line "$log" "${STEP_NOTE_RE:-}")"
+    return 0
+  elif [ "$rc" -eq 77 ] && grep -q '^gpu_check SKIP: ' "$log"; then
+    record SKIP "$name" "$secs" "$(sed -n 's/^gpu_check SKIP: //p' "$log" | tail -n 1)"
+    return 2
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    record FAIL "$name" "$secs" "timed out after $cap s; last output: $(last_line "$log")"
+  else
+    record FAIL "$name" "$secs" "exit $rc: $(last_line "$log" "${STEP_NOTE_RE:-}")"
+  fi
+  return 1
+}
+
+# run_tsv LINE [PREFIX...]: runs one tests.tsv test (PREFIX, e.g. a sanitizer,
+# before its command) in its folder with its environment. Run through
+# `bash -c` by step(), so it reads BUNDLE and CORPUS from the environment.
+run_tsv() {
+  local line=$1 f e
+  shift
+  local -a fields cmd kv
+  IFS=$'\t' read -r -a fields <<< "$line"
+  if [[ $line == *@CORPUS@* ]] && [ -z "${CORPUS:-}" ]; then
+    echo "gpu_check SKIP: ${fields[0]} needs the corpus, and none was found"
+    return 77
+  fi
+  for f in "${fields[@]:5}"; do
+    f=${f//@BUNDLE@/$BUNDLE}
+    cmd+=("${f//@CORPUS@/${CORPUS:-}}")
+  done
+  local wd=${fields[3]//@BUNDLE@/$BUNDLE} env=${fields[4]//@BUNDLE@/$BUNDLE}
+  mkdir -p "$wd" && cd "$wd" || return 1
+  if [ "$env" != "-" ]; then
+    IFS=';' read -r -a kv <<< "${env//@CORPUS@/${CORPUS:-}}"
+    for e in "${kv[@]}"; do export "${e?}"; done
+  fi
+  exec "$@" "${cmd[@]}"
+}
+export -f run_tsv
+
+# ---- setup: the bundle ------------------------------------------------------------
+{
+  echo "# tptrain GPU check"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ); host: $(uname -n) ($(uname -srm))"
+} > "$report"
+if ! command -v timeout > /dev/null; then
+  echo "gpu_check: coreutils' timeout is missing; cannot bound the steps" | tee -a "$report" >&2
+  exit 2
+fi
+bundle=""
+if [ -f "$bundle_arg/tests.tsv" ] && [ -x "$bundle_arg/bin/train_mt" ]; then
+  bundle=$(cd "$bundle_arg" && pwd)
+fi
+BIN=$bundle/bin
+export BUNDLE=$bundle
+note "- bundle: ${bundle:-$bundle_arg (missing)}; $(grep -h '^commit' "$bundle/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
+note "- output: $out; time budget ${budget} s"
+
+# ---- setup: the GPU ------------------------------------------------------------------
+# GPU_CHECK_SMI: the nvidia-smi to use, or "none" to see no GPU (tests of this script).
+smi=${GPU_CHECK_SMI:-$(command -v nvidia-smi || true)}
+for c in /usr/bin/nvidia-smi /usr/local/nvidia/bin/nvidia-smi; do
+  [ -n "$smi" ] || { [ -x "$c" ] && smi=$c; }
+done
+have_gpu=0 gpu_note="" driver_cuda=""
+if [ "$smi" = none ]; then
+  gpu_note="no GPU (GPU_CHECK_SMI=none)"
+elif [ -n "$smi" ]; then
+  timeout 60 "$smi" > "$out/nvidia-smi.txt" 2>&1
+  smi_rc=$?
+  cat "$out/nvidia-smi.txt"
+  n_gpu=$(timeout 30 "$smi" -L 2>/dev/null | grep -c '^GPU ')
+  driver_cuda=$(sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' "$out/nvidia-smi.txt" | head -n 1)
+  gpu_line=$(timeout 30 "$smi" --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+  if [ "$n_gpu" -gt 0 ]; then
+    have_gpu=1 gpu_note="$n_gpu GPU(s): $gpu_line; driver supports CUDA ${driver_cuda:-?}"
+  else
+    gpu_note="nvidia-smi (exit $smi_rc) lists no GPU: $(last_line "$out/nvidia-smi.txt")"
+  fi
+elif nv=(/dev/nvidia[0-9]*) && [ -e "${nv[0]}" ]; then
+  have_gpu=1 gpu_note="no nvidia-smi, but ${nv[*]} present"
+else
+  gpu_note="no GPU: no nvidia-smi (PATH, /usr/bin, /usr/local/nvidia/bin) and no /dev/nvidia0"
+fi
+gpu_seen=$have_gpu
+[ "${GPU_CHECK_FORCE:-0}" = 1 ] && [ "$have_gpu" = 0 ] && have_gpu=1 gpu_note="$gpu_note (GPU_CHECK_FORCE=1: GPU steps run anyway)"
+note "- GPU: $gpu_note"
+built_cuda=$(sed -n 's/^nvcc \([0-9]*\).*/\1/p' "$bundle/BUILD_INFO" 2>/dev/null)
+if [ -n "$driver_cuda" ] && [ -n "$built_cuda" ] && [ "${driver_cuda%%.*}" -lt "$built_cuda" ]; then
+  note "- WARNING: the driver supports CUDA $driver_cuda but the bundle was built with CUDA $built_cuda: expect 'CUDA driver version is insufficient'"
+fi
+
+# ---- setup: libraries ------------------------------------------------------------------
+# Candidate folders, in order of preference: the toolkit (CUDA_HOME, then
+# /usr/local/cuda*, newest first), PyTorch's nvidia wheels and torch/lib for
+# python3 and /usr/bin/python3, then the system's folders and ld.so's cache.
+dirs=()
+add_dir() { local d; for d in "$@"; do [ -d "$d" ] && dirs+=("$(cd "$d" && pwd -P)"); done; }
+mapfile -t cuda_dirs < <(printf '%s\n' /usr/local/cuda-* | sort -rV)
+for c in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda "${cuda_dirs[@]}"; do
+  [ -n "$c" ] && add_dir "$c/lib64" "$c/lib" "$c/targets/x86_64-linux/lib"
+done
+pys=()
+for p in python3 /usr/bin/python3; do
+  p=$(command -v "$p" 2>/dev/null) || continue
+  [[ " ${pys[*]} " == *" $p "* ]] || pys+=("$p")
+done
+for p in "${pys[@]}"; do
+  # Without importing torch (slow): the folders holding shared libraries under
+  # the nvidia namespace package and torch/lib.
+  mapfile -t found < <(timeout 60 "$p" - 2>/dev/null <<'PY'
+import importlib.util, os
+roots = []
+for mod, sub in (("nvidia", ""), ("torch", "lib")):
+    try:
+        spec = importlib.util.find_spec(mod)
+    except Exception:
+        spec = None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        roots.append(os.path.join(loc, sub) if sub else loc)
+for r in roots:
+    for d, subdirs, files in os.walk(r):
+        if d[len(r):].count(os.sep) > 3:
+            subdirs[:] = []
+        if any(".so" in f for f in files):
+            print(d)
+PY
+)
+  [ "${#found[@]}" -gt 0 ] && add_dir "${found[@]}"
+done
+add_dir /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib
+mapfile -t dirs < <(printf '%s\n' "${dirs[@]}" | awk '!seen[$0]++')
+ldconfig_bin=$(command -v ldconfig || echo /sbin/ldconfig)
+ldcache=$("$ldconfig_bin" -p 2>/dev/null || true)
+# find_lib PATTERN: the first file matching PATTERN (a soname or a glob) in dirs, else ld.so's cache.
+find_lib() {
+  local d f
+  for d in "${dirs[@]}"; do
+    for f in "$d"/$1; do [ -e "$f" ] && { echo "$f"; return 0; }; done
+  done
+  awk -v s="$1" '$1 == s && /x86-64/ { print $NF; exit }' <<< "$ldcache" | grep . && return 0
+  return 1
+}
+needs=$bundle/needs.txt
+mapfile -t needed < <(grep -v '^#' "$needs" 2>/dev/null | grep $'\t' | cut -f2 | tr ' ' '\n' | grep '^lib' | sort -u)
+lib_dirs=()
+{
+  echo "# libraries (needed by the bundle: *; others reported only)"
+  for s in "${needed[@]}" libcuda.so.1 'libcudart.so.*' 'libcublasLt.so.*' 'libnccl.so.*' 'libcudnn.so.*'; do
+    mark=" "
+    for n in "${needed[@]}"; do [ "$n" = "$s" ] && mark="*"; done
+    if path=$(find_lib "$s"); then
+      echo "$mark $s => $path"
+      if [ "$mark" = "*" ] || [ "$s" = libcuda.so.1 ]; then lib_dirs+=("$(dirname "$path")"); fi
+    else
+      echo "$mark $s => not found"
+    fi
+  done
+} > "$out/libraries.txt"
+cat "$out/libraries.txt"
+system_dirs=" /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib64 /lib64 /usr/lib /lib "
+ld_path=$bundle/lib
+# libstdc++: the machine's when it has every GLIBCXX version the bundle uses, else the bundled one.
+glibcxx=$(sed -n 's/^glibcxx //p' "$needs" 2>/dev/null)
+sys_stdcxx=$(find_lib libstdc++.so.6 || true)
+if [ -n "$glibcxx" ] && [ "$glibcxx" != none ] \
+   && { [ -z "$sys_stdcxx" ] || ! grep -qa "GLIBCXX_$glibcxx" "$sys_stdcxx"; }; then
+  ld_path=$ld_path:$bundle/lib/fallback
+  stdcxx_note="bundled libstdc++ (the machine's ${sys_stdcxx:-none} lacks GLIBCXX_$glibcxx)"
+else
+  stdcxx_note="the machine's libstdc++ (${sys_stdcxx:-?}) has the GLIBCXX version needed (${glibcxx:-none})"
+fi
+for d in $(printf '%s\n' "${lib_dirs[@]}" | awk '!seen[$0]++'); do
+  [[ $system_dirs == *" $d "* ]] || ld_path=$ld_path:$d
+done
+export LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+note "- LD_LIBRARY_PATH: \`$LD_LIBRARY_PATH\`; $stdcxx_note"
+note "- libraries: $(grep -v '^#' "$out/libraries.txt" | sed 's/^[ *] //' | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+note
+note "| status | step | seconds | note |"
+note "| --- | --- | --- | --- |"
+
+# ---- setup steps ----------------------------------------------------------------------
+if [ -z "$bundle" ]; then
+  record FAIL setup.bundle 0 "no bundle at '$bundle_arg' (tests.tsv, bin/train_mt): run scripts/gpu_bundle.sh on the build machine and carry its folder"
+  note; note "**$n_pass passed, $n_fail failed, $n_skip skipped**"
+  exit 1
+fi
+record PASS setup.bundle 0 "$(grep -vc '^#' "$bundle/tests.tsv") tests in tests.tsv; built $(sed -n 's/^date //p' "$bundle/BUILD_INFO" 2>/dev/null)"
+if [ "$gpu_seen" = 1 ]; then record PASS setup.gpu 0 "$gpu_note"; else record FAIL setup.gpu 0 "$gpu_note"; fi
+
+# Every bundled binary's libraries, glibc's version.
+missing=""
+for b in "$BIN"/* "$BIN"/test/*; do
+  if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
+  nf=$(ldd "$b" 2>&1 | awk '/not found/ { print $1 }' | tr '\n' ' ')
+  [ -z "$nf" ] || missing="$missing ${b#"$bundle"/}: $nf;"
+done
+glibc_need=$(sed -n 's/^glibc //p' "$needs" 2>/dev/null)
+glibc_have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+glibc_ok=1
+if [ -n "$glibc_need" ] && [ "$glibc_need" != none ] && [ -n "$glibc_have" ] \
+   && [ "$(printf '%s\n%s\n' "$glibc_need" "$glibc_have" | sort -V | head -n 1)" != "$glibc_need" ]; then
+  glibc_ok=0
+fi
+if [ "$have_gpu" = 1 ] && grep -q '^  libcuda.so.1 => not found' "$out/libraries.txt"; then
+  missing="$missing the driver's libcuda.so.1;"
+fi
+if [ -n "$missing" ] || [ "$glibc_ok" = 0 ]; then
+  record FAIL setup.libs 0 "${missing:+not found:${missing%;} }$([ "$glibc_ok" = 0 ] && echo "glibc $glibc_have < $glibc_need needed")"
+else
+  record PASS setup.libs 0 "every bundled binary resolves its libraries; glibc ${glibc_have:-?} >= ${glibc_need:-?}"
+fi
+
+# train_mt --help: which of the flags the later steps need this build has.
+timeout 30 "$BIN/train_mt" --help > "$out/train_mt_help.txt" 2>&1
+help_rc=$?
+if [ "$help_rc" -eq 0 ]; then
+  flags=""
+  for f in --device --dtype --comm; do
+    grep -Eq -- "(^|[^a-z-])$f([^a-z-]|$)" "$out/train_mt_help.txt" && flags="$flags $f"
+  done
+  record PASS setup.train_mt 0 "train_mt --help lists:${flags:- none of --device, --dtype, --comm}"
+else
+  record FAIL setup.train_mt 0 "train_mt --help failed (exit $help_rc): $(last_line "$out/train_mt_help.txt")"
+fi
+has_flag() { [ "$help_rc" -eq 0 ] && [[ " $flags " == *" $1 "* ]]; }
+# why_not FLAGS...: empty when the GPU and every flag are there, else the reason to skip.
+why_not() {
+  local f
+  [ "$have_gpu" = 1 ] || { echo "no GPU (see setup.gpu)"; return; }
+  [ "$help_rc" -eq 0 ] || { echo "train_mt --help failed (see setup.train_mt)"; return; }
+  for f in "$@"; do has_flag "$f" || { echo "train_mt --help does not list $f (not in this build yet)"; return; }; done
+}
+
+# The corpus: the argument, $TPTRAIN_CORPUS_DIR, the places run_tests.sh
+# looks, else the copy packed in the bundle (unpacked into a scratch folder).
+CORPUS=""
+for c in "$corpus_arg" ../shared/data/small_parallel_enja data/small_parallel_enja shared/data/small_parallel_enja; do
+  if [ -n "$c" ] && [ -s "$c/train.en" ]; then CORPUS=$(cd "$c" && pwd); break; fi
+done
+if [ -z "$CORPUS" ] && [ -n "$corpus_arg" ]; then
+  record FAIL setup.corpus 0 "no corpus at '$corpus_arg' (no train.en)"
+elif [ -n "$CORPUS" ]; then
+  record PASS setup.corpus 0 "$CORPUS"
+else
+  tarballs=("$bundle"/data/*.tar.gz)
+  tarball=${tarballs[0]}
+  if [ -f "$tarball" ] && tar -xzf "$tarball" -C "$work" 2>> "$out/logs/setup.corpus.log"; then
+    for c in "$work"/*/train.en; do [ -s "$c" ] && CORPUS=$(dirname "$c"); done
+  fi
+  if [ -n "$CORPUS" ]; then record PASS setup.corpus 0 "unpacked ${tarball#"$bundle"/} (no corpus folder found)"
+  else record SKIP setup.corpus 0 "no corpus (argument, TPTRAIN_CORPUS_DIR, ../shared/data, data/, bundle data/): steps needing it skip"; fi
+fi
+export CORPUS
+py=/usr/bin/python3
+[ -x "$py" ] || py=$(command -v python3 || echo python3)
+compare=$root/scripts/compare_curves.py
+[ -f "$compare" ] || compare=$bundle/scripts/compare_curves.py
+
+# ---- a: GPU tests (and CPU canaries) --------------------------------------------------------
+cd "$work" || exit 2   # the training runs' scratch folder (tests.tsv tests run in their own)
+phase 180
+mapfile -t tsv < <(grep -v '^#' "$bundle/tests.tsv")
+n_gpu_tests=0
+for line in "${tsv[@]}"; do
+  IFS=$'\t' read -r name labels timeout_s _ <<< "$line"
+  if [[ ,$labels, == *,gpu,* ]]; then
+    n_gpu_tests=$((n_gpu_tests + 1))
+    if [ "$have_gpu" = 1 ]; then
+      step "a.$name" "$((timeout_s < 150 ? timeout_s : 150))" bash -c 'run_tsv "$@"' run_tsv "$line"
+    else
+      skip "a.$name" "no GPU (see setup.gpu)"
+    fi
+  elif [ -n "$cpu_tests_re" ] && [[ $name =~ $cpu_tests_re ]]; then
+    step "a.cpu.$name" "$((timeout_s < 120 ? timeout_s : 120))" bash -c 'run_tsv "$@"' run_tsv "$line"
+  fi
+done
+[ "$n_gpu_tests" -gt 0 ] || record FAIL a.gpu_tests 0 "tests.tsv has no test labelled gpu (built without CUDA?)"
+
+# ---- b: compute-sanitizer -------------------------------------------------------------------
+phase 200
+san=${GPU_CHECK_SANITIZER:-}
+[ "$san" != none ] || san=""
+[ -n "${GPU_CHECK_SANITIZER:-}" ] || for c in "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" /usr/local/cuda/bin/compute-sanitizer \
+         "${cuda_dirs[@]/%//bin/compute-sanitizer}" "$(command -v compute-sanitizer)"; do
+  if [ -n "$c" ] && [ -x "$c" ]; then san=$c; break; fi
+done
+san_targets=()
+for line in "${tsv[@]}"; do
+  name=${line%%$'\t'*}
+  [[ $name =~ $SAN_TARGETS_RE ]] && san_targets+=("$line")
+done
+train_why=$(why_not --device)
+if [ -z "$san" ]; then
+  skip b.sanitizer "compute-sanitizer not found (CUDA_HOME/bin, /usr/local/cuda*/bin, PATH)"
+elif [ "$have_gpu" != 1 ]; then
+  skip b.sanitizer "no GPU (see setup.gpu)"
+else
+  say "compute-sanitizer: $san ($("$san" --version 2>/dev/null | tail -n 1))"
+  [ "${#san_targets[@]}" -gt 0 ] || skip b.op_tests "tests.tsv has none of test_cuda_ops, test_cuda_gemm, test_backend_ops"
+  for tool in "${SAN_TOOLS[@]}"; do
+    sargs=("$san" --tool "$tool" --error-exitcode 99 --print-limit 100 --target-processes all)
+    for line in "${san_targets[@]}"; do
+      IFS=$'\t' read -r name _ timeout_s _ <<< "$line"
+      step "b.$tool.$name" "$((timeout_s < 90 ? timeout_s : 90))" bash -c 'run_tsv "$@"' run_tsv "$line" "${sargs[@]}"
+    done
+    if [ -n "$train_why" ]; then
+      skip "b.$tool.train_mt" "$train_why"
+    else
+      STEP_NOTE_RE='ERROR SUMMARY|steps in' step "b.$tool.train_mt" 90 "${sargs[@]}" \
+        "$BIN/train_mt" --device cuda --task copy --preset tiny --max-steps 5 --log-interval 1 --seed 1
+    fi
+  done
+fi
+
+# ---- c: CPU vs GPU on the corpus ------------------------------------------------------------
+phase 200
+# judge NAME BAND REF RUN REFNAME RUNNAME: the curve comparison as a step.
+judge() {
+  step "$1" 30 "$py" "$compare" --band "$2" --names "$5,$6" "$3" "$4"
+}
+c_why=$(why_not --device --dtype)
+[ -n "$CORPUS" ] || c_why=${c_why:-no corpus}
+if [ -n "$c_why" ]; then
+  for s in cpu cuda_fp32 cuda_bf16; do skip "c.$s" "$c_why"; done
+else
+  data=(--data "$CORPUS" --cache-dir "$work/cache")
+  STEP_NOTE_RE=$TRAIN_NOTE_RE step c.cpu 240 \
+    "$BIN/train_mt" --device cpu "${data[@]}" "${TRAIN_ARGS[@]}" --metrics "$out/c_cpu.jsonl"
+  cpu_rc=$?
+  for dt in fp32 bf16; do
+    if STEP_NOTE_RE=$TRAIN_NOTE_RE step "c.cuda_$dt" 120 \
+         "$BIN/train_mt" --device cuda --dtype "$dt" "${data[@]}" "${TRAIN_ARGS[@]}" --metrics "$out/c_cuda_$dt.jsonl" \
+       && [ "$cpu_rc" -eq 0 ]; then
+      judge "c.compare_$dt" "$dt" "$out/c_cpu.jsonl" "$out/c_cuda_$dt.jsonl" cpu "cuda_$dt"
+    else
+      skip "c.compare_$dt" "needs c.cpu and c.cuda_$dt to pass"
+    fi
+  done
+fi
+
+# ---- d: tensor and data parallel on one GPU ---------------------------------------------------
+phase 180
+d_why=$(why_not --device --comm)
+if [ -n "$d_why" ]; then
+  for s in tp1 tp2 tp4 dp2; do skip "d.$s" "$d_why"; done
+else
+  # fp32 when the build has --dtype (the tight band), else its default precision.
+  d_dtype=() band=bf16
+  if has_flag --dtype; then d_dtype=(--dtype fp32); band=fp32; fi
+  # The synthetic copy task, as test_parallel.sh: a global batch of 32 sequences
+  # that dp splits (the corpus batcher budgets tokens per dp rank, so dp would
+  # change the batches); GELU keeps a pre-activation near 0 from flipping a
+  # ReLU between layouts.
+  d_args=(--device cuda "${d_dtype[@]}" --task copy --batch-size 32 "${TRAIN_ARGS[@]}" --activation gelu)
+  if STEP_NOTE_RE=$TRAIN_NOTE_RE step d.tp1 120 \
+       "$BIN/train_mt" "${d_args[@]}" --metrics "$out/d_tp1.jsonl"; then
+    for layout in "tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2"; do
+      read -r lname nproc lflags <<< "$layout"
+      # shellcheck disable=SC2086  # lflags: the layout's flags, split on purpose
+      if STEP_NOTE_RE=$TRAIN_NOTE_RE step "d.$lname" 120 \
+           "$BIN/tprun" --standalone --nproc_per_node "$nproc" "$BIN/train_mt" "${d_args[@]}" --comm shm $lflags \
+           --comm-timeout 60 --metrics "$out/d_$lname.jsonl"; then
+        judge "d.compare_$lname" "$band" "$out/d_tp1.jsonl" "$out/d_$lname.jsonl" tp1 "$lname"
+      fi
+    done
+  else
+    for s in tp2 tp4 dp2; do skip "d.$s" "needs d.tp1 to pass"; done
+  fi
+fi
+
+# ---- e: benchmark --------------------------------------------------------------------------------
+phase "$budget"
+if [ ! -f "$root/scripts/bench_gpu.sh" ]; then
+  skip e.bench_gpu "scripts/bench_gpu.sh is not in this tree"
+elif [ "$have_gpu" != 1 ]; then
+  skip e.bench_gpu "no GPU (see setup.gpu)"
+else
+  step e.bench_gpu 600 env TPTRAIN_BIN="$BIN" BENCH_DIR="$out/bench" bash "$root/scripts/bench_gpu.sh" "${CORPUS:-}"
+fi
+
+total=$((SECONDS - t_start))
+note
+note "**$n_pass passed, $n_fail failed, $n_skip skipped** in $total s. Logs: logs/STEP.log."
+say "$n_pass passed, $n_fail failed, $n_skip skipped in $total s; report: $report"
+[ "$n_fail" -eq 0 ]

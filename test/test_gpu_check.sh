@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh without a GPU: a fake bundle around this build and
+# stand-ins for nvidia-smi and compute-sanitizer drive every path of the
+# script, so that the one GPU run it gets is not spent on a script bug.
+#  - bin/train_mt wraps the real (CPU) train_mt: it lists the flags named in
+#    FAKE_FLAGS in --help and drops them, so "--device cuda" trains on CPU;
+#  - tests.tsv holds a passing "GPU" op test (test_cuda_ops), one that hangs
+#    (timeout), a CPU canary, and a test that needs the corpus.
+# Scenarios:
+#  1. a fake GPU and every flag: each step runs; c (corpus given) and d
+#     (tp 2, tp 4, dp 2 vs tp 1) compare their curves and PASS; the hang is
+#     a FAIL "timed out"; no compute-sanitizer step fails;
+#  2. no GPU: every GPU step SKIPs, setup.gpu FAILs, nothing else runs long;
+#  3. train_mt without --dtype and --comm, and a 6 s budget: c and d SKIP
+#     naming the flag, later steps SKIP for lack of time, the run stays short.
+# Usage: test_gpu_check.sh GPU_CHECK_SH BUILD_DIR [CORPUS_DIR]
+set -euo pipefail
+script=$1 build=$2 corpus=${3:-}
+if [ -s "$corpus/train.en" ]; then corpus=$(cd "$corpus" && pwd -P); else corpus=""; fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+
+# ---- the fake bundle -------------------------------------------------------------
+b=$work/bundle fake=$work/fakebin
+mkdir -p "$b/bin/test" "$b/lib/fallback" "$fake"
+touch "$b/.gpu_bundle"
+cat > "$b/bin/train_mt" <<EOF
+#!/usr/bin/env bash
+# Test stand-in: the CPU train_mt, with the flags in \$FAKE_FLAGS listed and ignored
+# and those in \$FAKE_HIDE left out of --help (a train_mt that lacks them).
+args=()
+while [ \$# -gt 0 ]; do
+  case " \${FAKE_FLAGS:-} " in *" \$1 "*) shift 2; continue ;; esac
+  if [ "\$1" = --help ]; then
+    hide='^\$'
+    for f in \${FAKE_HIDE:-}; do hide="\$hide|^ *\$f "; done
+    "$build/train_mt" --help | grep -Ev -- "\$hide"
+    for f in \${FAKE_FLAGS:-}; do echo "  \$f VALUE              (test stand-in)"; done
+    exit 0
+  fi
+  args+=("\$1"); shift
+done
+exec "$build/train_mt" "\${args[@]}"
+EOF
+ln -s "$build/tprun" "$b/bin/tprun"
+printf '#!/bin/sh\necho "test_cuda_ops (stand-in): 7 checks, 0 failed"\n' > "$b/bin/test/test_cuda_ops"
+printf '#!/bin/sh\necho "hanging"\nsleep 600\n' > "$b/bin/test/test_hang"
+# shellcheck disable=SC2016  # expanded by the stand-in, not here
+printf '#!/bin/sh\necho "cpu_ok: in $(pwd), corpus arg: $1, FAKE_VAR=$FAKE_VAR"\n' > "$b/bin/test/cpu_ok"
+chmod +x "$b/bin/train_mt" "$b"/bin/test/*
+{
+  printf '# name labels timeout folder env command...\n'
+  printf 'test_cuda_ops\tgpu\t300\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_cuda_ops\n'
+  printf 'test_hang\tgpu\t2\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_hang\n'
+  printf 'cpu_ok\tcpu\t60\t@BUNDLE@/bin/test\tFAKE_VAR=1\t@BUNDLE@/bin/test/cpu_ok\tplain\n'
+  printf 'needs_corpus\tcpu\t60\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/cpu_ok\t@CORPUS@\n'
+} > "$b/tests.tsv"
+printf 'glibc 2.17\nglibcxx none\nbin/train_mt\t-\n' > "$b/needs.txt"
+printf 'commit fake\ndate now\nnvcc 13.0\n' > "$b/BUILD_INFO"
+cat > "$fake/nvidia-smi" <<'EOF'
+#!/bin/sh
+case "$1" in
+  -L) echo "GPU 0: Fake H100 (UUID: GPU-00000000)" ;;
+  --query-gpu=*) echo "Fake H100, 580.00, 81559 MiB" ;;
+  *) echo "| NVIDIA-SMI 580.00   Driver Version: 580.00   CUDA Version: 13.0 |" ;;
+esac
+EOF
+cat > "$fake/compute-sanitizer" <<'EOF'
+#!/bin/sh
+# Test stand-in: drops its options, runs the program, reports like the real one.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tool|--error-exitcode|--print-limit|--target-processes) shift 2 ;;
+    --version) echo "stand-in sanitizer"; exit 0 ;;
+    *) break ;;
+  esac
+done
+"$@"; rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+EOF
+chmod +x "$fake"/*
+
+# check_run NAME ENV...: gpu_check.sh from a scratch folder (no corpus nearby) with ENV.
+check_run() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  mkdir -p "$work/$name"
+  (cd "$work/$name" && env OUT="$work/$name/out" GPU_CHECK_CPU_TESTS='^(cpu_ok|needs_corpus)$' \
+     GPU_CHECK_SANITIZER="$fake/compute-sanitizer" "$@" \
+     timeout 600 bash "$script" "$b" > "$work/$name/stdout.txt" 2>&1) || rc=$?
+  echo "$name: exit $rc in $((SECONDS - t0)) s"
+  report=$work/$name/out/report.md
+  [ -f "$report" ] || { bad "$name: no report.md"; cat "$work/$name/stdout.txt"; return; }
+  echo "$rc" > "$work/$name/rc"
+  echo "$((SECONDS - t0))" > "$work/$name/secs"
+}
+# row NAME STATUS STEP [TEXT]: report.md has STEP with STATUS (and TEXT in its note).
+row() {
+  local name=$1 status=$2 stp=$3 text=${4:-} line
+  line=$(grep -F "| $stp |" "$work/$name/out/report.md" | head -n 1)
+  if [[ $line == "| $status | $stp |"* ]] && [[ $line == *"$text"* ]]; then
+    ok "$name: $stp $status${text:+ ($text)}"
+  else
+    bad "$name: $stp: expected $status${text:+ with \"$text\"}, got: ${line:-no row}"
+  fi
+}
+norow() { if grep -qF "| $2 |" "$work/$1/out/report.md"; then bad "$1: unexpected row $2"; else ok "$1: no $2 row"; fi; }
+# check WHAT CMD...: CMD must succeed.
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+max_steps=3
+
+# ---- 1. a fake GPU, every flag ----------------------------------------------------------
+c_args=()
+[ -z "$corpus" ] || c_args=(TPTRAIN_CORPUS_DIR="$corpus")
+check_run full GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" \
+  GPU_CHECK_TRAIN_STEPS=$max_steps "${c_args[@]}"
+row full PASS setup.gpu "Fake H100"
+row full PASS setup.train_mt "--device --dtype --comm"
+row full PASS a.test_cuda_ops "7 checks, 0 failed"
+row full FAIL a.test_hang "timed out after 2 s"
+row full PASS a.cpu.cpu_ok "corpus arg: plain, FAKE_VAR=1"
+for tool in memcheck racecheck synccheck initcheck; do
+  row full PASS "b.$tool.test_cuda_ops" "ERROR SUMMARY: 0 errors"
+  row full PASS "b.$tool.train_mt" "ERROR SUMMARY: 0 errors"
+done
+norow full b.memcheck.test_hang
+if [ -n "$corpus" ]; then
+  row full PASS a.cpu.needs_corpus "corpus arg: $corpus"
+  row full PASS c.cpu
+  row full PASS c.cuda_fp32
+  row full PASS c.compare_fp32 "PASS fp32"
+  row full PASS c.compare_bf16 "PASS bf16"
+  check "full: c metrics kept" grep -q '"loss"' "$work/full/out/c_cuda_bf16.jsonl"
+else
+  row full SKIP a.cpu.needs_corpus "needs the corpus"
+  row full SKIP c.cpu "no corpus"
+fi
+for l in tp2 tp4 dp2; do
+  row full PASS "d.$l"
+  row full PASS "d.compare_$l" "PASS fp32"
+done
+row full SKIP e.bench_gpu "bench_gpu.sh"
+check "full: exit 1 (a step failed; got $(cat "$work/full/rc"))" [ "$(cat "$work/full/rc")" = 1 ]
+check "full: step logs" test -s "$work/full/out/logs/d.tp4.log"
+check "full: nvidia-smi printed" grep -q 'CUDA Version: 13.0' "$work/full/stdout.txt"
+check "full: totals line" grep -Eq '[0-9]+ passed, [1-9][0-9]* failed, [0-9]+ skipped' "$work/full/out/report.md"
+check "full: training notes" grep -q '| PASS | d.tp2 | [0-9.]* | \[rank 0\] train_mt: 3 steps in' "$work/full/out/report.md"
+
+# ---- 2. no GPU ------------------------------------------------------------------------------------
+check_run nogpu GPU_CHECK_SMI=none FAKE_FLAGS="--device --dtype --comm"
+row nogpu FAIL setup.gpu "no GPU"
+row nogpu SKIP a.test_cuda_ops "no GPU"
+row nogpu SKIP a.test_hang "no GPU"
+row nogpu PASS a.cpu.cpu_ok
+row nogpu SKIP b.sanitizer "no GPU"
+for s in c.cpu c.cuda_fp32 c.cuda_bf16 d.tp1 d.tp2 d.tp4 d.dp2; do row nogpu SKIP "$s" "no GPU"; done
+row nogpu SKIP e.bench_gpu
+n=$(grep -c '^| FAIL' "$work/nogpu/out/report.md")
+check "nogpu: setup.gpu is the only FAIL ($n FAIL rows)" [ "$n" -eq 1 ]
+check "nogpu: short run ($(cat "$work/nogpu/secs") s)" [ "$(cat "$work/nogpu/secs")" -lt 30 ]
+
+# ---- 3. flags missing, tight budget -----------------------------------------------------------
+check_run tight GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device" FAKE_HIDE="--dtype --comm" GPU_CHECK_BUDGET=6 \
+  GPU_CHECK_TRAIN_STEPS=$max_steps "${c_args[@]}"
+row tight PASS setup.train_mt "--device"
+for s in c.cpu c.cuda_fp32 c.cuda_bf16; do row tight SKIP "$s" "does not list --dtype"; done
+for s in d.tp1 d.tp2 d.tp4 d.dp2; do row tight SKIP "$s" "does not list --comm"; done
+check "tight: steps skipped for lack of time" grep -q '^| SKIP | [^|]* | 0 | time budget spent' "$work/tight/out/report.md"
+check "tight: ended in $(cat "$work/tight/secs") s with a 6 s budget" [ "$(cat "$work/tight/secs")" -lt 20 ]
+
+# ---- 4. no bundle ---------------------------------------------------------------------------------
+rc=0
+OUT=$work/nobundle bash "$script" "$work/absent" > "$work/nobundle.txt" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ] && grep -q '| FAIL | setup.bundle |' "$work/nobundle/report.md"; then
+  ok "no bundle: FAIL setup.bundle, exit $rc"
+else
+  bad "no bundle: exit $rc"; cat "$work/nobundle.txt"
+fi
+
+if [ "$fails" -ne 0 ]; then
+  for r in "$work"/*/out/report.md; do echo "---- $r"; cat "$r"; done
+  echo "$fails check(s) failed"
+  exit 1
+fi
+echo "gpu_check: all checks passed"
