@@ -28,6 +28,7 @@
 #include "clock.h"
 #include "err.h"
 #include "mt.h"
+#include "parse.h"
 #include "tp/checkpoint.h"
 #include "tp/runtime.h"
 #include "transformer/export.h"
@@ -47,6 +48,7 @@ typedef struct {
     int batch_tokens, spm_vocab;
     bool strict;
     int max_steps, epochs, log_interval, eval_interval, beam;
+    bool steps_given;        // --max-steps on the command line (not the preset's)
     unsigned long long seed;
     const char *save_dir, *metrics_path, *resume, *export_dir;
     int save_interval, keep_last;
@@ -102,26 +104,33 @@ static void usage(FILE *f) {
             "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s; step, dev_loss, dev_bleu\n");
 }
 
-/* Integer flag value, refusing junk with the flag's name. */
-static long parse_long(const char *flag, const char *s, long lo, long hi) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "train_mt: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, s);
+/* Flag values through the project's strict parser (common/parse.h): a
+ * refusal is one sentence naming the flag and the value, then exit 2. */
+static long flag_int(const char *flag, const char *s, long lo, long hi) {
+    char err[256];
+    long v;
+    if (parse_int(flag, s, lo, hi, &v, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
         exit(2);
     }
     return v;
 }
 
-static float parse_float(const char *flag, const char *s) {
-    char *end;
-    float v = strtof(s, &end);
-    if (*s == '\0' || *end != '\0' || !isfinite(v)) {
-        fprintf(stderr, "train_mt: %s expects a number, got '%s'\n", flag, s);
+/* A real in [lo, hi] with the ends opened by `open` (PARSE_LO_OPEN, PARSE_HI_OPEN). */
+static double flag_real(const char *flag, const char *s, double lo, double hi, int open) {
+    char err[256];
+    double v;
+    if (parse_double_in(flag, s, lo, hi, open, &v, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
         exit(2);
     }
     return v;
 }
+
+/* Bounds of the run length: steps are counted in int (and the dropout key's
+ * 32-bit step), so a run, however it is asked for, stays below this. */
+#define MAX_RUN_STEPS (1L << 30)
+#define MAX_EPOCHS (1L << 20)
 
 /* Training defaults per preset: tiny is sized so that a CPU run (4 ranks
  * on 2 cores) ends in about 10 minutes with the loss falling and a dev BLEU
@@ -226,21 +235,21 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case O_PRESET: break;
-        case O_DMODEL: a->cfg.d_model = (int)parse_long("--d-model", optarg, 1, 65536); break;
-        case O_HEADS: a->cfg.n_heads = (int)parse_long("--heads", optarg, 1, 1024); break;
-        case O_FFN: a->cfg.d_ff = (int)parse_long("--ffn-hidden-size", optarg, 1, 1 << 20); break;
+        case O_DMODEL: a->cfg.d_model = (int)flag_int("--d-model", optarg, 1, 65536); break;
+        case O_HEADS: a->cfg.n_heads = (int)flag_int("--heads", optarg, 1, 1024); break;
+        case O_FFN: a->cfg.d_ff = (int)flag_int("--ffn-hidden-size", optarg, 1, 1 << 20); break;
         case O_LAYERS:
-            a->cfg.enc_layers = a->cfg.dec_layers = (int)parse_long("--layers", optarg, 0, 255);
+            a->cfg.enc_layers = a->cfg.dec_layers = (int)flag_int("--layers", optarg, 0, 255);
             break;
-        case O_ENC: a->cfg.enc_layers = (int)parse_long("--encoder-layers", optarg, 0, 255); break;
-        case O_DEC: a->cfg.dec_layers = (int)parse_long("--decoder-layers", optarg, 0, 255); break;
+        case O_ENC: a->cfg.enc_layers = (int)flag_int("--encoder-layers", optarg, 0, 255); break;
+        case O_DEC: a->cfg.dec_layers = (int)flag_int("--decoder-layers", optarg, 0, 255); break;
         case O_VOCAB:
-            a->cfg.vocab_size = (int)parse_long("--vocab-size", optarg, 1, 1 << 24);
+            a->cfg.vocab_size = (int)flag_int("--vocab-size", optarg, 1, 1 << 24);
             vocab_given = true;
             break;
-        case O_MAXLEN: a->cfg.max_len = (int)parse_long("--max-len", optarg, 2, 1 << 16); break;
-        case O_DROPOUT: a->cfg.dropout = parse_float("--dropout", optarg); break;
-        case O_LS: a->cfg.label_smoothing = parse_float("--label-smoothing", optarg); break;
+        case O_MAXLEN: a->cfg.max_len = (int)flag_int("--max-len", optarg, 2, 1 << 16); break;
+        case O_DROPOUT: a->cfg.dropout = (float)flag_real("--dropout", optarg, 0.0, 1.0, PARSE_HI_OPEN); break;
+        case O_LS: a->cfg.label_smoothing = (float)flag_real("--label-smoothing", optarg, 0.0, 1.0, PARSE_HI_OPEN); break;
         case O_ACT:
             if (activation_parse(optarg, &a->cfg.act)) {
                 fprintf(stderr, "train_mt: --activation must be relu or gelu, got '%s'\n", optarg);
@@ -254,24 +263,27 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
             }
             a->synthetic = true;
             break;
-        case O_BS: a->batch_size = (int)parse_long("--batch-size", optarg, 1, 1 << 20); break;
-        case O_MINLEN: a->min_len = (int)parse_long("--min-len", optarg, 1, 1 << 16); break;
-        case O_SEQLEN: a->max_len = (int)parse_long("--seq-len", optarg, 1, 1 << 16); break;
-        case O_LR: a->opt.lr = parse_float("--lr", optarg); break;
-        case O_WARMUP: a->opt.warmup = (int)parse_long("--warmup", optarg, 0, 1 << 30); break;
-        case O_WD: a->opt.weight_decay = parse_float("--weight-decay", optarg); break;
-        case O_CLIP: a->opt.clip_norm = parse_float("--clip-grad", optarg); break;
-        case O_B1: a->opt.beta1 = parse_float("--adam-beta1", optarg); break;
-        case O_B2: a->opt.beta2 = parse_float("--adam-beta2", optarg); break;
-        case O_EPS: a->opt.eps = parse_float("--adam-eps", optarg); break;
-        case O_STEPS: a->max_steps = (int)parse_long("--max-steps", optarg, 1, 1 << 30); break;
-        case O_EPOCHS: a->epochs = (int)parse_long("--epochs", optarg, 1, 1 << 20); break;
-        case O_LOGI: a->log_interval = (int)parse_long("--log-interval", optarg, 1, 1 << 30); break;
-        case O_EVALI: a->eval_interval = (int)parse_long("--eval-interval", optarg, 1, 1 << 30); break;
-        case O_SEED: a->seed = (unsigned long long)parse_long("--seed", optarg, 0, 0x7fffffffL); break;
+        case O_BS: a->batch_size = (int)flag_int("--batch-size", optarg, 1, 1 << 20); break;
+        case O_MINLEN: a->min_len = (int)flag_int("--min-len", optarg, 1, 1 << 16); break;
+        case O_SEQLEN: a->max_len = (int)flag_int("--seq-len", optarg, 1, 1 << 16); break;
+        case O_LR: a->opt.lr = (float)flag_real("--lr", optarg, 0.0, 10.0, PARSE_LO_OPEN); break;
+        case O_WARMUP: a->opt.warmup = (int)flag_int("--warmup", optarg, 0, 1 << 30); break;
+        case O_WD: a->opt.weight_decay = (float)flag_real("--weight-decay", optarg, 0.0, 100.0, 0); break;
+        case O_CLIP: a->opt.clip_norm = (float)flag_real("--clip-grad", optarg, 0.0, 1e6, 0); break;
+        case O_B1: a->opt.beta1 = (float)flag_real("--adam-beta1", optarg, 0.0, 1.0, PARSE_HI_OPEN); break;
+        case O_B2: a->opt.beta2 = (float)flag_real("--adam-beta2", optarg, 0.0, 1.0, PARSE_HI_OPEN); break;
+        case O_EPS: a->opt.eps = (float)flag_real("--adam-eps", optarg, 0.0, 1.0, PARSE_LO_OPEN); break;
+        case O_STEPS:
+            a->max_steps = (int)flag_int("--max-steps", optarg, 1, MAX_RUN_STEPS);
+            a->steps_given = true;
+            break;
+        case O_EPOCHS: a->epochs = (int)flag_int("--epochs", optarg, 1, MAX_EPOCHS); break;
+        case O_LOGI: a->log_interval = (int)flag_int("--log-interval", optarg, 1, 1 << 30); break;
+        case O_EVALI: a->eval_interval = (int)flag_int("--eval-interval", optarg, 1, 1 << 30); break;
+        case O_SEED: a->seed = (unsigned long long)flag_int("--seed", optarg, 0, 0x7fffffffL); break;
         case O_SAVE: a->save_dir = optarg; break;
-        case O_SAVEI: a->save_interval = (int)parse_long("--save-interval", optarg, 1, 1 << 30); break;
-        case O_KEEP: a->keep_last = (int)parse_long("--keep-last", optarg, 1, 1 << 20); break;
+        case O_SAVEI: a->save_interval = (int)flag_int("--save-interval", optarg, 1, 1 << 30); break;
+        case O_KEEP: a->keep_last = (int)flag_int("--keep-last", optarg, 1, 1 << 20); break;
         case O_RESUME: a->resume = optarg; break;
         case O_EXPORT: a->export_dir = optarg; break;
         case O_METRICS: a->metrics_path = optarg; break;
@@ -283,13 +295,13 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 exit(2);
             }
             break;
-        case O_SPMV: a->spm_vocab = (int)parse_long("--spm-vocab-size", optarg, 16, 1 << 20); break;
+        case O_SPMV: a->spm_vocab = (int)flag_int("--spm-vocab-size", optarg, 16, 1 << 20); break;
         case O_STRICT: a->strict = true; break;
-        case O_BTOK: a->batch_tokens = (int)parse_long("--batch-tokens", optarg, 1, 1 << 30); break;
-        case O_BEAM: a->beam = (int)parse_long("--beam", optarg, 0, 100); break;
-        case O_TP: a->tp = (int)parse_long("--tp", optarg, 1, 4096); break;
-        case O_DP: a->dp = (int)parse_long("--dp", optarg, 1, 1 << 20); break;
-        case O_CTIMEOUT: a->comm_timeout = parse_float("--comm-timeout", optarg); break;
+        case O_BTOK: a->batch_tokens = (int)flag_int("--batch-tokens", optarg, 1, 1 << 30); break;
+        case O_BEAM: a->beam = (int)flag_int("--beam", optarg, 0, 100); break;
+        case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
+        case O_DP: a->dp = (int)flag_int("--dp", optarg, 1, 1 << 20); break;
+        case O_CTIMEOUT: a->comm_timeout = flag_real("--comm-timeout", optarg, 0.0, 1e6, PARSE_LO_OPEN); break;
         case O_DEVICE: a->device = parse_device(optarg); break;
         case O_DTYPE:
             if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) {
@@ -311,6 +323,16 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     }
     if (optind < argc) {
         fprintf(stderr, "train_mt: unexpected argument '%s'\n", argv[optind]);
+        exit(2);
+    }
+    if (a->epochs && a->steps_given) {
+        fprintf(stderr, "train_mt: --epochs %d and --max-steps %d both set the length of the run; give one of them\n",
+                a->epochs, a->max_steps);
+        exit(2);
+    }
+    if (a->epochs && a->synthetic) {
+        fprintf(stderr, "train_mt: --epochs %d counts passes over a corpus; a --task run takes --max-steps\n",
+                a->epochs);
         exit(2);
     }
     if (!a->synthetic && vocab_given) {
@@ -346,6 +368,20 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                         "weight decay >= 0)\n");
         exit(2);
     }
+}
+
+/* Steps of the run: --max-steps (or the preset's), or --epochs passes over
+ * n_batches global batches, counted in 64 bits and bounded so the step
+ * counter never wraps. A run too long for it is refused (exit 2). */
+static int run_steps(const TrainArgs *a, int n_batches) {
+    if (!a->epochs) return a->max_steps;
+    const int64_t steps = (int64_t)a->epochs * (int64_t)n_batches;
+    if (steps < 1 || steps > MAX_RUN_STEPS) {
+        fprintf(stderr, "train_mt: --epochs %d is %lld steps at %d batches per epoch; a run takes 1 to %ld steps\n",
+                a->epochs, (long long)steps, n_batches, MAX_RUN_STEPS);
+        exit(2);
+    }
+    return (int)steps;
 }
 
 /* Where batches come from: the corpus, or a synthetic task. */
@@ -767,8 +803,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
-    int total = a.max_steps;
-    if (a.epochs > 0 && !a.synthetic) total = a.epochs * src.train.n_batches;
+    int total = run_steps(&a, a.synthetic ? 0 : src.train.n_batches);
     AdamW opt;
     adamw_init(&opt, be, &a.opt, m.tab.n_elems);
     int first_step = 1;

@@ -15,6 +15,12 @@
 #include "data/bleu.h"
 #include "err.h"
 #include "mt.h"
+#include "parse.h"
+
+/* Flag bounds: beyond them a run is a typo, not a setting. */
+#define MAX_BEAM 1000
+#define MAX_LENPEN 10.0
+#define MAX_BATCH (1 << 20)
 
 typedef struct {
     char **line;
@@ -87,9 +93,9 @@ static void usage(FILE *f) {
                "  --src FILE      source sentences, one per line (default: stdin)\n"
                "  --ref FILE      references: print corpus BLEU-4 on stderr\n"
                "  --score         with --ref: print log p(ref | src) of each pair instead of translating\n"
-               "  --beam K        beam size (default 5; 0 = greedy)\n"
-               "  --lenpen A      length penalty: score / length^A (default 1.0)\n"
-               "  --batch-size N  sentences decoded together (default 64)\n");
+               "  --beam K        beam size, 0 to 1000 (default 5; 0 = greedy)\n"
+               "  --lenpen A      length penalty: score / length^A, A in [0, 10] (default 1.0)\n"
+               "  --batch-size N  sentences decoded together, 1 to 1048576 (default 64)\n");
 }
 
 int main(int argc, char **argv) {
@@ -104,36 +110,34 @@ int main(int argc, char **argv) {
         {0, 0, 0, 0},
     };
     int c;
-    char *end;
+    long v;
+    double d;
+    char perr[256];
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int bad = 0;
         switch (c) {
         case 'm': model_dir = optarg; break;
         case 's': src_path = optarg; break;
         case 'r': ref_path = optarg; break;
         case 'S': score = 1; break;
         case 'b':
-            beam = (int)strtol(optarg, &end, 10);
-            if (*end || beam < 0 || beam > 1000) {
-                fprintf(stderr, "translate_mt: --beam expects an integer in [0, 1000], got '%s'\n", optarg);
-                return 2;
-            }
+            bad = parse_int("--beam", optarg, 0, MAX_BEAM, &v, perr, sizeof perr);
+            if (!bad) beam = (int)v;
             break;
         case 'l':
-            lenpen = strtof(optarg, &end);
-            if (*end) {
-                fprintf(stderr, "translate_mt: --lenpen expects a number, got '%s'\n", optarg);
-                return 2;
-            }
+            bad = parse_double("--lenpen", optarg, 0.0, MAX_LENPEN, &d, perr, sizeof perr);
+            if (!bad) lenpen = (float)d;
             break;
         case 'B':
-            batch = (int)strtol(optarg, &end, 10);
-            if (*end || batch < 1) {
-                fprintf(stderr, "translate_mt: --batch-size expects a positive integer, got '%s'\n", optarg);
-                return 2;
-            }
+            bad = parse_int("--batch-size", optarg, 1, MAX_BATCH, &v, perr, sizeof perr);
+            if (!bad) batch = (int)v;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "translate_mt: %s\n", perr);
+            return 2;
         }
     }
     if (!model_dir || optind < argc) {

@@ -222,6 +222,64 @@ static void test_exports(void) {
     model_free(&m);
 }
 
+/* Every float field finite and bounded, the field named: an infinite
+ * ln_eps would be written to config.json as null. */
+static void test_float_fields(void) {
+    ModelConfig base, c;
+    char err[256];
+    CHECK(config_preset("tiny", &base, err, sizeof err) == 0, "%s", err);
+    c = base;
+    c.ln_eps = INFINITY;
+    expect_config_refused(c, "ln_eps must be a finite number in (0, 1], got inf");
+    c.ln_eps = NAN;
+    expect_config_refused(c, "ln_eps must be a finite number in (0, 1], got ");
+    c.ln_eps = 2.0f;
+    expect_config_refused(c, "ln_eps must be a finite number in (0, 1], got 2");
+    c.ln_eps = 0.0f;
+    expect_config_refused(c, "ln_eps must be a finite number in (0, 1], got 0");
+    c.ln_eps = 1e-12f;
+    CHECK(config_validate(&c, err, sizeof err) == 0, "ln_eps 1e-12 refused: %s", err);
+    c = base;
+    c.dropout = NAN;
+    expect_config_refused(c, "dropout must be in [0, 1), got ");
+    c.dropout = -0.1f;
+    expect_config_refused(c, "dropout must be in [0, 1), got -0.1");
+    c = base;
+    c.label_smoothing = INFINITY;
+    expect_config_refused(c, "label_smoothing must be in [0, 1), got inf");
+    c.label_smoothing = NAN;
+    expect_config_refused(c, "label_smoothing must be in [0, 1), got ");
+    c.label_smoothing = 1.0f;
+    expect_config_refused(c, "label_smoothing must be in [0, 1), got 1");
+    /* config.json: a float beyond a float's range is refused with its field,
+     * not turned into inf; a round trip of a valid config is exact. */
+    char *json = config_to_json(&base);
+    ModelConfig back;
+    CHECK(config_from_json(json, &back, err, sizeof err) == 0 && config_diff(&base, &back, err, sizeof err) == NULL,
+          "config.json round trip: %s", err);
+    char *at = strstr(json, "\"ln_eps\":");
+    CHECK(at != NULL, "config.json has no ln_eps: %s", json);
+    if (at) {
+        char *text = malloc(strlen(json) + 64);
+        char *colon = strchr(at, ':') + 1, *rest = strpbrk(colon, ",}");
+        const char *values[] = {"1e39", "1e999", "-1e39", "2", "0", "-1e-5"};
+        const char *phrases[] = {"field 'ln_eps' is 1e+39, beyond the range of a 32-bit float",
+                                 "field 'ln_eps' is inf, beyond the range of a 32-bit float",
+                                 "field 'ln_eps' is -1e+39, beyond the range of a 32-bit float",
+                                 "ln_eps must be a finite number in (0, 1], got 2",
+                                 "ln_eps must be a finite number in (0, 1], got 0",
+                                 "ln_eps must be a finite number in (0, 1], got -1e-05"};
+        for (int i = 0; i < 6; i++) {
+            sprintf(text, "%.*s %s%s", (int)(colon - json), json, values[i], rest);
+            err[0] = 0;
+            CHECK(config_from_json(text, &back, err, sizeof err) != 0, "ln_eps %s accepted from JSON", values[i]);
+            CHECK(strstr(err, phrases[i]) != NULL, "ln_eps %s: message '%s' lacks '%s'", values[i], err, phrases[i]);
+        }
+        free(text);
+    }
+    free(json);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/test_bad_input.XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -229,6 +287,7 @@ int main(void) {
         return 1;
     }
     test_configs();
+    test_float_fields();
     test_exports();
     remove_tree(g_dir);
     return check_report("test_bad_input");

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The launcher end to end, with tprun_worker as the launched program:
 # environment, prefixed output, log files, failure by exit code and by
-# signal, SIGTERM to tprun, a worker that ignores SIGTERM, standalone jobs
-# side by side, two nodes on this machine, restarts, program lookup.
+# signal, a rank that exits 0 early, one fatal error line with one rank
+# prefix, SIGTERM to tprun, a worker that ignores SIGTERM, standalone jobs
+# side by side, two nodes on this machine, restarts, program lookup, and the
+# shared memory of a tprun killed with SIGKILL while its ranks form groups
+# (removed by the next tprun; a live job's untouched).
 # Every failure path must leave no process behind: workers carry a marker
 # argument unique to this run and pgrep looks for it after tprun returns.
 # Usage: test_tprun.sh BUILD_DIR [TPRUN_WORKER]
@@ -130,6 +133,31 @@ else
     bad "SIGKILL: rc $rc after $dt s, stderr: $(cat "$d/err")"
 fi
 no_leftovers "SIGKILL"
+
+# ---- a rank exits 0 early, another fails after it: the early one is named ----
+d=$work/exit0 && mkdir "$d"
+timeout 20 "$tprun" --nproc_per_node 3 "$worker" run "$d" "$marker" --exit0-rank 1 --fail-rank 0 --code 3 \
+    --fail-after 1 > "$d/out" 2> "$d/err"
+rc=$?
+last=$(tail -n 1 "$d/err")
+if [ $rc -eq 1 ] && [[ $last =~ ^"tprun: rank 1 (local rank 1, pid "[0-9]+") on host ".*" exited 0 early, while other ranks were still running, and the job failed after it: rank 0 (local rank 0, pid "[0-9]+") exit code 3"$ ]]
+then
+    ok "a rank exiting 0 early is named in the final line: $last"
+else
+    bad "early exit 0: rc $rc, final line: $last"
+fi
+no_leftovers "early exit 0"
+
+# ---- a fatal error under tprun: the rank once, from tprun ----
+d=$work/die && mkdir "$d"
+timeout 20 "$tprun" --nproc_per_node 2 "$worker" die > "$d/out" 2> "$d/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^\[rank 1\] error: rank 1 stops on purpose (" "$d/err" && ! grep -q "\[rank 1\] \[rank" "$d/err"
+then
+    ok "a fatal error line carries one rank prefix: $(grep 'stops on purpose' "$d/err")"
+else
+    bad "fatal error prefix: rc $rc: $(cat "$d/err")"
+fi
 
 # ---- SIGTERM to tprun ----
 d=$work/term && mkdir "$d"
@@ -268,6 +296,51 @@ timeout 30 "$tprun" --nproc_per_node 2 "$worker" run "$d" "$marker" --fail-once-
 rc=$?
 [ $rc -eq 1 ] && [ ! -f "$d/pid_0_1" ] && ok "without --max_restarts the same job fails" || bad "no restart: rc $rc"
 no_leftovers "restarts"
+
+# ---- shared memory of a job killed (SIGKILL to tprun) while its ranks form groups ----
+d=$work/shm && mkdir -p "$d/dead" "$d/live"
+"$tprun" --nproc_per_node 2 "$worker" shm-form "$d/dead" > /dev/null 2>&1 &
+tdead=$!
+"$tprun" --nproc_per_node 2 "$worker" shm-form "$d/live" > /dev/null 2>&1 &
+tlive=$!
+seg_ready() {  # $1: folder the worker names its segment in; waits until it exists with its owner record
+    local t=0
+    while :; do
+        [ -f "$1/shm_name" ] && [ "$(stat -c %s "/dev/shm/$(cat "$1/shm_name")" 2>/dev/null || echo 0)" -gt 64 ] &&
+            return 0
+        sleep 0.05
+        t=$((t + 1))
+        [ $t -gt 200 ] && return 1
+    done
+}
+if seg_ready "$d/dead" && seg_ready "$d/live"; then
+    dead_seg=/dev/shm/$(cat "$d/dead/shm_name")
+    live_seg=/dev/shm/$(cat "$d/live/shm_name")
+    kill -KILL $tdead
+    wait $tdead 2> /dev/null
+    sleep 0.3  # the kernel delivers PR_SET_PDEATHSIG's SIGKILL to the ranks
+    if [ -e "$dead_seg" ]; then
+        ok "tprun killed while rank 0 formed its group: $(basename "$dead_seg") is left in /dev/shm ($(stat -c %s "$dead_seg") bytes)"
+        "$tprun" --nproc_per_node 1 "$worker" env "$d" > /dev/null 2> "$d/err"
+        rc=$?
+        if [ $rc -eq 0 ] && [ ! -e "$dead_seg" ] && [ -e "$live_seg" ] &&
+            grep -Eq "^tprun: removed [0-9]+ shared-memory segments? \([0-9.]+ MiB\) left in /dev/shm by jobs that died$" "$d/err"
+        then
+            ok "the next tprun removed the dead job's segment, not the live job's: $(grep removed "$d/err")"
+        else
+            bad "reclaim: rc $rc, dead segment $(ls "$dead_seg" 2>&1), live segment $(ls "$live_seg" 2>&1): $(cat "$d/err")"
+        fi
+    else
+        bad "the killed job's segment vanished by itself: nothing to reclaim"
+    fi
+    kill -TERM $tlive
+    wait $tlive 2> /dev/null
+    rm -f "$live_seg" "$dead_seg"
+else
+    bad "shm-form workers did not create their segments"
+    kill -KILL $tdead $tlive 2> /dev/null
+    wait $tdead $tlive 2> /dev/null
+fi
 
 # ---- program lookup next to tprun; bad invocations ----
 d=$work/lookup && mkdir -p "$d/bin" "$d/cwd"

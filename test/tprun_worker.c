@@ -8,9 +8,14 @@
  *   tprun_worker env DIR                DIR/env_<RANK>: the launcher's variables; a few output lines
  *   tprun_worker store                  rendezvous of all ranks through the job's store
  *   tprun_worker run DIR MARKER [--fail-rank R --code C] [--kill-rank R] [--fail-once-rank R]
- *                [--ignore-term] [--child] [--seconds S]
+ *                [--exit0-rank R] [--fail-after S] [--ignore-term] [--child] [--seconds S]
  *       writes DIR/pid_<RANK>_<RESTART> (and cpid_... for --child's process), then behaves as told; sleeps S
- *       seconds (3600) and exits 0. MARKER only tags the command line for pgrep.
+ *       seconds (3600) and exits 0. --exit0-rank's rank exits 0 after 0.3 s; --fail-rank's rank fails after
+ *       --fail-after seconds (0.3). MARKER only tags the command line for pgrep.
+ *   tprun_worker die                    rank 1 ends through the project's fatal-error path (TP_CHECK)
+ *   tprun_worker shm-form DIR           rank 0 starts forming the shared-memory group "world" of the job
+ *                                       (writes DIR/shm_name once its segment exists); the others never
+ *                                       join: the job stays in that window until it is killed
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -24,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "err.h"
+#include "tp/comm_shm.h"
 #include "tp/store.h"
 
 static int env_int(const char *name) {
@@ -118,14 +125,16 @@ fail:
 static int mode_run(int argc, char **argv) {
     if (argc < 4) return 2;
     const char *dir = argv[2];
-    int fail_rank = -1, code = 1, kill_rank = -1, fail_once_rank = -1, ignore_term = 0, child = 0;
-    double seconds = 3600;
+    int fail_rank = -1, code = 1, kill_rank = -1, fail_once_rank = -1, exit0_rank = -1, ignore_term = 0, child = 0;
+    double seconds = 3600, fail_after = 0.3;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--fail-rank") && i + 1 < argc) fail_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--code") && i + 1 < argc) code = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kill-rank") && i + 1 < argc) kill_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fail-once-rank") && i + 1 < argc) fail_once_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--exit0-rank") && i + 1 < argc) exit0_rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fail-after") && i + 1 < argc) fail_after = atof(argv[++i]);
         else if (!strcmp(argv[i], "--ignore-term")) ignore_term = 1;
         else if (!strcmp(argv[i], "--child")) child = 1;
         else {
@@ -155,8 +164,13 @@ static int mode_run(int argc, char **argv) {
     rename(tmp, path);  // appears complete
     printf("rank %d running (restart %d)\n", rank, restart);
     fflush(stdout);
-    if (rank == fail_rank || (rank == fail_once_rank && restart == 0)) {
+    if (rank == exit0_rank) {
         sleep_s(0.3);
+        printf("rank %d exits 0 early on purpose\n", rank);
+        return 0;
+    }
+    if (rank == fail_rank || (rank == fail_once_rank && restart == 0)) {
+        sleep_s(rank == fail_rank ? fail_after : 0.3);
         fprintf(stderr, "rank %d exits with %d on purpose\n", rank, rank == fail_rank ? code : 1);
         return rank == fail_rank ? code : 1;
     }
@@ -168,12 +182,44 @@ static int mode_run(int argc, char **argv) {
     return 0;
 }
 
+static int mode_die(void) {
+    int rank = env_int("RANK");
+    tp_set_log_rank(rank);  // as train_mt does with several ranks
+    TP_CHECK(rank != 1, "rank %d stops on purpose", rank);
+    sleep_s(3600);
+    return 0;
+}
+
+static int mode_shm_form(const char *dir) {
+    const char *job = getenv("TPRUN_JOB_ID");
+    int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
+    if (!job || rank < 0 || world < 2) return 2;
+    if (rank != 0) {
+        sleep_s(3600);
+        return 0;
+    }
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/shm_name", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return 1;
+    fprintf(f, "tpt-%s-world\n", job);  // comm_shm's name for a plain job id and group
+    fclose(f);
+    rename(tmp, path);
+    char err[512];
+    Comm *c = comm_shm_create(job, "world", 0, world, 3600.0, err, sizeof err);  // waits for peers that never come
+    fprintf(stderr, "shm-form: %s\n", c ? "the group formed" : err);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && !strcmp(argv[1], "free-port")) return free_port();
     if (argc >= 3 && !strcmp(argv[1], "env")) return mode_env(argv[2]);
     if (argc >= 2 && !strcmp(argv[1], "store")) return mode_store();
     if (argc >= 4 && !strcmp(argv[1], "run")) return mode_run(argc, argv);
-    fprintf(stderr, "usage: tprun_worker free-port | env DIR | store | run DIR MARKER [options]\n");
+    if (argc >= 2 && !strcmp(argv[1], "die")) return mode_die();
+    if (argc >= 3 && !strcmp(argv[1], "shm-form")) return mode_shm_form(argv[2]);
+    fprintf(stderr, "usage: tprun_worker free-port | env DIR | store | run DIR MARKER [options] | die | shm-form DIR\n");
     return 2;
 }

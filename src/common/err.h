@@ -15,7 +15,9 @@
 #include <string.h>
 #include <errno.h>
 
-/* Rank shown in messages: set once by the runtime (-1 = not parallel). */
+/* This process's rank (-1 = not parallel): set once by the program. Fatal
+ * messages show it, unless the process runs under tprun, which labels
+ * every line itself. */
 int tp_log_rank(void);
 void tp_set_log_rank(int rank);
 

@@ -32,9 +32,10 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "tp/shm_reclaim.h"
 
 #define SHM_MAGIC 0x316d68732d747074ULL  // "tpt-shm1"
-#define SHM_VERSION 2u  // 2: point-to-point rings
+#define SHM_VERSION 3u  // 2: point-to-point rings; 3: the owner record first (shm_reclaim.h)
 #define MAX_RANKS 1024
 #define NAME_MAX_LEN 96
 
@@ -243,11 +244,11 @@ static Comm *create_fail(ShmComm *c, const char *name, int unlink_name, char *er
     return NULL;
 }
 
-/* Rank 0: replace any stale segment of this name, create, initialise, and
- * publish the job key last. */
+/* Rank 0: reclaim segments of dead jobs and any stale one of this name,
+ * create with this process as the recorded owner, initialise, and publish
+ * the job key last. */
 static int create_segment(ShmComm *c, const char *name, const char *job_id, uint64_t key, int *created) {
-    shm_unlink(name);
-    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    int fd = shm_owned_create(name);
     if (fd < 0) return shm_fail(c, "comm %s: cannot create shared memory %s (%s)", c->group, name, strerror(errno));
     *created = 1;
     int rc = posix_fallocate(fd, 0, (off_t)c->map_bytes);  // fail here, not with SIGBUS when /dev/shm is full
@@ -321,7 +322,15 @@ static int try_join(ShmComm *c, const char *name, const char *job_id, uint64_t k
         bad = "its creator has exited";
     else {
         int32_t expected = 0;
-        if (atomic_compare_exchange_strong(&c->words[c->rank].pid, &expected, (int32_t)getpid())) return 1;
+        if (atomic_compare_exchange_strong(&c->words[c->rank].pid, &expected, (int32_t)getpid())) {
+            /* Every rank that has a pid here has mapped the segment: the last
+             * one to claim its slot takes the name away at once (of several
+             * claiming together, at least one sees them all). */
+            int all = 1;
+            for (int q = 0; q < c->size && all; q++) all = atomic_load(&c->words[q].pid) != 0;
+            if (all) shm_unlink(name);
+            return 1;
+        }
         snprintf(why, why_len, "rank %d of the shared memory %s is already taken by pid %d", c->rank, name,
                  (int)expected);
     }

@@ -3,8 +3,11 @@
  * Group rank 0 creates a POSIX shared-memory segment named from the job id
  * and the group name and writes the job id into it last; the others open it
  * (retrying until the timeout) and check the id, so a stale segment left by
- * a killed job is never joined. Once every member has attached, the name is
- * unlinked: nothing is left in /dev/shm whatever happens to the job later.
+ * a killed job is never joined. The last member to attach unlinks the name:
+ * from then on nothing is left in /dev/shm whatever happens to the job. A
+ * job killed while its groups form leaves its segments named; they carry
+ * their creator's pid (shm_reclaim.h), and the next rank 0 to create one,
+ * or the next tprun, removes those whose creator is dead.
  * Each rank's pid is in the segment: a waiting rank notices a dead peer
  * (kill(pid, 0) fails) and errors at once instead of waiting for the timeout.
  * Buffers are host memory, or device memory once comm_set_device_copy has

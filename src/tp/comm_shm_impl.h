@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include "tp/comm_impl.h"
+#include "tp/shm_reclaim.h"
 
 #define SLOT_BYTES ((size_t)4 << 20)        // per rank slot: the chunk of every collective
 #define STAGE_BYTES SLOT_BYTES              // host staging buffer for device buffers (see comm_set_device_copy)
@@ -28,6 +29,7 @@ typedef enum { K_ALLREDUCE, K_REDUCE_SCATTER, K_ALLGATHER, K_BROADCAST, K_BARRIE
 extern const char *const SHM_KIND_NAME[];
 
 typedef struct {
+    ShmOwner owner;  // first, written before anything else: stale segments are reclaimed by it (shm_reclaim.h)
     uint64_t magic;
     uint32_t version;
     int32_t size;

@@ -15,25 +15,26 @@
 #include <time.h>
 #include <unistd.h>
 #include "err.h"
+#include "parse.h"
 #include "tp/comm_shm.h"
 #ifdef TPTRAIN_HAVE_NCCL
 #include "tp/comm_nccl.h"
 #include "tp/store.h"
 #endif
 
-/* Integer environment variable; -1 + err when present but malformed. */
+/* Integer environment variable set by the launcher, through the project's
+ * strict parser: unset means `fallback`; anything else (empty included)
+ * must be a whole decimal number in [0, 2^20]. -1 + err when it is not. */
 static int env_int(const char *name, int fallback, int *out, char *err, size_t err_len) {
     const char *v = getenv(name);
-    if (!v || !*v) {
+    if (!v) {
         *out = fallback;
         return 0;
     }
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < 0 || x > 1 << 20) {
-        tp_error_set(err, err_len, "environment variable %s='%s' is not a non-negative integer", name, v);
-        return -1;
-    }
+    char what[64];
+    snprintf(what, sizeof what, "environment variable %s", name);
+    long x;
+    if (parse_int(what, v, 0, 1L << 20, &x, err, err_len)) return -1;
     *out = (int)x;
     return 0;
 }
@@ -203,7 +204,9 @@ static int nccl_groups(Runtime *rt, const RuntimeOptions *opt, char *err, size_t
             return -1;
         }
         char why[512];
-        store = store_connect(addr, atoi(port), token, opt->timeout_s, why, sizeof why);
+        long port_n;
+        if (parse_int("environment variable MASTER_PORT", port, 1, 65535, &port_n, err, err_len)) return -1;
+        store = store_connect(addr, (int)port_n, token, opt->timeout_s, why, sizeof why);
         if (!store) {
             tp_error_set(err, err_len, "cannot reach tprun's store for NCCL: %s", why);
             return -1;

@@ -24,9 +24,22 @@
  *             stored as decimal text, so a GET of a counter reads "3".
  *   status OK 0, MISSING 1, BAD 2 (value = one sentence: why).
  * Keys are 1..1024 bytes, values up to 64 MiB, tokens 1..256 bytes. An
- * unauthenticated connection may only send a small AUTH header and is
- * dropped after STORE_AUTH_WINDOW_S, so nobody without the token can make
- * the server allocate or wait.
+ * unauthenticated connection may only send a small AUTH header, so nobody
+ * without the token can make the server allocate or wait.
+ *
+ * Unauthenticated connections are also bounded in time and number, so idle
+ * sockets opened by anyone who can reach the port cannot fill the server's
+ * descriptor table (accept() then fails with EMFILE and a naive loop spins
+ * while real clients wait in the backlog): one that has not authenticated
+ * within STORE_AUTH_WINDOW_S is dropped; at most STORE_MAX_UNAUTHED are
+ * held, and at the cap the oldest one (if at least STORE_EVICT_AGE_S old)
+ * is dropped for each newcomer, so a real client, whose AUTH follows its
+ * connect at once, gets in. A dropped connection receives a BAD reply ("not
+ * authenticated in time") before the close, and store_connect starts over on
+ * it until its own timeout; a wrong token is still closed without a word.
+ * When accept() runs out of descriptors the server stops accepting for
+ * STORE_ACCEPT_PAUSE_S rather than spin. Authenticated connections are
+ * never dropped for any of this.
  *
  * A client is one socket: use one StoreClient per thread. After any I/O
  * error or timeout mid-reply the stream is out of step, so the client
@@ -63,7 +76,11 @@ enum { ST_OK = 0, ST_MISSING = 1, ST_BAD = 2 };
 #define STORE_KEY_MAX 1024
 #define STORE_VAL_MAX ((uint64_t)64 << 20)
 #define STORE_TOKEN_MAX 256
-#define STORE_AUTH_WINDOW_S 10.0  // an unauthenticated connection lives this long at most
+#define STORE_AUTH_WINDOW_S 1.0   // an unauthenticated connection lives this long at most
+#define STORE_MAX_UNAUTHED 64      // unauthenticated connections held at once (well below any fd limit)
+#define STORE_EVICT_AGE_S 0.1      // at the cap, the oldest is dropped for a newcomer once this old
+#define STORE_ACCEPT_PAUSE_S 0.1   // accept() out of descriptors: stop accepting this long
+#define STORE_DROP_MSG "not authenticated in time; connect again"
 #define STORE_IO_TIMEOUT_S 120.0  // bound on a reply that needs no waiting (SET, CHECK, ADD)
 #define STORE_GET_SLACK_S 30.0    // the server answers a GET at its deadline; allow this on top
 #define N_BUCKETS 1024
@@ -116,7 +133,7 @@ typedef struct Entry {
 typedef struct {
     int fd;  // -1 = closed, removed after the poll round
     int authed;
-    double auth_deadline;
+    double accepted_at;  // auth deadline = accepted_at + STORE_AUTH_WINDOW_S
     // request being read
     unsigned char hdr[HDR_BYTES];
     size_t hdr_got;
@@ -143,6 +160,7 @@ struct StoreServer {
     size_t token_len;
     Conn *conns;
     size_t n_conns, cap_conns;
+    double accept_resume;  // accept() ran out of descriptors: not before this time
     Entry *buckets[N_BUCKETS];
 };
 
@@ -397,12 +415,57 @@ static void conn_read(StoreServer *s, Conn *c) {
     }
 }
 
+/* Drops a connection that has not authenticated: one best-effort BAD reply
+ * (a real client that was merely slow then knows to connect again), then
+ * the close. Never blocks: the reply is small and the socket buffer empty. */
+static void conn_drop_unauthed(Conn *c) {
+    unsigned char msg[HDR_BYTES + sizeof STORE_DROP_MSG - 1];
+    memset(msg, 0, HDR_BYTES);
+    msg[0] = ST_BAD;
+    put_u64(msg + 8, sizeof STORE_DROP_MSG - 1);
+    memcpy(msg + HDR_BYTES, STORE_DROP_MSG, sizeof STORE_DROP_MSG - 1);
+    ssize_t w = send(c->fd, msg, sizeof msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    conn_close(c);
+}
+
+/* Unauthenticated open connections; *oldest receives the longest-waiting one. */
+static size_t count_unauthed(StoreServer *s, Conn **oldest) {
+    size_t n = 0;
+    *oldest = NULL;
+    for (size_t i = 0; i < s->n_conns; i++) {
+        Conn *c = &s->conns[i];
+        if (c->fd < 0 || c->authed) continue;
+        n++;
+        if (!*oldest || c->accepted_at < (*oldest)->accepted_at) *oldest = c;
+    }
+    return n;
+}
+
+/* Makes room for one more unauthenticated connection by dropping the
+ * oldest, if it has had STORE_EVICT_AGE_S to authenticate. 1 when room was made. */
+static int evict_oldest(StoreServer *s, double t) {
+    Conn *oldest;
+    count_unauthed(s, &oldest);
+    if (!oldest || t - oldest->accepted_at < STORE_EVICT_AGE_S) return 0;
+    conn_drop_unauthed(oldest);
+    return 1;
+}
+
+/* Takes every waiting connection. Past the cap, the oldest unauthenticated
+ * one makes room for each newcomer; when none is old enough to drop, the
+ * rest stay in the kernel's backlog until the next round. */
 static void accept_all(StoreServer *s) {
     for (;;) {
+        double t = now_s();
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            return;  // EAGAIN, or out of descriptors: try again next round
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                if (evict_oldest(s, t)) continue;  // a descriptor is free again
+                s->accept_resume = t + STORE_ACCEPT_PAUSE_S;  // no spinning on a full table
+            }
+            return;  // EAGAIN: nobody else is waiting
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -416,7 +479,9 @@ static void accept_all(StoreServer *s) {
         Conn *c = &s->conns[s->n_conns++];
         memset(c, 0, sizeof *c);
         c->fd = fd;
-        c->auth_deadline = now_s() + STORE_AUTH_WINDOW_S;
+        c->accepted_at = t;
+        Conn *oldest;
+        if (count_unauthed(s, &oldest) > STORE_MAX_UNAUTHED && !evict_oldest(s, t)) return;
     }
 }
 
@@ -431,16 +496,30 @@ static void *server_main(void *arg) {
             free(pfds);
             pfds = TP_MALLOC(cap_pfds * sizeof *pfds);
         }
-        pfds[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pfds[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
         double deadline = INFINITY;
         for (size_t i = 0; i < n; i++) {
             Conn *c = &s->conns[i];
             short ev = c->out ? POLLOUT : c->waiting ? POLLRDHUP : POLLIN;
             pfds[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
-            if (!c->authed && c->auth_deadline < deadline) deadline = c->auth_deadline;
+            double auth_deadline = c->accepted_at + STORE_AUTH_WINDOW_S;
+            if (!c->authed && auth_deadline < deadline) deadline = auth_deadline;
             if (c->waiting && c->wait_deadline < deadline) deadline = c->wait_deadline;
         }
+        /* Listen only when a newcomer could be taken: not while accept() is
+         * out of descriptors, nor at the cap before the oldest may be dropped. */
+        int listening = 1;
+        double t_round = now_s();
+        Conn *oldest;
+        if (t_round < s->accept_resume) {
+            listening = 0;
+            if (s->accept_resume < deadline) deadline = s->accept_resume;
+        } else if (count_unauthed(s, &oldest) >= STORE_MAX_UNAUTHED &&
+                   t_round - oldest->accepted_at < STORE_EVICT_AGE_S) {
+            listening = 0;
+            if (oldest->accepted_at + STORE_EVICT_AGE_S < deadline) deadline = oldest->accepted_at + STORE_EVICT_AGE_S;
+        }
+        pfds[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
+        pfds[1] = (struct pollfd){.fd = listening ? s->listen_fd : -1, .events = POLLIN};
         int rc = poll(pfds, n + 2, ms_until(deadline));
         if (rc < 0 && errno != EINTR) break;
         if (rc > 0 && (pfds[0].revents & POLLIN)) break;  // store_server_stop
@@ -460,8 +539,8 @@ static void *server_main(void *arg) {
         for (size_t i = 0; i < n; i++) {
             Conn *c = &s->conns[i];
             if (c->fd < 0) continue;
-            if (!c->authed && t >= c->auth_deadline) {
-                conn_close(c);
+            if (!c->authed && t >= c->accepted_at + STORE_AUTH_WINDOW_S) {
+                conn_drop_unauthed(c);
             } else if (c->waiting && t >= c->wait_deadline) {
                 c->waiting = 0;
                 free(c->wait_key);
@@ -787,6 +866,28 @@ static int try_connect(const char *host, int port, double deadline) {
     return fd;
 }
 
+/* Connects to host:port, retrying with back-off until deadline. The socket,
+ * or -1 with err. */
+static int connect_until(const char *host, int port, double deadline, double timeout_s, char *err, size_t err_len) {
+    double pause = 0.02;
+    for (;;) {
+        int fd = try_connect(host, port, deadline);
+        if (fd >= 0) return fd;
+        if (fd == -2) {
+            tp_error_set(err, err_len, "cannot resolve the store host '%s'", host);
+            return -1;
+        }
+        double left = deadline - now_s();
+        if (left <= 0) {
+            tp_error_set(err, err_len, "cannot reach the store at %s:%d within %.1f s: %s", host, port,
+                         timeout_s > 0 ? timeout_s : 0.0, strerror(errno));
+            return -1;
+        }
+        sleep_s(pause < left ? pause : left);
+        if (pause < 0.5) pause *= 2;
+    }
+}
+
 StoreClient *store_connect(const char *host, int port, const char *token, double timeout_s, char *err,
                            size_t err_len) {
     if (!host || !host[0] || port <= 0 || port > 65535) {
@@ -800,38 +901,38 @@ StoreClient *store_connect(const char *host, int port, const char *token, double
     }
     double deadline = now_s() + (timeout_s > 0 ? timeout_s : 0);
     double pause = 0.02;
-    int fd;
     for (;;) {
-        fd = try_connect(host, port, deadline);
-        if (fd >= 0) break;
-        if (fd == -2) {
-            tp_error_set(err, err_len, "cannot resolve the store host '%s'", host);
+        int fd = connect_until(host, port, deadline, timeout_s, err, err_len);
+        if (fd < 0) return NULL;
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        StoreClient *c = TP_CALLOC(1, sizeof *c);
+        c->fd = fd;
+        c->port = port;
+        snprintf(c->host, sizeof c->host, "%s", host);
+        int status = -1;
+        // The key of AUTH is the token: client_call takes a NUL-terminated key.
+        if (client_call(c, OP_AUTH, token, NULL, 0, STORE_IO_TIMEOUT_S, &status, NULL, NULL) == 0 && status == ST_OK)
+            return c;
+        store_close(c);
+        /* A BAD reply to AUTH: the server dropped this connection before
+         * reading the token (busy with unauthenticated connections, or this
+         * process stalled past the window). A wrong token gets no reply. */
+        double left = deadline - now_s();
+        if (status != ST_BAD) {
+            tp_error_set(err, err_len, "the store at %s:%d refused this connection (wrong or missing job token?)",
+                         host, port);
             return NULL;
         }
-        double left = deadline - now_s();
         if (left <= 0) {
-            tp_error_set(err, err_len, "cannot reach the store at %s:%d within %.1f s: %s", host, port,
-                         timeout_s > 0 ? timeout_s : 0.0, strerror(errno));
+            tp_error_set(err, err_len, "the store at %s:%d dropped this connection before it authenticated, again "
+                         "and again for %.1f s (flooded with unauthenticated connections?)", host, port,
+                         timeout_s > 0 ? timeout_s : 0.0);
             return NULL;
         }
         sleep_s(pause < left ? pause : left);
         if (pause < 0.5) pause *= 2;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    StoreClient *c = TP_CALLOC(1, sizeof *c);
-    c->fd = fd;
-    c->port = port;
-    snprintf(c->host, sizeof c->host, "%s", host);
-    int status = -1;
-    // The key of AUTH is the token: client_call takes a NUL-terminated key.
-    if (client_call(c, OP_AUTH, token, NULL, 0, STORE_IO_TIMEOUT_S, &status, NULL, NULL) != 0 || status != ST_OK) {
-        tp_error_set(err, err_len, "the store at %s:%d refused this connection (wrong or missing job token?)", host,
-                     port);
-        store_close(c);
-        return NULL;
-    }
-    return c;
 }
 
 void store_close(StoreClient *c) {

@@ -4,7 +4,10 @@
  *
  * Every connection must present the job token (TPRUN_TOKEN in the
  * workers' environment) in its first message; a connection without it, or
- * with another token, is refused and closed. Values are byte strings.
+ * with another token, is refused and closed. One that has not sent it
+ * within a second is dropped, and only a bounded number of unauthenticated
+ * connections is held at once, so idle sockets cannot starve the job (see
+ * store.c). Values are byte strings.
  */
 #ifndef TPTRAIN_STORE_H
 #define TPTRAIN_STORE_H

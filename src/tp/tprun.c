@@ -18,7 +18,9 @@
  * agent is a child subreaper, so grandchildren orphaned by a dead worker are
  * re-parented to it and reaped: no zombie or orphan survives any path. The
  * first non-zero exit or death by signal is "the failure": the others get
- * SIGTERM, after --grace seconds SIGKILL, then the report. Signals sent to
+ * SIGTERM, after --grace seconds SIGKILL, then the report. A worker that
+ * exited 0 while others still ran is named first in that report: its peers
+ * usually fail because it is gone. Signals sent to
  * tprun are forwarded to every worker group (a second one means SIGKILL now)
  * and tprun exits 128+signal. Should tprun itself be SIGKILLed, its workers
  * get SIGKILL from the kernel (PR_SET_PDEATHSIG); their own children are
@@ -57,6 +59,8 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "parse.h"
+#include "tp/shm_reclaim.h"
 #include "tp/store.h"
 
 extern char **environ;
@@ -90,12 +94,12 @@ static void usage(FILE *f) {
             "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n");
 }
 
-static int parse_int(const char *flag, const char *v, int lo, int hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) {
-        fprintf(stderr, "tprun: %s expects an integer in %d..%d, got '%s'\n", flag, lo, hi, v);
+/* Numbers through the project's strict parser (common/parse.h). */
+static int flag_int(const char *flag, const char *v, int lo, int hi, int *out) {
+    char err[256];
+    long x;
+    if (parse_int(flag, v, lo, hi, &x, err, sizeof err)) {
+        fprintf(stderr, "tprun: %s\n", err);
         return -1;
     }
     *out = (int)x;
@@ -151,19 +155,18 @@ static int parse_args(int argc, char **argv, Opts *o) {
             v = argv[++i];
         }
         int rc = 0;
-        if (strcmp(name, "--nproc_per_node") == 0) rc = parse_int(name, v, 1, 4096, &o->nproc);
-        else if (strcmp(name, "--nnodes") == 0) rc = parse_int(name, v, 1, 65536, &o->nnodes);
-        else if (strcmp(name, "--node_rank") == 0) rc = parse_int(name, v, 0, 65535, &o->node_rank);
-        else if (strcmp(name, "--master_port") == 0) rc = parse_int(name, v, 0, 65535, &o->master_port);
-        else if (strcmp(name, "--max_restarts") == 0) rc = parse_int(name, v, 0, 1000000, &o->max_restarts);
-        else if (strcmp(name, "--tee") == 0) rc = parse_int(name, v, 0, 3, &o->tee);
+        if (strcmp(name, "--nproc_per_node") == 0) rc = flag_int(name, v, 1, 4096, &o->nproc);
+        else if (strcmp(name, "--nnodes") == 0) rc = flag_int(name, v, 1, 65536, &o->nnodes);
+        else if (strcmp(name, "--node_rank") == 0) rc = flag_int(name, v, 0, 65535, &o->node_rank);
+        else if (strcmp(name, "--master_port") == 0) rc = flag_int(name, v, 0, 65535, &o->master_port);
+        else if (strcmp(name, "--max_restarts") == 0) rc = flag_int(name, v, 0, 1000000, &o->max_restarts);
+        else if (strcmp(name, "--tee") == 0) rc = flag_int(name, v, 0, 3, &o->tee);
         else if (strcmp(name, "--master_addr") == 0) o->master_addr = v;
         else if (strcmp(name, "--log_dir") == 0) o->log_dir = v;
         else if (strcmp(name, "--grace") == 0) {
-            char *end = NULL;
-            o->grace = strtod(v, &end);
-            if (end == v || *end || !(o->grace >= 0) || o->grace > 86400) {
-                fprintf(stderr, "tprun: --grace expects seconds in 0..86400, got '%s'\n", v);
+            char err[256];
+            if (parse_double(name, v, 0.0, 86400.0, &o->grace, err, sizeof err)) {
+                fprintf(stderr, "tprun: %s\n", err);
                 return -1;
             }
         }
@@ -417,7 +420,7 @@ typedef enum { OUT_OK, OUT_FAILED, OUT_REMOTE } OutcomeKind;
 typedef struct {
     OutcomeKind kind;   // OUT_FAILED: a local worker failed first; OUT_REMOTE: the job failed elsewhere
     int sig;            // a terminating signal tprun received (0 = none)
-    char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..."
+    char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..." (or exited 0 early: ...)
 } Outcome;
 
 static void env_free(char **envp) {
@@ -744,6 +747,7 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
     double kill_deadline = INFINITY, drain_deadline = INFINITY;
     double next_store_poll = a->store ? now_s() + STORE_POLL_S : INFINITY;
     int have_failure = 0;
+    const Worker *early = NULL;  // the first worker to exit 0 while others still ran
 
     for (int i = 0; i < o->nproc; i++) {
         if (spawn(a, &a->w[i]) != 0) {
@@ -847,12 +851,27 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
             w->running = 0;
             w->status = status;
             int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            if (!failed && !early && !stopping) {
+                int others = 0;
+                for (int i = 0; i < o->nproc; i++) others += a->w[i].running;
+                if (others) early = w;
+            }
             if (failed && !have_failure && !stopping) {
                 have_failure = 1;
                 char what[96];
                 describe_status(status, what, sizeof what);
-                snprintf(out->report, sizeof out->report, "rank %d (local rank %d, pid %d) on host %s failed first: %s",
-                         w->rank, w->local_rank, (int)pid, a->host, what);
+                /* A rank that returned 0 while its peers still ran usually
+                 * is what ended the job: they fail on the missing peer. */
+                if (early)
+                    snprintf(out->report, sizeof out->report,
+                             "rank %d (local rank %d, pid %d) on host %s exited 0 early, while other ranks were still "
+                             "running, and the job failed after it: rank %d (local rank %d, pid %d) %s",
+                             early->rank, early->local_rank, (int)early->pid, a->host, w->rank, w->local_rank,
+                             (int)pid, what);
+                else
+                    snprintf(out->report, sizeof out->report,
+                             "rank %d (local rank %d, pid %d) on host %s failed first: %s", w->rank, w->local_rank,
+                             (int)pid, a->host, what);
                 out->kind = OUT_FAILED;
                 publish_failure(a, out->report);
                 stopping = 1;
@@ -1003,6 +1022,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tprun: OMP_NUM_THREADS is not set; each of the %d workers gets %ld thread(s) "
                         "(cores / nproc_per_node)\n", o->nproc, cores > o->nproc ? cores / o->nproc : 1);
     }
+    /* Shared memory of jobs killed while their groups formed (a SIGKILLed
+     * tprun takes its ranks along): removed by their recorded owner pid. */
+    size_t stale_bytes = 0;
+    int n_stale = shm_reclaim_stale(NULL, &stale_bytes);
+    if (n_stale > 0)
+        fprintf(stderr, "tprun: removed %d shared-memory segment%s (%.1f MiB) left in /dev/shm by jobs that died\n",
+                n_stale, n_stale == 1 ? "" : "s", (double)stale_bytes / (1024.0 * 1024.0));
     if (o->log_dir && mkdir(o->log_dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "tprun: cannot create --log_dir %s: %s\n", o->log_dir, strerror(errno));
         return 1;

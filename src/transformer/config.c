@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <float.h>
 #include <stdio.h>
 #include <string.h>
 #include "err.h"
@@ -75,7 +76,11 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len) {
     if (!(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f))
         BAD("label_smoothing must be in [0, 1), got %g", c->label_smoothing);
     if (c->act != ACT_RELU && c->act != ACT_GELU) BAD("activation must be relu or gelu");
-    if (!(c->ln_eps > 0.0f)) BAD("ln_eps must be > 0, got %g", c->ln_eps);
+    /* Finite and bounded, written so that NaN fails (no comparison with it
+     * is true): an infinite ln_eps would pass `> 0` and come back from
+     * config.json as null. 1e-5 to 1e-12 in practice. */
+    if (!(c->ln_eps > 0.0f && c->ln_eps <= 1.0f))
+        BAD("ln_eps must be a finite number in (0, 1], got %g", (double)c->ln_eps);
     const int ids[4] = {c->pad_id, c->unk_id, c->bos_id, c->eos_id};
     const char *names[4] = {"pad_id", "unk_id", "bos_id", "eos_id"};
     for (int i = 0; i < 4; i++) {
@@ -137,13 +142,21 @@ static int get_int(const cJSON *o, const char *key, int *out, char *err, size_t 
     return 0;
 }
 
+/* Reads one float field; -1 with a sentence when missing, or beyond a
+ * float (1e39 would become inf, and the conversion of an out-of-range
+ * double is undefined). The field's own range is config_validate's. */
 static int get_float(const cJSON *o, const char *key, float *out, char *err, size_t err_len) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsNumber(v)) {
         tp_error_set(err, err_len, "field '%s' is missing or not a number", key);
         return -1;
     }
-    *out = (float)v->valuedouble;
+    double d = v->valuedouble;
+    if (!(d >= -FLT_MAX && d <= FLT_MAX)) {
+        tp_error_set(err, err_len, "field '%s' is %g, beyond the range of a 32-bit float", key, d);
+        return -1;
+    }
+    *out = (float)d;
     return 0;
 }
 

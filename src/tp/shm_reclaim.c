@@ -1,0 +1,135 @@
+/* shm_reclaim.c: owner records on shared-memory segments and the removal of
+ * segments whose owner is dead (see shm_reclaim.h for the rules).
+ *
+ * Why this shape: the only evidence a dead job leaves is the segment
+ * itself, so the record is the first thing written into it and the judgement
+ * needs nothing but the record and /proc. It errs on the side of leaving a
+ * segment: whatever cannot be read or judged (no record yet, a torn or
+ * foreign record, another user, another pid namespace) stays. A segment is
+ * removed by name with unlinkat on the directory it was listed in, so the
+ * memory goes once the last mapping of it is gone (a dead owner has none).
+ */
+#define _GNU_SOURCE
+#include "tp/shm_reclaim.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHM_DIR "/dev/shm"
+
+/* Inode of /proc/<pid>/ns/pid, 0 when unknown. */
+static uint64_t pid_ns_of(int pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/pid", pid);
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Field 3 (state) and field 22 (start time, clock ticks after boot) of
+ * /proc/<pid>/stat. 0, or -1 with errno (ENOENT: no such process). */
+static int proc_state(int pid, char *state, uint64_t *start_ticks) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) {
+        errno = EIO;
+        return -1;
+    }
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');  // the command name may hold spaces and parentheses
+    unsigned long long start = 0;
+    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                     state, &start) != 2) {
+        errno = EIO;
+        return -1;
+    }
+    *start_ticks = start;
+    return 0;
+}
+
+void shm_owner_of(int pid, ShmOwner *out) {
+    memset(out, 0, sizeof *out);
+    out->magic = SHM_OWNER_MAGIC;
+    out->pid = pid;
+    char state;
+    uint64_t start = 0;
+    if (proc_state(pid, &state, &start) == 0) out->start_ticks = start;
+    out->pid_ns = pid_ns_of(pid);
+}
+
+/* 1 when the record's creator is certainly gone, 0 when it is alive or
+ * cannot be judged from here. */
+static int owner_dead(const ShmOwner *o) {
+    if (o->magic != SHM_OWNER_MAGIC || o->pid <= 0 || o->reserved != 0) return 0;
+    if (o->pid_ns != pid_ns_of(getpid())) return 0;  // pids of another namespace mean nothing here
+    if (kill(o->pid, 0) != 0) return errno == ESRCH;  // EPERM: someone else's live process
+    char state;
+    uint64_t start;
+    if (proc_state(o->pid, &state, &start) != 0) return errno == ENOENT;  // exited just now
+    if (state == 'Z' || state == 'X') return 1;             // exited, not yet reaped: its mappings are gone
+    if (o->start_ticks && start != o->start_ticks) return 1;  // the pid now belongs to a later process
+    return 0;
+}
+
+int shm_reclaim_stale(const char *dir, size_t *n_bytes) {
+    if (n_bytes) *n_bytes = 0;
+    DIR *d = opendir(dir ? dir : SHM_DIR);
+    if (!d) return 0;
+    const char *prefix = SHM_NAME_PREFIX + 1;  // directory entries have no leading '/'
+    const size_t prefix_len = strlen(prefix);
+    const uid_t me = geteuid();
+    int n_removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, prefix_len) != 0) continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat st;
+        ShmOwner o;
+        int stale = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me &&
+                    pread(fd, &o, sizeof o, 0) == (ssize_t)sizeof o && owner_dead(&o);
+        close(fd);
+        if (stale && unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            n_removed++;
+            if (n_bytes) *n_bytes += (size_t)st.st_size;
+        }
+    }
+    closedir(d);
+    return n_removed;
+}
+
+int shm_owned_create(const char *name) {
+    if (!name || strncmp(name, SHM_NAME_PREFIX, strlen(SHM_NAME_PREFIX)) != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    shm_reclaim_stale(NULL, NULL);
+    shm_unlink(name);  // a leftover under this very name (a killed attempt of the same job id)
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return -1;
+    /* The record without its magic first, then the magic: a reader that
+     * sees the magic sees a complete record. */
+    ShmOwner o;
+    shm_owner_of(getpid(), &o);
+    const uint64_t magic = o.magic;
+    o.magic = 0;
+    if (pwrite(fd, &o, sizeof o, 0) != (ssize_t)sizeof o ||
+        pwrite(fd, &magic, sizeof magic, 0) != (ssize_t)sizeof magic) {
+        int saved = errno ? errno : EIO;
+        close(fd);
+        shm_unlink(name);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
