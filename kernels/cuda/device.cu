@@ -20,7 +20,9 @@ extern "C" int cuda_device_init(int local_rank, CudaDeviceInfo *info, char *err,
     CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
     info->device = dev;
     info->n_devices = n;
-    strncpy(info->name, p.name, sizeof info->name - 1);
+    static_assert(sizeof info->name <= sizeof p.name, "device name buffer");
+    memcpy(info->name, p.name, sizeof info->name - 1);  // p.name is NUL-terminated
+    info->name[sizeof info->name - 1] = '\0';
     info->sm_major = p.major;
     info->sm_minor = p.minor;
     info->n_sms = p.multiProcessorCount;
