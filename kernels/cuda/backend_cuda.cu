@@ -148,10 +148,17 @@ static void cu_destroy(Backend *be) {
 
 static void *scratch(Backend *be, size_t n_bytes) { return n_bytes ? backend_workspace(be, n_bytes) : NULL; }
 
-// An operand: its bf16 twin where W lies in a registered master range (bf16 mode).
+// An operand: its bf16 twin where x lies in a registered master range (bf16
+// mode). Parameters are carved from one buffer at any offset; a twin that is
+// not TWIN_ALIGN-aligned is passed over (its master values are rounded into
+// aligned scratch instead, the same bits), so cuBLASLt always sees the
+// alignment its tensor-core kernels want.
+#define TWIN_ALIGN 16
 static CudaGemmOperand operand_of(const Backend *be, const float *x) {
     CudaGemmOperand o = {x, NULL};
-    if (be->dtype == DTYPE_BF16 && x) o.bf16 = (const uint16_t *)backend_compute_twin(be, x);
+    if (be->dtype != DTYPE_BF16 || !x) return o;
+    const uint16_t *twin = (const uint16_t *)backend_compute_twin(be, x);
+    if (twin && (uintptr_t)twin % TWIN_ALIGN == 0) o.bf16 = twin;
     return o;
 }
 

@@ -93,12 +93,9 @@ CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecision precisi
 /* Waits for the stream, then frees what the context holds (not the workspace). */
 void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx);
 
-void cuda_gemm_set_precision(CudaGemmCtx *ctx, CudaGemmPrecision precision);
-CudaGemmPrecision cuda_gemm_precision(const CudaGemmCtx *ctx);
 /* true (the default): bias and bias-gradient epilogues where supported;
  * false: always the separate kernels (tests compare the two). */
 void cuda_gemm_set_fused_epilogues(CudaGemmCtx *ctx, bool on);
-cudaStream_t cuda_gemm_stream(const CudaGemmCtx *ctx);
 CudaGemmStats cuda_gemm_stats(const CudaGemmCtx *ctx);
 
 /* C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; as op_gemm.
@@ -137,9 +134,9 @@ void cuda_op_linear_bwd(CudaGemmCtx *ctx,
                         void *scratch,      // (scratch_bytes >= cuda_linear_bwd_scratch_bytes(...))
                         size_t scratch_bytes);
 
-/* fp32 <-> bf16 (bf16 as its 16 raw bits; round to nearest even, NaN kept). */
+/* fp32 -> bf16 (bf16 as its 16 raw bits; round to nearest even, NaN kept):
+ * the compute weights' re-cast. */
 void cuda_gemm_f32_to_bf16(cudaStream_t stream, uint16_t *dst, const float *src, size_t n_elems);
-void cuda_gemm_bf16_to_f32(cudaStream_t stream, float *dst, const uint16_t *src, size_t n_elems);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-// device.cu: GPU selection and memory queries for a rank. LOCAL_RANK picks
+// device.cu: GPU selection for a rank. LOCAL_RANK picks
 // the device; several ranks may share one GPU (the staged shared-memory
 // backend relies on it), so the choice wraps around the device count.
 #include <string.h>
@@ -28,8 +28,4 @@ extern "C" int cuda_device_init(int local_rank, CudaDeviceInfo *info, char *err,
     info->n_sms = p.multiProcessorCount;
     info->total_bytes = p.totalGlobalMem;
     return 0;
-}
-
-extern "C" void cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
-    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }

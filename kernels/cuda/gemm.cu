@@ -49,13 +49,6 @@ static __global__ void gemm_f32_to_bf16_kernel(__nv_bfloat16 *dst,  // (n_elems)
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-static __global__ void gemm_bf16_to_f32_kernel(float *dst,                // (n_elems)
-                                               const __nv_bfloat16 *src,  // (n_elems)
-                                               size_t n_elems) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_elems; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(src[i]);
-}
-
 static __global__ void gemm_accumulate_kernel(float *y,        // (n_elems)
                                               const float *x,  // (n_elems)
                                               size_t n_elems) {
@@ -258,12 +251,4 @@ extern "C" void cuda_gemm_f32_to_bf16(cudaStream_t stream, uint16_t *dst, const 
     if (n_elems == 0) return;
     TP_CHECK(dst && src, "cuda_gemm_f32_to_bf16: NULL pointer");
     launch_f32_to_bf16(stream, dst, src, n_elems);
-}
-
-extern "C" void cuda_gemm_bf16_to_f32(cudaStream_t stream, float *dst, const uint16_t *src, size_t n_elems) {
-    if (n_elems == 0) return;
-    TP_CHECK(dst && src, "cuda_gemm_bf16_to_f32: NULL pointer");
-    gemm_bf16_to_f32_kernel<<<tp_grid_1d(n_elems, BLOCK), BLOCK, 0, stream>>>(dst, (const __nv_bfloat16 *)src,
-                                                                            n_elems);
-    CUDA_CHECK(cudaGetLastError());
 }

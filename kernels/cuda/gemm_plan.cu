@@ -225,13 +225,5 @@ extern "C" void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx) {
     free(ctx);
 }
 
-extern "C" void cuda_gemm_set_precision(CudaGemmCtx *ctx, CudaGemmPrecision precision) {
-    TP_CHECK(precision == CUDA_GEMM_FP32 || precision == CUDA_GEMM_BF16, "cuda_gemm_set_precision: precision %d",
-             (int)precision);
-    ctx->precision = precision;
-}
-
-extern "C" CudaGemmPrecision cuda_gemm_precision(const CudaGemmCtx *ctx) { return ctx->precision; }
 extern "C" void cuda_gemm_set_fused_epilogues(CudaGemmCtx *ctx, bool on) { ctx->fuse = on; }
-extern "C" cudaStream_t cuda_gemm_stream(const CudaGemmCtx *ctx) { return ctx->stream; }
 extern "C" CudaGemmStats cuda_gemm_stats(const CudaGemmCtx *ctx) { return ctx->stats; }

@@ -151,7 +151,8 @@ void test_gemm(const Target *t, Rng *rng) {
 /* ---- linear layers ---------------------------------------------------------------------- */
 
 /* Where a case's weight lives: a master range [pad | W (out, in) | b (out) | pad]
- * registered as compute weights (odd offsets, as carved parameters have),
+ * registered as compute weights (at an odd offset or a 16-byte aligned one:
+ * carved parameters have both; the CUDA backend uses only aligned twins),
  * or plain buffers. */
 typedef struct {
     float *master;  // the registered range, or NULL
@@ -166,7 +167,7 @@ static Weights weights_make(const Target *t, const float *W, const float *b, int
         w.b = dev_from(t, b, out);
         return w;
     }
-    const size_t pad = 37, n = pad + nw + out + 3;
+    const size_t pad = in % 2 ? 37 : 40, n = pad + nw + out + 3;  // a twin 2- or 16-byte aligned
     w.master = backend_alloc(t->be, n * sizeof(float), MEM_MASTER);
     w.W = w.master + pad;
     w.b = w.W + nw;
@@ -313,13 +314,49 @@ void test_linear(const Target *t, Rng *rng) {
                "refusals, %ld plans, %ld evictions\n",
                t->name, g.bias_fused, g.bias_separate, g.bgrad_fused, g.bgrad_separate, g.refusals, g.plans,
                g.evictions);
-        TCHECK(g.bias_fused > 0, "%s: no linear bias ran in the fused epilogue", t->name);
-        if (!t->bf16) TCHECK(g.bgrad_fused > 0, "%s: no bias gradient ran in the fused epilogue", t->name);
+        // cuBLASLt has had the fp32 bias epilogue since CUDA 11: the fused path must have run at least once
+        // (which other epilogues run, and refusals, depend on the library: reported above, not required)
+        if (!t->bf16) TCHECK(g.bias_fused > 0, "%s: no linear bias ran in the fused epilogue", t->name);
+
     }
 #endif
 }
 
 /* ---- compute weights: the bf16 twin and its re-cast ------------------------------------ */
+
+/* The GEMMs read registered weights from the compute copy where there is
+ * one: until the re-cast, CUDA in bf16 still multiplies the old values (so
+ * the twin is what ran), while the CPU's emulation rounds the master values
+ * on every call and fp32 reads them directly. After the re-cast all agree. */
+static void stale_twin_case(const Target *t, Rng *rng) {
+    Backend *be = t->be;
+    const int N = 16, in = 32, out = 24;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W_old = rand_floats(nw, rng, -1, 1), *W_new = host_alloc(nw);
+    for (size_t i = 0; i < nw; i++) W_new[i] = 0.5f - W_old[i];
+    float *d_x = dev_from(t, x, nx), *d_y = dev_nan(t, ny), *master = dev_from(t, W_old, nw);
+    backend_add_compute_weights(be, master, nw);
+    backend_upload(be, master, W_new, nw * sizeof(float));  // the optimizer moved the weights; no re-cast yet
+    const bool keeps_copy = !t->is_cpu && t->bf16;
+    float *want_old = host_alloc(ny), *want_new = host_alloc(ny);
+    float *xr = t->bf16 ? host_bf16(x, nx) : host_copy(x, nx);
+    float *Wo = t->bf16 ? host_bf16(W_old, nw) : host_copy(W_old, nw), *Wn = t->bf16 ? host_bf16(W_new, nw) : host_copy(W_new, nw);
+    cpu_linear_fwd(want_old, xr, Wo, NULL, N, in, out);
+    cpu_linear_fwd(want_new, xr, Wn, NULL, N, in, out);
+    const double rtol = tol(t, t->bf16 ? BF16_SAME_INPUT_TOL : FP32_TOL);
+    for (int pass = 0; pass < 2; pass++) {
+        op_linear_fwd(be, d_y, d_x, master, NULL, N, in, out);
+        float *got = dev_fetch(t, d_y, ny);
+        const bool old = keeps_copy && pass == 0;
+        check_rel(t, old ? "linear_fwd before the re-cast: the old compute copy" : "linear_fwd: the current weights",
+                  got, old ? want_old : want_new, NULL, ny, rtol);
+        free(got);
+        backend_recast_weights(be);
+    }
+    backend_remove_compute_weights(be, master);
+    free(x), free(W_old), free(W_new), free(want_old), free(want_new), free(xr), free(Wo), free(Wn);
+    dev_free(t, d_x), dev_free(t, d_y), dev_free(t, master);
+}
 
 void test_compute_weights(const Target *t, Rng *rng) {
     Backend *be = t->be;
@@ -361,4 +398,5 @@ void test_compute_weights(const Target *t, Rng *rng) {
     TCHECK(be->mem.cur[MEM_COMPUTE] == compute_before, "%s: removing the range frees its copy", t->name);
     dev_free(t, master);
     free(h);
+    stale_twin_case(t, rng);
 }
