@@ -145,6 +145,8 @@ static void cu_destroy(Backend *be) {
 }
 
 // ---- GEMM and linear layers ----------------------------------------------------------
+// Shapes as ops.h: A (M, K) or (K, M), B (K, N) or (N, K), C (M, N); x (N, in),
+// W (out, in), b (out), y and dy (N, out).
 
 static void *scratch(Backend *be, size_t n_bytes) { return n_bytes ? backend_workspace(be, n_bytes) : NULL; }
 
@@ -188,6 +190,8 @@ static void cu_linear_bwd(Backend *be, float *dx, float *dW, float *db, const fl
 }
 
 // ---- the rest: one kernel family each ---------------------------------------------------
+// Arguments and their shapes are ops.h's; each entry adds the stream and, where
+// the kernel family needs one, scratch of the size its function computes.
 
 static void cu_zero(Backend *be, float *x, size_t n) { cuda_op_zero(x, n, stream_of(be)); }
 static void cu_copy(Backend *be, float *d, const float *s, size_t n) {
