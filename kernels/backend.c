@@ -52,7 +52,8 @@ Backend *backend_create(DeviceChoice choice, Dtype dtype, int local_rank, char *
 #else
     (void)local_rank;
     if (choice == DEVICE_AUTO) return backend_cpu_create(dtype);
-    tp_error_set(err, err_len, "--device cuda: this build of tptrain has no CUDA backend");
+    tp_error_set(err, err_len, "--device cuda: this build of tptrain has no CUDA backend (it was configured "
+                               "without nvcc or with -DTPTRAIN_CUDA=OFF)");
     return NULL;
 #endif
 }

@@ -41,7 +41,7 @@ budget=${GPU_CHECK_BUDGET:-540}
 cpu_tests_re=${GPU_CHECK_CPU_TESTS-^(test_ops|compare_curves)$}
 MIN_STEP_S=5          # a step with less time left than this is skipped
 SAN_TOOLS=(memcheck racecheck synccheck initcheck)
-SAN_TARGETS_RE='^(test_cuda_ops|test_cuda_gemm|test_backend_ops)$'
+SAN_TARGETS_RE='^(test_backend_ops_gpu)$'
 # Training runs of steps c and d: the tiny preset, 50 steps, one log row per step.
 TRAIN_STEPS=${GPU_CHECK_TRAIN_STEPS:-50}
 # A training step's note: train_mt's "N steps in ..." line, or an error line.
@@ -406,7 +406,7 @@ elif [ "$have_gpu" != 1 ]; then
   skip b.sanitizer "no GPU (see setup.gpu)"
 else
   say "compute-sanitizer: $san ($("$san" --version 2>/dev/null | tail -n 1))"
-  [ "${#san_targets[@]}" -gt 0 ] || skip b.op_tests "tests.tsv has none of test_cuda_ops, test_cuda_gemm, test_backend_ops"
+  [ "${#san_targets[@]}" -gt 0 ] || skip b.op_tests "tests.tsv has no test_backend_ops_gpu"
   for tool in "${SAN_TOOLS[@]}"; do
     sargs=("$san" --tool "$tool" --error-exitcode 99 --print-limit 100 --target-processes all)
     for line in "${san_targets[@]}"; do

@@ -4,7 +4,7 @@
 # script, so that the one GPU run it gets is not spent on a script bug.
 #  - bin/train_mt wraps the real (CPU) train_mt: it lists the flags named in
 #    FAKE_FLAGS in --help and drops them, so "--device cuda" trains on CPU;
-#  - tests.tsv holds a passing "GPU" op test (test_cuda_ops), one that hangs
+#  - tests.tsv holds a passing "GPU" op test (test_backend_ops_gpu), one that hangs
 #    (timeout), a CPU canary, and a test that needs the corpus.
 # Scenarios:
 #  1. a fake GPU and every flag: each step runs; c (corpus given) and d
@@ -46,14 +46,14 @@ done
 exec "$build/train_mt" "\${args[@]}"
 EOF
 ln -s "$build/tprun" "$b/bin/tprun"
-printf '#!/bin/sh\necho "test_cuda_ops (stand-in): 7 checks, 0 failed"\n' > "$b/bin/test/test_cuda_ops"
+printf '#!/bin/sh\necho "test_backend_ops_gpu (stand-in): 7 checks, 0 failed"\n' > "$b/bin/test/test_backend_ops_gpu"
 printf '#!/bin/sh\necho "hanging"\nsleep 600\n' > "$b/bin/test/test_hang"
 # shellcheck disable=SC2016  # expanded by the stand-in, not here
 printf '#!/bin/sh\necho "cpu_ok: in $(pwd), corpus arg: $1, FAKE_VAR=$FAKE_VAR"\n' > "$b/bin/test/cpu_ok"
 chmod +x "$b/bin/train_mt" "$b"/bin/test/*
 {
   printf '# name labels timeout folder env command...\n'
-  printf 'test_cuda_ops\tgpu\t300\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_cuda_ops\n'
+  printf 'test_backend_ops_gpu\tgpu\t300\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_backend_ops_gpu\n'
   printf 'test_hang\tgpu\t2\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_hang\n'
   printf 'cpu_ok\tcpu\t60\t@BUNDLE@/bin/test\tFAKE_VAR=1\t@BUNDLE@/bin/test/cpu_ok\tplain\n'
   printf 'needs_corpus\tcpu\t60\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/cpu_ok\t@CORPUS@\n'
@@ -120,11 +120,11 @@ check_run full GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --c
   GPU_CHECK_TRAIN_STEPS=$max_steps "${c_args[@]}"
 row full PASS setup.gpu "Fake H100"
 row full PASS setup.train_mt "--device --dtype --comm"
-row full PASS a.test_cuda_ops "7 checks, 0 failed"
+row full PASS a.test_backend_ops_gpu "7 checks, 0 failed"
 row full FAIL a.test_hang "timed out after 2 s"
 row full PASS a.cpu.cpu_ok "corpus arg: plain, FAKE_VAR=1"
 for tool in memcheck racecheck synccheck initcheck; do
-  row full PASS "b.$tool.test_cuda_ops" "ERROR SUMMARY: 0 errors"
+  row full PASS "b.$tool.test_backend_ops_gpu" "ERROR SUMMARY: 0 errors"
   row full PASS "b.$tool.train_mt" "ERROR SUMMARY: 0 errors"
 done
 norow full b.memcheck.test_hang
@@ -153,7 +153,7 @@ check "full: training notes" grep -q '| PASS | d.tp2 | [0-9.]* | \[rank 0\] trai
 # ---- 2. no GPU ------------------------------------------------------------------------------------
 check_run nogpu GPU_CHECK_SMI=none FAKE_FLAGS="--device --dtype --comm"
 row nogpu FAIL setup.gpu "no GPU"
-row nogpu SKIP a.test_cuda_ops "no GPU"
+row nogpu SKIP a.test_backend_ops_gpu "no GPU"
 row nogpu SKIP a.test_hang "no GPU"
 row nogpu PASS a.cpu.cpu_ok
 row nogpu SKIP b.sanitizer "no GPU"

@@ -83,7 +83,7 @@ static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); 
 static void t_copy(Backend *be, float *d, const float *s, size_t n) { (void)be; cpu_copy(d, s, n); }
 static void t_copy_ids(Backend *be, int32_t *d, const int32_t *s, size_t n) {
     (void)be;
-    if (d != s) memmove(d, s, n * sizeof *d);
+    if (n && d != s) memmove(d, s, n * sizeof *d);
 }
 static void t_bias_add(Backend *be, float *y, const float *b, int N, int C) { (void)be; cpu_bias_add(y, b, N, C); }
 static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) { (void)be; cpu_bias_bwd(db, dy, N, C); }

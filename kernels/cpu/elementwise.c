@@ -72,12 +72,14 @@ double cpu_sumsq(const float *x,  // (n_elems)
 }
 
 void cpu_sum_acc(float *acc, const float *x, size_t n_elems) {
+    if (n_elems == 0) return;  // adds nothing (and leaves a -0 alone)
     double sum = 0.0;
     for (size_t i = 0; i < n_elems; i++) sum += x[i];
     acc[0] = (float)((double)acc[0] + sum);
 }
 
 void cpu_sumsq_acc(float *acc, const float *x, size_t n_elems) {
+    if (n_elems == 0) return;
     acc[0] = (float)((double)acc[0] + cpu_sumsq(x, n_elems));
 }
 

@@ -4,7 +4,8 @@
  * the CPU reference where speed matters enough to leave plain loops. The
  * linear layer is written as GEMM calls with PyTorch's W[out, in] layout, so
  * the CUDA backend can mirror it call for call. Bias reductions accumulate
- * in double so long token batches do not lose low bits.
+ * in double so long token batches do not lose low bits; like every op they
+ * allocate nothing (the accumulators are a stack block of columns).
  */
 #include <cblas.h>
 
@@ -66,12 +67,17 @@ void cpu_bias_add(float *y,        // (N, C)
 void cpu_bias_bwd(float *db,        // (C)
                  const float *dy,  // (N, C)
                  int N, int C) {
-    if (C <= 0) return;
-    double *acc = TP_CALLOC((size_t)C, sizeof(double));  // (C) column sums
-    for (int n = 0; n < N; n++) {
-        const float *row = dy + (size_t)n * C;
-        for (int c = 0; c < C; c++) acc[c] += row[c];
+    /* Column sums in double, rows in order, over blocks of COL_BLOCK columns
+     * so the accumulators live on the stack (no op allocates). */
+    enum { COL_BLOCK = 64 };
+    if (N <= 0) return;  // adds nothing
+    for (int c0 = 0; c0 < C; c0 += COL_BLOCK) {
+        const int nc = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;
+        double acc[COL_BLOCK] = {0};  // (nc) column sums
+        for (int n = 0; n < N; n++) {
+            const float *row = dy + (size_t)n * C + c0;
+            for (int c = 0; c < nc; c++) acc[c] += row[c];
+        }
+        for (int c = 0; c < nc; c++) db[c0 + c] += (float)acc[c];
     }
-    for (int c = 0; c < C; c++) db[c] += (float)acc[c];
-    free(acc);
 }

@@ -3,8 +3,12 @@
 #include <string.h>
 #include "cpu_ops.h"
 
-void cpu_zero(float *x, size_t n_elems) { memset(x, 0, n_elems * sizeof *x); }
+/* Zero sizes are no-ops even with NULL pointers (memset and memmove may not
+ * be handed NULL), as on the GPU. */
+void cpu_zero(float *x, size_t n_elems) {
+    if (n_elems) memset(x, 0, n_elems * sizeof *x);
+}
 
 void cpu_copy(float *dst, const float *src, size_t n_elems) {
-    if (dst != src) memmove(dst, src, n_elems * sizeof *dst);
+    if (n_elems && dst != src) memmove(dst, src, n_elems * sizeof *dst);
 }

@@ -5,8 +5,8 @@
  * The backward uses the usual closed form
  *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * gamma,
  * with its two row means in double, and column sums for dgamma and dbeta
- * accumulated in double across rows before being added to the caller's
- * buffers.
+ * accumulated in double across rows (a stack block of columns at a time: no
+ * op allocates) before being added to the caller's buffers.
  */
 #include <math.h>
 
@@ -49,9 +49,7 @@ void cpu_layernorm_bwd(float *dx,           // (N, C)  accumulated
                       const float *rstd,   // (N)
                       const float *gamma,  // (C)
                       int N, int C) {
-    if (C <= 0) return;
-    double *dgamma_acc = TP_CALLOC((size_t)C, sizeof(double));  // (C)
-    double *dbeta_acc = TP_CALLOC((size_t)C, sizeof(double));   // (C)
+    if (C <= 0 || N <= 0) return;  // adds nothing
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
         const float *dyr = dy + (size_t)n * C;
@@ -63,8 +61,6 @@ void cpu_layernorm_bwd(float *dx,           // (N, C)  accumulated
             float g = dyr[c] * gamma[c];
             sum_g += g;
             sum_g_xhat += (double)g * xhat;
-            dgamma_acc[c] += (double)dyr[c] * xhat;
-            dbeta_acc[c] += dyr[c];
         }
         float mean_g = (float)(sum_g / C);
         float mean_g_xhat = (float)(sum_g_xhat / C);
@@ -74,10 +70,25 @@ void cpu_layernorm_bwd(float *dx,           // (N, C)  accumulated
             dxr[c] += rs * (g - mean_g - xhat * mean_g_xhat);
         }
     }
-    for (int c = 0; c < C; c++) {
-        dgamma[c] += (float)dgamma_acc[c];
-        dbeta[c] += (float)dbeta_acc[c];
+    /* Column sums over blocks of COL_BLOCK columns, rows in order, so the
+     * double accumulators live on the stack (no op allocates). */
+    enum { COL_BLOCK = 64 };
+    for (int c0 = 0; c0 < C; c0 += COL_BLOCK) {
+        const int nc = C - c0 < COL_BLOCK ? C - c0 : COL_BLOCK;
+        double dgamma_acc[COL_BLOCK] = {0}, dbeta_acc[COL_BLOCK] = {0};  // (nc)
+        for (int n = 0; n < N; n++) {
+            const float *xr = x + (size_t)n * C + c0;
+            const float *dyr = dy + (size_t)n * C + c0;
+            float m = mean[n], rs = rstd[n];
+            for (int c = 0; c < nc; c++) {
+                float xhat = (xr[c] - m) * rs;
+                dgamma_acc[c] += (double)dyr[c] * xhat;
+                dbeta_acc[c] += dyr[c];
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            dgamma[c0 + c] += (float)dgamma_acc[c];
+            dbeta[c0 + c] += (float)dbeta_acc[c];
+        }
     }
-    free(dgamma_acc);
-    free(dbeta_acc);
 }

@@ -6,7 +6,8 @@
 // (32 x 8) block sums 32 columns of one chunk in double (each thread its
 // rows in order, then the 8 row-threads in order) into partials[chunk, c];
 // pass 2 sums the partials of each column over chunks in order and adds the
-// result, rounded once, to db (as the CPU, which sums in double).
+// result, rounded once, to db (as the CPU, which sums in double). The
+// partials live in the caller's scratch (cuda_bias_bwd_scratch_bytes).
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
@@ -65,18 +66,18 @@ static void bias_add_launch(float *y, const float *b, int N, int C, cudaStream_t
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void bias_bwd_launch(float *db, const float *dy, int N, int C, cudaStream_t stream) {
-    const int n_chunks = (N + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS;
-    TP_CHECK(n_chunks <= 65535, "cuda_op_bias_bwd: N = %d rows too many", N);
-    double *partials =
-        (double *)tp_scratch_alloc((size_t)n_chunks * C * sizeof(double), stream);
+static int bias_chunks(int N) { return (N + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS; }
+
+static void bias_bwd_launch(float *db, const float *dy, int N, int C,
+                            double *partials,  // (n_chunks, C)
+                            cudaStream_t stream) {
+    const int n_chunks = bias_chunks(N);
     dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
     bias_bwd_partial_kernel<<<grid, block, 0, stream>>>(partials, dy, N, C);
     CUDA_CHECK(cudaGetLastError());
     bias_bwd_final_kernel<<<(C + BIAS_THREADS - 1) / BIAS_THREADS, BIAS_THREADS, 0, stream>>>(
         db, partials, n_chunks, C);
     CUDA_CHECK(cudaGetLastError());
-    tp_scratch_free(partials, stream);
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -90,11 +91,21 @@ extern "C" void cuda_op_bias_add(float *y, const float *b, int N, int C, cudaStr
     bias_add_launch(y, b, N, C, stream);
 }
 
-extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, cudaStream_t stream) {
-    TP_NEED_SIZE("cuda_op_bias_bwd", N);
-    TP_NEED_SIZE("cuda_op_bias_bwd", C);
+extern "C" size_t cuda_bias_bwd_scratch_bytes(int N, int C) {
+    if (N <= 0 || C <= 0) return 0;
+    return tp_scratch_round((size_t)bias_chunks(N) * (size_t)C * sizeof(double));
+}
+
+extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void *scratch,
+                                 cudaStream_t stream) {
+    const char *op = "cuda_op_bias_bwd";
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, C);
     if (N == 0 || C == 0) return;  // adds nothing
-    TP_NEED_PTR("cuda_op_bias_bwd", db);
-    TP_NEED_PTR("cuda_op_bias_bwd", dy);
-    bias_bwd_launch(db, dy, N, C, stream);
+    TP_NEED_PTR(op, db);
+    TP_NEED_PTR(op, dy);
+    TP_CHECK(bias_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
+    TpCarver cv = tp_carver(scratch, cuda_bias_bwd_scratch_bytes(N, C), op);
+    double *partials = (double *)tp_carve(&cv, (size_t)bias_chunks(N) * C * sizeof(double));
+    bias_bwd_launch(db, dy, N, C, partials, stream);
 }

@@ -56,9 +56,6 @@ typedef struct {
  * Returns 0, or -1 with a sentence in err when no usable device exists. */
 int cuda_device_init(int local_rank, CudaDeviceInfo *info, char *err, size_t err_len);
 
-/* Free and total device memory now (cudaMemGetInfo). */
-void cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,6 @@
 // cuda_kernel_util.cuh: small device helpers shared by the kernel files:
-// warp and block reductions, grid sizing, argument checks and stream-ordered
-// scratch memory. Private to kernels/cuda (CUDA C++ only).
+// warp and block reductions, grid sizing, argument checks and carving of
+// caller-provided scratch memory. Private to kernels/cuda (CUDA C++ only).
 //
 // Reductions here are deterministic: every sum is taken in a fixed tree
 // (xor butterfly within a warp, then warp 0 over the per-warp values in warp
@@ -10,6 +10,7 @@
 #define TPTRAIN_CUDA_KERNEL_UTIL_CUH
 
 #include <stddef.h>
+#include <limits.h>
 #include <stdint.h>
 
 #include "cuda_common.h"
@@ -32,15 +33,39 @@ static inline unsigned tp_grid_1d(size_t n_items, unsigned threads) {
     return (unsigned)g;
 }
 
-// Stream-ordered temporary device memory (cudaMallocAsync pool): freed in
-// stream order, so it is safe with any number of streams.
-static inline void *tp_scratch_alloc(size_t n_bytes, cudaStream_t stream) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMallocAsync(&p, n_bytes ? n_bytes : 1, stream));
-    return p;
+// ---- caller-provided scratch -------------------------------------------------
+// No op allocates: an op that needs temporary device memory states how much
+// (cuda_<op>_scratch_bytes, a function of its arguments) and carves it from
+// the scratch its caller passes (the backend's workspace arena). Regions
+// start on TP_SCRATCH_ALIGN boundaries; the size functions add the padding.
+#define TP_SCRATCH_ALIGN ((size_t)256)
+
+static inline size_t tp_scratch_round(size_t n_bytes) {
+    return (n_bytes + TP_SCRATCH_ALIGN - 1) / TP_SCRATCH_ALIGN * TP_SCRATCH_ALIGN;
 }
-static inline void tp_scratch_free(void *p, cudaStream_t stream) {
-    CUDA_CHECK(cudaFreeAsync(p, stream));
+
+typedef struct {
+    char *base;       // (cap) device scratch, TP_SCRATCH_ALIGN-aligned
+    size_t used, cap;
+    const char *op;   // named in the message when the scratch is too small
+} TpCarver;
+
+static inline TpCarver tp_carver(void *scratch, size_t cap, const char *op) {
+    TP_CHECK(cap == 0 || ((uintptr_t)scratch % TP_SCRATCH_ALIGN == 0 && scratch != NULL),
+             "%s: scratch %p is not %zu-byte aligned", op, scratch, TP_SCRATCH_ALIGN);
+    TpCarver cv = {(char *)scratch, 0, cap, op};
+    return cv;
+}
+
+// The next n_bytes of the scratch; dies if the caller passed less than the
+// op's size function asked for.
+static inline void *tp_carve(TpCarver *cv, size_t n_bytes) {
+    const size_t at = cv->used;
+    TP_CHECK(at + tp_scratch_round(n_bytes) <= cv->cap,
+             "%s: scratch of %zu bytes is too small (%zu more at offset %zu)", cv->op, cv->cap,
+             n_bytes, at);
+    cv->used = at + tp_scratch_round(n_bytes);
+    return cv->base + at;
 }
 
 // ---- warp reductions (every lane receives the same, bit-identical value) ----
@@ -91,6 +116,22 @@ __device__ __forceinline__ float tp_block_max(float v, float *smem) {
     if (warp == 0) {
         float w = lane < n_warps ? smem[lane] : -INFINITY;
         w = tp_warp_max(w);
+        if (lane == 0) smem[0] = w;
+    }
+    __syncthreads();
+    return smem[0];
+}
+
+__device__ __forceinline__ int tp_block_min(int v, int *smem) {
+    const int lane = threadIdx.x % TP_WARP, warp = threadIdx.x / TP_WARP;
+    const int n_warps = blockDim.x / TP_WARP;
+    for (int o = TP_WARP / 2; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(TP_FULL_MASK, v, o));
+    __syncthreads();
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < n_warps ? smem[lane] : INT_MAX;
+        for (int o = TP_WARP / 2; o > 0; o >>= 1) w = min(w, __shfl_xor_sync(TP_FULL_MASK, w, o));
         if (lane == 0) smem[0] = w;
     }
     __syncthreads();

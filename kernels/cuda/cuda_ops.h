@@ -1,13 +1,21 @@
-/* cuda_ops.h: the CUDA backend of kernels/ops.h, op for op.
+/* cuda_ops.h: the CUDA kernels behind kernels/backend.h, op for op.
+ * PRIVATE to kernels/cuda (and the GPU tests): the model reaches these only
+ * through the Backend table that backend_cuda.cu fills.
  *
- * cuda_op_<name> has the arguments of op_<name>, in the same order and with
- * the same meaning (accumulating backward ops, masks, Philox counter layout,
- * vocab-parallel protocol: see ops.h), plus a final stream. All tensor
- * pointers, k_len, ids and targets included, are DEVICE pointers. Ops are
- * enqueued on `stream` and return at once, except the three that return a
- * value (cuda_op_sumsq, cuda_op_xent_fwd, cuda_op_xent_vp_loss): they
- * synchronise `stream` and return the value. The GEMM and linear ops live in
- * gemm.cu (cuBLASLt) and are declared there, not here.
+ * cuda_op_<name> has the arguments of ops.h's op_<name>, in the same order
+ * and with the same meaning (accumulating backward ops, masks, Philox
+ * counter layout, vocab-parallel protocol: see ops.h), minus the backend and
+ * plus, where the op needs temporary device memory, a `scratch` pointer,
+ * and a final stream. All tensor pointers, k_len, ids and targets included,
+ * are DEVICE pointers. Every op is enqueued on `stream` and returns at
+ * once: none synchronises and none returns a value. The GEMM and linear
+ * ops live in gemm.cu (cuBLASLt) and are declared in cuda_gemm.h.
+ *
+ * Scratch: no op allocates. An op that needs temporary device memory has a
+ * cuda_<op>_scratch_bytes(...) function of its arguments; the caller passes
+ * at least that many bytes, aligned to 256, as `scratch` (the backend takes
+ * them from its workspace arena, backend_workspace). The scratch may be
+ * reused by the next op on the same stream.
  *
  * Every op checks its sizes (non-negative) and pointers (non-NULL when the
  * sizes make them used) and dies with a message on bad input, as the rest
@@ -15,15 +23,16 @@
  * op_act_*, op_dropout_fwd, op_softmax_bwd dS == dP), so do these.
  *
  * Differences from the CPU that a caller may notice:
- *  - cuda_op_xent_fwd / cuda_op_xent_vp_loss check targets on the device
- *    and die after the stream synchronises (the CPU dies at the bad row).
- *  - Reductions (sumsq, bias/LayerNorm column sums, embedding scatter-add,
- *    xent statistics) are deterministic: the same inputs give the same bits
- *    on every run, independent of scheduling. The embedding backward and the
- *    dropout masks are bit-identical to the CPU reference.
- *  - Some ops take temporary device memory from the stream-ordered pool
- *    (cudaMallocAsync): sumsq, bias_bwd, layernorm_bwd, embedding_bwd, xent
- *    fwd/loss, and copy of overlapping ranges.
+ *  - cuda_op_xent_fwd / cuda_op_xent_vp_loss check targets on the device and
+ *    record a bad one in a CudaOpStatus (host memory mapped into the device)
+ *    instead of dying at the bad row; the backend reads it at its next
+ *    synchronisation (backend_sync, backend_download) and dies there with
+ *    cuda_status_message's sentence. Bad rows get loss 0 meanwhile.
+ *  - Reductions (sums into device scalars, bias/LayerNorm column sums,
+ *    embedding scatter-add, xent statistics) are deterministic: the same
+ *    inputs give the same bits on every run, independent of scheduling, with
+ *    no float atomics. The embedding backward, dropout, clip_coef and
+ *    scale_by are bit-identical to the CPU reference.
  *
  * dropout_stream() and philox4x32_10() stay host functions of the CPU
  * library; the device generator is kernels/philox.h. The dropout ops name the
@@ -37,16 +46,40 @@
 #include <stdbool.h>
 #include <cuda_runtime_api.h>
 
-#include "ops.h"  // Activation, and the contract these mirror (CPU ops: call them from C)
-
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#include "backend.h"  // Activation (ops.h states the contract these mirror)
+
+/* ---- Status reported by the device ----------------------------------------- */
+/* Filled by the cross-entropy ops when a target is outside [0, V); lives in
+ * host memory mapped into the device (the backend's). Zero = nothing seen. */
+typedef struct {
+    int n_bad_targets;     // bad targets seen so far
+    int first_bad_row;     // of the first op call that saw one
+    int first_bad_target;
+    int V;
+    int op;                // CUDA_STATUS_XENT_FWD or CUDA_STATUS_XENT_VP_LOSS
+} CudaOpStatus;
+enum { CUDA_STATUS_XENT_FWD = 1, CUDA_STATUS_XENT_VP_LOSS = 2 };
+/* One sentence for a status that saw bad targets; false when it saw none. */
+bool cuda_status_message(const volatile CudaOpStatus *status, char *buf, size_t len);
+
 /* ---- Memory ------------------------------------------------------------- */
 void cuda_op_zero(float *x, size_t n_elems, cudaStream_t stream);
-/* memmove semantics: overlapping ranges are copied through a temporary. */
-void cuda_op_copy(float *dst, const float *src, size_t n_elems, cudaStream_t stream);
+/* memmove semantics: overlapping ranges go through scratch, which must hold
+ * cuda_copy_scratch_bytes(dst, src, n_bytes) (n_bytes when the ranges
+ * overlap, else 0; scratch may be NULL then). */
+size_t cuda_copy_scratch_bytes(const void *dst, const void *src, size_t n_bytes);
+void cuda_op_copy_bytes(void *dst, const void *src, size_t n_bytes, void *scratch,
+                        cudaStream_t stream);
+void cuda_op_copy(float *dst,        // (n_elems)
+                  const float *src,  // (n_elems)
+                  size_t n_elems, void *scratch, cudaStream_t stream);
+void cuda_op_copy_ids(int32_t *dst,        // (n_elems)
+                      const int32_t *src,  // (n_elems)
+                      size_t n_elems, void *scratch, cudaStream_t stream);
 
 /* ---- Bias (the rest of the linear layer is in gemm.cu) ------------------ */
 /* y[n, :] += b */
@@ -54,9 +87,12 @@ void cuda_op_bias_add(float *y,        // (N, C)
                       const float *b,  // (C)
                       int N, int C, cudaStream_t stream);
 /* db += sum over rows of dy (column sums in double, fixed order) */
+size_t cuda_bias_bwd_scratch_bytes(int N, int C);
 void cuda_op_bias_bwd(float *db,        // (C)
                       const float *dy,  // (N, C)
-                      int N, int C, cudaStream_t stream);
+                      int N, int C,
+                      void *scratch,    // (cuda_bias_bwd_scratch_bytes(N, C))
+                      cudaStream_t stream);
 
 /* ---- Embedding ------------------------------------------------------------ */
 void cuda_op_embedding_fwd(float *out,          // (N, C)
@@ -66,10 +102,12 @@ void cuda_op_embedding_fwd(float *out,          // (N, C)
                            cudaStream_t stream);
 /* dtable[ids[n] - vocab_start] += scale * dout[n], own rows only. Each
  * table row adds its occurrences in increasing n, as the CPU does. */
+size_t cuda_embedding_bwd_scratch_bytes(int N, int V_local);
 void cuda_op_embedding_bwd(float *dtable,       // (V_local, C)
                            const float *dout,   // (N, C)
                            const int32_t *ids,  // (N)
                            float scale, int N, int C, int vocab_start, int V_local,
+                           void *scratch,       // (cuda_embedding_bwd_scratch_bytes(N, V_local))
                            cudaStream_t stream);
 void cuda_op_add_positions(float *x,  // (B, T, C)
                            int B, int T, int C, cudaStream_t stream);
@@ -82,6 +120,7 @@ void cuda_op_layernorm_fwd(float *y,            // (N, C)
                            const float *gamma,  // (C)
                            const float *beta,   // (C)
                            int N, int C, float eps, cudaStream_t stream);
+size_t cuda_layernorm_bwd_scratch_bytes(int N, int C);
 void cuda_op_layernorm_bwd(float *dx,           // (N, C)  accumulated
                            float *dgamma,       // (C)     accumulated
                            float *dbeta,        // (C)     accumulated
@@ -90,7 +129,9 @@ void cuda_op_layernorm_bwd(float *dx,           // (N, C)  accumulated
                            const float *mean,   // (N)
                            const float *rstd,   // (N)
                            const float *gamma,  // (C)
-                           int N, int C, cudaStream_t stream);
+                           int N, int C,
+                           void *scratch,       // (cuda_layernorm_bwd_scratch_bytes(N, C))
+                           cudaStream_t stream);
 
 /* ---- Activations and element-wise ----------------------------------------- */
 void cuda_op_act_fwd(float *y, const float *x, size_t n_elems, Activation act,
@@ -102,8 +143,29 @@ void cuda_op_add(float *out, const float *a, const float *b, size_t n_elems,
                  cudaStream_t stream);
 void cuda_op_accumulate(float *y, const float *x, size_t n_elems, cudaStream_t stream);
 void cuda_op_scale(float *x, float s, size_t n_elems, cudaStream_t stream);
-/* Sum of squares in double; synchronises stream. */
-double cuda_op_sumsq(const float *x, size_t n_elems, cudaStream_t stream);
+
+/* ---- Device scalars: sums, the global norm, clipping (reduce.cu) ----------- */
+/* acc[0] += sum of x / of x^2, summed in double in a fixed order (the same
+ * bits on every run; within a few 1e-16 relative of the CPU's loop). */
+size_t cuda_sum_scratch_bytes(size_t n_elems);
+void cuda_op_sum_acc(float *acc,       // (1)
+                     const float *x,   // (n_elems)
+                     size_t n_elems,
+                     void *scratch,    // (cuda_sum_scratch_bytes(n_elems))
+                     cudaStream_t stream);
+void cuda_op_sumsq_acc(float *acc,      // (1)
+                       const float *x,  // (n_elems)
+                       size_t n_elems,
+                       void *scratch,   // (cuda_sum_scratch_bytes(n_elems))
+                       cudaStream_t stream);
+/* norm_coef[0] = sqrt(sum sumsq[0..n_parts)), norm_coef[1] = clip factor. */
+void cuda_op_clip_coef(float *norm_coef,    // (2)
+                       const float *sumsq,  // (n_parts)
+                       int n_parts, float max_norm, cudaStream_t stream);
+/* x *= s[0] */
+void cuda_op_scale_by(float *x,        // (n_elems)
+                      const float *s,  // (1)
+                      size_t n_elems, cudaStream_t stream);
 
 /* ---- Masked softmax and attention ------------------------------------------ */
 void cuda_op_softmax_fwd(float *P,              // (B, H, Tq, Tk)
@@ -141,12 +203,13 @@ void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p,
                          uint64_t seed, uint64_t stream_id, cudaStream_t stream);
 
 /* ---- Cross-entropy ------------------------------------------------------------ */
-/* Returns the number of non-ignored rows; synchronises stream. */
-int cuda_op_xent_fwd(float *losses,           // (N)
-                     float *lse,              // (N)
-                     const float *logits,     // (N, V)
-                     const int32_t *targets,  // (N)
-                     int N, int V, float eps, int32_t ignore_id, cudaStream_t stream);
+/* A target outside [0, V) is recorded in *status (device-visible). */
+void cuda_op_xent_fwd(float *losses,           // (N)
+                      float *lse,              // (N)
+                      const float *logits,     // (N, V)
+                      const int32_t *targets,  // (N)
+                      int N, int V, float eps, int32_t ignore_id, CudaOpStatus *status,
+                      cudaStream_t stream);
 void cuda_op_xent_bwd(float *dlogits,          // (N, V)
                       const float *logits,     // (N, V)
                       const float *lse,        // (N)
@@ -162,13 +225,14 @@ void cuda_op_xent_vp_sums(float *stats,            // (N, 3)
                           const int32_t *targets,  // (N)
                           int N, int V_local, int V_valid, int vocab_start,
                           int32_t ignore_id, cudaStream_t stream);
-/* Returns the number of non-ignored rows; synchronises stream. */
-int cuda_op_xent_vp_loss(float *losses,            // (N)
-                         float *lse,               // (N)
-                         const float *row_max,     // (N) global
-                         const float *stats,       // (N, 3) reduced
-                         const int32_t *targets,   // (N)
-                         int N, int V, float eps, int32_t ignore_id, cudaStream_t stream);
+/* A target outside [0, V) is recorded in *status (device-visible). */
+void cuda_op_xent_vp_loss(float *losses,            // (N)
+                          float *lse,               // (N)
+                          const float *row_max,     // (N) global
+                          const float *stats,       // (N, 3) reduced
+                          const int32_t *targets,   // (N)
+                          int N, int V, float eps, int32_t ignore_id, CudaOpStatus *status,
+                          cudaStream_t stream);
 void cuda_op_xent_vp_bwd(float *dlogits,           // (N, V_local)
                          const float *logits,      // (N, V_local)
                          const float *lse,         // (N)

@@ -1,4 +1,4 @@
-// device.cu: GPU selection and memory queries for a rank. LOCAL_RANK picks
+// device.cu: GPU selection for a rank. LOCAL_RANK picks
 // the device; several ranks may share one GPU (the staged shared-memory
 // backend relies on it), so the choice wraps around the device count.
 #include <string.h>
@@ -20,14 +20,12 @@ extern "C" int cuda_device_init(int local_rank, CudaDeviceInfo *info, char *err,
     CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
     info->device = dev;
     info->n_devices = n;
-    strncpy(info->name, p.name, sizeof info->name - 1);
+    static_assert(sizeof info->name <= sizeof p.name, "device name buffer");
+    memcpy(info->name, p.name, sizeof info->name - 1);  // p.name is NUL-terminated
+    info->name[sizeof info->name - 1] = '\0';
     info->sm_major = p.major;
     info->sm_minor = p.minor;
     info->n_sms = p.multiProcessorCount;
     info->total_bytes = p.totalGlobalMem;
     return 0;
-}
-
-extern "C" void cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
-    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }

@@ -65,7 +65,8 @@ extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, 
     TP_NEED_PTR("cuda_op_dropout_fwd", out);
     TP_NEED_PTR("cuda_op_dropout_fwd", x);
     if (p == 0.0f) {
-        cuda_op_copy(out, x, n_elems, stream);  // no-op when out == x
+        // a plain copy: out is x (no-op) or does not overlap it (ops.h)
+        cuda_op_copy_bytes(out, x, n_elems * sizeof(float), NULL, stream);
         return;
     }
     dropout_launch(out, x, n_elems, p, seed, stream_id, false, stream);

@@ -1,4 +1,4 @@
-// elementwise.cu: activations, element-wise arithmetic and the sum of squares.
+// elementwise.cu: activations and element-wise arithmetic.
 //
 // Memory-bound one-liners: one grid-stride loop each, one element per
 // thread step, any alignment. add, accumulate, scale and ReLU are single
@@ -6,17 +6,11 @@
 // form in fp32, written as x * Phi(x) with Phi(x) = erfc(-x/sqrt2)/2, which
 // keeps full relative accuracy for negative x where 1 + erf(x) would
 // cancel; the CPU evaluates it in double, so the two differ by a few ulp.
-//
-// sumsq is deterministic: pass 1 has a grid that depends only on n_elems;
-// each thread sums its grid-stride elements in double, each block reduces
-// in a fixed tree and writes one partial; pass 2 (one block) reduces the
-// partials in the same fixed tree. Squares of floats are exact in double.
+// (Sums into device scalars are in reduce.cu.)
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
 #define EW_THREADS 256u
-#define SUMSQ_THREADS 256u
-#define SUMSQ_MAX_BLOCKS 1024u  // = threads of the final pass
 
 static const float GELU_INV_SQRT2 = 0.70710678118654752440f;
 static const float GELU_INV_SQRT_2PI = 0.39894228040143267794f;
@@ -75,30 +69,6 @@ __global__ void scale_kernel(float *x,  // (n_elems)
     GRID_STRIDE(i, n_elems) x[i] *= s;
 }
 
-// Pass 1: partials[blockIdx.x] = sum of x[i]^2 over this block's elements.
-__global__ void sumsq_partial_kernel(double *partials,  // (gridDim.x)
-                                     const float *x,    // (n_elems)
-                                     size_t n_elems) {
-    __shared__ double smem[TP_WARP];
-    double acc = 0.0;
-    GRID_STRIDE(i, n_elems) {
-        double xi = x[i];
-        acc += xi * xi;
-    }
-    acc = tp_block_sum(acc, smem);
-    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-}
-
-// Pass 2 (one block of SUMSQ_MAX_BLOCKS threads): out[0] = sum of partials.
-__global__ void sumsq_final_kernel(double *out,             // (1)
-                                   const double *partials,  // (n_partials)
-                                   int n_partials) {
-    __shared__ double smem[TP_WARP];
-    double acc = (int)threadIdx.x < n_partials ? partials[threadIdx.x] : 0.0;
-    acc = tp_block_sum(acc, smem);
-    if (threadIdx.x == 0) out[0] = acc;
-}
-
 // ---- launchers ---------------------------------------------------------------------
 
 static void act_fwd_launch(float *y, const float *x, size_t n_elems, Activation act,
@@ -130,22 +100,6 @@ static void accumulate_launch(float *y, const float *x, size_t n_elems, cudaStre
 static void scale_launch(float *x, float s, size_t n_elems, cudaStream_t stream) {
     scale_kernel<<<tp_grid_1d(n_elems, EW_THREADS), EW_THREADS, 0, stream>>>(x, s, n_elems);
     CUDA_CHECK(cudaGetLastError());
-}
-
-static double sumsq_launch(const float *x, size_t n_elems, cudaStream_t stream) {
-    unsigned n_blocks = tp_grid_1d(n_elems, SUMSQ_THREADS);
-    if (n_blocks > SUMSQ_MAX_BLOCKS) n_blocks = SUMSQ_MAX_BLOCKS;
-    double *buf = (double *)tp_scratch_alloc((n_blocks + 1) * sizeof(double), stream);
-    double *partials = buf + 1;  // (n_blocks); buf[0] is the result
-    sumsq_partial_kernel<<<n_blocks, SUMSQ_THREADS, 0, stream>>>(partials, x, n_elems);
-    CUDA_CHECK(cudaGetLastError());
-    sumsq_final_kernel<<<1, SUMSQ_MAX_BLOCKS, 0, stream>>>(buf, partials, (int)n_blocks);
-    CUDA_CHECK(cudaGetLastError());
-    double result = 0.0;
-    CUDA_CHECK(cudaMemcpyAsync(&result, buf, sizeof result, cudaMemcpyDeviceToHost, stream));
-    tp_scratch_free(buf, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    return result;
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -194,13 +148,4 @@ extern "C" void cuda_op_scale(float *x, float s, size_t n_elems, cudaStream_t st
     if (n_elems == 0) return;
     TP_NEED_PTR("cuda_op_scale", x);
     scale_launch(x, s, n_elems, stream);
-}
-
-extern "C" double cuda_op_sumsq(const float *x, size_t n_elems, cudaStream_t stream) {
-    if (n_elems == 0) {
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        return 0.0;
-    }
-    TP_NEED_PTR("cuda_op_sumsq", x);
-    return sumsq_launch(x, n_elems, stream);
 }

@@ -19,6 +19,8 @@
 // Cost: O(N log V_local) to sort, O(N * C) to add; a token repeated r times
 // is summed serially by one block (r steps), which is fine at these batch
 // sizes (splitting long runs would break bit-equality with the CPU).
+// The keys, values and CUB's temporary storage live in the caller's scratch
+// (cuda_embedding_bwd_scratch_bytes): no allocation.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda_ops.h"
@@ -108,36 +110,41 @@ static void embedding_fwd_launch(float *out, const int32_t *ids, const float *ta
     CUDA_CHECK(cudaGetLastError());
 }
 
-static size_t round_up_256(size_t n_bytes) { return (n_bytes + 255) / 256 * 256; }
+// Keys take values 0..V_local: sort only the bits that can be set.
+static int key_bits(int V_local) {
+    int end_bit = 0;
+    while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)V_local) end_bit++;
+    return end_bit;
+}
+
+// CUB's temporary storage for sorting N pairs (a size query: nothing runs).
+static size_t sort_temp_bytes(int N, int V_local) {
+    size_t n_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, n_bytes, (const uint32_t *)NULL,
+                                               (uint32_t *)NULL, (const int32_t *)NULL,
+                                               (int32_t *)NULL, N, 0, key_bits(V_local)));
+    return n_bytes;
+}
 
 static void embedding_bwd_launch(float *dtable, const float *dout, const int32_t *ids,
                                  float scale, int N, int C, int vocab_start, int V_local,
-                                 cudaStream_t stream) {
-    // keys take values 0..V_local: sort only the bits that can be set
-    int end_bit = 0;
-    while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)V_local) end_bit++;
-
-    size_t sort_bytes = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL,
-                                               (uint32_t *)NULL, (const int32_t *)NULL,
-                                               (int32_t *)NULL, N, 0, end_bit, stream));
-    const size_t arr_bytes = round_up_256((size_t)N * sizeof(uint32_t));
-    const size_t sort_off = 4 * arr_bytes;
-    char *buf = (char *)tp_scratch_alloc(sort_off + sort_bytes, stream);
-    uint32_t *keys_in = (uint32_t *)buf;                      // (N)
-    uint32_t *keys_out = (uint32_t *)(buf + arr_bytes);       // (N)
-    int32_t *vals_in = (int32_t *)(buf + 2 * arr_bytes);      // (N)
-    int32_t *vals_out = (int32_t *)(buf + 3 * arr_bytes);     // (N)
+                                 TpCarver *cv, cudaStream_t stream) {
+    const size_t arr_bytes = (size_t)N * sizeof(uint32_t);
+    uint32_t *keys_in = (uint32_t *)tp_carve(cv, arr_bytes);   // (N)
+    uint32_t *keys_out = (uint32_t *)tp_carve(cv, arr_bytes);  // (N)
+    int32_t *vals_in = (int32_t *)tp_carve(cv, arr_bytes);     // (N)
+    int32_t *vals_out = (int32_t *)tp_carve(cv, arr_bytes);    // (N)
+    size_t sort_bytes = sort_temp_bytes(N, V_local);
+    void *sort_temp = tp_carve(cv, sort_bytes);                // CUB's temporary storage
 
     embedding_keys_kernel<<<tp_grid_1d((size_t)N, 256), 256, 0, stream>>>(keys_in, vals_in, ids,
                                                                           N, vocab_start, V_local);
     CUDA_CHECK(cudaGetLastError());
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(buf + sort_off, sort_bytes, keys_in, keys_out,
-                                               vals_in, vals_out, N, 0, end_bit, stream));
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys_in, keys_out, vals_in,
+                                               vals_out, N, 0, key_bits(V_local), stream));
     embedding_bwd_runs_kernel<<<tp_grid_1d((size_t)N, 1), row_threads(C), 0, stream>>>(
         dtable, dout, keys_out, vals_out, scale, N, C, V_local);
     CUDA_CHECK(cudaGetLastError());
-    tp_scratch_free(buf, stream);
 }
 
 static void add_positions_launch(float *x, int B, int T, int C, cudaStream_t stream) {
@@ -166,15 +173,23 @@ extern "C" void cuda_op_embedding_fwd(float *out, const int32_t *ids, const floa
     embedding_fwd_launch(out, ids, table, scale, N, C, vocab_start, V_local, stream);
 }
 
+extern "C" size_t cuda_embedding_bwd_scratch_bytes(int N, int V_local) {
+    if (N <= 0 || V_local <= 0) return 0;
+    return 4 * tp_scratch_round((size_t)N * sizeof(uint32_t)) +
+           tp_scratch_round(sort_temp_bytes(N, V_local));
+}
+
 extern "C" void cuda_op_embedding_bwd(float *dtable, const float *dout, const int32_t *ids,
                                       float scale, int N, int C, int vocab_start, int V_local,
-                                      cudaStream_t stream) {
+                                      void *scratch, cudaStream_t stream) {
     check_embedding("cuda_op_embedding_bwd", N, C, vocab_start, V_local);
     if (N == 0 || C == 0 || V_local == 0) return;  // no row of this shard is touched
     TP_NEED_PTR("cuda_op_embedding_bwd", dtable);
     TP_NEED_PTR("cuda_op_embedding_bwd", dout);
     TP_NEED_PTR("cuda_op_embedding_bwd", ids);
-    embedding_bwd_launch(dtable, dout, ids, scale, N, C, vocab_start, V_local, stream);
+    TpCarver cv = tp_carver(scratch, cuda_embedding_bwd_scratch_bytes(N, V_local),
+                            "cuda_op_embedding_bwd");
+    embedding_bwd_launch(dtable, dout, ids, scale, N, C, vocab_start, V_local, &cv, stream);
 }
 
 extern "C" void cuda_op_add_positions(float *x, int B, int T, int C, cudaStream_t stream) {

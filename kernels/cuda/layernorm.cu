@@ -11,7 +11,8 @@
 // into fixed chunks of LN_CHUNK_ROWS and a (32 x 8) block sums 32 columns
 // of one chunk in double (each thread its rows in order, then the 8
 // row-threads in order) into per-chunk partials; pass 2 sums each column's
-// partials over chunks in order and adds the result, rounded once.
+// partials over chunks in order and adds the result, rounded once. The
+// partials live in the caller's scratch (cuda_layernorm_bwd_scratch_bytes).
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
@@ -156,18 +157,19 @@ static void layernorm_fwd_launch(float *y, float *mean, float *rstd, const float
     CUDA_CHECK(cudaGetLastError());
 }
 
+static int ln_chunks(int N) { return (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS; }
+
 static void layernorm_bwd_launch(float *dx, float *dgamma, float *dbeta, const float *dy,
                                  const float *x, const float *mean, const float *rstd,
-                                 const float *gamma, int N, int C, cudaStream_t stream) {
+                                 const float *gamma, int N, int C,
+                                 double *part_dgamma,  // (n_chunks, C)
+                                 double *part_dbeta,   // (n_chunks, C)
+                                 cudaStream_t stream) {
     layernorm_bwd_dx_kernel<<<row_blocks(N), LN_THREADS, 0, stream>>>(dx, dy, x, mean, rstd,
                                                                       gamma, N, C);
     CUDA_CHECK(cudaGetLastError());
 
-    const int n_chunks = (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS;
-    TP_CHECK(n_chunks <= 65535, "cuda_op_layernorm_bwd: N = %d rows too many", N);
-    double *part = (double *)tp_scratch_alloc(2 * (size_t)n_chunks * C * sizeof(double), stream);
-    double *part_dgamma = part;                          // (n_chunks, C)
-    double *part_dbeta = part + (size_t)n_chunks * C;    // (n_chunks, C)
+    const int n_chunks = ln_chunks(N);
     dim3 grid((C + LN_COLS - 1) / LN_COLS, n_chunks), block(LN_COLS, LN_ROWT);
     layernorm_bwd_partial_kernel<<<grid, block, 0, stream>>>(part_dgamma, part_dbeta, dy, x, mean,
                                                              rstd, N, C);
@@ -175,7 +177,6 @@ static void layernorm_bwd_launch(float *dx, float *dgamma, float *dbeta, const f
     layernorm_bwd_final_kernel<<<(C + LN_THREADS - 1) / LN_THREADS, LN_THREADS, 0, stream>>>(
         dgamma, dbeta, part_dgamma, part_dbeta, n_chunks, C);
     CUDA_CHECK(cudaGetLastError());
-    tp_scratch_free(part, stream);
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -197,9 +198,15 @@ extern "C" void cuda_op_layernorm_fwd(float *y, float *mean, float *rstd, const 
     layernorm_fwd_launch(y, mean, rstd, x, gamma, beta, N, C, eps, stream);
 }
 
+extern "C" size_t cuda_layernorm_bwd_scratch_bytes(int N, int C) {
+    if (N <= 0 || C <= 0) return 0;
+    return 2 * tp_scratch_round((size_t)ln_chunks(N) * (size_t)C * sizeof(double));
+}
+
 extern "C" void cuda_op_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,
                                       const float *x, const float *mean, const float *rstd,
-                                      const float *gamma, int N, int C, cudaStream_t stream) {
+                                      const float *gamma, int N, int C, void *scratch,
+                                      cudaStream_t stream) {
     TP_NEED_SIZE("cuda_op_layernorm_bwd", N);
     TP_NEED_SIZE("cuda_op_layernorm_bwd", C);
     if (N == 0 || C == 0) return;  // adds nothing
@@ -211,5 +218,11 @@ extern "C" void cuda_op_layernorm_bwd(float *dx, float *dgamma, float *dbeta, co
     TP_NEED_PTR("cuda_op_layernorm_bwd", mean);
     TP_NEED_PTR("cuda_op_layernorm_bwd", rstd);
     TP_NEED_PTR("cuda_op_layernorm_bwd", gamma);
-    layernorm_bwd_launch(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C, stream);
+    TP_CHECK(ln_chunks(N) <= 65535, "cuda_op_layernorm_bwd: N = %d rows too many", N);
+    TpCarver cv = tp_carver(scratch, cuda_layernorm_bwd_scratch_bytes(N, C), "cuda_op_layernorm_bwd");
+    const size_t part_bytes = (size_t)ln_chunks(N) * C * sizeof(double);
+    double *part_dgamma = (double *)tp_carve(&cv, part_bytes);  // (n_chunks, C)
+    double *part_dbeta = (double *)tp_carve(&cv, part_bytes);   // (n_chunks, C)
+    layernorm_bwd_launch(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C, part_dgamma,
+                         part_dbeta, stream);
 }

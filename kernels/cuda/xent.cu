@@ -8,35 +8,46 @@
 // backward recomputes exp(x - lse) per element from the saved lse.
 //
 // Targets live on the device, so the forward ops cannot die at a bad row
-// as the CPU does: a separate one-block kernel counts non-ignored rows and
-// targets outside [0, V) (an integer block sum, no atomics); the host reads
-// both after synchronising and dies if any target was bad. Bad rows get
-// loss 0 meanwhile.
+// as the CPU does, and they must not synchronise to ask. A separate
+// one-block kernel counts the targets outside [0, V) (an integer block sum
+// and a block min for the first bad row: no atomics) and, only when it finds
+// some, records them in the caller's CudaOpStatus, which lives in host
+// memory mapped into the device. The backend reads it at its next
+// synchronisation and dies there with cuda_status_message's sentence. Bad
+// rows get loss 0 meanwhile.
+#include <stdio.h>
+
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
 #define XENT_THREADS 256u
-#define XENT_COUNT_THREADS 1024u
+#define XENT_CHECK_THREADS 1024u
 
 // ---- kernels ---------------------------------------------------------------------
 
-// counts[0] = rows with target != ignore_id, counts[1] = those outside [0, V).
-__global__ void xent_count_kernel(int *counts,             // (2)
+// Records targets outside [0, V) (ignore_id aside) in *status; one block.
+// Writes nothing when every target is valid.
+__global__ void xent_check_kernel(CudaOpStatus *status,    // (1) host memory, mapped
                                   const int32_t *targets,  // (N)
-                                  int N, int V, int32_t ignore_id) {
+                                  int N, int V, int32_t ignore_id, int op) {
     __shared__ int smem[TP_WARP];
-    int valid = 0, bad = 0;
+    int bad = 0, first = INT_MAX;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
         const int32_t y = targets[n];
-        if (y == ignore_id) continue;
-        valid++;
-        bad += y < 0 || y >= V;
+        if (y == ignore_id || (y >= 0 && y < V)) continue;
+        bad++;
+        first = min(first, n);
     }
-    valid = tp_block_sum(valid, smem);
     bad = tp_block_sum(bad, smem);
-    if (threadIdx.x == 0) {
-        counts[0] = valid;
-        counts[1] = bad;
+    first = tp_block_min(first, smem);
+    if (threadIdx.x == 0 && bad > 0) {
+        if (status->n_bad_targets == 0) {
+            status->first_bad_row = first;
+            status->first_bad_target = targets[first];
+            status->V = V;
+            status->op = op;
+        }
+        status->n_bad_targets += bad;
     }
 }
 
@@ -176,29 +187,21 @@ __global__ void xent_vp_loss_kernel(float *losses,           // (N)
 
 // ---- launchers ---------------------------------------------------------------------
 
-// Enqueues the count kernel, synchronises and returns the non-ignored rows;
-// dies naming op if a target is outside [0, V).
-static int count_targets_sync(const char *op, const int32_t *targets, int N, int V,
-                              int32_t ignore_id, cudaStream_t stream) {
-    int *counts = (int *)tp_scratch_alloc(2 * sizeof(int), stream);
-    xent_count_kernel<<<1, XENT_COUNT_THREADS, 0, stream>>>(counts, targets, N, V, ignore_id);
+static void check_targets_launch(CudaOpStatus *status, const int32_t *targets, int N, int V,
+                                 int32_t ignore_id, int op, cudaStream_t stream) {
+    xent_check_kernel<<<1, XENT_CHECK_THREADS, 0, stream>>>(status, targets, N, V, ignore_id, op);
     CUDA_CHECK(cudaGetLastError());
-    int host[2] = {0, 0};
-    CUDA_CHECK(cudaMemcpyAsync(host, counts, sizeof host, cudaMemcpyDeviceToHost, stream));
-    tp_scratch_free(counts, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    TP_CHECK(host[1] == 0, "%s: %d targets outside [0, %d)", op, host[1], V);
-    return host[0];
 }
 
 static unsigned row_grid(int N) { return tp_grid_1d((size_t)N, 1); }
 
-static int xent_fwd_launch(float *losses, float *lse, const float *logits, const int32_t *targets,
-                           int N, int V, float eps, int32_t ignore_id, cudaStream_t stream) {
+static void xent_fwd_launch(float *losses, float *lse, const float *logits,
+                            const int32_t *targets, int N, int V, float eps, int32_t ignore_id,
+                            CudaOpStatus *status, cudaStream_t stream) {
     xent_fwd_kernel<<<row_grid(N), XENT_THREADS, 0, stream>>>(losses, lse, logits, targets, N, V,
                                                              eps, ignore_id);
     CUDA_CHECK(cudaGetLastError());
-    return count_targets_sync("cuda_op_xent_fwd", targets, N, V, ignore_id, stream);
+    check_targets_launch(status, targets, N, V, ignore_id, CUDA_STATUS_XENT_FWD, stream);
 }
 
 static void xent_bwd_launch(float *dlogits, const float *logits, const float *lse,
@@ -228,32 +231,42 @@ static void xent_vp_sums_launch(float *stats, const float *logits, const float *
     CUDA_CHECK(cudaGetLastError());
 }
 
-static int xent_vp_loss_launch(float *losses, float *lse, const float *row_max,
-                               const float *stats, const int32_t *targets, int N, int V,
-                               float eps, int32_t ignore_id, cudaStream_t stream) {
+static void xent_vp_loss_launch(float *losses, float *lse, const float *row_max,
+                                const float *stats, const int32_t *targets, int N, int V,
+                                float eps, int32_t ignore_id, CudaOpStatus *status,
+                                cudaStream_t stream) {
     xent_vp_loss_kernel<<<tp_grid_1d((size_t)N, XENT_THREADS), XENT_THREADS, 0, stream>>>(
         losses, lse, row_max, stats, targets, N, V, eps, ignore_id);
     CUDA_CHECK(cudaGetLastError());
-    return count_targets_sync("cuda_op_xent_vp_loss", targets, N, V, ignore_id, stream);
+    check_targets_launch(status, targets, N, V, ignore_id, CUDA_STATUS_XENT_VP_LOSS, stream);
 }
 
 // ---- exported ops ---------------------------------------------------------------------
 
-extern "C" int cuda_op_xent_fwd(float *losses, float *lse, const float *logits,
-                                const int32_t *targets, int N, int V, float eps,
-                                int32_t ignore_id, cudaStream_t stream) {
+extern "C" bool cuda_status_message(const volatile CudaOpStatus *status, char *buf, size_t len) {
+    if (status->n_bad_targets == 0) return false;
+    snprintf(buf, len,
+             "%s: %d target%s outside [0, %d) (the first: %d in row %d; found on the device, "
+             "reported at the next synchronisation)",
+             status->op == CUDA_STATUS_XENT_VP_LOSS ? "op_xent_vp_loss" : "op_xent_fwd",
+             status->n_bad_targets, status->n_bad_targets == 1 ? "" : "s", status->V,
+             status->first_bad_target, status->first_bad_row);
+    return true;
+}
+
+extern "C" void cuda_op_xent_fwd(float *losses, float *lse, const float *logits,
+                                 const int32_t *targets, int N, int V, float eps,
+                                 int32_t ignore_id, CudaOpStatus *status, cudaStream_t stream) {
     const char *op = "cuda_op_xent_fwd";
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, V);
-    if (N == 0) {
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        return 0;
-    }
+    if (N == 0) return;
     TP_NEED_PTR(op, losses);
     TP_NEED_PTR(op, lse);
     if (V > 0) TP_NEED_PTR(op, logits);  // V == 0: every row must be ignored
     TP_NEED_PTR(op, targets);
-    return xent_fwd_launch(losses, lse, logits, targets, N, V, eps, ignore_id, stream);
+    TP_NEED_PTR(op, status);
+    xent_fwd_launch(losses, lse, logits, targets, N, V, eps, ignore_id, status, stream);
 }
 
 extern "C" void cuda_op_xent_bwd(float *dlogits, const float *logits, const float *lse,
@@ -302,22 +315,22 @@ extern "C" void cuda_op_xent_vp_sums(float *stats, const float *logits, const fl
                         ignore_id, stream);
 }
 
-extern "C" int cuda_op_xent_vp_loss(float *losses, float *lse, const float *row_max,
-                                    const float *stats, const int32_t *targets, int N, int V,
-                                    float eps, int32_t ignore_id, cudaStream_t stream) {
+extern "C" void cuda_op_xent_vp_loss(float *losses, float *lse, const float *row_max,
+                                     const float *stats, const int32_t *targets, int N, int V,
+                                     float eps, int32_t ignore_id, CudaOpStatus *status,
+                                     cudaStream_t stream) {
     const char *op = "cuda_op_xent_vp_loss";
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, V);
-    if (N == 0) {
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        return 0;
-    }
+    if (N == 0) return;
     TP_NEED_PTR(op, losses);
     TP_NEED_PTR(op, lse);
     TP_NEED_PTR(op, row_max);
     TP_NEED_PTR(op, stats);
     TP_NEED_PTR(op, targets);
-    return xent_vp_loss_launch(losses, lse, row_max, stats, targets, N, V, eps, ignore_id, stream);
+    TP_NEED_PTR(op, status);
+    xent_vp_loss_launch(losses, lse, row_max, stats, targets, N, V, eps, ignore_id, status,
+                        stream);
 }
 
 extern "C" void cuda_op_xent_vp_bwd(float *dlogits, const float *logits, const float *lse,

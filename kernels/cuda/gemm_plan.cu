@@ -1,0 +1,229 @@
+// gemm_plan.cu: the GEMM context and its cache of cuBLASLt plans (the ops
+// are in gemm.cu, whose header comment explains the row-major mapping the
+// descriptors here encode).
+//
+// A plan is keyed by everything that shapes the heuristic's answer: exact
+// sizes, transposes, operand type, epilogue and the alignment of every
+// pointer. Exact sizes, not buckets: the same call must get the same
+// algorithm whatever ran before, or the bits of a step would depend on the
+// order batches arrived in (and bit-exact resume would break). So the cache
+// is built to hold many shapes cheaply: CUDA_GEMM_PLAN_SETS sets of
+// CUDA_GEMM_PLAN_WAYS plans; a key's hash picks the set, the set is searched
+// in full, and on a miss the least recently used plan of the set is
+// replaced. Varying token counts then cost one heuristic query per new
+// shape, a lookup costs a hash and four key compares.
+//
+// Fused epilogues (bias, bias gradient) are optional: when cuBLASLt has no
+// algorithm for one or refuses to run it, the plan is marked unsupported
+// and the caller runs the separate kernel. A refusal with a status other
+// than CUBLAS_STATUS_NOT_SUPPORTED is unexpected, so it is counted and
+// logged once per context; plain GEMMs that fail end the process.
+#include <stdio.h>
+#include <string.h>
+
+#include "gemm_plan.h"
+
+static bool key_eq(const PlanKey *a, const PlanKey *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+// FNV-1a over the key's bytes (keys are zero-filled before their fields are set).
+static uint32_t key_hash(const PlanKey *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+static uint32_t align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a % al) != 0) al >>= 1;
+    return al;
+}
+
+static const char *epilogue_name(cublasLtEpilogue_t e) {
+    return e == CUBLASLT_EPILOGUE_BIAS ? "bias" : e == CUBLASLT_EPILOGUE_BGRADB ? "bias-gradient" : "plain";
+}
+
+static void lt_die(const char *what, cublasStatus_t s, const PlanKey *k) __attribute__((noreturn));
+static void lt_die(const char *what, cublasStatus_t s, const PlanKey *k) {
+    int dev = -1;
+    cudaGetDevice(&dev);
+    tp_die(__FILE__, __LINE__,
+           "%s failed on device %d: %s (%s) for gemm trans_a=%d trans_b=%d M=%d N=%d K=%d %s, %s epilogue", what,
+           dev, cublasLtGetStatusName(s), cublasLtGetStatusString(s), k->trans_a, k->trans_b, k->M, k->N, k->K,
+           k->ab_type == CUDA_R_16BF ? "bf16" : "fp32", epilogue_name(k->epilogue));
+}
+
+// An epilogue cuBLASLt will not do: counted, and logged once when the
+// status is anything but the expected NOT_SUPPORTED.
+static void epilogue_refused(CudaGemmCtx *ctx, const PlanKey *k, cublasStatus_t s) {
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return;
+    ctx->stats.n_epilogue_refusals++;
+    if (ctx->warned_refusal) return;
+    ctx->warned_refusal = true;
+    fprintf(stderr,
+            "warning: cuBLASLt refused the fused %s epilogue with %s for gemm M=%d N=%d K=%d %s; the separate "
+            "bias kernels run instead (logged once)\n",
+            epilogue_name(k->epilogue), cublasLtGetStatusName(s), k->M, k->N, k->K,
+            k->ab_type == CUDA_R_16BF ? "bf16" : "fp32");
+}
+
+static void plan_release(Plan *p) {
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->lay_c);
+    cublasLtMatrixLayoutDestroy(p->lay_b);
+    cublasLtMatrixLayoutDestroy(p->lay_a);
+    cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
+    const cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // A_lt is our B
+    const cublasOperation_t op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // B_lt is our A
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue,
+                                                sizeof k->epilogue));
+    if (k->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        const cudaDataType_t bias_type = CUDA_R_32F;  // bias and bias gradient are fp32 like D
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                    sizeof bias_type));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                    sizeof bias));
+    }
+    const uint64_t M = (uint64_t)k->M, N = (uint64_t)k->N, K = (uint64_t)k->K;
+    if (k->trans_b)
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_a, k->ab_type, K, N, (int64_t)K));
+    else
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_a, k->ab_type, N, K, (int64_t)N));
+    if (k->trans_a)
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_b, k->ab_type, M, K, (int64_t)M));
+    else
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_b, k->ab_type, K, M, (int64_t)K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_c, CUDA_R_32F, N, M, (int64_t)N));
+}
+
+// Asks the heuristic for one algorithm for p's descriptors.
+static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
+    const PlanKey *k = &p->key;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = ctx->stats.workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    // A_lt is our B, B_lt our A; C and D are the same buffer.
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_b,
+                                                      sizeof k->align_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->align_a,
+                                                      sizeof k->align_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->align_c,
+                                                      sizeof k->align_c));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_c,
+                                                      sizeof k->align_c));
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int n_found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(ctx->handle, p->desc, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
+                                                      pref, 1, &res, &n_found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s == CUBLAS_STATUS_SUCCESS && n_found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+        p->algo = res.algo;
+        p->supported = 1;
+        return;
+    }
+    if (s == CUBLAS_STATUS_SUCCESS) s = n_found > 0 ? res.state : CUBLAS_STATUS_NOT_SUPPORTED;
+    if (k->epilogue == CUBLASLT_EPILOGUE_DEFAULT) lt_die("cublasLtMatmulAlgoGetHeuristic", s, k);
+    epilogue_refused(ctx, k, s);
+}
+
+// The cached plan of k, made (and the heuristic asked) on a miss.
+static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias) {
+    Plan *set = ctx->plans[key_hash(k) % CUDA_GEMM_PLAN_SETS];
+    ctx->clock++;
+    Plan *victim = &set[0];
+    for (int w = 0; w < CUDA_GEMM_PLAN_WAYS; w++) {
+        Plan *p = &set[w];
+        if (p->used && key_eq(&p->key, k)) {
+            p->last_use = ctx->clock;
+            return p;
+        }
+        if (!p->used) {
+            if (victim->used) victim = p;
+        } else if (victim->used && p->last_use < victim->last_use) {
+            victim = p;
+        }
+    }
+    if (victim->used) ctx->stats.n_plan_evictions++;
+    plan_release(victim);
+    victim->used = 1;
+    victim->key = *k;
+    victim->last_use = ctx->clock;
+    ctx->stats.n_plans++;
+    plan_descriptors(victim, k, bias);
+    plan_choose(ctx, victim);
+    return victim;
+}
+
+bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+                    const void *B, cudaDataType_t ab_type, float beta, float *C, cublasLtEpilogue_t epilogue,
+                    const void *bias) {
+    PlanKey k;
+    memset(&k, 0, sizeof k);  // padding too: keys are hashed and compared as bytes
+    k.trans_a = trans_a;
+    k.trans_b = trans_b;
+    k.M = M;
+    k.N = N;
+    k.K = K;
+    k.ab_type = ab_type;
+    k.epilogue = epilogue;
+    k.align_a = align_of(A);
+    k.align_b = align_of(B);
+    k.align_c = align_of(C);
+    k.align_bias = epilogue == CUBLASLT_EPILOGUE_DEFAULT ? 0 : align_of(bias);
+    Plan *p = plan_lookup(ctx, &k, bias);
+    if (!p->supported) return false;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    cublasStatus_t s = cublasLtMatmul(ctx->handle, p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, C,
+                                      p->lay_c, &p->algo, ctx->workspace, ctx->stats.workspace_bytes, ctx->stream);
+    if (s != CUBLAS_STATUS_SUCCESS && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        // refused before anything was queued: remembered, later calls go straight to the separate kernel
+        p->supported = 0;
+        epilogue_refused(ctx, &k, s);
+        return false;
+    }
+    if (s != CUBLAS_STATUS_SUCCESS) lt_die("cublasLtMatmul", s, &k);
+    ctx->stats.n_matmuls++;
+    return true;
+}
+
+// ---- context -----------------------------------------------------------------------
+
+extern "C" CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecision precision, void *workspace,
+                                             size_t workspace_bytes) {
+    TP_CHECK(precision == CUDA_GEMM_FP32 || precision == CUDA_GEMM_BF16, "cuda_gemm_ctx_create: precision %d",
+             (int)precision);
+    TP_CHECK(workspace_bytes == 0 || workspace, "cuda_gemm_ctx_create: no workspace for %zu bytes",
+             workspace_bytes);
+    CudaGemmCtx *ctx = (CudaGemmCtx *)TP_CALLOC(1, sizeof *ctx);
+    CUDA_CHECK(cudaGetDevice(&ctx->device));
+    ctx->stream = stream;
+    ctx->precision = precision;
+    ctx->fuse = true;
+    ctx->workspace = workspace;
+    ctx->stats.workspace_bytes = workspace_bytes;
+    CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
+    return ctx;
+}
+
+extern "C" void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx) {
+    if (!ctx) return;
+    CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    for (int s = 0; s < CUDA_GEMM_PLAN_SETS; s++)
+        for (int w = 0; w < CUDA_GEMM_PLAN_WAYS; w++) plan_release(&ctx->plans[s][w]);
+    CUBLAS_CHECK(cublasLtDestroy(ctx->handle));
+    free(ctx);
+}
+
+extern "C" void cuda_gemm_set_fused_epilogues(CudaGemmCtx *ctx, bool on) { ctx->fuse = on; }
+extern "C" CudaGemmStats cuda_gemm_stats(const CudaGemmCtx *ctx) { return ctx->stats; }

@@ -1,0 +1,402 @@
+/* ops_gemm.c: GEMM and the linear layers through a backend, in the
+ * backend's precision, against the CPU reference: every transpose, odd
+ * sizes, alpha != 1, beta 0 over NaN garbage and beta 1, K = 0; the linear
+ * forward with and without bias and the backward with every subset of
+ * dx, dW, db, with the weight inside a registered master range (its bf16
+ * twin on CUDA) and outside; on CUDA with the fused epilogues and the
+ * separate bias kernels; run-to-run determinism; the compute weights'
+ * rounding. In bf16 the reference is the fp32 one on operands rounded to
+ * bf16 here (ref_bf16), biases and bias gradients from fp32 values; the CPU
+ * backend must match it bit for bit, the GPU within BF16_SAME_INPUT_TOL.
+ * Negative controls show the comparisons reject a wrong transpose and a
+ * planted error. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "harness.h"
+
+/* ---- epilogue modes: CUDA runs each linear case fused and separate ---------------------- */
+
+static int n_modes(const Target *t) { return t->is_cpu ? 1 : 2; }
+
+static void set_mode(const Target *t, int mode) {
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) gpu_set_fused_epilogues(t->be, mode == 0);
+#else
+    (void)t, (void)mode;
+#endif
+}
+
+typedef struct {
+    long bias_fused, bias_separate, bgrad_fused, bgrad_separate;
+} EpilogueCounts;
+
+static EpilogueCounts counts(const Target *t) {
+    EpilogueCounts c = {0, 0, 0, 0};
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) {
+        GpuGemmCounts g = gpu_gemm_counts(t->be);
+        c = (EpilogueCounts){g.bias_fused, g.bias_separate, g.bgrad_fused, g.bgrad_separate};
+    }
+#else
+    (void)t;
+#endif
+    return c;
+}
+
+/* ---- gemm ---------------------------------------------------------------------------- */
+
+static bool any_differs(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return true;
+    return false;
+}
+
+/* A_in_master: A lives in a registered master range (the GEMM may use its twin). */
+static void gemm_case(const Target *t, bool ta, bool tb, int M, int N, int K, float alpha, float beta,
+                      bool A_in_master, Rng *rng) {
+    Backend *be = t->be;
+    char what[160];
+    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *A = rand_floats(na, rng, -1, 1), *B = rand_floats(nb, rng, -1, 1), *C0 = rand_floats(nc, rng, -1, 1);
+    float *dA = dev_from(t, A, na), *dB = dev_from(t, B, nb);
+    if (A_in_master) {
+        backend_add_compute_weights(be, dA, na);  // casts the twin where the backend keeps one
+        backend_recast_weights(be);
+    }
+    float *dC = beta == 0.0f ? dev_nan(t, nc) : dev_from(t, C0, nc);
+    op_gemm(be, ta, tb, M, N, K, alpha, dA, dB, beta, dC);
+    float *got = dev_fetch(t, dC, nc);
+    float *want = host_copy(C0, nc);
+    cpu_gemm(ta, tb, M, N, K, alpha, A, B, beta, want);
+    const float *start = beta == 0.0f ? NULL : C0;
+    snprintf(what, sizeof what, "gemm ta=%d tb=%d %dx%dx%d alpha=%g beta=%g%s", ta, tb, M, N, K, (double)alpha,
+             (double)beta, A_in_master ? " (A registered)" : "");
+    if (!t->bf16) {
+        check_rel(t, what, got, want, start, nc, tol(t, FP32_TOL));
+    } else {
+        float *Ab = host_bf16(A, na), *Bb = host_bf16(B, nb), *want_b = host_copy(C0, nc);
+        cpu_gemm(ta, tb, M, N, K, alpha, Ab, Bb, beta, want_b);
+        check_rel(t, what, got, want_b, start, nc, tol(t, BF16_SAME_INPUT_TOL));
+        check_rel(t, what, got, want, start, nc, BF16_TOL);  // and near the fp32 result
+        TCHECK(any_differs(got, want, nc), "%s: %s: bf16 result equals the fp32 one: no rounding", t->name, what);
+        free(Ab), free(Bb), free(want_b);
+    }
+    if (A_in_master) backend_remove_compute_weights(be, dA);
+    free(A), free(B), free(C0), free(got), free(want);
+    dev_free(t, dA), dev_free(t, dB), dev_free(t, dC);
+}
+
+/* K = 0: C = beta C, with beta = 0 clearing NaN garbage. */
+static void gemm_k0(const Target *t, Rng *rng) {
+    const int M = 7, N = 9;
+    const size_t nc = (size_t)M * N;
+    float *C0 = rand_floats(nc, rng, -1, 1);
+    float *dA = dev_nan(t, 1), *dB = dev_nan(t, 1);
+    const float betas[] = {0.0f, 1.0f, 0.5f};
+    for (int i = 0; i < 3; i++) {
+        float *dC = betas[i] == 0.0f ? dev_nan(t, nc) : dev_from(t, C0, nc);
+        op_gemm(t->be, false, false, M, N, 0, 1.0f, dA, dB, betas[i], dC);
+        float *got = dev_fetch(t, dC, nc);
+        bool ok = true;
+        for (size_t j = 0; j < nc; j++) ok &= got[j] == betas[i] * C0[j];
+        TCHECK(ok, "%s: gemm K=0 beta=%g leaves beta*C", t->name, (double)betas[i]);
+        free(got);
+        dev_free(t, dC);
+    }
+    dev_free(t, dA), dev_free(t, dB);
+    free(C0);
+}
+
+/* The comparison can fail: a wrong transpose and a planted error are caught. */
+static void negative_controls(const Target *t, Rng *rng) {
+    const int M = 37, N = 53, K = 29;
+    const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+    float *A = rand_floats(na, rng, -1, 1), *B = rand_floats(nb, rng, -1, 1);
+    float *dA = dev_from(t, A, na), *dB = dev_from(t, B, nb), *dC = dev_nan(t, nc);
+    op_gemm(t->be, true, false, M, N, K, 1.0f, dA, dB, 0.0f, dC);
+    float *got = dev_fetch(t, dC, nc);
+    float *wrong = host_alloc(nc), *want = host_alloc(nc);
+    cpu_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, wrong);  // the same bytes read without the transpose
+    cpu_gemm(true, false, M, N, K, 1.0f, A, B, 0.0f, want);
+    want[nc / 2] += 0.05f;  // planted: 5e-2 of an O(1) entry, above bf16 rounding, far above fp32's
+    const double limit = t->bf16 ? BF16_TOL : FP32_TOL;
+    const double e_wrong = rel_err(got, wrong, NULL, nc), e_planted = rel_err(got, want, NULL, nc);
+    TCHECK(e_wrong > limit, "%s: a wrong transpose goes unnoticed (error %.3g <= %.1g)", t->name, e_wrong, limit);
+    TCHECK(e_planted > (t->bf16 ? 1e-3 : FP32_TOL), "%s: a planted error goes unnoticed (error %.3g)", t->name,
+           e_planted);
+    free(A), free(B), free(got), free(wrong), free(want);
+    dev_free(t, dA), dev_free(t, dB), dev_free(t, dC);
+}
+
+void test_gemm(const Target *t, Rng *rng) {
+    static const int sizes[][3] = {{37, 53, 29}, {1, 1, 1}, {5, 130, 7}, {64, 48, 96}, {128, 96, 256}, {200, 160, 1024}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                gemm_case(t, ta, tb, sizes[i][0], sizes[i][1], sizes[i][2], 1.0f, 0.0f, false, rng);
+                gemm_case(t, ta, tb, sizes[i][0], sizes[i][1], sizes[i][2], 1.0f, 1.0f, false, rng);
+            }
+    gemm_case(t, true, false, 37, 53, 29, 0.5f, 1.0f, false, rng);
+    gemm_case(t, false, true, 37, 53, 29, -2.0f, 0.0f, false, rng);
+    gemm_case(t, false, true, 64, 300, 96, 1.0f, 0.0f, true, rng);  // logits = x E^T with E registered
+    gemm_case(t, true, false, 64, 48, 96, 1.0f, 1.0f, true, rng);
+    gemm_k0(t, rng);
+    negative_controls(t, rng);
+}
+
+/* ---- linear layers ---------------------------------------------------------------------- */
+
+/* Where a case's weight lives: a master range [pad | W (out, in) | b (out) | pad]
+ * registered as compute weights (at an odd offset or a 16-byte aligned one:
+ * carved parameters have both; the CUDA backend uses only aligned twins),
+ * or plain buffers. */
+typedef struct {
+    float *master;  // the registered range, or NULL
+    float *W, *b;   // device pointers
+} Weights;
+
+static Weights weights_make(const Target *t, const float *W, const float *b, int in, int out, bool registered) {
+    Weights w = {NULL, NULL, NULL};
+    const size_t nw = (size_t)out * in;
+    if (!registered) {
+        w.W = dev_from(t, W, nw);
+        w.b = dev_from(t, b, out);
+        return w;
+    }
+    const size_t pad = in % 2 ? 37 : 40, n = pad + nw + out + 3;  // a twin 2- or 16-byte aligned
+    w.master = backend_alloc(t->be, n * sizeof(float), MEM_MASTER);
+    w.W = w.master + pad;
+    w.b = w.W + nw;
+    backend_upload(t->be, w.W, W, nw * sizeof(float));
+    backend_upload(t->be, w.b, b, out * sizeof(float));
+    backend_add_compute_weights(t->be, w.master, n);
+    backend_recast_weights(t->be);
+    return w;
+}
+
+static void weights_free(const Target *t, Weights *w) {
+    if (w->master) {
+        backend_remove_compute_weights(t->be, w->master);
+        dev_free(t, w->master);
+    } else {
+        dev_free(t, w->W), dev_free(t, w->b);
+    }
+}
+
+static void linear_fwd_case(const Target *t, int mode, bool with_bias, bool registered, int N, int in, int out,
+                            Rng *rng) {
+    char what[160];
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *b = rand_floats(out, rng, -1, 1);
+    Weights w = weights_make(t, W, b, in, out, registered);
+    float *d_x = dev_from(t, x, nx), *d_y = dev_nan(t, ny);
+    set_mode(t, mode);
+    EpilogueCounts c0 = counts(t);
+    op_linear_fwd(t->be, d_y, d_x, w.W, with_bias ? w.b : NULL, N, in, out);
+    EpilogueCounts c1 = counts(t);
+    float *got = dev_fetch(t, d_y, ny), *want = host_alloc(ny);
+    snprintf(what, sizeof what, "linear_fwd N=%d in=%d out=%d bias=%d %s%s", N, in, out, with_bias,
+             registered ? "registered W" : "plain W", mode ? " separate" : "");
+    cpu_linear_fwd(want, x, W, with_bias ? b : NULL, N, in, out);
+    if (!t->bf16) {
+        check_rel(t, what, got, want, NULL, ny, tol(t, FP32_TOL));
+    } else {
+        check_rel(t, what, got, want, NULL, ny, BF16_TOL);
+        float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw);
+        cpu_linear_fwd(want, xb, Wb, with_bias ? b : NULL, N, in, out);  // the bias stays fp32
+        check_rel(t, what, got, want, NULL, ny, tol(t, BF16_SAME_INPUT_TOL));
+        free(xb), free(Wb);
+    }
+    if (!t->is_cpu) {
+        const long fused = c1.bias_fused - c0.bias_fused, separate = c1.bias_separate - c0.bias_separate;
+        TCHECK(fused + separate == (with_bias ? 1 : 0), "%s: %s: %ld fused + %ld separate biases", t->name, what,
+               fused, separate);
+        if (mode) TCHECK(fused == 0, "%s: %s: fusion off but the bias was fused", t->name, what);
+    }
+    free(x), free(W), free(b), free(got), free(want);
+    weights_free(t, &w);
+    dev_free(t, d_x), dev_free(t, d_y);
+}
+
+/* which: bit 0 dx, bit 1 dW, bit 2 db. Gradients start random: the backward adds to them. */
+static void linear_bwd_case(const Target *t, int mode, int which, bool registered, int N, int in, int out, Rng *rng) {
+    Backend *be = t->be;
+    char what[160];
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *b = rand_floats(out, rng, -1, 1);
+    float *dy = rand_floats(ny, rng, -1, 1);
+    float *gx0 = rand_floats(nx, rng, -1, 1), *gW0 = rand_floats(nw, rng, -1, 1), *gb0 = rand_floats(out, rng, -1, 1);
+    Weights w = weights_make(t, W, b, in, out, registered);
+    float *d_x = dev_from(t, x, nx), *d_dy = dev_from(t, dy, ny);
+    float *d_gx = dev_from(t, gx0, nx), *d_gW = dev_from(t, gW0, nw), *d_gb = dev_from(t, gb0, out);
+    const bool want_dx = which & 1, want_dW = which & 2, want_db = which & 4;
+    set_mode(t, mode);
+    EpilogueCounts c0 = counts(t);
+    op_linear_bwd(be, want_dx ? d_gx : NULL, want_dW ? d_gW : NULL, want_db ? d_gb : NULL, d_dy, d_x, w.W, N, in, out);
+    EpilogueCounts c1 = counts(t);
+    float *got_gx = dev_fetch(t, d_gx, nx), *got_gW = dev_fetch(t, d_gW, nw), *got_gb = dev_fetch(t, d_gb, out);
+
+    float *ref_gx = host_copy(gx0, nx), *ref_gW = host_copy(gW0, nw), *ref_gb = host_copy(gb0, out);
+    if (!t->bf16) {
+        cpu_linear_bwd(want_dx ? ref_gx : NULL, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, dy, x, W, N, in, out);
+    } else {  // operands rounded to bf16; db from the fp32 dy
+        float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw), *dyb = host_bf16(dy, ny);
+        cpu_linear_bwd(want_dx ? ref_gx : NULL, want_dW ? ref_gW : NULL, NULL, dyb, xb, Wb, N, in, out);
+        if (want_db) cpu_bias_bwd(ref_gb, dy, N, out);
+        free(xb), free(Wb), free(dyb);
+    }
+    const double gemm_tol = tol(t, t->bf16 ? BF16_SAME_INPUT_TOL : FP32_TOL);
+    const long fused = c1.bgrad_fused - c0.bgrad_fused, separate = c1.bgrad_separate - c0.bgrad_separate;
+    const double db_tol = tol(t, fused ? BGRAD_FP32_TOL : SUM_RTOL);
+    snprintf(what, sizeof what, "linear_bwd which=%d N=%d in=%d out=%d %s%s", which, N, in, out,
+             registered ? "registered W" : "plain W", mode ? " separate" : "");
+    char part[200];
+    if (want_dx) snprintf(part, sizeof part, "%s dx", what), check_rel(t, part, got_gx, ref_gx, gx0, nx, gemm_tol);
+    else snprintf(part, sizeof part, "%s dx untouched", what), check_exact(t, part, got_gx, gx0, nx);
+    if (want_dW) snprintf(part, sizeof part, "%s dW", what), check_rel(t, part, got_gW, ref_gW, gW0, nw, gemm_tol);
+    else snprintf(part, sizeof part, "%s dW untouched", what), check_exact(t, part, got_gW, gW0, nw);
+    if (want_db) snprintf(part, sizeof part, "%s db", what), check_rel(t, part, got_gb, ref_gb, gb0, out, db_tol);
+    else snprintf(part, sizeof part, "%s db untouched", what), check_exact(t, part, got_gb, gb0, out);
+    if (!t->is_cpu) {
+        TCHECK(fused + separate == (want_db ? 1 : 0), "%s: %s: %ld fused + %ld separate bias gradients", t->name,
+               what, fused, separate);
+        if (mode || t->bf16 || !want_dW) TCHECK(fused == 0, "%s: %s: db must come from the separate kernel", t->name, what);
+    }
+    float *host_bufs[] = {x, W, b, dy, gx0, gW0, gb0, got_gx, got_gW, got_gb, ref_gx, ref_gW, ref_gb};
+    for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
+    weights_free(t, &w);
+    dev_free(t, d_x), dev_free(t, d_dy), dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
+}
+
+/* The same backward twice from the same state gives the same bits. */
+static void linear_determinism(const Target *t, Rng *rng) {
+    const int N = 300, in = 192, out = 224;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *d_x = dev_from(t, x, nx), *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny);
+    set_mode(t, 0);
+    float *runs[2][3];
+    for (int r = 0; r < 2; r++) {
+        float *d_gx = dev_from(t, x, nx), *d_gW = dev_from(t, W, nw), *d_gb = dev_from(t, dy, out);
+        op_linear_bwd(t->be, d_gx, d_gW, d_gb, d_dy, d_x, d_W, N, in, out);
+        runs[r][0] = dev_fetch(t, d_gx, nx), runs[r][1] = dev_fetch(t, d_gW, nw), runs[r][2] = dev_fetch(t, d_gb, out);
+        dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
+    }
+    check_exact(t, "linear_bwd dx run to run", runs[1][0], runs[0][0], nx);
+    check_exact(t, "linear_bwd dW run to run", runs[1][1], runs[0][1], nw);
+    check_exact(t, "linear_bwd db run to run", runs[1][2], runs[0][2], out);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 3; k++) free(runs[r][k]);
+    free(x), free(W), free(dy);
+    dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dy);
+}
+
+void test_linear(const Target *t, Rng *rng) {
+    static const int shapes[][3] = {{37, 53, 29}, {200, 96, 160}, {1, 5, 3}, {512, 256, 384}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int mode = 0; mode < n_modes(t); mode++)
+            for (int reg = 0; reg < 2; reg++) {
+                const int N = shapes[i][0], in = shapes[i][1], out = shapes[i][2];
+                linear_fwd_case(t, mode, true, reg, N, in, out, rng);
+                linear_fwd_case(t, mode, false, reg, N, in, out, rng);
+                for (int which = 1; which < 8; which++) linear_bwd_case(t, mode, which, reg, N, in, out, rng);
+            }
+    set_mode(t, 0);
+    linear_determinism(t, rng);
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) {
+        GpuGemmCounts g = gpu_gemm_counts(t->be);
+        printf("test_backend_ops: %s: bias %ld fused / %ld separate, db %ld fused / %ld separate, %ld epilogue "
+               "refusals, %ld plans, %ld evictions\n",
+               t->name, g.bias_fused, g.bias_separate, g.bgrad_fused, g.bgrad_separate, g.refusals, g.plans,
+               g.evictions);
+        // cuBLASLt has had the fp32 bias epilogue since CUDA 11: the fused path must have run at least once
+        // (which other epilogues run, and refusals, depend on the library: reported above, not required)
+        if (!t->bf16) TCHECK(g.bias_fused > 0, "%s: no linear bias ran in the fused epilogue", t->name);
+
+    }
+#endif
+}
+
+/* ---- compute weights: the bf16 twin and its re-cast ------------------------------------ */
+
+/* The GEMMs read registered weights from the compute copy where there is
+ * one: until the re-cast, CUDA in bf16 still multiplies the old values (so
+ * the twin is what ran), while the CPU's emulation rounds the master values
+ * on every call and fp32 reads them directly. After the re-cast all agree. */
+static void stale_twin_case(const Target *t, Rng *rng) {
+    Backend *be = t->be;
+    const int N = 16, in = 32, out = 24;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W_old = rand_floats(nw, rng, -1, 1), *W_new = host_alloc(nw);
+    for (size_t i = 0; i < nw; i++) W_new[i] = 0.5f - W_old[i];
+    float *d_x = dev_from(t, x, nx), *d_y = dev_nan(t, ny), *master = dev_from(t, W_old, nw);
+    backend_add_compute_weights(be, master, nw);
+    backend_upload(be, master, W_new, nw * sizeof(float));  // the optimizer moved the weights; no re-cast yet
+    const bool keeps_copy = !t->is_cpu && t->bf16;
+    float *want_old = host_alloc(ny), *want_new = host_alloc(ny);
+    float *xr = t->bf16 ? host_bf16(x, nx) : host_copy(x, nx);
+    float *Wo = t->bf16 ? host_bf16(W_old, nw) : host_copy(W_old, nw), *Wn = t->bf16 ? host_bf16(W_new, nw) : host_copy(W_new, nw);
+    cpu_linear_fwd(want_old, xr, Wo, NULL, N, in, out);
+    cpu_linear_fwd(want_new, xr, Wn, NULL, N, in, out);
+    const double rtol = tol(t, t->bf16 ? BF16_SAME_INPUT_TOL : FP32_TOL);
+    for (int pass = 0; pass < 2; pass++) {
+        op_linear_fwd(be, d_y, d_x, master, NULL, N, in, out);
+        float *got = dev_fetch(t, d_y, ny);
+        const bool old = keeps_copy && pass == 0;
+        check_rel(t, old ? "linear_fwd before the re-cast: the old compute copy" : "linear_fwd: the current weights",
+                  got, old ? want_old : want_new, NULL, ny, rtol);
+        free(got);
+        backend_recast_weights(be);
+    }
+    backend_remove_compute_weights(be, master);
+    free(x), free(W_old), free(W_new), free(want_old), free(want_new), free(xr), free(Wo), free(Wn);
+    dev_free(t, d_x), dev_free(t, d_y), dev_free(t, master);
+}
+
+void test_compute_weights(const Target *t, Rng *rng) {
+    Backend *be = t->be;
+    const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f /* 1 + 2^-8: tie, stays 1 */,
+                              1.01171875f /* 1 + 3*2^-8: tie, up to 1 + 2^-6 */, 3.14159265f, 65504.0f,
+                              1e-40f /* denormal */, 3.0e38f, INFINITY, -INFINITY, NAN};
+    const size_t n_special = sizeof specials / sizeof specials[0], n = n_special + 4099;
+    float *h = rand_floats(n, rng, -1000, 1000);
+    memcpy(h, specials, sizeof specials);
+    float *master = backend_alloc(be, n * sizeof(float), MEM_MASTER);
+    backend_upload(be, master, h, n * sizeof(float));
+    const size_t compute_before = be->mem.cur[MEM_COMPUTE];
+    backend_add_compute_weights(be, master, n);
+    const uint16_t *twin = backend_compute_twin(be, master + 5);
+    const bool keeps_copy = !t->is_cpu && t->bf16;
+    TCHECK((twin != NULL) == keeps_copy, "%s: a compute copy exists exactly on CUDA in bf16 (%p)", t->name,
+           (const void *)twin);
+    TCHECK(be->mem.cur[MEM_COMPUTE] - compute_before == (keeps_copy ? n * sizeof(uint16_t) : 0),
+           "%s: compute weights account %zu bytes", t->name, be->mem.cur[MEM_COMPUTE] - compute_before);
+    TCHECK(backend_compute_twin(be, h) == NULL, "%s: a pointer outside the range has no twin", t->name);
+    for (int pass = 0; pass < 2 && keeps_copy; pass++) {
+        uint16_t *bits = TP_MALLOC(n * sizeof(uint16_t));
+        backend_download(be, bits, twin - 5, n * sizeof(uint16_t));
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float want = ref_bf16(h[i]), got;
+            uint32_t u = (uint32_t)bits[i] << 16;
+            memcpy(&got, &u, 4);
+            if (isnan(want) ? !isnan(got) : memcmp(&got, &want, 4) != 0) bad++;
+        }
+        TCHECK(bad == 0, "%s: %zu of %zu compute weights differ from round-to-nearest-even (pass %d)", t->name, bad,
+               n, pass);
+        free(bits);
+        for (size_t i = n_special; i < n; i++) h[i] = -h[i] * 0.5f;  // new master values, then the re-cast
+        backend_upload(be, master, h, n * sizeof(float));
+        backend_recast_weights(be);
+    }
+    backend_remove_compute_weights(be, master);
+    TCHECK(be->mem.cur[MEM_COMPUTE] == compute_before, "%s: removing the range frees its copy", t->name);
+    dev_free(t, master);
+    free(h);
+    stale_twin_case(t, rng);
+}
