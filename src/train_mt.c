@@ -781,12 +781,15 @@ int main(int argc, char **argv) {
     if (!be->host_visible && mesh->world > 1) {
         fprintf(stderr, "train_mt: --device cuda with %d ranks needs device-buffer collectives, which this build "
                         "does not have yet; run one rank per job on the GPU or use --device cpu\n", mesh->world);
+        backend_destroy(be);
+        runtime_free(&rt);
         return 2;
     }
     Source src;
     if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         source_close(&src);
+        backend_destroy(be);
         runtime_free(&rt);
         return 1;
     }
@@ -813,6 +816,7 @@ int main(int argc, char **argv) {
         if (decode_here) model_free(&whole);
         model_free(&m);
         source_close(&src);
+        backend_destroy(be);
         runtime_free(&rt);
         return 1;
     }
