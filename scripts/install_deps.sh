@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tptrain builds and tests with. Idempotent;
 # uses sudo when not run as root.
+#   install_deps.sh [--plot] [--tests]
+# --plot adds python3-matplotlib (scripts/plot_metrics.py); --tests adds it
+# too, with python3-torch, python3-numpy and python3-sentencepiece for the
+# reference checks (all run by /usr/bin/python3).
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 pkgs=(cmake make gcc g++ pkg-config libopenblas-dev libcjson-dev libsentencepiece-dev)
-if [ "${1:-}" = "--tests" ]; then
-  pkgs+=(python3-torch python3-numpy python3-sentencepiece)   # reference checks, run by /usr/bin/python3
-fi
+for arg in "$@"; do
+  case $arg in
+    --plot) pkgs+=(python3-matplotlib) ;;
+    --tests) pkgs+=(python3-matplotlib python3-torch python3-numpy python3-sentencepiece) ;;
+    *) echo "install_deps: unknown argument '$arg' (expected --plot, --tests)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,16 +3,21 @@
 # not there, and trains an en->ja model on small_parallel_enja with 4 ranks
 # (tensor parallel inside the node: tp = 4 for the CPU preset), saving it
 # with its tokenizer to checkpoints/enja for translate_mt, which then
-# translates the test set and prints its BLEU.
+# translates the test set and prints its BLEU and chrF. The run's curves
+# (scripts/plot_metrics.py on checkpoints/enja.jsonl) go to
+# checkpoints/enja.png, beside the checkpoint; the last line names it.
 #   bash scripts/run_main.sh [CORPUS_DIR] [extra train_mt flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-data/small_parallel_enja}
 shift || true
-bash scripts/install_deps.sh
+bash scripts/install_deps.sh --plot
 BUILD_DIR=build bash scripts/build.sh
 [ -s "$corpus/train.en" ] || bash scripts/get_data.sh "$corpus"
 ./build/tprun --nproc_per_node=4 train_mt --data "$corpus" --log-interval 100 \
   --metrics checkpoints/enja.jsonl --save checkpoints/enja "$@"
 ./build/translate_mt --model checkpoints/enja --src "$corpus/test.en" --ref "$corpus/test.ja" \
   > checkpoints/enja.test.ja
+/usr/bin/python3 scripts/plot_metrics.py checkpoints/enja.jsonl -o checkpoints/enja.png > /dev/null
+echo "run_main: translations of the test set: $(pwd)/checkpoints/enja.test.ja"
+echo "run_main: training curves: $(pwd)/checkpoints/enja.png"

@@ -101,7 +101,8 @@ static void usage(FILE *f) {
             "                         and every --save-interval N steps; --keep-last K keeps the newest K\n"
             "  --resume DIR|auto      continue from a checkpoint (auto: the newest in --save), any layout\n"
             "  --export DIR           the final model as one file: config.json, model.safetensors, spm.model\n"
-            "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s; step, dev_loss, dev_bleu\n");
+            "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s, elapsed_s; step, dev_loss,\n"
+            "                         dev_bleu, elapsed_s\n");
 }
 
 /* Flag values through the project's strict parser (common/parse.h): a
@@ -882,8 +883,8 @@ int main(int argc, char **argv) {
                        step, total, loss, lr, gnorm, tps);
                 if (metrics)
                     metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, "
-                                 "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f%s}\n", step, loss, lr, gnorm, tps,
-                                 mem ? mem : "");
+                                 "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f%s}\n", step, loss,
+                                 lr, gnorm, tps, t - t_start, mem ? mem : "");
             }
             free(mem);
             if (step == a.log_interval || (step == total && total < a.log_interval))
@@ -900,11 +901,13 @@ int main(int argc, char **argv) {
                     printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
                            ev.loss, ev.bleu);
                     if (metrics)
-                        metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f}\n",
-                                     step, ev.loss, ev.bleu);
+                        metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g, \"dev_bleu\": %.4f, "
+                                     "\"elapsed_s\": %.3f}\n", step, ev.loss, ev.bleu, t0 - t_start);
                 } else if (lead) {
                     printf("%sstep %6d/%d | held-out loss %.4f\n", tty ? "\r\033[K" : "", step, total, ev.loss);
-                    if (metrics) metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g}\n", step, ev.loss);
+                    if (metrics)
+                        metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"dev_loss\": %.9g, \"elapsed_s\": %.3f}\n",
+                                     step, ev.loss, t0 - t_start);
                 }
             }
             comm_ok(comm_barrier(rt.ctrl), rt.ctrl);

@@ -1,7 +1,7 @@
 /* translate_mt.c: decoding and evaluation with a saved model directory.
  *
  *   translate_mt --model DIR [--beam K] [--lenpen A] < input.en > output.ja
- *   translate_mt --model DIR --src test.en --ref test.ja     # + corpus BLEU on stderr
+ *   translate_mt --model DIR --src test.en --ref test.ja     # + corpus BLEU and chrF on stderr
  *   translate_mt --model DIR --src test.en --ref test.ja --score   # log p(ref | src) per line
  *
  * Translations go to stdout in input order, one per line; reports go to
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "data/bleu.h"
+#include "data/chrf.h"
 #include "err.h"
 #include "mt.h"
 #include "parse.h"
@@ -91,7 +92,7 @@ static void usage(FILE *f) {
                "                    [--batch-size N]\n"
                "  --model DIR     a model directory saved by train_mt --save\n"
                "  --src FILE      source sentences, one per line (default: stdin)\n"
-               "  --ref FILE      references: print corpus BLEU-4 on stderr\n"
+               "  --ref FILE      references: print corpus BLEU-4 and chrF2 on stderr\n"
                "  --score         with --ref: print log p(ref | src) of each pair instead of translating\n"
                "  --beam K        beam size, 0 to 1000 (default 5; 0 = greedy)\n"
                "  --lenpen A      length penalty: score / length^A, A in [0, 10] (default 1.0)\n"
@@ -179,12 +180,17 @@ int main(int argc, char **argv) {
         Hypotheses h;
         mt_translate_ids(&mt.model, (const int32_t *const *)src_ids, src_len, src.n, beam, lenpen, batch, &h);
         BleuStats bs;
+        ChrfStats cs;
         bleu_init(&bs);
+        chrf_init(&cs);
         for (int i = 0; i < src.n; i++) {
             char *text = spm_decode(mt.spm, h.hyp[i], h.len[i]);
             TP_CHECK(text, "the tokenizer failed to decode output %d", i + 1);
             printf("%s\n", text);
-            if (ref_path) bleu_add(&bs, text, ref.line[i]);
+            if (ref_path) {
+                bleu_add(&bs, text, ref.line[i]);
+                chrf_add(&cs, text, ref.line[i]);
+            }
             free(text);
         }
         if (ref_path) {
@@ -192,6 +198,10 @@ int main(int argc, char **argv) {
             double bleu = bleu_score(&bs, &bp, p);
             fprintf(stderr, "BLEU = %.2f %.1f/%.1f/%.1f/%.1f (BP = %.3f, hyp_len = %ld, ref_len = %ld)\n", bleu,
                     100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3], bp, bs.hyp_len, bs.ref_len);
+            double cp, cr;
+            double chrf = chrf_score(&cs, &cp, &cr);
+            fprintf(stderr, "chrF2 = %.2f (character 1..%d-grams: P = %.1f, R = %.1f)\n", chrf, CHRF_ORDER, 100 * cp,
+                    100 * cr);
         }
         hypotheses_free(&h);
     }

@@ -16,9 +16,12 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 train = [r for r in rows if "loss" in r]
 dev = [r for r in rows if "dev_loss" in r]
 for r in train:
-    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mem_peak_mib", "mem_rss_mib"):
+    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s", "mem_peak_mib", "mem_rss_mib"):
         assert k in r, f"metrics row lacks {k}: {r}"
     assert len(r["mem_peak_mib"]) == 1 and r["mem_peak_mib"][0] > 0, f"memory figures of one rank expected: {r}"
+times = [r["elapsed_s"] for r in rows if "elapsed_s" in r]
+assert len(times) == len(train) + len(dev), "a training or held-out row lacks elapsed_s"
+assert times[0] >= 0 and all(b >= a for a, b in zip(times, times[1:])), f"elapsed_s goes backwards: {times}"
 first, last_dev = train[0]["loss"], dev[-1]["dev_loss"]
 print(f"first training loss {first:.4f}, held-out loss at step {dev[-1]['step']}: {last_dev:.4f}")
 # Uniform guessing over 64 symbols costs ln(64) = 4.16; the label-smoothing

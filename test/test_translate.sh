@@ -34,6 +34,29 @@ cmp greedy.ja beam1.ja || { echo "FAIL: beam 1 differs from greedy"; exit 1; }
 cmp greedy.ja ckpt.ja || { echo "FAIL: the checkpoint translates differently from the export"; exit 1; }
 cmp greedy.ja ckpt_step.ja || { echo "FAIL: the checkpoint directory translates differently"; exit 1; }
 grep -Eq '^BLEU = [0-9]+\.[0-9]{2} ' bleu.txt || { echo "FAIL: no BLEU line"; cat bleu.txt; exit 1; }
+grep -Eq '^chrF2 = [0-9]+\.[0-9]{2} \(character 1\.\.6-grams: P = [0-9.]+, R = [0-9.]+\)$' bleu.txt \
+  || { echo "FAIL: no chrF line"; cat bleu.txt; exit 1; }
+# The chrF printed is the corpus chrF of the outputs written (test_chrf.sh proves the metric itself).
+/usr/bin/python3 - beam4.ja ref.ja bleu.txt <<'PY'
+import re, sys
+from collections import Counter
+hyps = open(sys.argv[1], encoding="utf-8").read().split("\n")[:-1]
+refs = open(sys.argv[2], encoding="utf-8").read().split("\n")[:-1]
+tot = [[0, 0, 0] for _ in range(6)]
+for h, r in zip(hyps, refs):
+    h, r = "".join(h.split()), "".join(r.split())
+    for n in range(1, 7):
+        hc = Counter(h[i:i + n] for i in range(len(h) - n + 1))
+        rc = Counter(r[i:i + n] for i in range(len(r) - n + 1))
+        for j, v in enumerate((sum(hc.values()), sum(rc.values()), sum((hc & rc).values()))):
+            tot[n - 1][j] += v
+ords = [(m / a, m / b) for a, b, m in tot if a and b]
+p, r = sum(x for x, _ in ords) / len(ords), sum(y for _, y in ords) / len(ords)
+want = 0.0 if p + r == 0 else 100 * 5 * p * r / (4 * p + r)
+got = float(re.search(r"^chrF2 = ([0-9.]+)", open(sys.argv[3]).read(), re.M).group(1))
+assert abs(got - want) <= 0.005 + 1e-9, f"translate_mt printed chrF2 {got}, the outputs give {want:.4f}"
+print(f"chrF2 {got} (outputs: {want:.4f})")
+PY
 
 "$build/translate_mt" --model model --src src.en --ref ref.ja --score > scores.txt
 test "$(wc -l < scores.txt)" -eq 40
