@@ -1,6 +1,8 @@
 /* backend.c: what every backend shares: choosing one at run time, the tagged
- * allocator with its current and peak bytes per tag, the workspace arena,
- * and the compute-weight registration. The backends themselves
+ * allocator with its current and peak bytes per tag (device memory and
+ * page-locked host memory), the workspace arena, the compute-weight
+ * registration, and the staging hooks the shared-memory collectives take
+ * (backend_comm_copy, built on the table's copies). The backends themselves
  * (cpu/backend_cpu.c, cuda/backend_cuda.cu) only fill the table and provide
  * raw allocation and copies. */
 #include "backend.h"
@@ -15,6 +17,7 @@ typedef struct BackendAlloc {
     void *p;
     size_t n_bytes;
     MemTag tag;
+    bool host;  // backend_alloc_host: page-locked host memory
     struct BackendAlloc *next;
 } BackendAlloc;
 
@@ -31,6 +34,25 @@ const char *mem_tag_name(MemTag t) {
 }
 
 const char *dtype_name(Dtype d) { return d == DTYPE_BF16 ? "bf16" : "fp32"; }
+
+int device_choice_parse(const char *s, DeviceChoice *out) {
+    static const struct { const char *name; DeviceChoice d; } all[] = {
+        {"auto", DEVICE_AUTO}, {"cpu", DEVICE_CPU}, {"cuda", DEVICE_CUDA}};
+    for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(s, all[i].name) == 0) {
+            *out = all[i].d;
+            return 0;
+        }
+    return -1;
+}
+
+int dtype_parse(const char *s, Dtype *out) {
+    if (s && (strcmp(s, "fp32") == 0 || strcmp(s, "bf16") == 0)) {
+        *out = strcmp(s, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
+        return 0;
+    }
+    return -1;
+}
 
 bool backend_cuda_available(int *n_gpus) {
     int n = 0;
@@ -68,25 +90,36 @@ void backend_destroy(Backend *be) {
     be->ops->destroy(be);  // frees be itself
 }
 
-void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag) {
-    TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc: tag %d cannot be allocated", (int)tag);
-    if (n_bytes == 0) n_bytes = 1;
-    void *p = be->ops->dev_alloc(be, n_bytes);
+/* Records a live allocation and adds it to the figures of its tag and kind. */
+static void *track(Backend *be, void *p, size_t n_bytes, MemTag tag, bool host) {
     if (!p)
         tp_die(__FILE__, __LINE__,
                "out of %s memory: %.1f MiB for %s could not be allocated (%.1f MiB held: %s)",
-               be->kind == BACKEND_CUDA ? "GPU" : "host", n_bytes / 1048576.0, mem_tag_name(tag),
-               be->mem.total_cur / 1048576.0, be->device_name);
+               host ? "page-locked host" : be->kind == BACKEND_CUDA ? "GPU" : "host", n_bytes / 1048576.0,
+               mem_tag_name(tag), (host ? be->mem.host_cur : be->mem.total_cur) / 1048576.0, be->device_name);
     BackendAlloc *a = TP_MALLOC(sizeof *a);
-    *a = (BackendAlloc){.p = p, .n_bytes = n_bytes, .tag = tag, .next = be->allocs};
+    *a = (BackendAlloc){.p = p, .n_bytes = n_bytes, .tag = tag, .host = host, .next = be->allocs};
     be->allocs = a;
     MemStats *s = &be->mem;
     s->cur[tag] += n_bytes;
     if (s->cur[tag] > s->peak[tag]) s->peak[tag] = s->cur[tag];
-    s->total_cur += n_bytes;
-    if (s->total_cur > s->total_peak) s->total_peak = s->total_cur;
+    size_t *cur = host ? &s->host_cur : &s->total_cur, *peak = host ? &s->host_peak : &s->total_peak;
+    *cur += n_bytes;
+    if (*cur > *peak) *peak = *cur;
     s->n_allocs++;
     return p;
+}
+
+void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag) {
+    TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc: tag %d cannot be allocated", (int)tag);
+    if (n_bytes == 0) n_bytes = 1;
+    return track(be, be->ops->dev_alloc(be, n_bytes), n_bytes, tag, false);
+}
+
+void *backend_alloc_host(Backend *be, size_t n_bytes, MemTag tag) {
+    TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc_host: tag %d cannot be allocated", (int)tag);
+    if (n_bytes == 0) n_bytes = 1;
+    return track(be, be->ops->host_alloc(be, n_bytes), n_bytes, tag, true);
 }
 
 void backend_free(Backend *be, void *p) {
@@ -95,10 +128,12 @@ void backend_free(Backend *be, void *p) {
         BackendAlloc *a = *pp;
         if (a->p != p) continue;
         be->mem.cur[a->tag] -= a->n_bytes;
-        be->mem.total_cur -= a->n_bytes;
+        *(a->host ? &be->mem.host_cur : &be->mem.total_cur) -= a->n_bytes;
         *pp = a->next;
+        const bool host = a->host;
         free(a);
-        be->ops->dev_free(be, p);
+        if (host) be->ops->host_free(be, p);
+        else be->ops->dev_free(be, p);
         return;
     }
     tp_die(__FILE__, __LINE__, "backend_free: %p was not allocated by this backend", p);
@@ -107,6 +142,38 @@ void backend_free(Backend *be, void *p) {
 void backend_note_library(Backend *be, size_t n_bytes) {
     be->mem.cur[MEM_LIBRARY] += n_bytes;
     if (be->mem.cur[MEM_LIBRARY] > be->mem.peak[MEM_LIBRARY]) be->mem.peak[MEM_LIBRARY] = be->mem.cur[MEM_LIBRARY];
+}
+
+bool backend_device_used(Backend *be, size_t *used_bytes) {
+    size_t used = 0;
+    const bool has = be->ops->device_used(be, &used);
+    if (!has) used = 0;
+    if (used > be->mem.device_used_peak) be->mem.device_used_peak = used;
+    if (used_bytes) *used_bytes = used;
+    return has;
+}
+
+void *backend_stream(Backend *be) { return be->ops->stream(be); }
+
+/* The staging hooks of backend_comm_copy: ctx is the Backend. */
+static void comm_to_host(void *ctx, void *dst_host, const void *src_dev, size_t n_bytes) {
+    backend_download((Backend *)ctx, dst_host, src_dev, n_bytes);  // waits for the stream: complete
+}
+
+static void comm_to_device(void *ctx, void *dst_dev, const void *src_host, size_t n_bytes) {
+    Backend *be = ctx;
+    if (n_bytes) be->ops->upload_wait(be, dst_dev, src_host, n_bytes);
+}
+
+static void *comm_host_alloc(void *ctx, size_t n_bytes) { return backend_alloc_host((Backend *)ctx, n_bytes, MEM_COMM); }
+
+static void comm_host_free(void *ctx, void *p) { backend_free((Backend *)ctx, p); }
+
+bool backend_comm_copy(Backend *be, BackendCommCopy *out) {
+    if (be->host_visible) return false;
+    *out = (BackendCommCopy){.ctx = be, .to_host = comm_to_host, .to_device = comm_to_device,
+                             .host_alloc = comm_host_alloc, .host_free = comm_host_free};
+    return true;
 }
 
 void *backend_workspace(Backend *be, size_t n_bytes) {

@@ -20,9 +20,10 @@
  *
  * Host and device meet only at named points: backend_upload (the batch,
  * through pinned staging on CUDA), backend_download (the step's scalars,
- * checkpoint and export copies, decoding's logits), and backend_sync.
- * On the CPU backend device memory is host memory (host_visible), so the
- * copies are memcpy and callers may skip them.
+ * checkpoint and export copies, decoding's logits), backend_sync, and the
+ * collectives' staging copies (backend_comm_copy: shared-memory groups on
+ * a GPU). On the CPU backend device memory is host memory (host_visible),
+ * so the copies are memcpy and callers may skip them.
  *
  * Precision (`--dtype fp32|bf16`): master weights, gradients, AdamW moments,
  * LayerNorm statistics, softmax and the loss stay fp32. In bf16 mode the
@@ -58,8 +59,10 @@ typedef enum {
 
 typedef struct {
     size_t cur[MEM_N_TAGS], peak[MEM_N_TAGS];
-    size_t total_cur, total_peak;  // all tags but MEM_LIBRARY: the allocator's figures
-    long n_allocs;                 // calls to backend_alloc so far
+    size_t total_cur, total_peak;  // device memory: all tags but MEM_LIBRARY, less host_*: the allocator's figures
+    size_t host_cur, host_peak;    // page-locked host memory (backend_alloc_host): in its tag, not in total
+    size_t device_used_peak;       // the largest figure backend_device_used returned (0: none yet, or no device)
+    long n_allocs;                 // calls to backend_alloc and backend_alloc_host so far
 } MemStats;
 
 const char *mem_tag_name(MemTag t);  // "master", "compute", ...
@@ -78,6 +81,13 @@ typedef struct BackendOps {
     void (*upload)(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes);
     void (*download)(Backend *be, void *dst_host, const void *src_dev, size_t n_bytes);
     void (*sync)(Backend *be);
+    /* page-locked host memory (CUDA: cudaMallocHost; CPU: plain), NULL when none is left */
+    void *(*host_alloc)(Backend *be, size_t n_bytes);
+    void (*host_free)(Backend *be, void *p);
+    /* upload without staging, ordered after queued work, returning once the copy is complete */
+    void (*upload_wait)(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes);
+    void *(*stream)(Backend *be);                           // cudaStream_t as void *; NULL on the CPU
+    bool (*device_used)(Backend *be, size_t *used_bytes);   // false: no device memory to ask about
     void (*recast)(Backend *be, void *compute, const float *master, size_t n_elems);  // fp32 -> compute dtype
     void (*destroy)(Backend *be);
     /* ops */
@@ -163,6 +173,9 @@ struct Backend {
 
 /* Which backend `--device auto|cpu|cuda` means here. */
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU = 1, DEVICE_CUDA = 2 } DeviceChoice;
+/* "auto" | "cpu" | "cuda" and "fp32" | "bf16": 0, or -1 for anything else. */
+int device_choice_parse(const char *s, DeviceChoice *out);
+int dtype_parse(const char *s, Dtype *out);
 
 /* Creates the backend asked for. local_rank picks the GPU (local_rank %
  * visible GPUs). auto = cuda when this build has CUDA and a GPU is
@@ -180,8 +193,39 @@ const char *dtype_name(Dtype d);
  * naming the tag and size when the device is out of memory. */
 void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag);
 void backend_free(Backend *be, void *p);  // NULL is a no-op
+/* Page-locked host memory for the tag (pinned on CUDA: copies from it run
+ * asynchronously at full speed), released with backend_free. Counted in
+ * the tag's figures and in mem.host_*, not in mem.total_* (not device
+ * memory). Dies like backend_alloc when none is left. */
+void *backend_alloc_host(Backend *be, size_t n_bytes, MemTag tag);
 /* Notes memory a library took (measured by the caller), for the report. */
 void backend_note_library(Backend *be, size_t n_bytes);
+/* Device memory in use now, by every process on this GPU (cudaMemGetInfo:
+ * total - free) into *used_bytes, also kept as mem.device_used_peak when
+ * larger; false (and 0) on a backend without device memory (CPU). */
+bool backend_device_used(Backend *be, size_t *used_bytes);
+/* The backend's queue, for libraries that take one (NCCL): a cudaStream_t
+ * as void * on CUDA, NULL on the CPU. */
+void *backend_stream(Backend *be);
+
+/* Copies for collectives that stage device buffers through host memory
+ * (tp/comm.h's CommDeviceCopy has the same fields; the program copies them
+ * across, so kernels/ never includes tp/). ctx is the Backend. to_host /
+ * to_device run on the backend's stream after its queued work and return
+ * once the copy is complete; host_alloc / host_free make the staging
+ * buffer as page-locked memory tagged MEM_COMM. The communicators holding
+ * such a buffer must be freed before the backend. */
+typedef struct {
+    void *ctx;
+    void (*to_host)(void *ctx, void *dst_host, const void *src_dev, size_t n_bytes);
+    void (*to_device)(void *ctx, void *dst_dev, const void *src_host, size_t n_bytes);
+    void *(*host_alloc)(void *ctx, size_t n_bytes);
+    void (*host_free)(void *ctx, void *p);
+} BackendCommCopy;
+/* Fills *out and returns true when the backend's buffers are not host
+ * memory (CUDA); false on a host-visible backend (CPU), whose buffers a
+ * collective reads and writes as they are. */
+bool backend_comm_copy(Backend *be, BackendCommCopy *out);
 /* At least n_bytes of scratch for the ops that need it (grows, never shrinks;
  * growing waits for queued work). Backends call it; callers may reserve. */
 void *backend_workspace(Backend *be, size_t n_bytes);

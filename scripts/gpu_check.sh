@@ -20,8 +20,12 @@
 #   c      50 steps on the corpus: --device cpu, then --device cuda with
 #          --dtype fp32 and bf16 (same seed, data, flags, dropout 0); the
 #          curves judged by scripts/compare_curves.py (its bands)
-#   d      tp = 2, tp = 4 and dp = 2 on the one GPU through tprun (--comm shm),
-#          each against tp = 1 on the synthetic copy task, judged the same way
+#   d      tp = 2, tp = 4 and dp = 2 on the one GPU through tprun (--comm shm:
+#          device buffers staged through page-locked host memory), each against
+#          tp = 1 on the synthetic copy task, judged the same way; each run's
+#          final memory record checked (every rank's device_used covers its
+#          persistent buffers and library overhead; staged runs hold their
+#          staging buffer under comm)
 #   e      scripts/bench_gpu.sh CORPUS_DIR, when the script exists
 # Output under $OUT (else ./gpu_report): report.md (environment, one line
 # per step with its time, totals), logs/STEP.log, the metrics files, and
@@ -450,6 +454,35 @@ fi
 
 # ---- d: tensor and data parallel on one GPU ---------------------------------------------------
 phase 180
+# The final memory record of a GPU run (argv: metrics file, 1 when the data
+# groups were staged): every rank reports device_used (cudaMemGetInfo, the
+# whole device) of at least its master weights, gradients, optimizer state
+# and library overhead; staged ranks hold the 4 MiB page-locked staging
+# buffer of their shared-memory groups under comm.
+MEMORY_CHECK_PY='
+import json, sys
+path, staged = sys.argv[1], sys.argv[2] == "1"
+recs = [json.loads(l) for l in open(path) if "memory" in json.loads(l)]
+if not recs:
+    sys.exit(path + ": no final memory record")
+ranks, bad = recs[-1]["memory"], []
+for r in ranks:
+    k, used, comm = r["rank"], r.get("device_used"), r["comm"]
+    floor = r["master"] + r["grads"] + r["optimizer"] + r["library"]
+    if used is None:
+        bad.append(f"rank {k}: no device_used in the memory record")
+    elif used < floor:
+        bad.append(f"rank {k}: device_used {used} B < allocations + library {floor} B")
+    if staged and comm < 4 << 20:
+        bad.append(f"rank {k}: comm {comm} B holds no 4 MiB staging buffer")
+mib = [round(r.get("device_used", 0) / 2**20) for r in ranks]
+note = "; staging buffers under comm" if staged else ""
+print("; ".join(bad) if bad else f"{len(ranks)} rank(s): device_used {mib} MiB covers allocations + library{note}")
+sys.exit(1 if bad else 0)
+'
+memory_check() {  # STEP METRICS STAGED
+  step "$1" 30 "$py" -c "$MEMORY_CHECK_PY" "$2" "$3"
+}
 d_why=$(why_not --device --comm)
 if [ -n "$d_why" ]; then
   for s in tp1 tp2 tp4 dp2; do skip "d.$s" "$d_why"; done
@@ -464,6 +497,7 @@ else
   d_args=(--device cuda "${d_dtype[@]}" --task copy --batch-size 32 "${TRAIN_ARGS[@]}" --activation gelu)
   if STEP_NOTE_RE=$TRAIN_NOTE_RE step d.tp1 120 \
        "$BIN/train_mt" "${d_args[@]}" --metrics "$out/d_tp1.jsonl"; then
+    memory_check d.memory_tp1 "$out/d_tp1.jsonl" 0
     for layout in "tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2"; do
       read -r lname nproc lflags <<< "$layout"
       # shellcheck disable=SC2086  # lflags: the layout's flags, split on purpose
@@ -471,6 +505,7 @@ else
            "$BIN/tprun" --standalone --nproc_per_node "$nproc" "$BIN/train_mt" "${d_args[@]}" --comm shm $lflags \
            --comm-timeout 60 --metrics "$out/d_$lname.jsonl"; then
         judge "d.compare_$lname" "$band" "$out/d_tp1.jsonl" "$out/d_$lname.jsonl" tp1 "$lname"
+        memory_check "d.memory_$lname" "$out/d_$lname.jsonl" 1
       fi
     done
   else

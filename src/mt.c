@@ -12,7 +12,7 @@
 /* A checkpoint (or a folder of them): the whole model assembled from its
  * shards, whatever layout it was saved with. 1 = loaded, 0 = not a
  * checkpoint, -1 = error. */
-static int load_checkpoint(Model *m, const char *dir, char *resolved, size_t resolved_len, char *err,
+static int load_checkpoint(Model *m, Backend *be, const char *dir, char *resolved, size_t resolved_len, char *err,
                            size_t err_len) {
     char probe[4096];
     snprintf(probe, sizeof probe, "%s/config.json", dir);
@@ -21,7 +21,7 @@ static int load_checkpoint(Model *m, const char *dir, char *resolved, size_t res
     if (found <= 0) return found;
     ModelConfig cfg;
     if (ckpt_read_manifest(resolved, &cfg, NULL, NULL, NULL, NULL, NULL, err, err_len)) return -1;
-    if (model_create(m, NULL, &cfg, NULL, 0, err, err_len)) return -1;
+    if (model_create(m, be, &cfg, NULL, 0, err, err_len)) return -1;
     if (ckpt_load(resolved, m, NULL, err, err_len)) {
         model_free(m);
         return -1;
@@ -29,13 +29,15 @@ static int load_checkpoint(Model *m, const char *dir, char *resolved, size_t res
     return 1;
 }
 
-int mt_load(MtModel *mt, const char *dir, char *err, size_t err_len) {
+int mt_load(MtModel *mt, const char *dir, char *err, size_t err_len) { return mt_load_on(mt, NULL, dir, err, err_len); }
+
+int mt_load_on(MtModel *mt, Backend *be, const char *dir, char *err, size_t err_len) {
     memset(mt, 0, sizeof *mt);
     char resolved[2048];
-    int ck = load_checkpoint(&mt->model, dir, resolved, sizeof resolved, err, err_len);
+    int ck = load_checkpoint(&mt->model, be, dir, resolved, sizeof resolved, err, err_len);
     if (ck < 0) return -1;
     if (ck == 1) dir = resolved;
-    else if (model_load(&mt->model, dir, err, err_len)) return -1;
+    else if (model_load_on(&mt->model, be, dir, err, err_len)) return -1;
     char path[4096];
     snprintf(path, sizeof path, "%s/spm.model", dir);
     mt->spm = spm_load(path, err, err_len);

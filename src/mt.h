@@ -19,6 +19,9 @@ typedef struct {
  * checkpoints: its latest) and checks model and tokenizer agree
  * (vocabulary size, special ids). 0 or -1 + err. */
 int mt_load(MtModel *mt, const char *dir, char *err, size_t err_len);
+/* The same on backend be (NULL: the model's own CPU backend); be then
+ * outlives mt (mt_free does not destroy it). */
+int mt_load_on(MtModel *mt, Backend *be, const char *dir, char *err, size_t err_len);
 void mt_free(MtModel *mt);
 
 /* Exports the model and copies the tokenizer next to it. 0 or -1 + err. */

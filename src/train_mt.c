@@ -34,6 +34,7 @@
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
+#include "train/device.h"
 #include "train/step.h"
 
 typedef struct {
@@ -158,9 +159,8 @@ enum {
 };
 
 static DeviceChoice parse_device(const char *s) {
-    if (strcmp(s, "auto") == 0) return DEVICE_AUTO;
-    if (strcmp(s, "cpu") == 0) return DEVICE_CPU;
-    if (strcmp(s, "cuda") == 0) return DEVICE_CUDA;
+    DeviceChoice d;
+    if (device_choice_parse(s, &d) == 0) return d;
     fprintf(stderr, "train_mt: --device must be auto, cpu or cuda, got '%s'\n", s);
     exit(2);
 }
@@ -305,11 +305,10 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_CTIMEOUT: a->comm_timeout = flag_real("--comm-timeout", optarg, 0.0, 1e6, PARSE_LO_OPEN); break;
         case O_DEVICE: a->device = parse_device(optarg); break;
         case O_DTYPE:
-            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) {
+            if (dtype_parse(optarg, &a->dtype)) {
                 fprintf(stderr, "train_mt: --dtype must be fp32 or bf16, got '%s'\n", optarg);
                 exit(2);
             }
-            a->dtype = strcmp(optarg, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
             a->dtype_given = true;
             break;
         case O_COMM:
@@ -579,16 +578,20 @@ static void fmt_duration(char *buf, size_t n, double s) {
 /* Memory of every rank by tag (kernels/backend.h), gathered over the host
  * control communicator: per rank the peak of each tag, the allocator's
  * total peak (what torch.cuda.max_memory_allocated reports), the library
- * overhead, and the process's peak resident set. */
-enum { MEMF_TOTAL = MEM_N_TAGS, MEMF_RSS, MEMF_TP, MEMF_DP, MEMF_PP, MEMF_N };
+ * overhead, the process's peak resident set and, on a GPU, the device's
+ * used memory (cudaMemGetInfo, sampled here: the largest figure seen so
+ * far; it counts every process on that GPU). */
+enum { MEMF_TOTAL = MEM_N_TAGS, MEMF_RSS, MEMF_TP, MEMF_DP, MEMF_PP, MEMF_HAS_DEV, MEMF_DEV_USED, MEMF_N };
 
-static double *memory_gather(const Runtime *rt, const Backend *be) {
+static double *memory_gather(const Runtime *rt, Backend *be) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double mine[MEMF_N];
     for (int t = 0; t < MEM_N_TAGS; t++) mine[t] = (double)be->mem.peak[t];
     mine[MEMF_TOTAL] = (double)be->mem.total_peak;
     mine[MEMF_RSS] = (double)ru.ru_maxrss * 1024.0;
+    mine[MEMF_HAS_DEV] = backend_device_used(be, NULL);
+    mine[MEMF_DEV_USED] = (double)be->mem.device_used_peak;
     mine[MEMF_TP] = rt->mesh.tp_rank;
     mine[MEMF_DP] = rt->mesh.dp_rank;
     mine[MEMF_PP] = rt->mesh.pp_rank;
@@ -619,7 +622,7 @@ __attribute__((format(printf, 3, 4))) static void metrics_line(FILE *f, const ch
 }
 
 /* The final metrics record: every rank's peak bytes per tag. Collective. */
-static void memory_record(FILE *out, const char *path, const Runtime *rt, const Backend *be, int step) {
+static void memory_record(FILE *out, const char *path, const Runtime *rt, Backend *be, int step) {
     double *all = memory_gather(rt, be);
     if (out) {
         char *text = NULL;
@@ -632,7 +635,9 @@ static void memory_record(FILE *out, const char *path, const Runtime *rt, const 
             fprintf(f, "%s{\"rank\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d", r ? ", " : "", r, (int)x[MEMF_TP],
                     (int)x[MEMF_DP], (int)x[MEMF_PP]);
             for (int t = 0; t < MEM_N_TAGS; t++) fprintf(f, ", \"%s\": %.0f", mem_tag_name((MemTag)t), x[t]);
-            fprintf(f, ", \"allocator_peak\": %.0f, \"peak_rss\": %.0f}", x[MEMF_TOTAL], x[MEMF_RSS]);
+            fprintf(f, ", \"allocator_peak\": %.0f, \"peak_rss\": %.0f", x[MEMF_TOTAL], x[MEMF_RSS]);
+            if (x[MEMF_HAS_DEV]) fprintf(f, ", \"device_used\": %.0f", x[MEMF_DEV_USED]);  // absent on the CPU
+            fprintf(f, "}");
         }
         fprintf(f, "]}\n");
         TP_CHECK(fclose(f) == 0, "out of memory formatting the metrics record");
@@ -642,19 +647,21 @@ static void memory_record(FILE *out, const char *path, const Runtime *rt, const 
     free(all);
 }
 
-static void memory_table(const Runtime *rt, const Backend *be, const char *when) {
+static void memory_table(const Runtime *rt, Backend *be, const char *when) {
     double *all = memory_gather(rt, be);
     if (rt->mesh.rank == 0) {
         const double mib = 1.0 / (1024.0 * 1024.0);
         printf("peak memory per rank (MiB, %s; device %s):\n", when, be->device_name);
         printf("  rank (tp,dp,pp) |");
         for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11s", mem_tag_name((MemTag)t));
-        printf(" | allocator |  peak RSS\n");
+        printf(" | allocator |  peak RSS | device used\n");
         for (int r = 0; r < rt->mesh.world; r++) {
             const double *x = all + (size_t)r * MEMF_N;
             printf("  %4d (%d,%d,%d)    |", r, (int)x[MEMF_TP], (int)x[MEMF_DP], (int)x[MEMF_PP]);
             for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11.2f", x[t] * mib);
-            printf(" | %9.2f | %9.1f\n", x[MEMF_TOTAL] * mib, x[MEMF_RSS] * mib);
+            printf(" | %9.2f | %9.1f |", x[MEMF_TOTAL] * mib, x[MEMF_RSS] * mib);
+            if (x[MEMF_HAS_DEV]) printf(" %11.2f\n", x[MEMF_DEV_USED] * mib);
+            else printf(" %11s\n", "-");
         }
         fflush(stdout);
     }
@@ -662,9 +669,11 @@ static void memory_table(const Runtime *rt, const Backend *be, const char *when)
 }
 
 /* Every rank's allocator peak and peak RSS in the metrics record, in MiB:
- * keys "mem_peak_mib" and "mem_rss_mib", arrays indexed by rank. Collective:
- * every rank calls it; the text (to free) only where want is true. */
-static char *memory_metrics(const Runtime *rt, const Backend *be, bool want) {
+ * keys "mem_peak_mib" and "mem_rss_mib", arrays indexed by rank, and on a
+ * GPU "mem_device_used_mib" (null for a rank without a device; the key is
+ * absent when no rank has one). Collective: every rank calls it; the text
+ * (to free) only where want is true. */
+static char *memory_metrics(const Runtime *rt, Backend *be, bool want) {
     double *all = memory_gather(rt, be);
     char *text = NULL;
     size_t len = 0;
@@ -676,6 +685,17 @@ static char *memory_metrics(const Runtime *rt, const Backend *be, bool want) {
             fprintf(f, "%s", k == 0 ? ", \"mem_peak_mib\": [" : ", \"mem_rss_mib\": [");
             for (int r = 0; r < rt->mesh.world; r++)
                 fprintf(f, "%s%.2f", r ? ", " : "", all[(size_t)r * MEMF_N + (k == 0 ? MEMF_TOTAL : MEMF_RSS)] * mib);
+            fprintf(f, "]");
+        }
+        bool any_dev = false;
+        for (int r = 0; r < rt->mesh.world; r++) any_dev = any_dev || all[(size_t)r * MEMF_N + MEMF_HAS_DEV] != 0.0;
+        if (any_dev) {
+            fprintf(f, ", \"mem_device_used_mib\": [");
+            for (int r = 0; r < rt->mesh.world; r++) {
+                const double *x = all + (size_t)r * MEMF_N;
+                if (x[MEMF_HAS_DEV]) fprintf(f, "%s%.2f", r ? ", " : "", x[MEMF_DEV_USED] * mib);
+                else fprintf(f, "%snull", r ? ", " : "");
+            }
             fprintf(f, "]");
         }
         TP_CHECK(fclose(f) == 0, "out of memory formatting the metrics record");
@@ -762,36 +782,35 @@ int main(int argc, char **argv) {
     TrainArgs a;
     parse_args(argc, argv, &a);
     char err[1024];
-    Runtime rt;
-    const RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = 1, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
-                               .timeout_s = a.comm_timeout, .comm = a.comm};  // the model is on the CPU
-    if (runtime_init(&rt, &ro, err, sizeof err)) {
+    /* The backend first: where the model's buffers live decides the data
+     * groups' communicator (NCCL on its stream, or shm staged through its
+     * page-locked buffers, or plain shm on the CPU). */
+    if (!a.dtype_given) a.dtype = device_is_gpu(a.device) ? DTYPE_BF16 : DTYPE_F32;
+    Backend *be = rank_backend_create(a.device, a.dtype, err, sizeof err);
+    if (!be) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    Runtime rt;
+    RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = 1, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
+                         .timeout_s = a.comm_timeout, .comm = a.comm};
+    CommDeviceCopy hooks;
+    rank_device_options(be, &ro, &hooks);
+    if (runtime_init(&rt, &ro, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        backend_destroy(be);
+        return 2;
+    }
+    backend_note_library(be, runtime_library_bytes(&rt));  // NCCL's buffers (0 with shm)
     const Mesh *mesh = &rt.mesh;
     const bool lead = mesh->rank == 0;  // prints, writes metrics and saves
     if (mesh->world > 1) tp_set_log_rank(mesh->rank);
-    if (!a.dtype_given) a.dtype = device_is_gpu(a.device) ? DTYPE_BF16 : DTYPE_F32;
-    Backend *be = backend_create(a.device, a.dtype, rt.local_rank, err, sizeof err);
-    if (!be) {
-        fprintf(stderr, "train_mt: %s\n", err);
-        runtime_free(&rt);
-        return 2;
-    }
-    if (!be->host_visible && mesh->world > 1) {
-        fprintf(stderr, "train_mt: --device cuda with %d ranks needs device-buffer collectives, which this build "
-                        "does not have yet; run one rank per job on the GPU or use --device cpu\n", mesh->world);
-        backend_destroy(be);
-        runtime_free(&rt);
-        return 2;
-    }
     Source src;
     if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         source_close(&src);
+        runtime_free(&rt);  // before the backend: NCCL works on its stream
         backend_destroy(be);
-        runtime_free(&rt);
         return 1;
     }
     Model m;
@@ -817,8 +836,8 @@ int main(int argc, char **argv) {
         if (decode_here) model_free(&whole);
         model_free(&m);
         source_close(&src);
+        runtime_free(&rt);  // before the backend: NCCL works on its stream
         backend_destroy(be);
-        runtime_free(&rt);
         return 1;
     }
     FILE *metrics = NULL;
@@ -835,9 +854,12 @@ int main(int argc, char **argv) {
                a.synthetic ? (a.task == SYNTH_COPY ? "synthetic copy task" : "synthetic reverse task")
                            : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
                total);
-        printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s\n",
-               mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp, mesh->pp, m.tab.n_elems,
-               be->device_name, dtype_name(be->dtype));
+        printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s; "
+               "collectives %s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp, mesh->pp,
+               m.tab.n_elems, be->device_name, dtype_name(be->dtype),
+               rt.comm == RUNTIME_COMM_NCCL ? "nccl"
+               : rt.staged                  ? "shm (device buffers staged through page-locked host memory)"
+                                            : "shm");
         fflush(stdout);
     }
     Trainer trainer;
@@ -967,8 +989,8 @@ int main(int argc, char **argv) {
     adamw_free(&opt);
     if (decode_here) model_free(&whole);
     model_free(&m);
-    backend_destroy(be);
     source_close(&src);
-    runtime_free(&rt);
+    runtime_free(&rt);  // before the backend: the groups' staging buffers and NCCL's stream are the backend's
+    backend_destroy(be);
     return rc;
 }

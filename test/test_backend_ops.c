@@ -9,6 +9,7 @@
  *                          gpu (fails with one line where no GPU is visible)
  *
  * Each target runs the same cases (the files in backend_ops/): memory and copies,
+ * the collectives' staging copies (backend_comm_copy: none on the CPU),
  * element-wise ops, device scalars, bias, embedding, positions, LayerNorm,
  * dropout, AdamW, softmax, attention (T >= 128 among them), cross-entropy
  * full-row and vocab-parallel, GEMM and linear layers (fused epilogues and
@@ -156,6 +157,7 @@ static void run_target(const Target *t, Rng *rng) {
     printf("test_backend_ops: %s on %s\n", t->name, t->be->device_name);
     fflush(stdout);
     test_memory_ops(t, rng);
+    test_comm_copy(t, rng);
     test_elementwise(t, rng);
     test_scalars(t, rng);
     test_bias(t, rng);

@@ -85,7 +85,7 @@ def rows(path):
         r = json.loads(line, parse_float=str)  # keep the printed digits
         if "memory" in r:  # the final memory record: a measurement of the process, not a training result
             continue
-        for k in ("tokens_per_s", "elapsed_s", "mem_peak_mib", "mem_rss_mib"):  # measurements, not results
+        for k in ("tokens_per_s", "elapsed_s", "mem_peak_mib", "mem_rss_mib", "mem_device_used_mib"):  # measurements, not results
             r.pop(k, None)
         out.append(r)
     return out

@@ -9,7 +9,8 @@
 # Scenarios:
 #  1. a fake GPU and every flag: each step runs; c (corpus given) and d
 #     (tp 2, tp 4, dp 2 vs tp 1) compare their curves and PASS; the hang is
-#     a FAIL "timed out"; no compute-sanitizer step fails;
+#     a FAIL "timed out"; no compute-sanitizer step fails; d's memory checks
+#     FAIL on the CPU records (no device_used, no staging buffer);
 #  2. no GPU: every GPU step SKIPs, setup.gpu FAILs, nothing else runs long;
 #  3. train_mt without --dtype and --comm, and a 6 s budget: c and d SKIP
 #     naming the flag, later steps SKIP for lack of time, the run stays short.
@@ -139,9 +140,13 @@ else
   row full SKIP a.cpu.needs_corpus "needs the corpus"
   row full SKIP c.cpu "no corpus"
 fi
+# The memory checks read the CPU stand-in's records, which have no device
+# memory and no staging buffer: they must FAIL naming what is missing.
+row full FAIL d.memory_tp1 "no device_used"
 for l in tp2 tp4 dp2; do
   row full PASS "d.$l"
   row full PASS "d.compare_$l" "PASS fp32"
+  row full FAIL "d.memory_$l" "holds no 4 MiB staging buffer"
 done
 row full SKIP e.bench_gpu "bench_gpu.sh"
 check "full: exit 1 (a step failed; got $(cat "$work/full/rc"))" [ "$(cat "$work/full/rc")" = 1 ]
@@ -158,6 +163,7 @@ row nogpu SKIP a.test_hang "no GPU"
 row nogpu PASS a.cpu.cpu_ok
 row nogpu SKIP b.sanitizer "no GPU"
 for s in c.cpu c.cuda_fp32 c.cuda_bf16 d.tp1 d.tp2 d.tp4 d.dp2; do row nogpu SKIP "$s" "no GPU"; done
+norow nogpu d.memory_tp1
 row nogpu SKIP e.bench_gpu
 n=$(grep -c '^| FAIL' "$work/nogpu/out/report.md")
 check "nogpu: setup.gpu is the only FAIL ($n FAIL rows)" [ "$n" -eq 1 ]

@@ -5,7 +5,9 @@
 # the parameter table, for the master weights, gradients and AdamW state
 # (fp32, one 4-byte float each, 2 for the optimizer), no compute copy on
 # the CPU, the step's scalars as workspace, and activations the same on
-# every rank of a layout and smaller per rank as tp grows.
+# every rank of a layout and smaller per rank as tp grows. The GPU-only
+# figures (device_used, mem_device_used_mib) are absent, and the table's
+# device column shows "-".
 #   test_memory.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -19,6 +21,12 @@ run() {  # name nproc flags...
     --max-steps 3 --log-interval 1 --eval-interval 100 --metrics "$name.jsonl" "$@" > "$name.log" 2>&1 ||
     { cat "$name.log"; exit 1; }
   grep -q "peak memory per rank" "$name.log" || { echo "FAIL: $name printed no memory table"; exit 1; }
+  # On the CPU the table's last column (device used) is "-" on every rank row.
+  local row_re='^(\[rank 0\] )? +[0-9]+ \([0-9]+,[0-9]+,[0-9]+\) ' rows dashes
+  rows=$(grep -cE "$row_re" "$name.log" || true)
+  dashes=$(grep -E "$row_re" "$name.log" | grep -cE ' -$' || true)
+  [ "$rows" -ge "$n" ] && [ "$dashes" -eq "$rows" ] ||
+    { echo "FAIL: $name: $dashes of $rows rank rows show '-' for device memory"; grep -E "$row_re" "$name.log"; exit 1; }
 }
 run tp1 1
 run tp2 2 --tp 2
@@ -49,6 +57,8 @@ for name, tp, world in (("tp1", 1, 1), ("tp2", 2, 2), ("tp4", 4, 4), ("tp2dp2", 
                 bad.append(f"{name} rank {r['rank']}: {k} {r[k]} != {v}")
         if r["allocator_peak"] < sum(r[k] for k in ("master", "grads", "optimizer", "activations")):
             bad.append(f"{name} rank {r['rank']}: allocator peak below its parts")
+        if "device_used" in r:   # a GPU-only key: the CPU has no device memory to report
+            bad.append(f"{name} rank {r['rank']}: device_used on the CPU")
         if r["tp"] != r["rank"] % tp or r["dp"] != r["rank"] // tp:
             bad.append(f"{name} rank {r['rank']}: coordinates ({r['tp']},{r['dp']})")
     a = {r["activations"] for r in ranks}
@@ -58,6 +68,8 @@ for name, tp, world in (("tp1", 1, 1), ("tp2", 2, 2), ("tp4", 4, 4), ("tp2dp2", 
     steps = [r for r in rows if "loss" in r]
     if not all(len(r["mem_peak_mib"]) == world for r in steps):
         bad.append(f"{name}: per-step memory arrays do not have {world} entries")
+    if any("mem_device_used_mib" in r for r in steps):
+        bad.append(f"{name}: per-step device memory on the CPU")
 if not acts["tp1"] > acts["tp2"] > acts["tp4"]:
     bad.append(f"activations per rank do not shrink with tp: {acts}")
 print("\n".join(bad) if bad else f"memory report matches the config: params per rank {[params_per_rank(t) for t in (1, 2, 4)]}, activations {acts}")

@@ -42,3 +42,14 @@ if ! nvidia-smi -L > /dev/null 2>&1; then
     { echo "FAIL: --device cuda without a GPU said: $msg"; exit 1; }
   echo "refused as expected: $msg"
 fi
+
+# --comm nccl for a model in host memory: refused in one sentence, exit 2
+# (the reason this build has: no NCCL, or the model is not on a GPU).
+set +e
+msg=$("$1" --device cpu --comm nccl --task copy --preset tiny --max-steps 1 2>&1 > /dev/null)
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || { echo "FAIL: --comm nccl on the CPU exited $rc"; exit 1; }
+[ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "train_mt: --comm nccl "* ]] ||
+  { echo "FAIL: --comm nccl on the CPU said: $msg"; exit 1; }
+echo "refused as expected: $msg"

@@ -67,6 +67,32 @@ assert all(v < 0 for v in s), "a log-probability is not negative"
 assert len(set(s)) > 30, "scores do not depend on the sentence"
 PY
 
+# --device and --dtype: the CPU asked for by name is what auto chose here;
+# bf16 GEMMs (emulated on the CPU) still translate every line; cuda where
+# no GPU can be used, or a device that does not exist, is refused in one
+# sentence (exit 2).
+"$build/translate_mt" --model model --src src.en --beam 0 --device cpu --dtype bf16 > bf16.ja
+test "$(wc -l < bf16.ja)" -eq 40
+refused() {  # WHAT EXPECTED_PREFIX ARGS...: exit 2 and one line starting with the prefix
+  local what=$1 want=$2 msg rc
+  shift 2
+  set +e
+  msg=$("$build/translate_mt" "$@" 2>&1 > /dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || { echo "FAIL: $what exited $rc: $msg"; exit 1; }
+  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "$want"* ]] ||
+    { echo "FAIL: $what said: $msg"; exit 1; }
+  echo "refused as expected: $msg"
+}
+refused "--device tpu" "translate_mt: --device must be auto, cpu or cuda" --model model --src src.en --device tpu
+refused "--dtype fp16" "translate_mt: --dtype must be fp32 or bf16" --model model --src src.en --dtype fp16
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  "$build/translate_mt" --model model --src src.en --beam 0 --device cpu > cpu.ja
+  cmp greedy.ja cpu.ja || { echo "FAIL: --device cpu differs from auto on a machine without a GPU"; exit 1; }
+  refused "--device cuda without a GPU" "translate_mt: --device cuda: " --model model --src src.en --device cuda
+fi
+
 # Bad input: clear messages, non-zero exit.
 if "$build/translate_mt" --model nowhere --src src.en 2> err.txt; then echo "FAIL: missing model accepted"; exit 1; fi
 grep -q "nowhere/config.json" err.txt || { echo "FAIL: message does not name the file"; cat err.txt; exit 1; }

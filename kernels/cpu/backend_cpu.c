@@ -26,6 +26,16 @@ static void cpu_dev_free(Backend *be, void *p) { (void)be; free(p); }
 static void cpu_upload(Backend *be, void *dst, const void *src, size_t n) { (void)be; if (dst != src) memcpy(dst, src, n); }
 static void cpu_download(Backend *be, void *dst, const void *src, size_t n) { (void)be; if (dst != src) memcpy(dst, src, n); }
 static void cpu_sync(Backend *be) { (void)be; }
+/* Host memory is all the CPU has: "page-locked" is plain here (never asked
+ * for by the trainer: backend_comm_copy gives no hooks on a host backend). */
+static void *cpu_host_alloc(Backend *be, size_t n_bytes) { return cpu_dev_alloc(be, n_bytes); }
+static void cpu_host_free(Backend *be, void *p) { (void)be; free(p); }
+static void *cpu_stream(Backend *be) { (void)be; return NULL; }
+static bool cpu_device_used(Backend *be, size_t *used_bytes) {
+    (void)be;
+    *used_bytes = 0;
+    return false;
+}
 static void cpu_recast(Backend *be, void *c, const float *m, size_t n) {  // never called: no copies on the CPU
     (void)be, (void)c, (void)m, (void)n;
 }
@@ -190,7 +200,8 @@ static void t_adamw(Backend *be, float *p, const float *g, float *m, float *v, s
 static const BackendOps CPU_OPS = {
     .name = "cpu",
     .dev_alloc = cpu_dev_alloc, .dev_free = cpu_dev_free, .upload = cpu_upload, .download = cpu_download,
-    .sync = cpu_sync, .recast = cpu_recast, .destroy = cpu_destroy,
+    .sync = cpu_sync, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_wait = cpu_upload,
+    .stream = cpu_stream, .device_used = cpu_device_used, .recast = cpu_recast, .destroy = cpu_destroy,
     .zero = t_zero, .copy = t_copy, .copy_ids = t_copy_ids, .gemm = t_gemm,
     .linear_fwd = t_linear_fwd, .linear_bwd = t_linear_bwd, .bias_add = t_bias_add, .bias_bwd = t_bias_bwd,
     .embedding_fwd = t_embedding_fwd, .embedding_bwd = t_embedding_bwd, .add_positions = t_add_positions,

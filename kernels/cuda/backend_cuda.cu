@@ -16,7 +16,9 @@
 // grown as needed up to STAGE_MAX_BYTES, used in turn, so the host waits
 // only for the copy that last used a slot before refilling it (larger
 // uploads go in chunks). download is an async copy and a stream sync;
-// sync is a stream sync. Both then read the CudaOpStatus the cross-entropy
+// sync is a stream sync. upload_wait (the collectives' staging copies, from
+// page-locked memory made by host_alloc = cudaMallocHost) is an async copy
+// and a stream sync. Syncs read the CudaOpStatus the cross-entropy
 // ops fill on the device (host memory mapped into the device: no copy) and
 // die with its sentence if a target was outside the vocabulary: the ops
 // never synchronise to check, so a bad target is reported at the next
@@ -125,6 +127,42 @@ static void cu_upload(Backend *be, void *dst, const void *src, size_t n_bytes) {
 static void cu_download(Backend *be, void *dst, const void *src, size_t n_bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, stream_of(be)));
     cu_sync(be);
+}
+
+// Straight from the caller's (page-locked) buffer, then a wait: the caller may
+// refill it as soon as this returns (the collectives' staging buffer).
+static void cu_upload_wait(Backend *be, void *dst, const void *src, size_t n_bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, stream_of(be)));
+    cu_sync(be);
+}
+
+static void *cu_host_alloc(Backend *be, size_t n_bytes) {
+    (void)be;
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, n_bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // not sticky: the caller reports
+        return NULL;
+    }
+    CUDA_CHECK(e);
+    return p;
+}
+
+static void cu_host_free(Backend *be, void *p) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_of(be)));  // a queued copy may still read it
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void *cu_stream(Backend *be) { return (void *)stream_of(be); }
+
+// The whole device, as the driver sees it: every process's memory, the
+// contexts and the libraries included.
+static bool cu_device_used(Backend *be, size_t *used_bytes) {
+    (void)be;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    *used_bytes = total_bytes - free_bytes;
+    return true;
 }
 
 static void cu_recast(Backend *be, void *compute, const float *master, size_t n_elems) {
@@ -307,6 +345,8 @@ static BackendOps cuda_ops_table(void) {
     o.name = "cuda";
     o.dev_alloc = cu_dev_alloc, o.dev_free = cu_dev_free, o.upload = cu_upload, o.download = cu_download;
     o.sync = cu_sync, o.recast = cu_recast, o.destroy = cu_destroy;
+    o.host_alloc = cu_host_alloc, o.host_free = cu_host_free, o.upload_wait = cu_upload_wait;
+    o.stream = cu_stream, o.device_used = cu_device_used;
     o.zero = cu_zero, o.copy = cu_copy, o.copy_ids = cu_copy_ids, o.gemm = cu_gemm;
     o.linear_fwd = cu_linear_fwd, o.linear_bwd = cu_linear_bwd, o.bias_add = cu_bias_add, o.bias_bwd = cu_bias_bwd;
     o.embedding_fwd = cu_embedding_fwd, o.embedding_bwd = cu_embedding_bwd, o.add_positions = cu_add_positions;
@@ -368,5 +408,6 @@ extern "C" Backend *backend_cuda_create(Dtype dtype, int local_rank, char *err, 
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const size_t in_use = total_bytes - free_bytes;
     backend_note_library(be, in_use > be->mem.total_cur ? in_use - be->mem.total_cur : 0);
+    backend_device_used(be, NULL);  // the first sample of mem.device_used_peak
     return be;
 }

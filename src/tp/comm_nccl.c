@@ -170,6 +170,28 @@ int nccl_finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0) {
     }
 }
 
+/* NCCL must never receive a host pointer (its kernels would fault, or
+ * read stale memory, far from the mistake): every buffer is asked about
+ * (cudaPointerGetAttributes, about a microsecond) and one that is not
+ * device or managed memory of this communicator's device is refused in one
+ * sentence, before any NCCL call. 0, or -1 with the communicator poisoned. */
+int nccl_check_device_buffer(NcclComm *c, double t0, Kind kind, const char *which, const void *buf) {
+    struct cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, buf);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky: an unknown pointer
+        a.type = cudaMemoryTypeUnregistered;
+    }
+    if (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == c->device)) return 0;
+    if (a.type == cudaMemoryTypeDevice)
+        return nccl_bad_call(c, t0, "comm %s (nccl): %s #%ld got %s buffer %p on device %d, not on this group's "
+                             "device %d", c->group, NCCL_KIND_NAME[kind], c->calls[kind], which, buf, a.device,
+                             c->device);
+    return nccl_bad_call(c, t0, "comm %s (nccl): %s #%ld got a host pointer as its %s buffer (%p): NCCL takes device "
+                         "memory only (host data goes to the device first, or through the host control group)",
+                         c->group, NCCL_KIND_NAME[kind], c->calls[kind], which, buf);
+}
+
 /* NCCL's type for dt; 0, or -1 for an unknown dtype. */
 static int nccl_type(CommDtype dt, ncclDataType_t *out) {
     switch (dt) {
@@ -191,6 +213,7 @@ static int nccl_allreduce(Comm *comm, void *buf, size_t n_elems, CommDtype dt, C
         return nccl_bad_call(c, t0, "comm %s (nccl): unknown reduction %d", c->group, (int)op);
     if (n_elems == 0) return nccl_end(c, t0, 0);
     if (!buf) return nccl_bad_call(c, t0, "comm %s (nccl): allreduce of %zu elements from NULL", c->group, n_elems);
+    if (nccl_check_device_buffer(c, t0, K_ALLREDUCE, "in-place", buf)) return -1;
     ncclResult_t q = ncclAllReduce(buf, buf, n_elems, type, op == COMM_SUM ? ncclSum : ncclMax, c->nccl, c->stream);
     return nccl_finish(c, K_ALLREDUCE, q, t0);
 }
@@ -204,6 +227,9 @@ static int nccl_reduce_scatter(Comm *comm, const void *in, void *out, size_t n_e
         return nccl_bad_call(c, t0, "comm %s (nccl): reduce_scatter of unknown dtype %d", c->group, (int)dt);
     if (n_elems == 0) return nccl_end(c, t0, 0);
     if (!in || !out) return nccl_bad_call(c, t0, "comm %s (nccl): reduce_scatter with a NULL buffer", c->group);
+    if (nccl_check_device_buffer(c, t0, K_REDUCE_SCATTER, "input", in) ||
+        nccl_check_device_buffer(c, t0, K_REDUCE_SCATTER, "output", out))
+        return -1;
     ncclResult_t q = ncclReduceScatter(in, out, n_elems, type, ncclSum, c->nccl, c->stream);
     return nccl_finish(c, K_REDUCE_SCATTER, q, t0);
 }
@@ -217,6 +243,9 @@ static int nccl_allgather(Comm *comm, const void *in, void *out, size_t n_elems,
         return nccl_bad_call(c, t0, "comm %s (nccl): allgather of unknown dtype %d", c->group, (int)dt);
     if (n_elems == 0) return nccl_end(c, t0, 0);
     if (!in || !out) return nccl_bad_call(c, t0, "comm %s (nccl): allgather with a NULL buffer", c->group);
+    if (nccl_check_device_buffer(c, t0, K_ALLGATHER, "input", in) ||
+        nccl_check_device_buffer(c, t0, K_ALLGATHER, "output", out))
+        return -1;
     ncclResult_t q = ncclAllGather(in, out, n_elems, type, c->nccl, c->stream);
     return nccl_finish(c, K_ALLGATHER, q, t0);
 }
@@ -230,6 +259,7 @@ static int nccl_broadcast(Comm *comm, void *buf, size_t n_bytes, int root) {
                              c->size);
     if (n_bytes == 0) return nccl_end(c, t0, 0);
     if (!buf) return nccl_bad_call(c, t0, "comm %s (nccl): broadcast of %zu bytes from NULL", c->group, n_bytes);
+    if (nccl_check_device_buffer(c, t0, K_BROADCAST, "in-place", buf)) return -1;
     ncclResult_t q = ncclBroadcast(buf, buf, n_bytes, ncclUint8, root, c->nccl, c->stream);
     return nccl_finish(c, K_BROADCAST, q, t0);
 }

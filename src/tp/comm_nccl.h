@@ -2,7 +2,10 @@
  * nodes).
  *
  * Every buffer passed to a collective or to comm_send / comm_recv on a
- * communicator made here is a DEVICE pointer on the communicator's device.
+ * communicator made here is a DEVICE pointer on the communicator's device:
+ * each is checked (cudaPointerGetAttributes), and a host pointer or another
+ * device's memory is refused in one sentence before NCCL sees it (the
+ * communicator is then poisoned, like after any argument error).
  * Calls are queued on the communicator's stream, after whatever the caller
  * queued there before, and return once the stream has drained, so they are
  * blocking as comm.h says (and the host waits for the stream's earlier work

@@ -45,6 +45,8 @@ int nccl_begin(NcclComm *c, Kind kind, long *counter, double *t0);
 int nccl_end(NcclComm *c, double t0, int rc);
 /* An argument error: poisons without an NCCL call; -1. */
 int nccl_bad_call(NcclComm *c, double t0, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Refuses (poisons, -1) a buffer that is not device memory of c's device; 0 when it is. */
+int nccl_check_device_buffer(NcclComm *c, double t0, Kind kind, const char *which, const void *buf);
 /* Polls the call that `queued` reports on to its end, an error or the timeout. */
 int nccl_finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0);
 

@@ -84,6 +84,7 @@ int nccl_send(Comm *comm, const void *buf, size_t n_bytes, int peer) {
     if (nccl_begin(c, K_SEND, &c->stats.send, &t0) != 0) return -1;
     c->stats.send_bytes += (double)n_bytes;
     if (check_peer(c, t0, "send to", peer, buf, n_bytes) != 0) return -1;
+    if (n_bytes && nccl_check_device_buffer(c, t0, K_SEND, "message", buf)) return -1;
     if (peer == c->rank) return self_send(c, buf, n_bytes, t0);
     if (n_bytes == 0) return nccl_end(c, t0, 0);  // both sides know: nothing to move
     ncclResult_t q = ncclSend(buf, n_bytes, ncclUint8, peer, c->nccl, c->stream);
@@ -96,6 +97,7 @@ int nccl_recv(Comm *comm, void *buf, size_t n_bytes, int peer) {
     if (nccl_begin(c, K_RECV, &c->stats.recv, &t0) != 0) return -1;
     c->stats.recv_bytes += (double)n_bytes;
     if (check_peer(c, t0, "recv from", peer, buf, n_bytes) != 0) return -1;
+    if (n_bytes && nccl_check_device_buffer(c, t0, K_RECV, "message", buf)) return -1;
     if (peer == c->rank) return self_recv(c, buf, n_bytes, t0);
     if (n_bytes == 0) return nccl_end(c, t0, 0);
     ncclResult_t q = ncclRecv(buf, n_bytes, ncclUint8, peer, c->nccl, c->stream);

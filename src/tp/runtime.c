@@ -106,6 +106,23 @@ int runtime_choose_comm(RuntimeComm request, bool have_nccl, bool device_is_gpu,
     return 0;
 }
 
+int runtime_env_local_rank(int *local_rank, char *err, size_t err_len) {
+    int rank;
+    if (env_int("RANK", 0, &rank, err, err_len)) return -1;
+    return env_int("LOCAL_RANK", rank, local_rank, err, err_len);
+}
+
+size_t runtime_library_bytes(const Runtime *rt) {
+    size_t n = 0;
+#ifdef TPTRAIN_HAVE_NCCL
+    const Comm *all[] = {rt->nccl_world, rt->tp, rt->dp, rt->pp};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) n += comm_nccl_device_bytes(all[i]);
+#else
+    (void)rt;
+#endif
+    return n;
+}
+
 /* Rank, world and job id from the environment (a world of one without it). */
 static int read_env(Runtime *rt, int *world, int *rank, char *err, size_t err_len) {
     if (env_int("WORLD_SIZE", 1, world, err, err_len) || env_int("RANK", 0, rank, err, err_len) ||

@@ -41,7 +41,7 @@ typedef struct {
     int n_visible_gpus;                 // GPUs this process can see (0 on CPU)
     int device;                         // this rank's device ordinal, for NCCL
     const CommDeviceCopy *device_copy;  // needed when the data groups are shm and device_is_gpu
-    void *stream;                       // cudaStream_t for NCCL (NULL = the default stream)
+    void *stream;                       // cudaStream_t for NCCL: the backend's (NULL = the default stream)
 } RuntimeOptions;
 
 typedef struct {
@@ -71,6 +71,16 @@ int runtime_auto_tp(int world, int local_world, int n_heads, int d_ff);
  * RUNTIME_COMM_NCCL or RUNTIME_COMM_SHM (staged when device_is_gpu). 0 or -1. */
 int runtime_choose_comm(RuntimeComm request, bool have_nccl, bool device_is_gpu, int local_world, int visible_gpus,
                         RuntimeComm *out, char *err, size_t err_len);
+
+/* This rank's place on its node as the launcher gives it, before any
+ * communicator exists (the backend, and so the GPU, is chosen first):
+ * LOCAL_RANK, else RANK, else 0, through the strict parser. 0, or -1 +
+ * err. runtime_init reads the same into Runtime.local_rank. */
+int runtime_env_local_rank(int *local_rank, char *err, size_t err_len);
+
+/* Device memory the NCCL communicators took at creation (0 with shm):
+ * library overhead for the memory report. */
+size_t runtime_library_bytes(const Runtime *rt);
 
 /* Whether this build has the NCCL communicator. */
 bool runtime_have_nccl(void);

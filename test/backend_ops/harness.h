@@ -124,6 +124,7 @@ void check_close(const Target *t, const char *what, const float *got, const floa
 
 /* ---- the parts ----------------------------------------------------------------------- */
 void test_memory_ops(const Target *t, Rng *rng);
+void test_comm_copy(const Target *t, Rng *rng);  // ops_memory.c
 void test_elementwise(const Target *t, Rng *rng);
 void test_scalars(const Target *t, Rng *rng);
 void test_bias(const Target *t, Rng *rng);

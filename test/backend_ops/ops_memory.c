@@ -204,3 +204,57 @@ void test_no_hidden_allocs(const Target *t, Rng *rng) {
 #endif
     every_op_free(t, &e);
 }
+
+/* ---- the collectives' staging copies ------------------------------------------------------ */
+
+/* backend_comm_copy: a host-visible backend has no hooks (the collectives
+ * use its buffers as they are), no stream and no device memory to report.
+ * On a device: the page-locked staging buffer is tagged comm, counted as
+ * host memory and not in the device total, and returned by host_free;
+ * to_host sees the result of work queued before it (a large scale on the
+ * stream); what to_device wrote is what a later op reads, although the
+ * staging buffer is overwritten the moment to_device returns; and the
+ * device reports memory in use beyond this backend's allocations. */
+void test_comm_copy(const Target *t, Rng *rng) {
+    Backend *be = t->be;
+    BackendCommCopy cc;
+    const bool has = backend_comm_copy(be, &cc);
+    size_t used = 0;
+    const bool has_dev = backend_device_used(be, &used);
+    TCHECK(has == !be->host_visible && has_dev == !be->host_visible && (backend_stream(be) != NULL) == has,
+           "%s: staging hooks %d, device memory %d, stream %p for a %s backend", t->name, has, has_dev,
+           backend_stream(be), be->host_visible ? "host-visible" : "device");
+    if (!has) return;
+    TCHECK(used > be->mem.total_cur && be->mem.device_used_peak >= used,
+           "%s: device memory in use %zu above this backend's %zu", t->name, used, be->mem.total_cur);
+    TCHECK(cc.ctx == be && cc.to_host && cc.to_device && cc.host_alloc && cc.host_free, "%s: every hook", t->name);
+    const size_t n = (size_t)1 << 22, n_bytes = n * sizeof(float);  // 16 MiB: the scale takes a while
+    float *h = rand_floats(n, rng, -1, 1);
+    float *d = dev_from(t, h, n);
+    const MemStats m0 = be->mem;
+    float *stage = cc.host_alloc(cc.ctx, n_bytes);
+    TCHECK(stage && be->mem.cur[MEM_COMM] == m0.cur[MEM_COMM] + n_bytes && be->mem.host_cur == m0.host_cur + n_bytes &&
+               be->mem.total_cur == m0.total_cur,
+           "%s: the staging buffer: comm %zu, host %zu, device total %zu (before: %zu, %zu, %zu)", t->name,
+           be->mem.cur[MEM_COMM], be->mem.host_cur, be->mem.total_cur, m0.cur[MEM_COMM], m0.host_cur, m0.total_cur);
+    op_scale(be, d, 2.0f, n);
+    cc.to_host(cc.ctx, stage, d, n_bytes);  // no sync between: the hook orders itself after the scale
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += stage[i] != 2.0f * h[i];
+    TCHECK(bad == 0, "%s: to_host missed the queued scale on %zu of %zu values", t->name, bad, n);
+    for (size_t i = 0; i < n; i++) stage[i] = h[i] + 1.0f;
+    cc.to_device(cc.ctx, d, stage, n_bytes);
+    memset(stage, 0xFF, n_bytes);  // reused at once, as the collectives do (NaN if the copy read it late)
+    op_scale(be, d, 0.5f, n);
+    float *got = dev_fetch(t, d, n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != (h[i] + 1.0f) * 0.5f;
+    TCHECK(bad == 0, "%s: to_device then scale: %zu of %zu values wrong", t->name, bad, n);
+    free(got);
+    cc.host_free(cc.ctx, stage);
+    TCHECK(be->mem.cur[MEM_COMM] == m0.cur[MEM_COMM] && be->mem.host_cur == m0.host_cur &&
+               be->mem.host_peak >= n_bytes,
+           "%s: host_free returns the staging buffer", t->name);
+    free(h);
+    dev_free(t, d);
+}

@@ -11,7 +11,8 @@
  *    group), an argument error that poisons the communicator; bf16
  *    allreduce / reduce_scatter / allgather (exact integer-valued data);
  *    send / recv to oneself (messages kept in order, zero bytes) and, with
- *    N ranks, around a ring;
+ *    N ranks, around a ring; pageable and pinned host buffers refused
+ *    before NCCL sees them;
  *  - N >= 2: a peer that never makes the call: the caller fails within the
  *    timeout with a message, and stays failed;
  *  - a group whose peer never joins, and a rank whose rank 0 never publishes
@@ -384,6 +385,32 @@ static void check_splits(Comm *world, int rank, int size) {
     CHECK(comm_barrier(world) == 0, "the world still works after the splits: %s", comm_error(world));
 }
 
+/* NCCL never receives a host pointer: a pageable and a pinned host buffer
+ * are each refused in one sentence before any NCCL call (on a split of
+ * their own: the refusal poisons it), the buffer left as it was. */
+static void check_host_pointers(Comm *world, int rank) {
+    float *pinned = NULL;
+    CUDA_CHECK(cudaMallocHost((void **)&pinned, 4 * sizeof(float)));
+    float pageable[4];
+    float *const bufs[2] = {pageable, pinned};
+    for (int k = 0; k < 2; k++) {
+        char err[512] = "";
+        Comm *h = NULL;
+        CHECK(comm_nccl_split(world, k ? "pinned" : "pageable", 0, rank, &h, err, sizeof err) == 0 && h,
+              "split for the host-pointer check: %s", err);
+        if (!h) continue;
+        for (int i = 0; i < 4; i++) bufs[k][i] = (float)(i + 1);
+        const int rc = comm_allreduce(h, bufs[k], 4, COMM_SUM);
+        CHECK(rc == -1 && strstr(comm_error(h), "host pointer") && strstr(comm_error(h), "allreduce #1"),
+              "%s host buffer: refused naming it: %s", k ? "a pinned" : "a pageable", comm_error(h));
+        CHECK(bufs[k][0] == 1.0f && bufs[k][3] == 4.0f, "a refused host buffer is left as it was");
+        CHECK(comm_barrier(h) == -1, "the refusal poisons the communicator");
+        comm_free(h);
+    }
+    CUDA_CHECK(cudaFreeHost(pinned));
+    CHECK(comm_barrier(world) == 0, "the world still works after the refusals: %s", comm_error(world));
+}
+
 /* Rank 0 calls an allreduce that the others never make: it must fail within
  * the timeout, and stay failed. The others wait (through the store) until
  * rank 0 has its verdict, so the timeout path is what fires. */
@@ -437,6 +464,7 @@ static int rank_main(int rank, int size, const char *job) {
         check_collectives(c, rank, size);
         check_dtype_p2p(c, rank, size);
         check_splits(c, rank, size);
+        check_host_pointers(c, rank);
         if (size >= 2) check_idle_peer(st, job, rank, size, device, stream);
         // An argument error poisons the communicator (the ranks are out of step after it).
         CHECK(comm_broadcast(c, NULL, 4, size) == -1 && strstr(comm_error(c), "root"), "bad root: %s",
