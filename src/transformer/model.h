@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "kernels/backend.h"
-#include "tp/comm.h"
+#include "tp/parallel.h"
 #include "transformer/config.h"
 #include "transformer/params.h"
 
@@ -40,13 +40,6 @@ typedef struct {
 } DropoutKey;
 
 typedef struct ModelActs ModelActs;
-
-/* This rank's tensor-parallel group: heads, FFN columns and vocabulary rows
- * are split `size` ways (Megatron). comm may be NULL when size == 1. */
-typedef struct {
-    int size, rank;
-    Comm *comm;
-} TpGroup;
 
 typedef struct {
     ModelConfig cfg;
