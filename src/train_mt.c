@@ -29,12 +29,12 @@
 #include "err.h"
 #include "mt.h"
 #include "parse.h"
-#include "tp/checkpoint.h"
 #include "tp/runtime.h"
+#include "train/checkpoint.h"
+#include "train/step.h"
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
-#include "train/step.h"
 
 typedef struct {
     const char *preset;

@@ -12,7 +12,7 @@
  * reassembles each whole tensor from the old layout's labels and cuts its
  * own shard of the new layout.
  */
-#include "tp/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>

@@ -25,7 +25,7 @@
 #include "err.h"
 #include "mt.h"
 #include "safetensors.h"
-#include "tp/checkpoint.h"
+#include "train/checkpoint.h"
 #include "transformer/export.h"
 
 static void usage(FILE *f) {
