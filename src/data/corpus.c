@@ -34,9 +34,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "data/spm.h"
 #include "err.h"
 #include "fileio.h"
@@ -54,12 +54,6 @@
 static const char TOK_MAGIC[8] = {'T', 'P', 'T', 'O', 'K', 0, 0, 1};
 
 /* ---- small file helpers ----------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Whole file plus a NUL, malloc'ed; NULL + err (a named pipe or anything
  * but a regular file is refused by the common reader, never waited on). */
@@ -321,12 +315,12 @@ static int train_tokenizer(const SplitText *train, const CorpusConfig *cfg, int 
                train->name);
         fflush(stdout);
     }
-    const double t0 = now_s();
+    const double t0 = tp_now_s();
     const char *inputs[1] = {txt};
     int rc = spm_train(inputs, 1, prefix, vocab_size, err, err_len);
     unlink(txt);
     if (rc == 0 && cfg->verbose) {
-        printf("corpus: wrote %s.model in %.1f s\n", prefix, now_s() - t0);
+        printf("corpus: wrote %s.model in %.1f s\n", prefix, tp_now_s() - t0);
         fflush(stdout);
     }
     return rc;
@@ -368,7 +362,7 @@ static void idvec_push(IdVec *v, const int32_t *ids, int n) {
 /* Encodes every kept pair of s and writes path atomically. */
 static int write_token_file(const SplitText *s, const Spm *spm, uint32_t key, const char *path, int verbose,
                             char *err, size_t err_len) {
-    const double t0 = now_s();
+    const double t0 = tp_now_s();
     const long n = s->n_kept;
     uint64_t *en_off = TP_MALLOC((size_t)(n + 1) * sizeof *en_off);  // (n + 1)
     uint64_t *ja_off = TP_MALLOC((size_t)(n + 1) * sizeof *ja_off);  // (n + 1)
@@ -448,7 +442,7 @@ static int write_token_file(const SplitText *s, const Spm *spm, uint32_t key, co
     rc = 0;
     if (verbose) {
         printf("corpus: %s: encoded %ld pairs (%llu en + %llu ja pieces) into %s in %.2f s\n", s->name, n,
-               (unsigned long long)en.n, (unsigned long long)ja.n, path, now_s() - t0);
+               (unsigned long long)en.n, (unsigned long long)ja.n, path, tp_now_s() - t0);
         fflush(stdout);
     }
 done:
