@@ -59,6 +59,7 @@
 
 #include "clock.h"
 #include "err.h"
+#include "fileio.h"
 #include "parse.h"
 #include "tp/shm_reclaim.h"
 #include "tp/store.h"
@@ -215,21 +216,6 @@ static int ms_until(double deadline) {
     if (isinf(deadline)) return -1;
     double ms = ceil((deadline - tp_now_s()) * 1000.0);
     return ms <= 0 ? 0 : ms > 1e9 ? 1000000000 : (int)ms;
-}
-
-static void write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-        } else if (w < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return;  // a closed terminal or pipe: output is lost, the job goes on
-        }
-    }
 }
 
 static int random_hex(char *out, size_t n_hex) {
@@ -511,11 +497,11 @@ static void child_die(const char *what, int err) {
     } while (e && n < 15);
     for (int i = 0; i < n; i++) num[i] = tmp[n - 1 - i];
     num[n] = 0;
-    write_all(2, "tprun: ", 7);
-    write_all(2, what, strlen(what));
-    write_all(2, " (errno ", 8);
-    write_all(2, num, (size_t)n);
-    write_all(2, ")\n", 2);
+    write_all_fd(2, "tprun: ", 7);
+    write_all_fd(2, what, strlen(what));
+    write_all_fd(2, " (errno ", 8);
+    write_all_fd(2, num, (size_t)n);
+    write_all_fd(2, ")\n", 2);
     _exit(127);
 }
 
@@ -577,12 +563,13 @@ static int spawn(Agent *a, Worker *w) {
     return 0;
 }
 
-/* One complete line (or a piece of an overlong one) to its destinations. */
+/* One complete line (or a piece of an overlong one) to its destinations. A
+ * failed write (a closed terminal or pipe) loses the output; the job goes on. */
 static void emit_line(const Agent *a, const Worker *w, const Stream *s, const char *line, size_t n) {
     const Opts *o = &a->o;
     if (w->log_fd >= 0) {
-        write_all(w->log_fd, line, n);
-        write_all(w->log_fd, "\n", 1);
+        write_all_fd(w->log_fd, line, n);
+        write_all_fd(w->log_fd, "\n", 1);
     }
     int to_term = w->log_fd < 0 || (o->tee & (s->is_err ? 2 : 1));
     if (!to_term) return;
@@ -594,7 +581,7 @@ static void emit_line(const Agent *a, const Worker *w, const Stream *s, const ch
     memcpy(buf, prefix, (size_t)pn);
     memcpy(buf + pn, line, n);
     buf[total - 1] = '\n';
-    write_all(s->is_err ? 2 : 1, buf, total);  // one write: lines of ranks do not interleave
+    write_all_fd(s->is_err ? 2 : 1, buf, total);  // one write: lines of ranks do not interleave
     if (buf != stackbuf) free(buf);
 }
 
