@@ -10,7 +10,7 @@
 
 #include "fuzz_util.h"
 #include "safetensors.h"  // crc32c
-#include "tp/checkpoint.h"
+#include "train/checkpoint.h"
 
 static const char SEAL_HEAD[] = "{\n\t\"manifest_crc32c\":\t\"";
 static const char SEAL_TAIL[] = "\",\n";

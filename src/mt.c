@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "err.h"
-#include "tp/checkpoint.h"
+#include "train/checkpoint.h"
 #include "transformer/export.h"
 #include <unistd.h>
 

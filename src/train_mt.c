@@ -29,13 +29,13 @@
 #include "err.h"
 #include "mt.h"
 #include "parse.h"
-#include "tp/checkpoint.h"
 #include "tp/runtime.h"
+#include "train/checkpoint.h"
+#include "train/device.h"
+#include "train/step.h"
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
-#include "train/device.h"
-#include "train/step.h"
 
 typedef struct {
     const char *preset;
@@ -480,7 +480,8 @@ static void source_next(Source *src, OwnedBatch *b, long *global_tokens) {
     const TrainArgs *a = src->args;
     if (a->synthetic) {
         OwnedBatch whole;
-        synth_batch(&whole, a->task, src->cfg, a->batch_size, a->min_len, a->max_len, a->seed, ++src->synth_index);
+        synth_batch(&whole, a->task, config_tokens(src->cfg), a->batch_size, a->min_len, a->max_len, a->seed,
+                    ++src->synth_index);
         *global_tokens = 0;
         for (int i = 0; i < whole.view.B; i++) *global_tokens += whole.tgt_len[i];
         owned_batch_rows(&whole, src->mesh->dp_rank, src->mesh->dp, b);
@@ -512,7 +513,8 @@ static EvalResult evaluate(Model *m, Model *whole, Source *src) {
     if (a->synthetic) {
         for (int i = 0; i < 4; i++) {
             OwnedBatch b;
-            synth_batch(&b, a->task, &m->cfg, a->batch_size, a->min_len, a->max_len, a->seed ^ 0xE7A1ULL, i);
+            synth_batch(&b, a->task, config_tokens(&m->cfg), a->batch_size, a->min_len, a->max_len,
+                        a->seed ^ 0xE7A1ULL, i);
             add_loss(m, &b.view, &sum, &n_tok);
             owned_batch_free(&b);
         }

@@ -55,7 +55,7 @@ int main(int argc, char **argv) {
     adamw_init(&warm, m.be, &oc, m.tab.n_elems);
     for (int step = 1; step <= 5; step++) {
         OwnedBatch b;
-        synth_batch(&b, SYNTH_COPY, &cfg, 8, 2, 6, 5, (uint64_t)step);
+        synth_batch(&b, SYNTH_COPY, config_tokens(&cfg), 8, 2, 6, 5, (uint64_t)step);
         int n = 0;
         model_zero_grad(&m);
         model_forward(&m, &b.view, false, (DropoutKey){0}, &n);

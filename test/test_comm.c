@@ -222,18 +222,18 @@ static void rank_dead_peer(int rank, int n, int fd, void *arg) {
     float x[7] = {0};
     CHECK(comm_allreduce(c, x, 7, COMM_SUM) == 0, "first allreduce: %s", comm_error(c));
     if (rank == n - 1) _exit(0);
-    double t0 = now_s();
+    double t0 = tp_now_s();
     int rc = comm_allreduce(c, x, 7, COMM_SUM);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(rc == -1, "allreduce with a dead peer succeeded");
     CHECK(dt < 2.0, "took %.2f s to notice the dead peer (timeout %g s)", dt, fa->timeout_s);
     emit(fd, "error = %s", comm_error(c));
     // Poisoned: fails at once, keeps the first sentence.
     char first[512];
     snprintf(first, sizeof first, "%s", comm_error(c));
-    t0 = now_s();
+    t0 = tp_now_s();
     CHECK(comm_barrier(c) == -1 && comm_allreduce(c, x, 7, COMM_SUM) == -1, "poisoned comm still works");
-    CHECK(now_s() - t0 < 0.01, "poisoned call took %.3f s", now_s() - t0);
+    CHECK(tp_now_s() - t0 < 0.01, "poisoned call took %.3f s", tp_now_s() - t0);
     CHECK(strcmp(first, comm_error(c)) == 0, "error changed to %s", comm_error(c));
     comm_free(c);
 }
@@ -252,9 +252,9 @@ static void rank_idle_peer(int rank, int n, int fd, void *arg) {
         comm_free(c);
         return;
     }
-    double t0 = now_s();
+    double t0 = tp_now_s();
     int rc = comm_allreduce(c, x, 7, COMM_SUM);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(rc == -1, "allreduce with an idle peer succeeded");
     CHECK(dt >= fa->timeout_s * 0.95 && dt < fa->timeout_s + 1.5, "gave up after %.2f s (timeout %g s)", dt,
           fa->timeout_s);
@@ -272,9 +272,9 @@ static void rank_missing_member(int rank, int n, int fd, void *arg) {
         return;
     }
     char err[512] = "";
-    double t0 = now_s();
+    double t0 = tp_now_s();
     Comm *c = comm_shm_create(g_job, "partial", rank, n, fa->timeout_s, err, sizeof err);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(c == NULL, "group formed without rank %d", n - 1);
     CHECK(dt < fa->timeout_s + 1.5, "gave up after %.2f s", dt);
     emit(fd, "error = %s", err);
@@ -324,15 +324,15 @@ static void rank_bench(int rank, int n, int fd, void *arg) {
     for (int i = 0; i < 3; i++) comm_allreduce(c, buf, n_elems, COMM_SUM);  // touch the pages
     const int iters = 20;
     CHECK(comm_barrier(c) == 0, "%s", comm_error(c));
-    double t0 = now_s();
+    double t0 = tp_now_s();
     for (int i = 0; i < iters; i++) CHECK(comm_allreduce(c, buf, n_elems, COMM_SUM) == 0, "%s", comm_error(c));
     CHECK(comm_barrier(c) == 0, "%s", comm_error(c));
-    double per_call = (now_s() - t0) / iters;
+    double per_call = (tp_now_s() - t0) / iters;
     if (rank == 0) emit(fd, "ms = %.3f", per_call * 1e3);
     // Small messages: latency of one barrier-like exchange.
-    t0 = now_s();
+    t0 = tp_now_s();
     for (int i = 0; i < 200; i++) CHECK(comm_allreduce(c, buf, 1, COMM_SUM) == 0, "%s", comm_error(c));
-    if (rank == 0) emit(fd, "small_us = %.1f", (now_s() - t0) / 200 * 1e6);
+    if (rank == 0) emit(fd, "small_us = %.1f", (tp_now_s() - t0) / 200 * 1e6);
     free(buf);
     comm_free(c);
 }
@@ -351,10 +351,10 @@ int main(int argc, char **argv) {
         for (int n = 1; n <= 4; n++) {
             atomic_store(g_shared_counter, 0);
             snprintf(what, sizeof what, "collectives n=%d", n);
-            double t0 = now_s();
+            double t0 = tp_now_s();
             run_ranks(what, n, rank_collectives, NULL, run);
             check_all_ok(what, run);
-            printf("%s: %.2f s\n", what, now_s() - t0);
+            printf("%s: %.2f s\n", what, tp_now_s() - t0);
         }
 
         run_ranks("tp/dp groups", 4, rank_groups, NULL, run);

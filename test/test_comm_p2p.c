@@ -89,7 +89,7 @@ static void rank_p2p(int rank, int n, int fd, void *arg) {
     if (n >= 2 && (rank == 0 || rank == n - 1)) {
         const int other = rank == 0 ? n - 1 : 0, rounds = 200;
         int32_t counter = 0;
-        const double t0 = now_s();
+        const double t0 = tp_now_s();
         for (int k = 0; k < rounds; k++) {
             if (rank == 0) {
                 counter++;
@@ -107,7 +107,7 @@ static void rank_p2p(int rank, int n, int fd, void *arg) {
         received += rounds * 4.0;
         if (rank == 0) {
             CHECK(counter == 2 * rounds, "ping-pong counter %d, want %d", counter, 2 * rounds);
-            emit(fd, "pingpong_us = %.1f", (now_s() - t0) / rounds * 1e6);
+            emit(fd, "pingpong_us = %.1f", (tp_now_s() - t0) / rounds * 1e6);
         }
     }
 
@@ -175,9 +175,9 @@ static void rank_dead_peer(int rank, int n, int fd, void *arg) {
     if (rank == n - 1) _exit(0);
     const size_t big = ((size_t)3 << 20) + 1;  // larger than the ring: the sender must wait for the reader
     unsigned char *b = calloc(1, big);
-    double t0 = now_s();
+    double t0 = tp_now_s();
     int rc = rank == 0 ? comm_recv(c, b, 16, n - 1) : comm_send(c, b, big, n - 1);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(rc == -1, "rank %d: %s with a dead peer succeeded", rank, rank == 0 ? "recv" : "send");
     CHECK(dt < 2.0, "took %.2f s to notice the dead peer (timeout %g s)", dt, fa->timeout_s);
     emit(fd, "error%d = %s", rank, comm_error(c));
@@ -200,9 +200,9 @@ static void rank_idle_peer(int rank, int n, int fd, void *arg) {
     }
     const size_t big = ((size_t)3 << 20) + 1;
     unsigned char *b = calloc(1, big);
-    double t0 = now_s();
+    double t0 = tp_now_s();
     int rc = rank == 0 ? comm_recv(c, b, 16, n - 1) : comm_send(c, b, big, n - 1);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(rc == -1, "rank %d: waiting on an idle peer succeeded", rank);
     CHECK(dt >= fa->timeout_s * 0.95 && dt < fa->timeout_s + 1.5, "gave up after %.2f s (timeout %g s)", dt,
           fa->timeout_s);
@@ -217,14 +217,14 @@ int main(void) {
     char what[64], val_buf[600], want[256];
     for (int n = 1; n <= 4; n++) {
         snprintf(what, sizeof what, "send/recv n=%d", n);
-        const double t0 = now_s();
+        const double t0 = tp_now_s();
         run_ranks(what, n, rank_p2p, NULL, run);
         check_all_ok(what, run);
         char us[64] = "";
         if (find_value(run, 0, "pingpong_us", us, sizeof us))
-            printf("%s: %.2f s; ping-pong round trip %s us\n", what, now_s() - t0, us);
+            printf("%s: %.2f s; ping-pong round trip %s us\n", what, tp_now_s() - t0, us);
         else
-            printf("%s: %.2f s\n", what, now_s() - t0);
+            printf("%s: %.2f s\n", what, tp_now_s() - t0);
     }
 
     run_ranks("size mismatch", 2, rank_mismatch, NULL, run);

@@ -284,10 +284,10 @@ int main(void) {
     char what[64];
     for (int n = 1; n <= 4; n++) {
         snprintf(what, sizeof what, "staged n=%d", n);
-        const double t0 = now_s();
+        const double t0 = tp_now_s();
         run_ranks(what, n, rank_staged, NULL, run);
         check_all_ok(what, run);
-        printf("%s: %.2f s\n", what, now_s() - t0);
+        printf("%s: %.2f s\n", what, tp_now_s() - t0);
     }
     CHECK(shm_leftovers() == 0, "segments left in /dev/shm");
     free(run);

@@ -22,7 +22,7 @@ static void train_copy(Model *m, int steps) {
     adamw_init(&opt, m->be, &oc, m->tab.n_elems);
     for (int step = 1; step <= steps; step++) {
         OwnedBatch b;
-        synth_batch(&b, SYNTH_COPY, &m->cfg, 32, 4, 12, 3, (uint64_t)step);
+        synth_batch(&b, SYNTH_COPY, config_tokens(&m->cfg), 32, 4, 12, 3, (uint64_t)step);
         int n = 0;
         model_zero_grad(m);
         model_forward(m, &b.view, false, (DropoutKey){0}, &n);
@@ -45,7 +45,7 @@ int main(void) {
 
     OwnedBatch ob;
     const int n = 16;
-    synth_batch(&ob, SYNTH_COPY, &cfg, n, 4, 12, 77, 1);
+    synth_batch(&ob, SYNTH_COPY, config_tokens(&cfg), n, 4, 12, 77, 1);
     SrcBatch sb = {.n = n, .S = ob.view.S, .src = ob.src, .src_len = ob.src_len};
     Hypotheses g, b1, b4;
     decode_greedy(&m, &sb, &g);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "clock.h"
 #include "tp/comm.h"
 #include "tp/comm_shm.h"
 #include "tp/shm_reclaim.h"
@@ -32,12 +33,6 @@
 #define APPEAR_S 10.0        // how long a segment may take to appear
 
 static char g_tag[64];  // unique to this run: every name below carries it
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void shm_path(char *out, size_t n, const char *name) { snprintf(out, n, "/dev/shm/%s", name); }
 
@@ -51,7 +46,7 @@ static int exists(const char *name) {
 static int wait_owned(const char *name) {
     char path[256];
     shm_path(path, sizeof path, name);
-    for (double t0 = now_s(); now_s() - t0 < APPEAR_S;) {
+    for (double t0 = tp_now_s(); tp_now_s() - t0 < APPEAR_S;) {
         int fd = open(path, O_RDONLY);
         if (fd >= 0) {
             ShmOwner o;
@@ -165,7 +160,7 @@ static void test_reclaim(void) {
 
     // The live job is still intact: its rank 1 can join it.
     pid_t joiner = start_rank(live_job, 1, 2);
-    for (double t0 = now_s(); exists(live_name) && now_s() - t0 < APPEAR_S;) usleep(10000);
+    for (double t0 = tp_now_s(); exists(live_name) && tp_now_s() - t0 < APPEAR_S;) usleep(10000);
     CHECK(!exists(live_name), "rank 1 could not join the live job (its segment is still named)");
     kill_wait(joiner, SIGKILL);
     kill_wait(live, SIGKILL);
@@ -217,10 +212,10 @@ static void test_window(void) {
     usleep(100 * 1000);  // rank 0 is waiting for its peer
     kill(r0, SIGSTOP);   // and now cannot run at all
     pid_t r1 = start_rank(job, 1, 2);
-    double t0 = now_s();
-    while (exists(name) && now_s() - t0 < APPEAR_S) usleep(5000);
+    double t0 = tp_now_s();
+    while (exists(name) && tp_now_s() - t0 < APPEAR_S) usleep(5000);
     CHECK(!exists(name), "the segment is still named %.1f s after the last rank mapped it (rank 0 stopped)",
-          now_s() - t0);
+          tp_now_s() - t0);
     kill(r0, SIGCONT);
     kill_wait(r1, SIGKILL);
     kill_wait(r0, SIGKILL);

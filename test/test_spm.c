@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "clock.h"
 #include "data/corpus.h"
 #include "data/spm.h"
 #include "testfs.h"
@@ -60,12 +61,6 @@ static void lines_free(Lines *l) {
     free(l->buf);
     free(l->line);
     memset(l, 0, sizeof *l);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 typedef struct {
@@ -222,10 +217,10 @@ int main(int argc, char **argv) {
     snprintf(model, sizeof model, "%s/spm.model", cache);
 
     CorpusStats st[3];
-    double t0 = now_s();
+    double t0 = tp_now_s();
     int rc = prepare(data, cache, st, err, sizeof err);
     CHECK(rc == 0, "corpus_prepare: %s", err);
-    printf("test_spm: first corpus_prepare (train + encode) took %.2f s\n", now_s() - t0);
+    printf("test_spm: first corpus_prepare (train + encode) took %.2f s\n", tp_now_s() - t0);
     if (rc != 0) return check_report("test_spm");
     check_stats(st);
 
@@ -254,7 +249,7 @@ int main(int argc, char **argv) {
     int32_t out_of_range = VOCAB + 5;
     CHECK(spm_decode(spm, &out_of_range, 1) == NULL, "decode accepted an id beyond the vocabulary");
 
-    t0 = now_s();
+    t0 = tp_now_s();
     int n_lines = 0;
     for (int s = 0; s < 3; s++)
         for (int side = 0; side < 2; side++) {
@@ -262,7 +257,7 @@ int main(int argc, char **argv) {
             snprintf(path, sizeof path, "%s/%s.%s", data, SPLITS[s], side ? "ja" : "en");
             n_lines += check_round_trip(spm, path);
         }
-    printf("test_spm: %d lines round-tripped in %.2f s\n", n_lines, now_s() - t0);
+    printf("test_spm: %d lines round-tripped in %.2f s\n", n_lines, tp_now_s() - t0);
     for (int s = 0; s < 3; s++) check_token_file(spm, data, cache, s);
     check_python(spm, data, model, script);
 
@@ -270,9 +265,9 @@ int main(int argc, char **argv) {
     const char *names[4] = {"spm.model", "train.tok", "dev.tok", "test.tok"};
     FileId before[4];
     for (int i = 0; i < 4; i++) before[i] = file_id(cache, names[i]);
-    t0 = now_s();
+    t0 = tp_now_s();
     CHECK(prepare(data, cache, st, err, sizeof err) == 0, "second corpus_prepare: %s", err);
-    printf("test_spm: second corpus_prepare (reuse) took %.2f s\n", now_s() - t0);
+    printf("test_spm: second corpus_prepare (reuse) took %.2f s\n", tp_now_s() - t0);
     check_stats(st);
     for (int i = 0; i < 4; i++) CHECK(same_file(before[i], file_id(cache, names[i])), "%s was rebuilt", names[i]);
 

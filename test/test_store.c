@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "clock.h"
 #include "tp/store.h"
 
 #define TOKEN "0123456789abcdef0123456789abcdef"
@@ -36,12 +37,6 @@
 #define FLOOD_CLIENT_MAX_S 3.0       // a real client's connect + set + get under the flood
 
 static int g_port;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static StoreClient *connect_ok(void) {
     char err[512] = "";
@@ -86,10 +81,10 @@ static int raw_closed_within(int fd, double timeout_s) {
  * bytes of its reply, if any (up to n - 1, NUL-terminated). */
 static int raw_dropped_within(int fd, double timeout_s, char *said, size_t n) {
     size_t got = 0;
-    double end = now_s() + timeout_s;
+    double end = tp_now_s() + timeout_s;
     said[0] = 0;
     for (;;) {
-        int ms = (int)((end - now_s()) * 1000);
+        int ms = (int)((end - tp_now_s()) * 1000);
         if (ms <= 0) return 0;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, ms) <= 0) return 0;
@@ -145,14 +140,14 @@ static void test_flood(void) {
     struct timespec settle = {0, 300 * 1000 * 1000};  // the server has met the flood
     nanosleep(&settle, NULL);
 
-    double t0 = now_s();
+    double t0 = tp_now_s();
     CHECK(before && store_set(before, "during", "flood", 5) == 0, "a connection authenticated before the flood: %s",
           before ? store_error(before) : "none");
     char err[512] = "";
     StoreClient *c = store_connect("127.0.0.1", port, TOKEN, 10.0, err, sizeof err);
     CHECK(c != NULL, "real client during the flood: %s", err);
     char *v = c && store_set(c, "k", "v", 1) == 0 ? store_get(c, "during", NULL, 2.0) : NULL;
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(v && strcmp(v, "flood") == 0, "real client's set/get during the flood: %s", c ? store_error(c) : err);
     CHECK(dt < FLOOD_CLIENT_MAX_S, "real client took %.2f s during a flood of %d idle sockets (limit %.1f s)", dt,
           N_IDLE, FLOOD_CLIENT_MAX_S);
@@ -160,9 +155,9 @@ static void test_flood(void) {
 
     // An idle socket is dropped within the window, told why.
     char said[128];
-    t0 = now_s();
+    t0 = tp_now_s();
     int dropped = raw_dropped_within(idle[N_IDLE - 1], AUTH_WINDOW_S + 2 * TIME_SLACK_S + 1.0, said, sizeof said);
-    dt = now_s() - t0;
+    dt = tp_now_s() - t0;
     CHECK(dropped, "an idle unauthenticated socket was still open after %.2f s", dt);
     CHECK(strstr(said, "not authenticated in time") != NULL, "drop reply: '%s'", said);
 
@@ -240,10 +235,10 @@ static void *waiter(void *p) {
     Arg *a = p;
     StoreClient *c = connect_ok();
     if (!c) return NULL;
-    double t0 = now_s();
+    double t0 = tp_now_s();
     size_t n = 0;
     char *v = store_get(c, "late", &n, 10.0);
-    a->waited_s = now_s() - t0;
+    a->waited_s = tp_now_s() - t0;
     a->ok = v && n == 5 && memcmp(v, "there", 6) == 0;
     free(v);
     store_close(c);
@@ -254,9 +249,9 @@ static void *stranded(void *p) {  // waits on a key nobody sets while the server
     Arg *a = p;
     StoreClient *c = connect_ok();
     if (!c) return NULL;
-    double t0 = now_s();
+    double t0 = tp_now_s();
     char *v = store_get(c, "never", NULL, 30.0);
-    a->waited_s = now_s() - t0;
+    a->waited_s = tp_now_s() - t0;
     a->ok = v == NULL && strstr(store_error(c), "closed") != NULL;
     if (!a->ok) fprintf(stderr, "stranded: %s\n", store_error(c));
     free(v);
@@ -295,9 +290,9 @@ int main(void) {
     CHECK(v == NULL && strstr(store_error(c), "timed out"), "get with zero timeout: %s", store_error(c));
 
     // get with timeout on a missing key returns after about the timeout
-    double t0 = now_s();
+    double t0 = tp_now_s();
     v = store_get(c, "nope", &n, 0.3);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(v == NULL, "missing key returned a value");
     CHECK(dt >= 0.29 && dt < 0.3 + TIME_SLACK_S, "timed get took %.3f s", dt);
     CHECK(store_check(c, "a") == 1, "client still usable after a timed-out get: %s", store_error(c));
@@ -364,9 +359,9 @@ int main(void) {
     for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < N_THREADS; i++) CHECK(args[i].ok, "barrier rank %d", i);
     // a barrier that cannot complete times out and says how many came
-    t0 = now_s();
+    t0 = tp_now_s();
     CHECK(store_barrier(c, "lonely", 2, 0.3) == -1, "barrier of 2 passed with 1");
-    dt = now_s() - t0;
+    dt = tp_now_s() - t0;
     CHECK(strstr(store_error(c), "1 of 2") != NULL, "barrier message: %s", store_error(c));
     CHECK(dt < 0.3 + TIME_SLACK_S, "barrier timeout took %.3f s", dt);
 
@@ -418,9 +413,9 @@ int main(void) {
     CHECK(sa.waited_s < 0.2 + TIME_SLACK_S + 0.5, "get on a stopped server took %.3f s", sa.waited_s);
 
     // nothing listens any more: connect gives up after its timeout
-    t0 = now_s();
+    t0 = tp_now_s();
     CHECK(store_connect("127.0.0.1", g_port, TOKEN, 0.3, err, sizeof err) == NULL, "connected to a stopped store");
-    dt = now_s() - t0;
+    dt = tp_now_s() - t0;
     CHECK(dt >= 0.29 && dt < 0.3 + TIME_SLACK_S, "connect timeout took %.3f s", dt);
 
     test_flood();

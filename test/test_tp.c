@@ -60,7 +60,7 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
         return 11;
     }
     OwnedBatch b;
-    synth_batch(&b, SYNTH_REVERSE, &cfg, 6, 3, 9, 17, 1);
+    synth_batch(&b, SYNTH_REVERSE, config_tokens(&cfg), 6, 3, 9, 17, 1);
     RankResult res = {0};
     int n = 0;
     model_zero_grad(&m);
@@ -86,7 +86,7 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
     m.cfg.dropout = 0.2f;
     for (int step = 1; step <= 3; step++) {
         OwnedBatch sb;
-        synth_batch(&sb, SYNTH_COPY, &cfg, 8, 3, 9, 23, (uint64_t)step);
+        synth_batch(&sb, SYNTH_COPY, config_tokens(&cfg), 8, 3, 9, 23, (uint64_t)step);
         DropoutKey key = {.seed = 9, .step = (uint32_t)step};
         model_zero_grad(&m);
         model_forward(&m, &sb.view, true, key, &n);
@@ -182,7 +182,7 @@ int main(void) {
     Model ref;
     CHECK(model_create(&ref, NULL, &cfg, NULL, 5, err, sizeof err) == 0, "%s", err);
     OwnedBatch b;
-    synth_batch(&b, SYNTH_REVERSE, &cfg, 6, 3, 9, 17, 1);
+    synth_batch(&b, SYNTH_REVERSE, config_tokens(&cfg), 6, 3, 9, 17, 1);
     int n = 0;
     model_zero_grad(&ref);
     float loss = model_forward(&ref, &b.view, false, (DropoutKey){0}, &n);

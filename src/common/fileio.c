@@ -13,11 +13,20 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+void pathf(char *out, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+    TP_CHECK(k >= 0 && (size_t)k < n, "path too long: %s...", out);
+}
 
 static const char *file_kind(mode_t m) {
     if (S_ISFIFO(m)) return "a named pipe";
@@ -101,44 +110,88 @@ void *read_file_bytes(const char *path, size_t *n_bytes, char *err, size_t err_l
 
 char *read_text_file(const char *path, char *err, size_t err_len) { return read_file_bytes(path, NULL, err, err_len); }
 
-int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *err, size_t err_len) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        tp_error_set(err, err_len, "%s: path too long", path);
-        return -1;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        tp_error_set(err, err_len, "%s: cannot create (%s)", tmp, strerror(errno));
-        return -1;
-    }
-    const char *p = data;
-    size_t left = n_bytes;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            tp_error_set(err, err_len, "%s: write failed (%s)", tmp, strerror(errno));
-            close(fd);
-            unlink(tmp);
+int write_all_fd(int fd, const void *buf, size_t n_bytes) {
+    const char *p = buf;
+    while (n_bytes > 0) {
+        ssize_t k = write(fd, p, n_bytes);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) {
+            errno = EIO;
             return -1;
         }
-        p += w;
-        left -= (size_t)w;
+        p += k;
+        n_bytes -= (size_t)k;
     }
-    if (fsync(fd) != 0) {
-        tp_error_set(err, err_len, "%s: cannot finish writing (%s)", path, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
-    if (close(fd) != 0 || rename(tmp, path) != 0) {
-        tp_error_set(err, err_len, "%s: cannot finish writing (%s)", path, strerror(errno));
-        unlink(tmp);
+    return 0;
+}
+
+static char *str_concat(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    char *out = TP_MALLOC(n + k + 1);
+    memcpy(out, s, n);
+    memcpy(out + n, suffix, k + 1);
+    return out;
+}
+
+/* Ends f after a failure (err already set): the temporary goes. */
+static int atomic_file_fail(AtomicFile *f) {
+    if (f->fd >= 0) close(f->fd);
+    unlink(f->tmp);
+    free(f->path);
+    free(f->tmp);
+    *f = (AtomicFile){.fd = -1};
+    return -1;
+}
+
+int atomic_file_open(AtomicFile *f, const char *path, bool per_process, char *err, size_t err_len) {
+    char suffix[32];
+    if (per_process) snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());
+    else snprintf(suffix, sizeof suffix, ".tmp");
+    *f = (AtomicFile){.path = str_concat(path, ""), .tmp = str_concat(path, suffix)};
+    f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (f->fd < 0) {
+        tp_error_set(err, err_len, "%s: cannot create %s (%s)", path, f->tmp, strerror(errno));
+        free(f->path);
+        free(f->tmp);  // not created here: whatever holds that name stays
+        *f = (AtomicFile){.fd = -1};
         return -1;
     }
     return 0;
+}
+
+int atomic_file_write(AtomicFile *f, const void *data, size_t n_bytes, char *err, size_t err_len) {
+    if (write_all_fd(f->fd, data, n_bytes) == 0) return 0;
+    tp_error_set(err, err_len, "%s: writing %s failed (%s)", f->path, f->tmp, strerror(errno));
+    return atomic_file_fail(f);
+}
+
+int atomic_file_commit(AtomicFile *f, char *err, size_t err_len) {
+    if (fsync(f->fd) != 0) {
+        tp_error_set(err, err_len, "%s: fsync of %s failed (%s)", f->path, f->tmp, strerror(errno));
+        return atomic_file_fail(f);
+    }
+    int rc = close(f->fd);
+    f->fd = -1;
+    if (rc != 0) {
+        tp_error_set(err, err_len, "%s: closing %s failed (%s)", f->path, f->tmp, strerror(errno));
+        return atomic_file_fail(f);
+    }
+    if (rename(f->tmp, f->path) != 0) {
+        tp_error_set(err, err_len, "%s: renaming %s into place failed (%s)", f->path, f->tmp, strerror(errno));
+        return atomic_file_fail(f);
+    }
+    free(f->path);
+    free(f->tmp);
+    *f = (AtomicFile){.fd = -1};
+    return 0;
+}
+
+int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *err, size_t err_len) {
+    AtomicFile f;
+    if (atomic_file_open(&f, path, false, err, err_len) != 0 || atomic_file_write(&f, data, n_bytes, err, err_len) != 0)
+        return -1;
+    return atomic_file_commit(&f, err, err_len);
 }
 
 int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len) {
@@ -147,5 +200,35 @@ int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len
     if (!bytes) return -1;
     int rc = write_file_atomic(to, bytes, n, err, err_len);
     free(bytes);
+    return rc;
+}
+
+int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+int fsync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir;
+    if (!slash) {
+        dir = str_concat(".", "");
+    } else {
+        size_t n = slash == path ? 1 : (size_t)(slash - path);
+        dir = TP_MALLOC(n + 1);
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    int rc = fsync_path(dir);
+    int saved = errno;
+    free(dir);
+    errno = saved;
+    /* some file systems cannot fsync a folder; nothing more can be done there */
+    if (rc != 0 && errno == EINVAL) rc = 0;
     return rc;
 }

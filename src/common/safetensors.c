@@ -9,7 +9,8 @@
  * The writer lays tensors out in insertion order with no gaps, pads the JSON
  * header with spaces to a multiple of 8 bytes (as the Python library does,
  * which keeps the data section 8-byte aligned) and adds "crc32c" metadata.
- * It writes "<path>.tmp", fsyncs, renames and fsyncs the directory.
+ * It writes "<path>.tmp", fsyncs, renames (fileio.h's AtomicFile) and fsyncs the
+ * directory.
  * Tensor data is stored in host order; only little-endian hosts are built.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -19,11 +20,8 @@
 #include "fileio.h"
 
 #include <cjson/cJSON.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c stores tensor data in host order and needs a little-endian host"
@@ -630,46 +628,6 @@ static char *build_header(const StWriter *w, uint32_t crc, size_t *out_bytes) {
     return out;
 }
 
-static int write_all(int fd, const void *buf, size_t n_bytes) {
-    const uint8_t *p = buf;
-    while (n_bytes > 0) {
-        ssize_t k = write(fd, p, n_bytes);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += k;
-        n_bytes -= (size_t)k;
-    }
-    return 0;
-}
-
-/* fsync the directory holding path so the rename itself is durable. */
-static int fsync_parent_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) {
-        dir = dup_string(".");
-    } else {
-        size_t n = slash == path ? 1 : (size_t)(slash - path);
-        dir = TP_MALLOC(n + 1);
-        memcpy(dir, path, n);
-        dir[n] = '\0';
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    /* some filesystems cannot fsync a directory; nothing more can be done there */
-    if (rc != 0 && errno == EINVAL) rc = 0;
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return rc;
-}
-
 int st_writer_write(StWriter *w, const char *path, char *err, size_t err_len) {
     if (!w || !path) {
         tp_error_set(err, err_len, "st_writer_write called without a writer or path");
@@ -697,55 +655,19 @@ int st_writer_write(StWriter *w, const char *path, char *err, size_t err_len) {
         return -1;
     }
 
-    size_t path_len = strlen(path);
-    char *tmp = TP_MALLOC(path_len + 5);
-    memcpy(tmp, path, path_len);
-    memcpy(tmp + path_len, ".tmp", 5);
-
-    int rc = -1;
-    bool renamed = false;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) {
-        tp_error_set(err, err_len, "%s: cannot create %s (%s)", path, tmp, strerror(errno));
-        goto done;
-    }
+    AtomicFile af;
     uint8_t len_field[8];
     for (int i = 0; i < 8; i++) len_field[i] = (uint8_t)((uint64_t)header_bytes >> (8 * i));
-    bool ok = write_all(fd, len_field, sizeof len_field) == 0 &&
-              write_all(fd, header, header_bytes) == 0;
-    for (int i = 0; ok && i < w->n_tensors; i++)
-        ok = write_all(fd, w->tensors[i].data, w->tensors[i].n_bytes) == 0;
-    if (!ok) {
-        tp_error_set(err, err_len, "%s: writing %s failed (%s)", path, tmp, strerror(errno));
-        goto done;
+    int rc = atomic_file_open(&af, path, false, err, err_len);
+    if (rc == 0) rc = atomic_file_write(&af, len_field, sizeof len_field, err, err_len);
+    if (rc == 0) rc = atomic_file_write(&af, header, header_bytes, err, err_len);
+    for (int i = 0; rc == 0 && i < w->n_tensors; i++)
+        rc = atomic_file_write(&af, w->tensors[i].data, w->tensors[i].n_bytes, err, err_len);
+    if (rc == 0) rc = atomic_file_commit(&af, err, err_len);
+    if (rc == 0 && fsync_parent_dir(path) != 0) {
+        tp_error_set(err, err_len, "%s: written, but fsync of its directory failed (%s)", path, strerror(errno));
+        rc = -1;
     }
-    if (fsync(fd) != 0) {
-        tp_error_set(err, err_len, "%s: fsync of %s failed (%s)", path, tmp, strerror(errno));
-        goto done;
-    }
-    int close_rc = close(fd);
-    fd = -1;
-    if (close_rc != 0) {
-        tp_error_set(err, err_len, "%s: closing %s failed (%s)", path, tmp, strerror(errno));
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        tp_error_set(err, err_len, "%s: renaming %s into place failed (%s)", path, tmp,
-                     strerror(errno));
-        goto done;
-    }
-    renamed = true;
-    if (fsync_parent_dir(path) != 0) {
-        tp_error_set(err, err_len, "%s: written, but fsync of its directory failed (%s)", path,
-                     strerror(errno));
-        goto done;
-    }
-    rc = 0;
-
-done:
-    if (fd >= 0) close(fd);
-    if (rc != 0 && !renamed) unlink(tmp);
     free(header);
-    free(tmp);
     return rc;
 }

@@ -27,16 +27,15 @@
 #include "data/corpus.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "data/spm.h"
 #include "err.h"
 #include "fileio.h"
@@ -54,18 +53,6 @@
 static const char TOK_MAGIC[8] = {'T', 'P', 'T', 'O', 'K', 0, 0, 1};
 
 /* ---- small file helpers ----------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Whole file plus a NUL, malloc'ed; NULL + err (a named pipe or anything
- * but a regular file is refused by the common reader, never waited on). */
-static char *read_whole(const char *path, size_t *n_bytes, char *err, size_t err_len) {
-    return read_file_bytes(path, n_bytes, err, err_len);
-}
 
 static int file_exists(const char *path) {
     struct stat st;
@@ -100,14 +87,6 @@ static int make_dirs(const char *dir, char *err, size_t err_len) {
         return -1;
     }
     return 0;
-}
-
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd); /* best effort: some file systems refuse fsync on folders */
-        close(fd);
-    }
 }
 
 /* ---- UTF-8 ------------------------------------------------------------------ */
@@ -204,7 +183,7 @@ static int text_side_read(TextSide *t, const char *dir, const char *split, const
         tp_error_set(err, err_len, "path too long: %s/%s.%s", dir, split, lang);
         return -1;
     }
-    t->buf = read_whole(t->path, &t->n_bytes, err, err_len);
+    t->buf = read_file_bytes(t->path, &t->n_bytes, err, err_len);
     if (!t->buf) return -1;
     uint64_t n64 = t->n_bytes;
     t->crc = crc32c(crc32c(0, &n64, sizeof n64), t->buf, t->n_bytes);
@@ -321,12 +300,12 @@ static int train_tokenizer(const SplitText *train, const CorpusConfig *cfg, int 
                train->name);
         fflush(stdout);
     }
-    const double t0 = now_s();
+    const double t0 = tp_now_s();
     const char *inputs[1] = {txt};
     int rc = spm_train(inputs, 1, prefix, vocab_size, err, err_len);
     unlink(txt);
     if (rc == 0 && cfg->verbose) {
-        printf("corpus: wrote %s.model in %.1f s\n", prefix, now_s() - t0);
+        printf("corpus: wrote %s.model in %.1f s\n", prefix, tp_now_s() - t0);
         fflush(stdout);
     }
     return rc;
@@ -368,7 +347,7 @@ static void idvec_push(IdVec *v, const int32_t *ids, int n) {
 /* Encodes every kept pair of s and writes path atomically. */
 static int write_token_file(const SplitText *s, const Spm *spm, uint32_t key, const char *path, int verbose,
                             char *err, size_t err_len) {
-    const double t0 = now_s();
+    const double t0 = tp_now_s();
     const long n = s->n_kept;
     uint64_t *en_off = TP_MALLOC((size_t)(n + 1) * sizeof *en_off);  // (n + 1)
     uint64_t *ja_off = TP_MALLOC((size_t)(n + 1) * sizeof *ja_off);  // (n + 1)
@@ -377,9 +356,6 @@ static int write_token_file(const SplitText *s, const Spm *spm, uint32_t key, co
     int cap = 1024;
     int32_t *scratch = TP_MALLOC((size_t)cap * sizeof *scratch);
     int rc = -1;
-    FILE *fp = NULL;
-    char tmp[PATH_MAX + 32];
-    tmp[0] = '\0';
 
     for (int side = 0; side < 2; side++) {
         const TextSide *t = side == 0 ? &s->en : &s->ja;
@@ -423,37 +399,22 @@ static int write_token_file(const SplitText *s, const Spm *spm, uint32_t key, co
     put_u32(hdr + TOK_BODY_CRC_AT, body_crc);
     put_u32(hdr + TOK_HEADER_CRC_AT, crc32c(0, hdr, TOK_HEADER_CRC_AT));
 
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    fp = fopen(tmp, "wb");
-    if (!fp) {
-        tp_error_set(err, err_len, "cannot create %s: %s", tmp, strerror(errno));
-        tmp[0] = '\0';
-        goto done;
-    }
-    int ok = fwrite(hdr, 1, sizeof hdr, fp) == sizeof hdr &&
-             fwrite(en_off, sizeof *en_off, (size_t)n + 1, fp) == (size_t)n + 1 &&
-             fwrite(ja_off, sizeof *ja_off, (size_t)n + 1, fp) == (size_t)n + 1 &&
-             (n == 0 || fwrite(line, sizeof *line, (size_t)n, fp) == (size_t)n) &&
-             (en.n == 0 || fwrite(en.ids, sizeof *en.ids, en.n, fp) == en.n) &&
-             (ja.n == 0 || fwrite(ja.ids, sizeof *ja.ids, ja.n, fp) == ja.n);
-    ok = (fflush(fp) == 0) && ok;
-    ok = (fsync(fileno(fp)) == 0) && ok;
-    ok = (fclose(fp) == 0) && ok;
-    fp = NULL;
-    if (!ok || rename(tmp, path) != 0) {
-        tp_error_set(err, err_len, "cannot write %s: %s", path, strerror(errno));
-        goto done;
-    }
-    tmp[0] = '\0';
+    /* several ranks may build the same file at once: each writes its own temporary */
+    AtomicFile af;
+    const struct { const void *p; size_t n; } parts[] = {
+        {hdr, sizeof hdr}, {en_off, ((size_t)n + 1) * sizeof *en_off}, {ja_off, ((size_t)n + 1) * sizeof *ja_off},
+        {line, (size_t)n * sizeof *line}, {en.ids, (size_t)en.n * sizeof *en.ids}, {ja.ids, (size_t)ja.n * sizeof *ja.ids}};
+    if (atomic_file_open(&af, path, true, err, err_len) != 0) goto done;
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+        if (atomic_file_write(&af, parts[k].p, parts[k].n, err, err_len) != 0) goto done;
+    if (atomic_file_commit(&af, err, err_len) != 0) goto done;
     rc = 0;
     if (verbose) {
         printf("corpus: %s: encoded %ld pairs (%llu en + %llu ja pieces) into %s in %.2f s\n", s->name, n,
-               (unsigned long long)en.n, (unsigned long long)ja.n, path, now_s() - t0);
+               (unsigned long long)en.n, (unsigned long long)ja.n, path, tp_now_s() - t0);
         fflush(stdout);
     }
 done:
-    if (fp) fclose(fp);
-    if (tmp[0]) unlink(tmp);
     free(en_off);
     free(ja_off);
     free(line);
@@ -605,7 +566,7 @@ int corpus_prepare(const CorpusConfig *cfg, const char *const *splits, int n_spl
         goto done;
     }
     size_t model_bytes = 0;
-    model = read_whole(model_path, &model_bytes, err, err_len);
+    model = read_file_bytes(model_path, &model_bytes, err, err_len);
     if (!model) goto done;
     const uint64_t model_n64 = model_bytes;
     const uint32_t model_crc = crc32c(crc32c(0, &model_n64, sizeof model_n64), model, model_bytes);
@@ -644,7 +605,7 @@ int corpus_prepare(const CorpusConfig *cfg, const char *const *splits, int n_spl
         }
         if (write_token_file(&text[i], spm, key, path, cfg->verbose, err, err_len) != 0) goto done;
     }
-    if (n_splits > 0) fsync_dir(cfg->cache_dir);
+    if (n_splits > 0) fsync_path(cfg->cache_dir);  // best effort: some file systems refuse fsync on folders
     if (stats)
         for (int i = 0; i < n_splits; i++) stats[i] = text[i].stats;
     rc = 0;

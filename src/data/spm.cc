@@ -23,9 +23,6 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -90,18 +87,14 @@ class FileLines : public spp::SentenceIterator {
     spp::util::Status status_;
 };
 
-/* Writes bytes to path through path.tmp.<pid> + fsync + rename. */
-static bool write_atomic(const std::string &path, const std::string &bytes) {
-    const std::string tmp = path + ".tmp." + std::to_string((long)getpid());
-    FILE *fp = std::fopen(tmp.c_str(), "wb");
-    if (!fp) return false;
-    bool ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), fp) == bytes.size();
-    ok = (std::fflush(fp) == 0) && ok;
-    ok = (fsync(fileno(fp)) == 0) && ok;
-    ok = (std::fclose(fp) == 0) && ok;
-    if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) return true;
-    std::remove(tmp.c_str());
-    return false;
+/* Writes bytes to path through path.tmp.<pid> + fsync + rename: ranks
+ * training the same tokenizer at once never share a temporary. */
+static int write_atomic(const std::string &path, const std::string &bytes, char *err, size_t err_len) {
+    AtomicFile f;
+    if (atomic_file_open(&f, path.c_str(), true, err, err_len) != 0 ||
+        atomic_file_write(&f, bytes.data(), bytes.size(), err, err_len) != 0)
+        return -1;
+    return atomic_file_commit(&f, err, err_len);
 }
 
 extern "C" int spm_train(const char *const *input_files, int n_files, const char *model_prefix, int vocab_size,
@@ -152,11 +145,8 @@ extern "C" int spm_train(const char *const *input_files, int n_files, const char
             std::snprintf(score, sizeof score, "\t%g\n", (double)proc.GetScore(id));
             vocab += proc.IdToPiece(id) + score;
         }
-        if (!write_atomic(prefix + ".model", model) || !write_atomic(prefix + ".vocab", vocab)) {
-            set_err(err, err_len, "cannot write " + prefix + ".model / .vocab: " + std::strerror(errno));
-            return -1;
-        }
-        return 0;
+        if (write_atomic(prefix + ".model", model, err, err_len) != 0) return -1;
+        return write_atomic(prefix + ".vocab", vocab, err, err_len);
     } catch (const std::exception &e) {
         set_err(err, err_len, std::string("SentencePiece training failed: ") + e.what());
     } catch (...) {

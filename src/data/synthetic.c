@@ -3,6 +3,7 @@
 
 #include <string.h>
 #include "err.h"
+#include "kernels/ops.h" /* philox4x32_10 */
 
 typedef struct { uint32_t key[2]; uint64_t ctr; uint32_t buf[4]; int left; uint32_t lane; } SynthRng;
 
@@ -22,27 +23,27 @@ int synth_task_parse(const char *s, SynthTask *task) {
     return -1;
 }
 
-void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B, int min_len, int max_len,
-                 uint64_t seed, uint64_t index) {
-    TP_CHECK(min_len >= 1 && max_len >= min_len && max_len + 1 <= cfg->max_len,
-             "synthetic lengths [%d, %d] must lie in [1, max_len - 1 = %d]", min_len, max_len, cfg->max_len - 1);
-    TP_CHECK(cfg->vocab_size > 4, "synthetic tasks need vocab_size > 4");
+void synth_batch(OwnedBatch *out, SynthTask task, TokenSpec tok, int B, int min_len, int max_len, uint64_t seed,
+                 uint64_t index) {
+    TP_CHECK(min_len >= 1 && max_len >= min_len && max_len + 1 <= tok.max_len,
+             "synthetic lengths [%d, %d] must lie in [1, max_len - 1 = %d]", min_len, max_len, tok.max_len - 1);
+    TP_CHECK(tok.vocab_size > 4, "synthetic tasks need vocab_size > 4");
     const int S = max_len, T = max_len + 1;
-    owned_batch_alloc(out, B, S, T, cfg->pad_id);
+    owned_batch_alloc(out, B, S, T, tok.pad_id);
     SynthRng r = {.key = {(uint32_t)seed, (uint32_t)(seed >> 32)}, .lane = (uint32_t)index,
                   .ctr = index >> 32 << 40};
-    const int n_sym = cfg->vocab_size - 4;
+    const int n_sym = tok.vocab_size - 4;
     for (int b = 0; b < B; b++) {
         int len = min_len + (int)(next_u32(&r) % (uint32_t)(max_len - min_len + 1));
         int32_t *s = out->src + (size_t)b * S, *ti = out->tgt_in + (size_t)b * T, *to = out->tgt_out + (size_t)b * T;
-        for (int t = 0; t < S; t++) s[t] = t < len ? 4 + (int32_t)(next_u32(&r) % (uint32_t)n_sym) : cfg->pad_id;
-        ti[0] = cfg->bos_id;
+        for (int t = 0; t < S; t++) s[t] = t < len ? 4 + (int32_t)(next_u32(&r) % (uint32_t)n_sym) : tok.pad_id;
+        ti[0] = tok.bos_id;
         for (int t = 0; t < len; t++) {
             int32_t y = task == SYNTH_COPY ? s[t] : s[len - 1 - t];
             to[t] = y;
             ti[t + 1] = y;
         }
-        to[len] = cfg->eos_id;
+        to[len] = tok.eos_id;
         out->src_len[b] = len;
         out->tgt_len[b] = len + 1;
     }

@@ -7,16 +7,15 @@
 
 #include <stdint.h>
 #include "data/batch.h"
-#include "transformer/model.h"
 
 typedef enum { SYNTH_COPY = 0, SYNTH_REVERSE = 1 } SynthTask;
 
 
 /* B sequences of lengths in [min_len, max_len], tokens drawn from the ids
  * above the special ones (4 .. V-1); target = source (copy) or reversed.
- * max_len + 1 must not exceed cfg->max_len. */
-void synth_batch(OwnedBatch *out, SynthTask task, const ModelConfig *cfg, int B, int min_len, int max_len,
-                 uint64_t seed, uint64_t index);
+ * max_len + 1 must not exceed tok.max_len. */
+void synth_batch(OwnedBatch *out, SynthTask task, TokenSpec tok, int B, int min_len, int max_len, uint64_t seed,
+                 uint64_t index);
 int synth_task_parse(const char *s, SynthTask *task);
 
 #endif

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "err.h"
 #include "tp/comm_nccl_impl.h"
 
@@ -41,12 +42,6 @@ const char *const NCCL_KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather"
                                       "barrier",   "send",           "recv"};
 
 /* ---- small helpers ---- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void backoff(unsigned poll_no) {
     if (poll_no < SPIN_POLLS) return;
@@ -96,7 +91,7 @@ static ncclResult_t wait_state(ncclComm_t comm, double deadline) {
         ncclResult_t r = ncclCommGetAsyncError(comm, &state);
         if (r != ncclSuccess) return r;
         if (state != ncclInProgress) return state;
-        if (now_s() >= deadline) return ncclInProgress;
+        if (tp_now_s() >= deadline) return ncclInProgress;
         backoff(i);
     }
 }
@@ -107,12 +102,12 @@ int nccl_begin(NcclComm *c, Kind kind, long *counter, double *t0) {
     if (c->failed) return -1;  // comm_error() still holds the first failure
     (*counter)++;
     c->calls[kind]++;
-    *t0 = now_s();
+    *t0 = tp_now_s();
     return 0;
 }
 
 int nccl_end(NcclComm *c, double t0, int rc) {
-    c->stats.seconds += now_s() - t0;
+    c->stats.seconds += tp_now_s() - t0;
     return rc;
 }
 
@@ -159,7 +154,7 @@ int nccl_finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0) {
                     nccl_fail(c, "comm %s (nccl): %s #%ld failed on device %d: %s; the communicator was aborted",
                               c->group, NCCL_KIND_NAME[kind], call_no, c->device, cudaGetErrorString(e)));
         }
-        if (now_s() >= deadline)
+        if (tp_now_s() >= deadline)
             return nccl_end(
                 c, t0,
                 nccl_fail(c,
@@ -294,7 +289,7 @@ static void nccl_free(Comm *comm) {
         if (!c->failed) {
             ncclResult_t r = ncclCommFinalize(c->nccl);
             if (r == ncclSuccess || r == ncclInProgress)
-                clean = wait_state(c->nccl, now_s() + c->timeout_s) == ncclSuccess;
+                clean = wait_state(c->nccl, tp_now_s() + c->timeout_s) == ncclSuccess;
         }
         if (clean) ncclCommDestroy(c->nccl);
         else ncclCommAbort(c->nccl);
@@ -394,7 +389,7 @@ Comm *comm_nccl_create(StoreClient *store, const char *job_id, const char *group
                      cudaGetErrorString(e));
         return NULL;
     }
-    const double deadline = now_s() + timeout_s;
+    const double deadline = tp_now_s() + timeout_s;
     NcclComm *c = new_comm(group, device, timeout_s, (cudaStream_t)stream);
     c->rank = rank;
     c->size = size;
@@ -484,7 +479,7 @@ int comm_nccl_split(Comm *parent, const char *group, int color, int key, Comm **
                      cudaGetErrorString(e));
         return -1;
     }
-    const double deadline = now_s() + p->timeout_s;
+    const double deadline = tp_now_s() + p->timeout_s;
     NcclComm *c = new_comm(group, p->device, p->timeout_s, p->stream);
     const size_t used_before = used_bytes();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

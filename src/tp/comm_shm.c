@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "err.h"
 #include "tp/shm_reclaim.h"
 
@@ -52,12 +53,6 @@ const char *const SHM_KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather",
                                      "barrier",   "send",           "recv",      "join"};
 
 /* ---- small helpers ---- */
-
-double shm_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void shm_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -194,13 +189,13 @@ static int wait_all(ShmComm *c, Kind kind, long call_no) {
         if (first_missing(c, target) < 0) return 0;
         shm_cpu_relax();
     }
-    const double t0 = shm_now_s();
+    const double t0 = tp_now_s();
     double next_check = t0 + CHECK_PERIOD_S;
     for (;;) {
         uint32_t w = atomic_load(&c->hdr->wake);
         int missing = first_missing(c, target);
         if (missing < 0) return 0;
-        double t = shm_now_s();
+        double t = tp_now_s();
         if (t >= next_check) {
             next_check = t + CHECK_PERIOD_S;
             for (int q = missing; q < c->size; q++) {
@@ -372,14 +367,14 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
         int created = 0;
         if (create_segment(c, name, job_id, key, &created) != 0) return create_fail(c, name, created, err, err_len);
     } else {
-        const double t0 = shm_now_s();
+        const double t0 = tp_now_s();
         double pause_s = 0.001;
         char why[256] = "";
         for (;;) {
             int rc = try_join(c, name, job_id, key, why, sizeof why);
             if (rc < 0) return create_fail(c, name, 0, err, err_len);
             if (rc == 1) break;
-            if (shm_now_s() - t0 >= timeout_s) {
+            if (tp_now_s() - t0 >= timeout_s) {
                 shm_fail(c, "comm %s: rank %d could not join within %g s: %s", group, rank, timeout_s, why);
                 return create_fail(c, name, 0, err, err_len);
             }
@@ -416,13 +411,13 @@ int shm_begin(ShmComm *c, Kind kind, long *counter, double *t0) {
     if (c->failed) return -1;
     (*counter)++;
     c->calls[kind]++;
-    *t0 = shm_now_s();
+    *t0 = tp_now_s();
     if (c->staged && !c->stage) return make_stage(c);
     return 0;
 }
 
 int shm_end(ShmComm *c, double t0, int rc) {
-    c->stats.seconds += shm_now_s() - t0;
+    c->stats.seconds += tp_now_s() - t0;
     return rc;
 }
 

@@ -90,7 +90,6 @@ typedef struct {
 } ShmComm;
 
 /* comm_shm.c */
-double shm_now_s(void);
 void shm_cpu_relax(void);
 void shm_futex_wait(_Atomic uint32_t *word, uint32_t expected, double timeout_s);
 void shm_futex_wake_all(_Atomic uint32_t *word);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "err.h"
 #include "tp/comm_shm_impl.h"
 
@@ -68,12 +69,12 @@ static uint64_t wait_ring(ShmComm *c, PairWord *pw, Want want, int peer, long ca
         if ((n = available(c, pw, want)) > 0) return n;
         shm_cpu_relax();
     }
-    const double t0 = shm_now_s();
+    const double t0 = tp_now_s();
     double next_check = t0 + CHECK_PERIOD_S;
     for (;;) {
         const uint32_t w = atomic_load(&pw->wake);
         if ((n = available(c, pw, want)) > 0) return n;
-        const double t = shm_now_s();
+        const double t = tp_now_s();
         if (t >= next_check) {
             next_check = t + CHECK_PERIOD_S;
             const pid_t pid = atomic_load(&c->words[peer].pid);

@@ -67,6 +67,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "err.h"
 
 enum { OP_AUTH = 1, OP_SET = 2, OP_GET = 3, OP_CHECK = 4, OP_ADD = 5 };
@@ -84,12 +85,6 @@ enum { ST_OK = 0, ST_MISSING = 1, ST_BAD = 2 };
 #define STORE_IO_TIMEOUT_S 120.0  // bound on a reply that needs no waiting (SET, CHECK, ADD)
 #define STORE_GET_SLACK_S 30.0    // the server answers a GET at its deadline; allow this on top
 #define N_BUCKETS 1024
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void put_u32(unsigned char *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
@@ -112,7 +107,7 @@ static uint64_t get_u64(const unsigned char *p) {
  * a wake-up never comes early and spins. */
 static int ms_until(double deadline) {
     if (isinf(deadline)) return -1;
-    double ms = ceil((deadline - now_s()) * 1000.0);
+    double ms = ceil((deadline - tp_now_s()) * 1000.0);
     if (ms <= 0) return 0;
     if (ms > 1e9) return 1000000000;
     return (int)ms;
@@ -328,7 +323,7 @@ static void handle_request(StoreServer *s, Conn *c) {
         c->wait_key = TP_MALLOC(kn);
         memcpy(c->wait_key, key, kn);
         c->wait_key_len = kn;
-        c->wait_deadline = ms == UINT64_MAX ? INFINITY : now_s() + 1e-3 * (double)ms;
+        c->wait_deadline = ms == UINT64_MAX ? INFINITY : tp_now_s() + 1e-3 * (double)ms;
         return;
     }
     case OP_CHECK: {
@@ -457,7 +452,7 @@ static int evict_oldest(StoreServer *s, double t) {
  * rest stay in the kernel's backlog until the next round. */
 static void accept_all(StoreServer *s) {
     for (;;) {
-        double t = now_s();
+        double t = tp_now_s();
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -508,7 +503,7 @@ static void *server_main(void *arg) {
         /* Listen only when a newcomer could be taken: not while accept() is
          * out of descriptors, nor at the cap before the oldest may be dropped. */
         int listening = 1;
-        double t_round = now_s();
+        double t_round = tp_now_s();
         Conn *oldest;
         if (t_round < s->accept_resume) {
             listening = 0;
@@ -535,7 +530,7 @@ static void *server_main(void *arg) {
             if (c->fd >= 0 && (re & (POLLIN | POLLHUP | POLLERR))) conn_read(s, c);
             if (c->fd >= 0 && !c->out) conn_read(s, c);  // reply sent: a queued request may wait
         }
-        double t = now_s();
+        double t = tp_now_s();
         for (size_t i = 0; i < n; i++) {
             Conn *c = &s->conns[i];
             if (c->fd < 0) continue;
@@ -751,7 +746,7 @@ static int client_call(StoreClient *c, int op, const char *key, const void *val,
     put_u32(head + 4, (uint32_t)kn);
     put_u64(head + 8, (uint64_t)val_len);
     memcpy(head + HDR_BYTES, key, kn);
-    double t0 = now_s();
+    double t0 = tp_now_s();
     double deadline = t0 + STORE_IO_TIMEOUT_S;
     if (send_all(c->fd, head, HDR_BYTES + kn, deadline) != 0 ||
         (val_len && send_all(c->fd, val, val_len, deadline) != 0)) {
@@ -760,7 +755,7 @@ static int client_call(StoreClient *c, int op, const char *key, const void *val,
         client_break(c);
         return -1;
     }
-    double reply_deadline = isinf(reply_timeout_s) ? INFINITY : now_s() + reply_timeout_s;
+    double reply_deadline = isinf(reply_timeout_s) ? INFINITY : tp_now_s() + reply_timeout_s;
     unsigned char rh[HDR_BYTES];
     if (recv_all(c->fd, rh, HDR_BYTES, reply_deadline) != 0) {
         int e = errno;
@@ -782,7 +777,7 @@ static int client_call(StoreClient *c, int op, const char *key, const void *val,
         client_break(c);
         return -1;
     }
-    if (recv_all(c->fd, buf, (size_t)n, now_s() + STORE_IO_TIMEOUT_S) != 0) {
+    if (recv_all(c->fd, buf, (size_t)n, tp_now_s() + STORE_IO_TIMEOUT_S) != 0) {
         client_fail(c, "store %s of key '%.200s' lost the reply from %s:%d: %s", op_names[op], key, c->host, c->port,
                     strerror(errno));
         free(buf);
@@ -877,7 +872,7 @@ static int connect_until(const char *host, int port, double deadline, double tim
             tp_error_set(err, err_len, "cannot resolve the store host '%s'", host);
             return -1;
         }
-        double left = deadline - now_s();
+        double left = deadline - tp_now_s();
         if (left <= 0) {
             tp_error_set(err, err_len, "cannot reach the store at %s:%d within %.1f s: %s", host, port,
                          timeout_s > 0 ? timeout_s : 0.0, strerror(errno));
@@ -899,7 +894,7 @@ StoreClient *store_connect(const char *host, int port, const char *token, double
                      STORE_TOKEN_MAX);
         return NULL;
     }
-    double deadline = now_s() + (timeout_s > 0 ? timeout_s : 0);
+    double deadline = tp_now_s() + (timeout_s > 0 ? timeout_s : 0);
     double pause = 0.02;
     for (;;) {
         int fd = connect_until(host, port, deadline, timeout_s, err, err_len);
@@ -918,7 +913,7 @@ StoreClient *store_connect(const char *host, int port, const char *token, double
         /* A BAD reply to AUTH: the server dropped this connection before
          * reading the token (busy with unauthenticated connections, or this
          * process stalled past the window). A wrong token gets no reply. */
-        double left = deadline - now_s();
+        double left = deadline - tp_now_s();
         if (status != ST_BAD) {
             tp_error_set(err, err_len, "the store at %s:%d refused this connection (wrong or missing job token?)",
                          host, port);

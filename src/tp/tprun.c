@@ -55,10 +55,11 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "err.h"
+#include "fileio.h"
 #include "parse.h"
 #include "tp/shm_reclaim.h"
 #include "tp/store.h"
@@ -211,31 +212,10 @@ static int parse_args(int argc, char **argv, Opts *o) {
 
 /* ---- small helpers -------------------------------------------------------- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int ms_until(double deadline) {
     if (isinf(deadline)) return -1;
-    double ms = ceil((deadline - now_s()) * 1000.0);
+    double ms = ceil((deadline - tp_now_s()) * 1000.0);
     return ms <= 0 ? 0 : ms > 1e9 ? 1000000000 : (int)ms;
-}
-
-static void write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-        } else if (w < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return;  // a closed terminal or pipe: output is lost, the job goes on
-        }
-    }
 }
 
 static int random_hex(char *out, size_t n_hex) {
@@ -517,11 +497,11 @@ static void child_die(const char *what, int err) {
     } while (e && n < 15);
     for (int i = 0; i < n; i++) num[i] = tmp[n - 1 - i];
     num[n] = 0;
-    write_all(2, "tprun: ", 7);
-    write_all(2, what, strlen(what));
-    write_all(2, " (errno ", 8);
-    write_all(2, num, (size_t)n);
-    write_all(2, ")\n", 2);
+    write_all_fd(2, "tprun: ", 7);
+    write_all_fd(2, what, strlen(what));
+    write_all_fd(2, " (errno ", 8);
+    write_all_fd(2, num, (size_t)n);
+    write_all_fd(2, ")\n", 2);
     _exit(127);
 }
 
@@ -583,12 +563,13 @@ static int spawn(Agent *a, Worker *w) {
     return 0;
 }
 
-/* One complete line (or a piece of an overlong one) to its destinations. */
+/* One complete line (or a piece of an overlong one) to its destinations. A
+ * failed write (a closed terminal or pipe) loses the output; the job goes on. */
 static void emit_line(const Agent *a, const Worker *w, const Stream *s, const char *line, size_t n) {
     const Opts *o = &a->o;
     if (w->log_fd >= 0) {
-        write_all(w->log_fd, line, n);
-        write_all(w->log_fd, "\n", 1);
+        write_all_fd(w->log_fd, line, n);
+        write_all_fd(w->log_fd, "\n", 1);
     }
     int to_term = w->log_fd < 0 || (o->tee & (s->is_err ? 2 : 1));
     if (!to_term) return;
@@ -600,7 +581,7 @@ static void emit_line(const Agent *a, const Worker *w, const Stream *s, const ch
     memcpy(buf, prefix, (size_t)pn);
     memcpy(buf + pn, line, n);
     buf[total - 1] = '\n';
-    write_all(s->is_err ? 2 : 1, buf, total);  // one write: lines of ranks do not interleave
+    write_all_fd(s->is_err ? 2 : 1, buf, total);  // one write: lines of ranks do not interleave
     if (buf != stackbuf) free(buf);
 }
 
@@ -697,7 +678,7 @@ static int poll_job(Agent *a, char *report, size_t n) {
         return 1;
     }
     if (o->node_rank == 0) {
-        double t = now_s();
+        double t = tp_now_s();
         for (int r = 1; r < o->nnodes; r++) {
             snprintf(key, sizeof key, "tprun/hb/%d", r);
             if (store_add(a->store, key, 0, &v) != 0) goto lost;
@@ -745,7 +726,7 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
 
     int stopping = 0, killed = 0;  // SIGTERM sent to all / SIGKILL sent to all
     double kill_deadline = INFINITY, drain_deadline = INFINITY;
-    double next_store_poll = a->store ? now_s() + STORE_POLL_S : INFINITY;
+    double next_store_poll = a->store ? tp_now_s() + STORE_POLL_S : INFINITY;
     int have_failure = 0;
     const Worker *early = NULL;  // the first worker to exit 0 while others still ran
 
@@ -757,7 +738,7 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
             have_failure = 1;
             publish_failure(a, out->report);
             stopping = 1;
-            kill_deadline = now_s() + o->grace;
+            kill_deadline = tp_now_s() + o->grace;
             signal_groups(a, SIGTERM);
             break;
         }
@@ -781,20 +762,20 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
         if (n_running == 0 && n_groups > 0 && !stopping) {
             // Every worker is done but left processes in its group: stop them.
             stopping = 1;
-            kill_deadline = now_s() + o->grace;
+            kill_deadline = tp_now_s() + o->grace;
             signal_groups(a, SIGTERM);
         }
         if (n_running == 0 && n_groups == 0) {
             if (n_streams == 0) break;
-            if (isinf(drain_deadline)) drain_deadline = now_s() + DRAIN_S;
-            if (now_s() >= drain_deadline) break;  // a writer escaped the group: stop reading
+            if (isinf(drain_deadline)) drain_deadline = tp_now_s() + DRAIN_S;
+            if (tp_now_s() >= drain_deadline) break;  // a writer escaped the group: stop reading
         }
 
         double deadline = drain_deadline;
         if (stopping && !killed && kill_deadline < deadline) deadline = kill_deadline;
         if (!stopping && next_store_poll < deadline) deadline = next_store_poll;
         if (n_orphan_groups > 0) {  // a group outlives its leader: no SIGCHLD will tell when it empties
-            double tick = now_s() + (stopping ? GROUP_TICK_S : 10 * GROUP_TICK_S);
+            double tick = tp_now_s() + (stopping ? GROUP_TICK_S : 10 * GROUP_TICK_S);
             if (tick < deadline) deadline = tick;
         }
 
@@ -833,7 +814,7 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
                     signal_groups(a, sig);
                     if (!stopping) {
                         stopping = 1;
-                        kill_deadline = now_s() + o->grace;
+                        kill_deadline = tp_now_s() + o->grace;
                     }
                 } else if (!killed) {  // asked twice: no more grace
                     killed = 1;
@@ -875,12 +856,12 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
                 out->kind = OUT_FAILED;
                 publish_failure(a, out->report);
                 stopping = 1;
-                kill_deadline = now_s() + o->grace;
+                kill_deadline = tp_now_s() + o->grace;
                 signal_groups(a, SIGTERM);
             }
         }
 
-        double t = now_s();
+        double t = tp_now_s();
         if (stopping && !killed && t >= kill_deadline) {
             killed = 1;
             int lingering = 0;
@@ -932,14 +913,14 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
  * Heartbeats go on meanwhile. */
 static int wait_counter(Agent *a, const char *key, long n, double timeout_s, int watch, int *sig, char *report,
                         size_t report_len) {
-    double deadline = now_s() + timeout_s;
+    double deadline = tp_now_s() + timeout_s;
     for (;;) {
         long v = 0;
         if (store_add(a->store, key, 0, &v) == 0 && v >= n) return 1;
         if (watch && poll_job(a, report, report_len)) return 0;
-        if (now_s() >= deadline) return 0;
+        if (tp_now_s() >= deadline) return 0;
         struct pollfd pfd = {.fd = g_sig_pipe[0], .events = POLLIN};
-        double wake = now_s() + STORE_POLL_S;
+        double wake = tp_now_s() + STORE_POLL_S;
         if (poll(&pfd, 1, ms_until(wake < deadline ? wake : deadline)) > 0) {
             unsigned char sigs[64];
             ssize_t ns;

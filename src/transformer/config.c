@@ -205,6 +205,11 @@ done:
     return rc;
 }
 
+TokenSpec config_tokens(const ModelConfig *c) {
+    return (TokenSpec){.vocab_size = c->vocab_size, .max_len = c->max_len, .pad_id = c->pad_id, .bos_id = c->bos_id,
+                       .eos_id = c->eos_id};
+}
+
 const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *buf, size_t buf_len) {
 #define INT_FIELD(f)                                                                                    \
     if (a->f != b->f) {                                                                                 \

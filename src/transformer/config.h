@@ -8,6 +8,7 @@
 #define TPTRAIN_CONFIG_H
 
 #include <stddef.h>
+#include "data/batch.h"
 #include "kernels/ops.h"
 
 /* Upper bounds of the dimensions (the flags of train_mt accept the same):
@@ -46,6 +47,9 @@ int config_validate(const ModelConfig *cfg, char *err, size_t err_len);
 /* JSON text (caller frees) / parse with validation (-1 + err naming the field). */
 char *config_to_json(const ModelConfig *cfg);
 int config_from_json(const char *text, ModelConfig *cfg, char *err, size_t err_len);
+
+/* The vocabulary, longest sequence and special ids batches for cfg keep to. */
+TokenSpec config_tokens(const ModelConfig *cfg);
 
 /* NULL when a and b describe the same model, else one sentence naming the
  * first field that differs (written to buf). */

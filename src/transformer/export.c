@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -87,11 +86,7 @@ int model_export_files(const Model *m, const char *spm_path, const char *dir, ch
         if (created) rmdir(dir);
         return -1;
     }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd); /* best effort: some file systems refuse fsync on directories */
-        close(fd);
-    }
+    fsync_path(dir); /* best effort: some file systems refuse fsync on directories */
     return 0;
 }
 

@@ -5,7 +5,7 @@
 #define TPTRAIN_EXPORT_H
 
 #include <stddef.h>
-#include "fileio.h" /* read_file_bytes, write_file_atomic, copy_file_atomic */
+#include "fileio.h" /* read_file_bytes, write_file_atomic, copy_file_atomic, fsync_path */
 #include "transformer/model.h"
 
 /* Creates dir if needed and writes config.json and model.safetensors, plus a

@@ -12,7 +12,8 @@
  * forward pass (the g operator, before the ROW bias) and starts with one in
  * the backward pass (the f operator, on the LayerNorm-output gradient). The
  * embeddings reduce their lookups, the cross-entropy its row statistics, the
- * output layer and the encoder output their input gradients. Everything
+ * output layer and the encoder output their input gradients: every one of
+ * them is a mapping of tp/parallel.h on the model's group. Everything
  * between is replicated and identical on every tp rank, so the dropout
  * masks there are drawn without the tp rank in their key.
  */
@@ -174,11 +175,8 @@ int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *t
     if (config_validate(cfg, err, err_len)) return -1;
     m->cfg = *cfg;
     m->tp = tp ? *tp : (TpGroup){.size = 1, .rank = 0, .comm = NULL};
+    if (tp_group_check(&m->tp, err, err_len)) return -1;
     const int t = m->tp.size;
-    if (t < 1 || m->tp.rank < 0 || m->tp.rank >= t || (t > 1 && !m->tp.comm)) {
-        tp_error_set(err, err_len, "tensor-parallel rank %d of %d is not a valid layout", m->tp.rank, t);
-        return -1;
-    }
     if (cfg->n_heads % t || cfg->d_ff % t) {
         tp_error_set(err, err_len, "tensor parallelism %d must divide n_heads (%d) and d_ff (%d)", t, cfg->n_heads,
                      cfg->d_ff);
@@ -270,8 +268,7 @@ void model_gather(const Model *m, Model *whole) {
             if (dst) backend_download(m->be, dst, m->params + p->offset, p->n_elems * sizeof(float));
             continue;
         }
-        TP_CHECK(comm_allgather(m->tp.comm, m->params + p->offset, all, p->n_elems) == 0, "%s",
-                 comm_error(m->tp.comm));
+        tp_gather(&m->tp, m->be, m->params + p->offset, all, p->n_elems);
         if (!dst) continue;
         backend_download(m->be, host, all, (size_t)tp * p->n_elems * sizeof(float));
         for (int r = 0; r < (p->split == SPLIT_REPL ? 1 : tp); r++) shard_place(p, r, host + (size_t)r * p->n_elems, dst);
@@ -384,13 +381,6 @@ static uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site) {
     return dropout_stream(k.step, k.micro, layer, site, k.tp_rank);
 }
 
-/* Sums a partial tensor over the tp group (Megatron's g in the forward
- * pass, f in the backward pass); nothing to do without tensor parallelism. */
-static void tp_reduce(const Model *m, float *x, size_t n_elems, CommOp op) {
-    if (m->tp.size == 1) return;
-    TP_CHECK(comm_allreduce(m->tp.comm, x, n_elems, op) == 0, "%s", comm_error(m->tp.comm));
-}
-
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention. */
 static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
                      const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
@@ -406,7 +396,7 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     op_linear_fwd(m->be, a->v, src, w->wv, w->bv, Nk, C, Cl);
     op_attention_fwd(m->be, a->att, a->P, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
     op_linear_fwd(m->be, tmp, a->att, w->wo, NULL, N, Cl, C);
-    tp_reduce(m, tmp, (size_t)N * C, COMM_SUM);
+    tp_reduce_fwd(&m->tp, tmp, (size_t)N * C);
     op_bias_add(m->be, tmp, w->bo, N, C);
     op_dropout_fwd(m->be, tmp, tmp, (size_t)N * C, p, seed, stream);
     op_add(m->be, x_out, x_in, tmp, (size_t)N * C);
@@ -420,7 +410,7 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
     op_linear_fwd(m->be, f->h, f->ln, w->w1, w->b1, N, C, Fl);
     op_act_fwd(m->be, f->a, f->h, (size_t)N * Fl, m->cfg.act);
     op_linear_fwd(m->be, tmp, f->a, w->w2, NULL, N, Fl, C);
-    tp_reduce(m, tmp, (size_t)N * C, COMM_SUM);
+    tp_reduce_fwd(&m->tp, tmp, (size_t)N * C);
     op_bias_add(m->be, tmp, w->b2, N, C);
     op_dropout_fwd(m->be, tmp, tmp, (size_t)N * C, p, seed, stream);
     op_add(m->be, x_out, x_in, tmp, (size_t)N * C);
@@ -429,8 +419,8 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
 static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
                       uint64_t stream) {
     const int C = m->cfg.d_model;
-    op_embedding_fwd(m->be, x, ids, m->w.embed, sqrtf((float)C), B * T, C, m->vocab_start, m->vocab_local);
-    tp_reduce(m, x, (size_t)B * T * C, COMM_SUM);  // each id lives on one rank
+    tp_vocab_embedding_fwd(&m->tp, m->be, x, ids, m->w.embed, sqrtf((float)C), B * T, C, m->vocab_start,
+                           m->vocab_local);
     op_add_positions(m->be, x, B, T, C);
     op_dropout_fwd(m->be, x, x, (size_t)B * T * C, p, seed, stream);
 }
@@ -487,12 +477,8 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
                      Nt, C, c->ln_eps);
     /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
     op_linear_fwd(m->be, A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
-    op_xent_vp_max(m->be, A->row_max, A->logits, Nt, m->vocab_local, m->vocab_valid);
-    tp_reduce(m, A->row_max, (size_t)Nt, COMM_MAX);
-    op_xent_vp_sums(m->be, A->xstats, A->logits, A->row_max, tgt_out, Nt, m->vocab_local, m->vocab_valid,
-                    m->vocab_start, c->pad_id);
-    tp_reduce(m, A->xstats, (size_t)Nt * 3, COMM_SUM);
-    op_xent_vp_loss(m->be, A->losses, A->lse, A->row_max, A->xstats, tgt_out, Nt, V, c->label_smoothing, c->pad_id);
+    tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits, tgt_out, Nt,
+                      m->vocab_local, m->vocab_valid, m->vocab_start, V, c->label_smoothing, c->pad_id);
     op_sum_acc(m->be, loss_sum, A->losses, (size_t)Nt);
 }
 
@@ -534,7 +520,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     float *d_src = kv ? d_kv : A->d_ln;
     op_linear_bwd(m->be, d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
     op_linear_bwd(m->be, d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
-    tp_reduce(m, A->d_ln, nC, COMM_SUM);
+    tp_reduce_bwd(&m->tp, A->d_ln, nC);
     op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, A->d_ln, x_in, a->ln_m, a->ln_r, w->ln_g, N, C);
 }
 
@@ -552,7 +538,7 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     op_act_bwd(m->be, A->d_h, A->d_a, f->h, nF, m->cfg.act);
     op_zero(m->be, A->d_ln, nC);
     op_linear_bwd(m->be, A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, Fl);
-    tp_reduce(m, A->d_ln, nC, COMM_SUM);
+    tp_reduce_bwd(&m->tp, A->d_ln, nC);
     op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, A->d_ln, x_in, f->ln_m, f->ln_r, w->ln_g, N, C);
 }
 
@@ -581,7 +567,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                    V, c->label_smoothing, c->pad_id);
     op_zero(m->be, A->d_ln, (size_t)Nt * C);
     op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
-    tp_reduce(m, A->d_ln, (size_t)Nt * C, COMM_SUM);
+    tp_reduce_bwd(&m->tp, A->d_ln, (size_t)Nt * C);
     op_zero(m->be, A->d_res_t, (size_t)Nt * C);
     op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
                      A->dec_r, m->w.dec_ln_g, Nt, C);
@@ -600,7 +586,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     }
     embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
-    tp_reduce(m, A->d_enc_out, (size_t)Ns * C, COMM_SUM);  // cross-attention k/v of every decoder layer
+    tp_reduce_bwd(&m->tp, A->d_enc_out, (size_t)Ns * C);  // cross-attention k/v of every decoder layer
     op_zero(m->be, A->d_res_s, (size_t)Ns * C);
     op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
                      A->enc_r, m->w.enc_ln_g, Ns, C);

@@ -16,20 +16,11 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "data/batch.h"
 #include "kernels/backend.h"
-#include "tp/comm.h"
+#include "tp/parallel.h"
 #include "transformer/config.h"
 #include "transformer/params.h"
-
-/* One batch, right-padded with pad_id. Lengths count real tokens. */
-typedef struct {
-    int B, S, T;                // sequences, padded source and target lengths
-    const int32_t *src;         // (B, S)
-    const int32_t *src_len;     // (B)   1 <= src_len[b] <= S
-    const int32_t *tgt_in;      // (B, T) bos y_1 .. y_n, then pad
-    const int32_t *tgt_out;     // (B, T) y_1 .. y_n eos, then pad
-    const int32_t *tgt_len;     // (B)   n + 1 <= T
-} Batch;
 
 /* Keys of the dropout masks of one forward pass (see ops.h dropout_stream). */
 typedef struct {
@@ -40,13 +31,6 @@ typedef struct {
 } DropoutKey;
 
 typedef struct ModelActs ModelActs;
-
-/* This rank's tensor-parallel group: heads, FFN columns and vocabulary rows
- * are split `size` ways (Megatron). comm may be NULL when size == 1. */
-typedef struct {
-    int size, rank;
-    Comm *comm;
-} TpGroup;
 
 typedef struct {
     ModelConfig cfg;

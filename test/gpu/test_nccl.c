@@ -32,6 +32,7 @@
 
 #include "bf16.h"
 #include "check.h"
+#include "clock.h"
 #include "cuda/cuda_common.h"
 #include "tp/comm_nccl.h"
 #include "tp/store.h"
@@ -46,12 +47,6 @@
 
 static int g_port;
 static int g_n_dev;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t g_rng;
 static float urand(void) {
@@ -100,7 +95,7 @@ static void run_ranks(const char *what, int size, RankFn fn, const char *job) {
             _exit(failed ? 1 : 0);
         }
     }
-    const double t0 = now_s();
+    const double t0 = tp_now_s();
     int left = size, status[MAX_RANKS], done[MAX_RANKS] = {0};
     while (left > 0) {
         for (int r = 0; r < size; r++) {
@@ -111,7 +106,7 @@ static void run_ranks(const char *what, int size, RankFn fn, const char *job) {
                 left--;
             }
         }
-        if (left > 0 && now_s() - t0 > RUN_LIMIT_S) {
+        if (left > 0 && tp_now_s() - t0 > RUN_LIMIT_S) {
             for (int r = 0; r < size; r++)
                 if (!done[r]) kill(pid[r], SIGKILL);
             for (int r = 0; r < size; r++)
@@ -131,7 +126,7 @@ static void run_ranks(const char *what, int size, RankFn fn, const char *job) {
         else
             CHECK(0, "%s: rank %d died of signal %d", what, r, WTERMSIG(status[r]));
     }
-    printf("%s: %d rank(s) done in %.1f s\n", what, size, now_s() - t0);
+    printf("%s: %d rank(s) done in %.1f s\n", what, size, tp_now_s() - t0);
 }
 
 /* The device count, asked in a child so this process stays CUDA-free. */
@@ -422,9 +417,9 @@ static void check_idle_peer(StoreClient *st, const char *job, int rank, int size
     snprintf(key, sizeof key, "%s/test/idle-verdict", job);
     if (rank == 0) {
         float *d = dev_alloc(sizeof(float) * 256);
-        const double t0 = now_s();
+        const double t0 = tp_now_s();
         int rc = comm_allreduce(c, d, 256, COMM_SUM);
-        const double dt = now_s() - t0;
+        const double dt = tp_now_s() - t0;
         const char *msg = comm_error(c);
         CHECK(rc == -1, "an allreduce nobody else makes fails");
         CHECK(dt < SHORT_TIMEOUT_S + SLACK_S, "and fails in %.1f s, within the timeout of %g s", dt, SHORT_TIMEOUT_S);
@@ -443,9 +438,9 @@ static void check_idle_peer(StoreClient *st, const char *job, int rank, int size
         CHECK(v != NULL, "rank 0 reported its verdict on the idle group");
         free(v);
     }
-    const double t0 = now_s();
+    const double t0 = tp_now_s();
     comm_free(c);  // the others' finalize cannot complete with rank 0 aborted: bounded by the timeout
-    CHECK(now_s() - t0 < SHORT_TIMEOUT_S + SLACK_S, "freeing a broken group takes %.1f s", now_s() - t0);
+    CHECK(tp_now_s() - t0 < SHORT_TIMEOUT_S + SLACK_S, "freeing a broken group takes %.1f s", tp_now_s() - t0);
 }
 
 static int rank_main(int rank, int size, const char *job) {
@@ -486,18 +481,18 @@ static int lonely_main(int rank, int size, const char *job) {
     StoreClient *st = store_or_die();
     char err[512] = "";
     // A group of 2 whose rank 1 never comes.
-    double t0 = now_s();
+    double t0 = tp_now_s();
     Comm *c = comm_nccl_create(st, job, "ghost", 0, 2, 0, SHORT_TIMEOUT_S, 0, err, sizeof err);
-    double dt = now_s() - t0;
+    double dt = tp_now_s() - t0;
     CHECK(c == NULL, "a group whose peer never joins is not created");
     CHECK(dt < SHORT_TIMEOUT_S + SLACK_S, "and fails in %.1f s (timeout %g s)", dt, SHORT_TIMEOUT_S);
     CHECK(strstr(err, "ghost") && strstr(err, "did not form within"), "message: %s", err);
     printf("peer never joins: failed after %.1f s: %s\n", dt, err);
     if (c) comm_free(c);
     // Rank 1 of a group whose rank 0 never publishes the id.
-    t0 = now_s();
+    t0 = tp_now_s();
     c = comm_nccl_create(st, job, "orphan", 1, 2, 0, SHORT_TIMEOUT_S, 0, err, sizeof err);
-    dt = now_s() - t0;
+    dt = tp_now_s() - t0;
     CHECK(c == NULL, "a rank without rank 0 is not created");
     CHECK(dt < SHORT_TIMEOUT_S + SLACK_S, "and fails in %.1f s", dt);
     CHECK(strstr(err, "orphan") && strstr(err, "NCCL id"), "message: %s", err);

@@ -14,7 +14,6 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,9 +22,10 @@
 
 #include "data/spm.h"
 #include "err.h"
+#include "fileio.h"
 #include "mt.h"
 #include "safetensors.h"
-#include "tp/checkpoint.h"
+#include "train/checkpoint.h"
 #include "transformer/export.h"
 
 static void usage(FILE *f) {
@@ -38,16 +38,6 @@ static void usage(FILE *f) {
                "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
                "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
                "           the format of docs/model-and-export.md\n");
-}
-
-/* snprintf for paths: a path that does not fit ends the program rather than
- * naming another file. */
-__attribute__((format(printf, 3, 4))) static void pathf(char *out, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(out, n, fmt, ap);
-    va_end(ap);
-    TP_CHECK(k >= 0 && (size_t)k < n, "path too long: %s...", out);
 }
 
 /* PATH -> the checkpoint directory in out; 0, or -1 after printing why. */

@@ -12,7 +12,7 @@
  * reassembles each whole tensor from the old layout's labels and cuts its
  * own shard of the new layout.
  */
-#include "tp/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -22,7 +22,6 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +29,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "fileio.h"
 #include "safetensors.h"
 #include "transformer/export.h"
 
@@ -51,24 +51,6 @@ int ckpt_fault_point(const char *what) {
 }
 
 /* ---- small file helpers ------------------------------------------------------ */
-
-/* snprintf for paths: a path that does not fit is a fatal error, never a
- * silently truncated name. */
-__attribute__((format(printf, 3, 4))) static void pathf(char *out, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(out, n, fmt, ap);
-    va_end(ap);
-    TP_CHECK(k >= 0 && (size_t)k < n, "path too long: %s...", out);
-}
-
-static int fsync_path(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
 
 /* Deletion never follows a symbolic link: an entry is looked at with
  * lstat semantics (fstatat AT_SYMLINK_NOFOLLOW), a link (to a folder or to
