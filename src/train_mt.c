@@ -81,6 +81,8 @@ static void usage(FILE *f) {
             "  --dropout P --label-smoothing E --activation relu|gelu\n"
             "optimizer:\n"
             "  --lr LR --warmup N --weight-decay W --clip-grad C --adam-beta1 B --adam-beta2 B --adam-eps E\n"
+            "  --lr-schedule S        after the warmup: inv-sqrt (lr * sqrt(warmup / step)) or cosine (to 0 at\n"
+            "                         the last step) (default from the preset)\n"
             "parallelism (start the ranks with tprun):\n"
             "  --tp N --dp N          tensor- and data-parallel sizes (default: tp = ranks per node as far as\n"
             "                         the heads allow, dp = the rest)\n"
@@ -155,7 +157,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -195,7 +197,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"beam", required_argument, 0, O_BEAM},       {"tp", required_argument, 0, O_TP},
         {"dp", required_argument, 0, O_DP},           {"comm-timeout", required_argument, 0, O_CTIMEOUT},
         {"device", required_argument, 0, O_DEVICE},   {"dtype", required_argument, 0, O_DTYPE},
-        {"comm", required_argument, 0, O_COMM},       {"help", no_argument, 0, O_HELP},
+        {"comm", required_argument, 0, O_COMM},       {"lr-schedule", required_argument, 0, O_SCHED},
+        {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
     char err[256];
@@ -269,6 +272,12 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_SEQLEN: a->max_len = (int)flag_int("--seq-len", optarg, 1, 1 << 16); break;
         case O_LR: a->opt.lr = (float)flag_real("--lr", optarg, 0.0, 10.0, PARSE_LO_OPEN); break;
         case O_WARMUP: a->opt.warmup = (int)flag_int("--warmup", optarg, 0, 1 << 30); break;
+        case O_SCHED:
+            if (lr_schedule_parse(optarg, &a->opt.schedule)) {
+                fprintf(stderr, "train_mt: --lr-schedule must be inv-sqrt or cosine, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
         case O_WD: a->opt.weight_decay = (float)flag_real("--weight-decay", optarg, 0.0, 100.0, 0); break;
         case O_CLIP: a->opt.clip_norm = (float)flag_real("--clip-grad", optarg, 0.0, 1e6, 0); break;
         case O_B1: a->opt.beta1 = (float)flag_real("--adam-beta1", optarg, 0.0, 1.0, PARSE_HI_OPEN); break;
@@ -829,6 +838,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int total = run_steps(&a, a.synthetic ? 0 : src.train.n_batches);
+    a.opt.decay_steps = total;
     AdamW opt;
     adamw_init(&opt, be, &a.opt, m.tab.n_elems);
     int first_step = 1;

@@ -299,7 +299,12 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON_AddNumberToObject(oc, "weight_decay", opt->cfg.weight_decay);
     cJSON_AddNumberToObject(oc, "clip_norm", opt->cfg.clip_norm);
     cJSON_AddNumberToObject(oc, "t", opt->t);
-    cJSON_AddStringToObject(oc, "schedule", "linear warmup, then inverse square root of the step");
+    char sched[96];
+    if (opt->cfg.schedule == LR_COSINE)
+        snprintf(sched, sizeof sched, "linear warmup, then cosine decay to 0 at step %d", opt->cfg.decay_steps);
+    else
+        snprintf(sched, sizeof sched, "linear warmup, then inverse square root of the step");
+    cJSON_AddStringToObject(oc, "schedule", sched);
     cJSON *data = cJSON_AddObjectToObject(o, "data");
     cJSON_AddStringToObject(data, "kind", st->corpus ? "corpus" : "synthetic");
     cJSON_AddNumberToObject(data, "epoch", (double)st->cursor.epoch);

@@ -8,6 +8,8 @@
 #include "err.h"
 #include "kernels/ops.h"
 
+#define TP_PI 3.14159265358979323846
+
 OptimConfig optim_defaults(void) {
     return (OptimConfig){.lr = 5e-4f, .warmup = 4000, .beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-9f,
                          .weight_decay = 0.01f, .clip_norm = 1.0f};
@@ -32,11 +34,26 @@ void adamw_free(AdamW *opt) {
 
 float lr_at(const OptimConfig *cfg, int step) {
     if (step < 1) step = 1;
+    const double s = step, w = cfg->warmup;
+    if (s < w) return (float)(cfg->lr * s / w);
+    if (cfg->schedule == LR_COSINE) {
+        const double span = (double)cfg->decay_steps - w;
+        if (span <= 0.0) return cfg->lr;
+        if (s >= (double)cfg->decay_steps) return 0.0f;
+        return (float)(cfg->lr * 0.5 * (1.0 + cos(TP_PI * (s - w) / span)));
+    }
     if (cfg->warmup <= 0) return cfg->lr;
-    double s = step, w = cfg->warmup;
-    double f = s < w ? s / w : sqrt(w / s);
-    return (float)(cfg->lr * f);
+    return (float)(cfg->lr * sqrt(w / s));
 }
+
+int lr_schedule_parse(const char *s, LrSchedule *out) {
+    if (strcmp(s, "inv-sqrt") == 0) *out = LR_INV_SQRT;
+    else if (strcmp(s, "cosine") == 0) *out = LR_COSINE;
+    else return -1;
+    return 0;
+}
+
+const char *lr_schedule_name(LrSchedule s) { return s == LR_COSINE ? "cosine" : "inv-sqrt"; }
 
 /* sumsq of the sharded tensors into sc[0] (then summed over tp), of the
  * replicated ones into sc[1]. */

@@ -1,5 +1,5 @@
 /* optim.h: AdamW over the contiguous parameter buffer, the learning-rate
- * schedule (linear warmup, then inverse square root) and global-norm
+ * schedule (linear warmup, then inverse square root or cosine decay) and global-norm
  * gradient clipping, all on the backend's device. The optimizer state
  * (m, v) uses the parameter table's offsets, so it is two more buffers of
  * the same size (MEM_OPTIM). The norm and the clipping factor stay on the
@@ -13,9 +13,17 @@
 #include "tp/comm.h"
 #include "transformer/params.h"
 
+/* After the warmup: inverse square root of the step (Vaswani et al.; no
+ * end in sight, so a run can be extended), or a cosine from the peak to 0
+ * at decay_steps (the run's last step), which spends a short run's budget
+ * better. */
+typedef enum { LR_INV_SQRT = 0, LR_COSINE = 1 } LrSchedule;
+
 typedef struct {
     float lr;            // peak learning rate
     int warmup;          // steps of linear warmup (0: constant lr)
+    LrSchedule schedule;
+    int decay_steps;     // LR_COSINE: the step where lr reaches 0 (the run's length)
     float beta1, beta2, eps;
     float weight_decay;  // applied to tensors with decay = true
     float clip_norm;     // global gradient norm limit (<= 0: no clipping)
@@ -36,8 +44,15 @@ OptimConfig optim_defaults(void);
 void adamw_init(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t n_elems);
 void adamw_free(AdamW *opt);
 
-/* lr(step) = peak * min(step / warmup, sqrt(warmup / step)), step >= 1. */
+/* lr(step), step >= 1: peak * step / warmup during the warmup; then
+ * LR_INV_SQRT: peak * sqrt(warmup / step) (warmup 0: constant peak);
+ * LR_COSINE: peak * (1 + cos(pi * (step - warmup) / (decay_steps - warmup))) / 2,
+ * 0 from decay_steps on. */
 float lr_at(const OptimConfig *cfg, int step);
+
+/* "inv-sqrt" or "cosine" into *out; -1 for anything else. */
+int lr_schedule_parse(const char *s, LrSchedule *out);
+const char *lr_schedule_name(LrSchedule s);
 
 /* On the device, into sc (4 device floats): the sums of squares of the
  * sharded tensors (summed over the tp group, which may be NULL) and of the
