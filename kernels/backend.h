@@ -120,6 +120,8 @@ typedef struct BackendOps {
     void (*sumsq_acc)(Backend *be, float *acc, const float *x, size_t n_elems);
     void (*clip_coef)(Backend *be, float *norm_coef, const float *sumsq, int n_parts, float max_norm);
     void (*scale_by)(Backend *be, float *x, const float *s, size_t n_elems);
+    void (*to_bf16)(Backend *be, uint16_t *dst, const float *src, size_t n_elems);
+    void (*from_bf16)(Backend *be, float *dst, const uint16_t *src, size_t n_elems);
     void (*softmax_fwd)(Backend *be, float *P, const float *S, const int32_t *k_len, int B, int H, int Tq, int Tk,
                         float scale, bool causal);
     void (*softmax_bwd)(Backend *be, float *dS, const float *dP, const float *P, int B, int H, int Tq, int Tk,

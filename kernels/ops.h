@@ -181,6 +181,16 @@ static inline void op_scale_by(Backend *be, float *x, const float *s, size_t n_e
     be->ops->scale_by(be, x, s, n_elems);
 }
 
+/* dst = src rounded to bfloat16 (nearest, ties to even; NaN stays NaN),
+ * kept as raw bits: the staging of bf16 collectives. */
+static inline void op_to_bf16(Backend *be, uint16_t *dst, const float *src, size_t n_elems) {
+    be->ops->to_bf16(be, dst, src, n_elems);
+}
+/* dst = src widened to fp32 (exact). */
+static inline void op_from_bf16(Backend *be, float *dst, const uint16_t *src, size_t n_elems) {
+    be->ops->from_bf16(be, dst, src, n_elems);
+}
+
 /* ---- Masked softmax ------------------------------------------------------
  * Rows are (b, h, i) over Tk keys: P = softmax(scale * S) where key j is
  * masked out when j >= k_len[b], or (causal) when j > i. Masked entries get

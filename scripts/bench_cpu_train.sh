@@ -19,7 +19,7 @@ log = open(sys.argv[2]).read()
 train = [r for r in rows if "loss" in r]
 dev = [r for r in rows if "dev_loss" in r]
 per_epoch = int(re.search(r"(\d+) batches per epoch", log).group(1))
-m = re.search(r"(\d+) steps in \S+ \(([\d.]+) s training, ([\d.]+) s evaluation\)", log)
+m = re.search(r"(\d+) steps in \S+ \(([\d.]+) s training.*?([\d.]+) s evaluation\)", log)
 steps, t_train = int(m.group(1)), float(m.group(2))
 tps = [r["tokens_per_s"] for r in train[1:]] or [train[0]["tokens_per_s"]]
 print(f"\nCPU benchmark ({sys.argv[3]} cores): {steps} steps, {t_train:.0f} s training")

@@ -59,6 +59,7 @@ typedef struct {
     DeviceChoice device;
     Dtype dtype;
     bool dtype_given;
+    GradSyncConfig grad;      // --zero, --grad-bucket-mb, --grad-comm-dtype, --grad-overlap
 } TrainArgs;
 
 static void usage(FILE *f) {
@@ -89,6 +90,11 @@ static void usage(FILE *f) {
             "  --comm auto|nccl|shm   the data groups' collectives (default auto: NCCL when every rank has its\n"
             "                         own GPU, else shared memory)\n"
             "  --comm-timeout S       a peer silent this long ends the job (default 300)\n"
+            "  --zero 0|1             ZeRO stage: 1 shards the AdamW state over dp (reduce-scatter, sharded\n"
+            "                         update, allgather of the weights) (default 0: allreduce)\n"
+            "  --grad-bucket-mb M     gradient buckets reduced as backward finishes them (default 25)\n"
+            "  --grad-comm-dtype D    fp32 or bf16: the data-parallel gradient reduction's type (default fp32)\n"
+            "  --grad-overlap on|off  reduce buckets while backward runs (default on; CPU ranks only so far)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -157,7 +163,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -198,6 +204,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"dp", required_argument, 0, O_DP},           {"comm-timeout", required_argument, 0, O_CTIMEOUT},
         {"device", required_argument, 0, O_DEVICE},   {"dtype", required_argument, 0, O_DTYPE},
         {"comm", required_argument, 0, O_COMM},       {"lr-schedule", required_argument, 0, O_SCHED},
+        {"zero", required_argument, 0, O_ZERO},      {"grad-bucket-mb", required_argument, 0, O_BUCKET},
+        {"grad-comm-dtype", required_argument, 0, O_GDTYPE}, {"grad-overlap", required_argument, 0, O_GOVERLAP},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -229,6 +237,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     a->dir = DIR_EN_JA;
     a->batch_tokens = 4096;
     a->spm_vocab = 8000;
+    a->grad = (GradSyncConfig){.zero = 0, .dtype = COMM_F32, .bucket_elems = bucket_elems_for_mb(GRAD_BUCKET_MB_DEFAULT),
+                               .overlap = true};
     a->max_steps = rd->max_steps;
     a->log_interval = 50;
     a->eval_interval = rd->eval_interval;
@@ -323,6 +333,25 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_COMM:
             if (runtime_comm_parse(optarg, &a->comm)) {
                 fprintf(stderr, "train_mt: --comm must be auto, nccl or shm, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
+        case O_ZERO: a->grad.zero = (int)flag_int("--zero", optarg, 0, 1); break;
+        case O_BUCKET:
+            a->grad.bucket_elems = bucket_elems_for_mb(flag_real("--grad-bucket-mb", optarg, 0.0, 1e6, PARSE_LO_OPEN));
+            break;
+        case O_GDTYPE:
+            if (strcmp(optarg, "fp32") == 0) a->grad.dtype = COMM_F32;
+            else if (strcmp(optarg, "bf16") == 0) a->grad.dtype = COMM_BF16;
+            else {
+                fprintf(stderr, "train_mt: --grad-comm-dtype must be fp32 or bf16, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
+        case O_GOVERLAP:
+            if (strcmp(optarg, "on") == 0 || strcmp(optarg, "off") == 0) a->grad.overlap = strcmp(optarg, "on") == 0;
+            else {
+                fprintf(stderr, "train_mt: --grad-overlap must be on or off, got '%s'\n", optarg);
                 exit(2);
             }
             break;
@@ -839,12 +868,14 @@ int main(int argc, char **argv) {
     }
     int total = run_steps(&a, a.synthetic ? 0 : src.train.n_batches);
     a.opt.decay_steps = total;
+    GradSync *gsync = grad_sync_create(be, rt.dp, m.tab.n_elems, &a.grad);
     AdamW opt;
-    adamw_init(&opt, be, &a.opt, m.tab.n_elems);
+    grad_sync_adamw_init(gsync, &opt, be, &a.opt);
     int first_step = 1;
     if (a.resume && resume(&a, &rt, &m, &opt, &src, total, &first_step, err, sizeof err)) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
         adamw_free(&opt);
+        grad_sync_free(gsync);
         if (decode_here) model_free(&whole);
         model_free(&m);
         source_close(&src);
@@ -875,10 +906,10 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     Trainer trainer;
-    trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, a.opt.clip_norm);
+    trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, gsync, a.opt.clip_norm);
     const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = tp_now_s();
-    double t_window = t_start, t_eval = 0.0, t_comm = 0.0;
+    double t_window = t_start, t_eval = 0.0, t_comm = 0.0, t_exposed = 0.0;
     long tok_window = 0;
     int saved_step = first_step - 1;
     for (int step = first_step; step <= total; step++) {
@@ -891,6 +922,7 @@ int main(int argc, char **argv) {
         const float lr = lr_at(&a.opt, step);
         train_step(&trainer, &b.view, n_global, key, lr, &sr);
         t_comm += sr.comm_s;
+        t_exposed += sr.exposed_comm_s;
         const float loss = sr.loss, gnorm = sr.grad_norm;
         if (!isfinite(loss) || !isfinite(gnorm)) {
             fprintf(stderr, "%strain_mt: step %d: loss %g, gradient norm %g is not finite; stopping "
@@ -959,8 +991,9 @@ int main(int argc, char **argv) {
     if (lead) {
         char took[32];
         fmt_duration(took, sizeof took, tp_now_s() - t_start);
-        printf("train_mt: %d steps in %s (%.1f s training, of which %.1f s data-parallel communication; "
-               "%.1f s evaluation)\n", total, took, tp_now_s() - t_start - t_eval, t_comm, t_eval);
+        printf("train_mt: %d steps in %s (%.1f s training, with %.1f s data-parallel communication of which "
+               "%.1f s exposed; %.1f s evaluation)\n", total, took, tp_now_s() - t_start - t_eval, t_comm, t_exposed,
+               t_eval);
         CommStats ts = comm_stats(rt.tp);
         if (mesh->tp > 1)
             printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,
@@ -999,6 +1032,7 @@ int main(int argc, char **argv) {
     }
     trainer_free(&trainer);
     adamw_free(&opt);
+    grad_sync_free(gsync);
     if (decode_here) model_free(&whole);
     model_free(&m);
     source_close(&src);

@@ -160,6 +160,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_comm_copy(t, rng);
     test_elementwise(t, rng);
     test_scalars(t, rng);
+    test_bf16_convert(t, rng);
     test_bias(t, rng);
     test_embedding(t, rng);
     test_positions(t, rng);

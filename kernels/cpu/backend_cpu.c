@@ -133,6 +133,8 @@ static void t_clip_coef(Backend *be, float *nc, const float *ss, int k, float ma
     cpu_clip_coef(nc, ss, k, max_norm);
 }
 static void t_scale_by(Backend *be, float *x, const float *s, size_t n) { (void)be; cpu_scale_by(x, s, n); }
+static void t_to_bf16(Backend *be, uint16_t *d, const float *s, size_t n) { (void)be; cpu_to_bf16(d, s, n); }
+static void t_from_bf16(Backend *be, float *d, const uint16_t *s, size_t n) { (void)be; cpu_from_bf16(d, s, n); }
 static void t_softmax_fwd(Backend *be, float *P, const float *S, const int32_t *kl, int B, int H, int Tq, int Tk,
                           float scale, bool causal) {
     (void)be;
@@ -207,7 +209,8 @@ static const BackendOps CPU_OPS = {
     .embedding_fwd = t_embedding_fwd, .embedding_bwd = t_embedding_bwd, .add_positions = t_add_positions,
     .layernorm_fwd = t_layernorm_fwd, .layernorm_bwd = t_layernorm_bwd, .act_fwd = t_act_fwd,
     .act_bwd = t_act_bwd, .add = t_add, .accumulate = t_accumulate, .scale = t_scale, .sum_acc = t_sum_acc,
-    .sumsq_acc = t_sumsq_acc, .clip_coef = t_clip_coef, .scale_by = t_scale_by, .softmax_fwd = t_softmax_fwd,
+    .sumsq_acc = t_sumsq_acc, .clip_coef = t_clip_coef, .scale_by = t_scale_by,
+    .to_bf16 = t_to_bf16, .from_bf16 = t_from_bf16, .softmax_fwd = t_softmax_fwd,
     .softmax_bwd = t_softmax_bwd, .attention_fwd = t_attention_fwd, .attention_bwd = t_attention_bwd,
     .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
     .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,

@@ -99,6 +99,8 @@ void cpu_sum_acc(float *acc, const float *x, size_t n_elems);
 void cpu_sumsq_acc(float *acc, const float *x, size_t n_elems);
 void cpu_clip_coef(float *norm_coef, const float *sumsq, int n_parts, float max_norm);
 void cpu_scale_by(float *x, const float *s, size_t n_elems);
+void cpu_to_bf16(uint16_t *dst, const float *src, size_t n_elems);
+void cpu_from_bf16(float *dst, const uint16_t *src, size_t n_elems);
 
 /* ---- Masked softmax ------------------------------------------------------
  * Rows are (b, h, i) over Tk keys: P = softmax(scale * S) where key j is

@@ -9,6 +9,7 @@
  */
 #include <math.h>
 
+#include "bf16.h"
 #include "cpu_ops.h"
 #include "err.h"
 
@@ -95,6 +96,14 @@ void cpu_clip_coef(float *norm_coef, const float *sumsq, int n_parts, float max_
 void cpu_scale_by(float *x, const float *s, size_t n_elems) {
     const float f = s[0];
     for (size_t i = 0; i < n_elems; i++) x[i] *= f;
+}
+
+void cpu_to_bf16(uint16_t *dst, const float *src, size_t n_elems) {
+    for (size_t i = 0; i < n_elems; i++) dst[i] = tp_f32_to_bf16(src[i]);
+}
+
+void cpu_from_bf16(float *dst, const uint16_t *src, size_t n_elems) {
+    for (size_t i = 0; i < n_elems; i++) dst[i] = tp_bf16_to_f32(src[i]);
 }
 
 void cpu_embedding_fwd(float *out,           // (N, C)

@@ -288,6 +288,8 @@ static void cu_clip_coef(Backend *be, float *nc, const float *ss, int k, float m
     cuda_op_clip_coef(nc, ss, k, max_norm, stream_of(be));
 }
 static void cu_scale_by(Backend *be, float *x, const float *s, size_t n) { cuda_op_scale_by(x, s, n, stream_of(be)); }
+static void cu_to_bf16(Backend *be, uint16_t *d, const float *s, size_t n) { cuda_op_to_bf16(d, s, n, stream_of(be)); }
+static void cu_from_bf16(Backend *be, float *d, const uint16_t *s, size_t n) { cuda_op_from_bf16(d, s, n, stream_of(be)); }
 static void cu_softmax_fwd(Backend *be, float *P, const float *S, const int32_t *kl, int B, int H, int Tq, int Tk,
                            float scale, bool causal) {
     cuda_op_softmax_fwd(P, S, kl, B, H, Tq, Tk, scale, causal, stream_of(be));
@@ -353,6 +355,7 @@ static BackendOps cuda_ops_table(void) {
     o.layernorm_fwd = cu_layernorm_fwd, o.layernorm_bwd = cu_layernorm_bwd, o.act_fwd = cu_act_fwd;
     o.act_bwd = cu_act_bwd, o.add = cu_add, o.accumulate = cu_accumulate, o.scale = cu_scale;
     o.sum_acc = cu_sum_acc, o.sumsq_acc = cu_sumsq_acc, o.clip_coef = cu_clip_coef, o.scale_by = cu_scale_by;
+    o.to_bf16 = cu_to_bf16, o.from_bf16 = cu_from_bf16;
     o.softmax_fwd = cu_softmax_fwd, o.softmax_bwd = cu_softmax_bwd, o.attention_fwd = cu_attention_fwd;
     o.attention_bwd = cu_attention_bwd, o.dropout_fwd = cu_dropout_fwd, o.dropout_bwd = cu_dropout_bwd;
     o.xent_fwd = cu_xent_fwd, o.xent_bwd = cu_xent_bwd, o.xent_vp_max = cu_xent_vp_max;

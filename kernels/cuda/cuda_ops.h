@@ -167,6 +167,14 @@ void cuda_op_scale_by(float *x,        // (n_elems)
                       const float *s,  // (1)
                       size_t n_elems, cudaStream_t stream);
 
+/* fp32 <-> bf16 (raw bits), as the CPU's common/bf16.h rounds: bit-identical. */
+void cuda_op_to_bf16(uint16_t *dst,      // (n_elems)
+                     const float *src,   // (n_elems)
+                     size_t n_elems, cudaStream_t stream);
+void cuda_op_from_bf16(float *dst,          // (n_elems)
+                       const uint16_t *src, // (n_elems)
+                       size_t n_elems, cudaStream_t stream);
+
 /* ---- Masked softmax and attention ------------------------------------------ */
 void cuda_op_softmax_fwd(float *P,              // (B, H, Tq, Tk)
                          const float *S,        // (B, H, Tq, Tk)

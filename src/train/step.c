@@ -1,8 +1,11 @@
 /* step.c: the training step (see step.h). Everything between the batch
  * upload and the final read stays on the backend's device: the loss sum,
  * the norm and the clipping factor are device scalars, so a GPU step never
- * waits on the host until its end. */
+ * waits on the host until its end. The gradient reduction starts from the
+ * model's backward (its grads_final hook) bucket by bucket. */
 #include "train/step.h"
+
+#include <stdlib.h>
 
 #include "clock.h"
 #include "err.h"
@@ -12,8 +15,10 @@ enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq 
 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
-void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, float clip_norm) {
-    *t = (Trainer){.m = m, .opt = opt, .be = m->be, .tp = tp, .dp = dp, .clip_norm = clip_norm};
+static void on_grads_final(void *ctx, size_t from) { grad_sync_ready(ctx, from); }
+
+void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync *gs, float clip_norm) {
+    *t = (Trainer){.m = m, .opt = opt, .be = m->be, .tp = tp, .dp = dp, .gs = gs, .clip_norm = clip_norm};
     t->sc = backend_alloc(t->be, SC_N * sizeof(float), MEM_WORKSPACE);
 }
 
@@ -22,27 +27,51 @@ void trainer_free(Trainer *t) {
     *t = (Trainer){0};
 }
 
+void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConfig *cfg) {
+    const BucketLayout *L = grad_sync_layout(gs);
+    if (!grad_sync_sharded(gs)) {
+        adamw_init(opt, be, cfg, L->n_elems);
+        return;
+    }
+    OptRange *r = TP_MALLOC((size_t)(L->n > 0 ? L->n : 1) * sizeof *r);
+    const int n = bucket_ranges(L, grad_sync_rank(gs), r);
+    adamw_init_sharded(opt, be, cfg, L->shard_elems, r, n);
+    free(r);
+}
+
 void train_step(Trainer *t, const Batch *b, long n_global, DropoutKey key, float lr, StepResult *out) {
     Model *m = t->m;
     Backend *be = t->be;
     model_zero_grad(m);
     op_zero(be, t->sc, SC_N);
+    grad_sync_begin(t->gs, m->grads);
+    m->grads_final = on_grads_final;
+    m->grads_final_ctx = t->gs;
     if (b->B > 0) {
         model_forward_step(m, b, true, key, t->sc + SC_LOSS);
         model_backward(m, b, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
     }
-    double t0 = tp_now_s();
-    if (t->dp && comm_size(t->dp) > 1) {
-        comm_ok(comm_allreduce(t->dp, m->grads, m->tab.n_elems, COMM_SUM), t->dp);
+    m->grads_final = NULL;
+    grad_sync_finish(t->gs);
+    const double t0 = tp_now_s();
+    if (t->dp && comm_size(t->dp) > 1)
         comm_ok(comm_allreduce(t->dp, t->sc + SC_LOSS, 1, COMM_SUM), t->dp);  // the global loss sum
+    double own = tp_now_s() - t0;
+    if (grad_sync_sharded(t->gs)) {
+        const AdamW *o = t->opt;
+        grad_clip_ranges(be, &m->tab, m->grads, o->ranges, o->n_ranges, t->tp, t->dp, t->clip_norm, t->sc + SC_CLIP);
+        adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
+        grad_sync_allgather_params(t->gs, m->params);
+    } else {
+        grad_clip(be, &m->tab, m->grads, t->tp, t->clip_norm, t->sc + SC_CLIP);
+        adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
     }
-    out->comm_s = tp_now_s() - t0;
-    grad_clip(be, &m->tab, m->grads, t->tp, t->clip_norm, t->sc + SC_CLIP);
-    adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
     backend_recast_weights(be);
     float host[SC_N];
     backend_download(be, host, t->sc, sizeof host);  // the step's one read
     out->loss = n_global > 0 ? host[SC_LOSS] / (float)n_global : 0.0f;
     out->grad_norm = host[SC_CLIP + 2];
     out->lr = lr;
+    out->comm_s = grad_sync_comm_s(t->gs) + own;
+    out->exposed_comm_s = grad_sync_exposed_s(t->gs) + own;
 }

@@ -1,14 +1,18 @@
 /* step.h: one training step on any backend: forward and backward of the
- * (local share of the) global batch, the data-parallel gradient reduction,
- * the global norm over the tensor-parallel group and clipping, AdamW, the
- * re-cast of the compute weights, and the step's one read of its scalars.
- * train_mt.c's main only wires flags, data, evaluation and checkpoints to
- * it; the pipeline schedule and ZeRO will grow here. */
+ * (local share of the) global batch, the data-parallel gradient reduction
+ * (train/grad_sync.h: bucketed, overlapped with backward where it can be,
+ * fp32 or bf16, or ZeRO-1's reduce-scatter), the global norm over the
+ * tensor-parallel group and clipping, AdamW (on this rank's shard under
+ * ZeRO, then the allgather of the updated weights), the re-cast of the
+ * compute weights, and the step's one read of its scalars. train_mt.c's
+ * main only wires flags, data, evaluation and checkpoints to it; the
+ * pipeline schedule will grow here. */
 #ifndef TPTRAIN_STEP_H
 #define TPTRAIN_STEP_H
 
 #include "kernels/backend.h"
 #include "tp/comm.h"
+#include "train/grad_sync.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
@@ -17,6 +21,7 @@ typedef struct {
     AdamW *opt;
     Backend *be;
     Comm *tp, *dp;       // this rank's groups (size-1 groups allowed)
+    GradSync *gs;        // the dp reduction (not owned)
     float clip_norm;     // <= 0: no clipping
     float *sc;           // device: the step's scalars (loss sum, then grad_clip's four)
 } Trainer;
@@ -25,11 +30,18 @@ typedef struct {
     float loss;          // mean over the global batch's target tokens
     float grad_norm;     // before clipping
     float lr;
-    double comm_s;       // wall time in data-parallel collectives
+    double comm_s;       // wall time in data-parallel collectives (hidden or not)
+    double exposed_comm_s;  // of which the step waited for (not hidden behind backward)
 } StepResult;
 
-void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, float clip_norm);
+/* opt must have been made by grad_sync_adamw_init(gs, ...) so that its
+ * state matches the reduction (the whole buffer, or the ZeRO shard). */
+void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync *gs, float clip_norm);
 void trainer_free(Trainer *t);
+
+/* AdamW state for what the rank updates under gs: the whole buffer
+ * (zero 0) or its ZeRO pieces. */
+void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConfig *cfg);
 
 /* One step at learning rate lr on this rank's batch b (B may be 0 when the
  * rank has no rows this step) of a global batch with n_global target

@@ -551,6 +551,11 @@ static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, flo
     op_embedding_bwd(m->be, m->g.embed, tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
 
+/* Everything from tensor x (a view into m->grads) to the buffer's end is final. */
+static void grads_final_from(Model *m, const float *x) {
+    if (m->grads_final) m->grads_final(m->grads_final_ctx, (size_t)(x - m->grads));
+}
+
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
     const ModelConfig *c = &m->cfg;
     const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
@@ -571,6 +576,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     op_zero(m->be, A->d_res_t, (size_t)Nt * C);
     op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
                      A->dec_r, m->w.dec_ln_g, Nt, C);
+    grads_final_from(m, m->g.dec_ln_g);
 
     op_zero(m->be, A->d_enc_out, (size_t)Ns * C);
     for (int l = c->dec_layers - 1; l >= 0; l--) {
@@ -583,6 +589,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                  S, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, B, T, T, p, key.seed,
                  stream_of(key, l, SITE_DEC_SELF));
+        grads_final_from(m, g->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
     embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
@@ -590,6 +597,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     op_zero(m->be, A->d_res_s, (size_t)Ns * C);
     op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
                      A->enc_r, m->w.enc_ln_g, Ns, C);
+    grads_final_from(m, m->g.enc_ln_g);
     for (int l = c->enc_layers - 1; l >= 0; l--) {
         const EncLayerW *w = &m->w.enc[l];
         EncLayerW *g = &m->g.enc[l];
@@ -598,6 +606,8 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                 stream_of(key, l, SITE_ENC_FFN));
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, B, S, S, p, key.seed,
                  stream_of(key, l, SITE_ENC_ATTN));
+        grads_final_from(m, g->self.ln_g);
     }
     embed_bwd(m, A->d_res_s, A->dev_src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    grads_final_from(m, m->grads);
 }

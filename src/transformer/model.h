@@ -47,6 +47,12 @@ typedef struct {
     Weights w;           // views into params
     Weights g;           // views into grads
     ModelActs *acts;     // private: activation buffer and its layout
+    /* Called by model_backward each time every gradient at buffer offset
+     * >= from is final (backward finishes the buffer from its end to its
+     * start), so a data-parallel reduction can start on finished buckets
+     * while backward goes on. NULL: no calls. */
+    void (*grads_final)(void *ctx, size_t from);
+    void *grads_final_ctx;
 } Model;
 
 /* Allocates a model for a validated cfg on backend be; parameters

@@ -4,6 +4,7 @@
 #include "transformer/optim.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "err.h"
 #include "kernels/ops.h"
@@ -15,13 +16,29 @@ OptimConfig optim_defaults(void) {
                          .weight_decay = 0.01f, .clip_norm = 1.0f};
 }
 
-void adamw_init(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t n_elems) {
+void adamw_init_sharded(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t state_elems, const OptRange *r,
+                        int n_ranges) {
     memset(opt, 0, sizeof *opt);
     opt->cfg = *cfg;
     opt->be = be;
-    opt->n_elems = n_elems;
-    opt->m = backend_alloc(be, n_elems * sizeof(float), MEM_OPTIM);
-    opt->v = backend_alloc(be, n_elems * sizeof(float), MEM_OPTIM);
+    opt->n_elems = state_elems;
+    opt->n_ranges = n_ranges;
+    opt->ranges = TP_MALLOC((size_t)(n_ranges > 0 ? n_ranges : 1) * sizeof *opt->ranges);
+    for (int i = 0; i < n_ranges; i++) {
+        TP_CHECK(r[i].lo <= r[i].hi && r[i].at + (r[i].hi - r[i].lo) <= state_elems && (i == 0 || r[i].lo >= r[i - 1].hi),
+                 "optimizer range %d [%zu, %zu) at %zu does not fit %zu state elements in order", i, r[i].lo, r[i].hi,
+                 r[i].at, state_elems);
+        opt->ranges[i] = r[i];
+    }
+    opt->sharded = true;
+    opt->m = backend_alloc(be, state_elems * sizeof(float), MEM_OPTIM);
+    opt->v = backend_alloc(be, state_elems * sizeof(float), MEM_OPTIM);
+}
+
+void adamw_init(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t n_elems) {
+    const OptRange whole = {0, n_elems, 0};
+    adamw_init_sharded(opt, be, cfg, n_elems, &whole, 1);
+    opt->sharded = false;
 }
 
 void adamw_free(AdamW *opt) {
@@ -29,6 +46,7 @@ void adamw_free(AdamW *opt) {
         backend_free(opt->be, opt->m);
         backend_free(opt->be, opt->v);
     }
+    free(opt->ranges);
     memset(opt, 0, sizeof *opt);
 }
 
@@ -90,12 +108,39 @@ void clip_grads(Backend *be, float *grads, size_t n_elems, float norm, float max
 
 void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable *tab, float lr) {
     const OptimConfig *c = &opt->cfg;
-    TP_CHECK(tab->n_elems == opt->n_elems, "optimizer state has %zu elements, parameters %zu",
+    TP_CHECK(opt->sharded || tab->n_elems == opt->n_elems, "optimizer state has %zu elements, parameters %zu",
              opt->n_elems, tab->n_elems);
     opt->t++;
-    for (int i = 0; i < tab->n; i++) {
-        const ParamInfo *p = &tab->t[i];
-        op_adamw(opt->be, params + p->offset, grads + p->offset, opt->m + p->offset, opt->v + p->offset, p->n_elems, lr,
-                 c->beta1, c->beta2, c->eps, p->decay ? c->weight_decay : 0.0f, opt->t);
+    for (int k = 0; k < opt->n_ranges; k++) {
+        const OptRange *r = &opt->ranges[k];
+        TP_CHECK(r->hi <= tab->n_elems, "optimizer range [%zu, %zu) beyond the %zu parameters", r->lo, r->hi,
+                 tab->n_elems);
+        for (int i = param_table_index_at(tab, r->lo); i >= 0 && i < tab->n && tab->t[i].offset < r->hi; i++) {
+            const ParamInfo *p = &tab->t[i];
+            const size_t x0 = p->offset > r->lo ? p->offset : r->lo;
+            const size_t x1 = p->offset + p->n_elems < r->hi ? p->offset + p->n_elems : r->hi;
+            if (x1 <= x0) continue;
+            const size_t s = r->at + (x0 - r->lo);
+            op_adamw(opt->be, params + x0, grads + x0, opt->m + s, opt->v + s, x1 - x0, lr, c->beta1, c->beta2, c->eps,
+                     p->decay ? c->weight_decay : 0.0f, opt->t);
+        }
     }
+}
+
+void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, const OptRange *r, int n_ranges, Comm *tp,
+                      Comm *dp, float max_norm, float *sc) {
+    op_zero(be, sc, 2);
+    for (int k = 0; k < n_ranges; k++) {
+        for (int i = param_table_index_at(tab, r[k].lo); i >= 0 && i < tab->n && tab->t[i].offset < r[k].hi; i++) {
+            const ParamInfo *p = &tab->t[i];
+            const size_t x0 = p->offset > r[k].lo ? p->offset : r[k].lo;
+            const size_t x1 = p->offset + p->n_elems < r[k].hi ? p->offset + p->n_elems : r[k].hi;
+            if (x1 > x0) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + x0, x1 - x0);
+        }
+    }
+    if (dp && comm_size(dp) > 1) TP_CHECK(comm_allreduce(dp, sc, 2, COMM_SUM) == 0, "%s", comm_error(dp));
+    if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
+    op_clip_coef(be, sc + 2, sc, 2, max_norm);
+    if (max_norm > 0.0f)
+        for (int k = 0; k < n_ranges; k++) op_scale_by(be, grads + r[k].lo, sc + 3, r[k].hi - r[k].lo);
 }

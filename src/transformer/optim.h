@@ -8,6 +8,7 @@
 #ifndef TPTRAIN_OPTIM_H
 #define TPTRAIN_OPTIM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "kernels/backend.h"
 #include "tp/comm.h"
@@ -29,11 +30,22 @@ typedef struct {
     float clip_norm;     // global gradient norm limit (<= 0: no clipping)
 } OptimConfig;
 
+/* A piece of the parameter buffer whose optimizer state a rank holds:
+ * parameters [lo, hi) <-> state (and shard gradients) [at, at + hi - lo).
+ * The whole buffer is the one range {0, n, 0}; under ZeRO (train/grad_sync.h)
+ * a rank holds one piece of every gradient bucket. */
+typedef struct {
+    size_t lo, hi, at;
+} OptRange;
+
 typedef struct {
     OptimConfig cfg;
     Backend *be;
     float *m, *v;        // (n_elems) first and second moments, device
-    size_t n_elems;
+    size_t n_elems;      // state elements (a ZeRO shard may end in padding)
+    OptRange *ranges;    // [n_ranges], ascending lo
+    int n_ranges;
+    bool sharded;        // the state covers a ZeRO shard, not the whole buffer
     int t;               // steps taken
 } AdamW;
 
@@ -41,7 +53,12 @@ typedef struct {
  * al.), weight decay 0.01, clip norm 1.0. */
 OptimConfig optim_defaults(void);
 
+/* State for the whole buffer of n_elems parameters. */
 void adamw_init(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t n_elems);
+/* State for the pieces r[0..n_ranges) only (ZeRO): state_elems elements,
+ * each range's state at its `at`. */
+void adamw_init_sharded(AdamW *opt, Backend *be, const OptimConfig *cfg, size_t state_elems, const OptRange *r,
+                        int n_ranges);
 void adamw_free(AdamW *opt);
 
 /* lr(step), step >= 1: peak * step / warmup during the warmup; then
@@ -68,7 +85,16 @@ float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, C
  * holds on the host (tests and tools; the trainer uses grad_clip). */
 void clip_grads(Backend *be, float *grads, size_t n_elems, float norm, float max_norm);
 
-/* One AdamW step at learning rate lr over every tensor of tab. */
+/* One AdamW step at learning rate lr over the parameters the state covers:
+ * for each range, params[lo, hi) with grads[lo, hi) (grads indexed like
+ * params) and the state at `at`, each tensor's piece with its decay. */
 void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable *tab, float lr);
+
+/* grad_clip for a ZeRO shard: only grads[lo, hi) of the ranges hold
+ * reduced gradients; their sums of squares are summed over dp (then the
+ * sharded part over tp) before the norm, and only they are scaled. sc as
+ * grad_clip. */
+void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, const OptRange *r, int n_ranges, Comm *tp,
+                      Comm *dp, float max_norm, float *sc);
 
 #endif

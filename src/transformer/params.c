@@ -145,6 +145,16 @@ void param_table_free(ParamTable *tab) {
     memset(tab, 0, sizeof *tab);
 }
 
+int param_table_index_at(const ParamTable *tab, size_t offset) {
+    int lo = 0, hi = tab->n;  // the first tensor whose end is past offset
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (tab->t[mid].offset + tab->t[mid].n_elems <= offset) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 const ParamInfo *param_table_find(const ParamTable *tab, const char *name) {
     for (int i = 0; i < tab->n; i++)
         if (strcmp(tab->t[i].name, name) == 0) return &tab->t[i];

@@ -74,6 +74,9 @@ int vocab_padded(const ModelConfig *cfg, int tp);
 void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab);
 void param_table_free(ParamTable *tab);
 const ParamInfo *param_table_find(const ParamTable *tab, const char *name);
+/* The index of the tensor holding buffer element `offset` (the first one
+ * at or after it when it falls in none), tab->n past the end. */
+int param_table_index_at(const ParamTable *tab, size_t offset);
 
 /* Points w's tensors into base (n_elems of the tp-way table). w->enc /
  * w->dec are allocated here; free with weights_free. */

@@ -127,6 +127,7 @@ void test_memory_ops(const Target *t, Rng *rng);
 void test_comm_copy(const Target *t, Rng *rng);  // ops_memory.c
 void test_elementwise(const Target *t, Rng *rng);
 void test_scalars(const Target *t, Rng *rng);
+void test_bf16_convert(const Target *t, Rng *rng);
 void test_bias(const Target *t, Rng *rng);
 void test_embedding(const Target *t, Rng *rng);
 void test_positions(const Target *t, Rng *rng);

@@ -210,6 +210,37 @@ void test_scalars(const Target *t, Rng *rng) {
 
 /* ---- bias ---------------------------------------------------------------------------- */
 
+/* ---- fp32 <-> bf16 staging casts: bit for bit, specials and ties included ---------------- */
+
+void test_bf16_convert(const Target *t, Rng *rng) {
+    Backend *be = t->be;
+    const size_t n = 70001;
+    float *x = rand_floats(n, rng, -3, 3);
+    const uint32_t specials[] = {0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x00000001u,
+                                 0x80000000u, 0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x3f80ffffu};
+    for (size_t i = 0; i < sizeof specials / sizeof specials[0]; i++) memcpy(&x[i], &specials[i], sizeof(float));
+    uint16_t *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    cpu_to_bf16(want, x, n);
+    TCHECK(want[7] == 0x3f80 && want[8] == 0x3f82, "%s: to_bf16 ties to even (%04x %04x)", t->name, want[7], want[8]);
+    float *d_x = dev_from(t, x, n);
+    uint16_t *d_h = backend_alloc(be, n * sizeof *d_h, MEM_ACT);
+    op_to_bf16(be, d_h, d_x, n);
+    backend_download(be, got, d_h, n * sizeof *got);
+    TCHECK(memcmp(got, want, n * sizeof *got) == 0, "%s: to_bf16 differs from the CPU reference", t->name);
+    float *d_y = dev_nan(t, n);
+    op_from_bf16(be, d_y, d_h, n);
+    float *y = dev_fetch(t, d_y, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &y[i], sizeof u);
+        bad += u != (uint32_t)want[i] << 16;
+    }
+    TCHECK(bad == 0, "%s: from_bf16 is not exact (%zu elements)", t->name, bad);
+    free(x), free(want), free(got), free(y);
+    dev_free(t, d_x), dev_free(t, d_h), dev_free(t, d_y);
+}
+
 void test_bias(const Target *t, Rng *rng) {
     Backend *be = t->be;
     const int N = 700, C = 70;  // 700 rows: three row chunks on the GPU, the last partial

@@ -1,0 +1,51 @@
+// convert.cu: fp32 <-> bf16 (raw bits) for the staging of bf16 collectives.
+// The rounding is common/bf16.h's integer arithmetic (nearest, ties to
+// even; NaN kept quiet with its sign), so the GPU and the CPU reference
+// give the same bits, NaN included (__float2bfloat16_rn canonicalises NaN).
+#include "cuda_ops.h"
+#include "cuda_kernel_util.cuh"
+
+#define CONVERT_THREADS 256u
+
+// ---- kernels ---------------------------------------------------------------------
+
+__global__ void to_bf16_kernel(uint16_t *dst,     // (n_elems)
+                               const float *src,  // (n_elems)
+                               size_t n_elems) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_elems;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t u = __float_as_uint(src[i]);
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            dst[i] = (uint16_t)((u >> 16) | 0x0040u);
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u);
+            dst[i] = (uint16_t)(u >> 16);
+        }
+    }
+}
+
+__global__ void from_bf16_kernel(float *dst,           // (n_elems)
+                                 const uint16_t *src,  // (n_elems)
+                                 size_t n_elems) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_elems;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __uint_as_float((uint32_t)src[i] << 16);
+}
+
+// ---- exported ops ------------------------------------------------------------------
+
+extern "C" void cuda_op_to_bf16(uint16_t *dst, const float *src, size_t n_elems, cudaStream_t stream) {
+    if (n_elems == 0) return;
+    TP_NEED_PTR("cuda_op_to_bf16", dst);
+    TP_NEED_PTR("cuda_op_to_bf16", src);
+    to_bf16_kernel<<<tp_grid_1d(n_elems, CONVERT_THREADS), CONVERT_THREADS, 0, stream>>>(dst, src, n_elems);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void cuda_op_from_bf16(float *dst, const uint16_t *src, size_t n_elems, cudaStream_t stream) {
+    if (n_elems == 0) return;
+    TP_NEED_PTR("cuda_op_from_bf16", dst);
+    TP_NEED_PTR("cuda_op_from_bf16", src);
+    from_bf16_kernel<<<tp_grid_1d(n_elems, CONVERT_THREADS), CONVERT_THREADS, 0, stream>>>(dst, src, n_elems);
+    CUDA_CHECK(cudaGetLastError());
+}

@@ -1,0 +1,279 @@
+/* grad_sync.c: buckets, their reduction and the optional communication
+ * thread (see grad_sync.h).
+ *
+ * The thread takes buckets in reduction order from a counter the main
+ * thread raises as backward finishes them; the two meet under one mutex,
+ * and the dp communicator is used by the thread alone between begin and
+ * finish, so the collectives keep the same order on every rank. On a
+ * host-visible backend (CPU) the ops the thread runs (copies, casts) touch
+ * only the finished bucket and the staging buffer. A device backend keeps
+ * the reduction on the caller's thread after backward (its stream orders
+ * the work) until overlap has been proven there. */
+#include "train/grad_sync.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "err.h"
+#include "kernels/ops.h"
+
+struct GradSync {
+    Backend *be;
+    Comm *dp;
+    GradSyncConfig cfg;
+    BucketLayout L;
+    int dp_size, dp_rank;
+    void *stage;          // (the longest padded bucket) fp32 or bf16 staging, MEM_COMM
+    float *zeros;         // (dp) fp32 zeros: the bf16 padding's source, MEM_COMM
+    float *grads;         // the step's gradient buffer
+    int launched;         // buckets handed over (reduction order)
+    int done;             // buckets reduced
+    double exposed_s, comm_s;
+    bool threaded;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool quit;
+};
+
+/* ---- layout --------------------------------------------------------------------- */
+
+size_t bucket_elems_for_mb(double mib) {
+    const double e = mib * 1024.0 * 1024.0 / sizeof(float);
+    return e >= 1.0 ? (size_t)e : 1;
+}
+
+void bucket_layout_build(BucketLayout *L, size_t n_elems, size_t bucket_elems, int dp) {
+    TP_CHECK(dp >= 1, "bucket layout for dp %d", dp);
+    memset(L, 0, sizeof *L);
+    size_t E = bucket_elems > 0 ? bucket_elems : 1;
+    E = (E + (size_t)dp - 1) / (size_t)dp * (size_t)dp;
+    L->dp = dp;
+    L->n_elems = n_elems;
+    L->bucket_elems = E;
+    L->n = (int)((n_elems + E - 1) / E);
+    L->b = TP_CALLOC((size_t)(L->n > 0 ? L->n : 1), sizeof *L->b);
+    size_t at = 0;
+    for (int k = 0; k < L->n; k++) {
+        GradBucket *b = &L->b[k];
+        b->hi = n_elems - (size_t)k * E;
+        b->lo = b->hi > E ? b->hi - E : 0;
+        b->q = (b->hi - b->lo + (size_t)dp - 1) / (size_t)dp;
+        b->at = at;
+        at += b->q;
+    }
+    L->shard_elems = at;
+}
+
+void bucket_layout_free(BucketLayout *L) {
+    free(L->b);
+    memset(L, 0, sizeof *L);
+}
+
+void bucket_piece(const BucketLayout *L, int k, int r, size_t *lo, size_t *hi) {
+    const GradBucket *b = &L->b[k];
+    const size_t a = b->lo + (size_t)r * b->q, e = a + b->q;
+    *lo = a < b->hi ? a : b->hi;
+    *hi = e < b->hi ? e : b->hi;
+}
+
+int bucket_ranges(const BucketLayout *L, int r, OptRange *out) {
+    int n = 0;
+    for (int k = L->n - 1; k >= 0; k--) {  // ascending lo
+        size_t lo, hi;
+        bucket_piece(L, k, r, &lo, &hi);
+        if (hi > lo) out[n++] = (OptRange){.lo = lo, .hi = hi, .at = L->b[k].at};
+    }
+    return n;
+}
+
+/* ---- one bucket ------------------------------------------------------------------ */
+
+static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
+
+static void reduce_bucket(GradSync *g, int k) {
+    const GradBucket *b = &g->L.b[k];
+    Backend *be = g->be;
+    Comm *dp = g->dp;
+    float *src = g->grads + b->lo;  // (len)
+    const size_t len = b->hi - b->lo, padded = b->q * (size_t)g->dp_size;
+    size_t plo, phi;  // this rank's piece, clipped to the bucket
+    bucket_piece(&g->L, k, g->dp_rank, &plo, &phi);
+    const size_t mine_at = (size_t)g->dp_rank * b->q, valid = phi - plo;
+    const double t0 = tp_now_s();
+    if (g->cfg.dtype == COMM_BF16) {
+        uint16_t *s16 = g->stage;  // (padded) bf16
+        op_to_bf16(be, s16, src, len);
+        if (padded > len) op_to_bf16(be, s16 + len, g->zeros, padded - len);
+        if (g->cfg.zero == 0) {
+            comm_ok(comm_allreduce_t(dp, s16, len, COMM_BF16, COMM_SUM), dp);
+            op_from_bf16(be, src, s16, len);
+        } else {
+            comm_ok(comm_reduce_scatter_t(dp, s16, s16 + mine_at, b->q, COMM_BF16), dp);  // in place
+            op_from_bf16(be, g->grads + plo, s16 + mine_at, valid);
+        }
+    } else if (g->cfg.zero == 0) {
+        comm_ok(comm_allreduce(dp, src, len, COMM_SUM), dp);
+    } else if (padded == len) {
+        comm_ok(comm_reduce_scatter(dp, src, src + mine_at, b->q), dp);  // in place, as NCCL allows
+    } else {
+        float *s = g->stage;  // (padded)
+        op_copy(be, s, src, len);
+        op_zero(be, s + len, padded - len);
+        comm_ok(comm_reduce_scatter(dp, s, s + mine_at, b->q), dp);
+        op_copy(be, g->grads + plo, s + mine_at, valid);
+    }
+    g->comm_s += tp_now_s() - t0;
+}
+
+/* ---- the communication thread --------------------------------------------------- */
+
+static void *comm_thread(void *arg) {
+    GradSync *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->quit && g->done == g->launched) pthread_cond_wait(&g->cv, &g->mu);
+        if (g->done == g->launched) break;  // quit with nothing pending
+        const int k = g->done;
+        pthread_mutex_unlock(&g->mu);
+        reduce_bucket(g, k);
+        pthread_mutex_lock(&g->mu);
+        g->done++;
+        pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* ---- the step -------------------------------------------------------------------- */
+
+GradSync *grad_sync_create(Backend *be, Comm *dp, size_t n_elems, const GradSyncConfig *cfg) {
+    TP_CHECK(cfg->zero == 0 || cfg->zero == 1, "ZeRO stage %d is not built (0 or 1)", cfg->zero);
+    TP_CHECK(cfg->dtype == COMM_F32 || cfg->dtype == COMM_BF16, "gradient dtype %d", (int)cfg->dtype);
+    TP_CHECK(dp || cfg->zero == 0, "ZeRO needs a data-parallel group");
+    GradSync *g = TP_CALLOC(1, sizeof *g);
+    g->be = be;
+    g->dp = dp;
+    g->cfg = *cfg;
+    g->dp_size = dp ? comm_size(dp) : 1;
+    g->dp_rank = dp ? comm_rank(dp) : 0;
+    if (g->dp_size == 1) g->cfg.dtype = COMM_F32;  // nothing is sent: a cast would only lose bits
+    cfg = &g->cfg;
+    bucket_layout_build(&g->L, n_elems, cfg->bucket_elems, g->dp_size);
+    /* staging: a bf16 copy of the longest bucket, or (ZeRO, fp32) the padded
+     * bucket at the buffer's start; ZeRO's allgather of that bucket too */
+    size_t stage_bytes = 0;
+    for (int k = 0; k < g->L.n; k++) {
+        const GradBucket *b = &g->L.b[k];
+        const size_t padded = b->q * (size_t)g->dp_size;
+        const bool uneven = padded != b->hi - b->lo;
+        size_t need = 0;
+        if (cfg->dtype == COMM_BF16) need = padded * sizeof(uint16_t);
+        if (cfg->zero >= 1 && uneven && padded * sizeof(float) > need) need = padded * sizeof(float);
+        if (need > stage_bytes) stage_bytes = need;
+    }
+    if (g->dp_size > 1 && stage_bytes > 0) {
+        g->stage = backend_alloc(be, stage_bytes, MEM_COMM);
+        if (cfg->dtype == COMM_BF16) g->zeros = backend_alloc(be, (size_t)g->dp_size * sizeof(float), MEM_COMM);
+    }
+    g->threaded = cfg->overlap && g->dp_size > 1 && be->host_visible;
+    if (g->threaded) {
+        pthread_mutex_init(&g->mu, NULL);
+        pthread_cond_init(&g->cv, NULL);
+        TP_CHECK(pthread_create(&g->thread, NULL, comm_thread, g) == 0, "cannot start the gradient thread");
+    }
+    return g;
+}
+
+void grad_sync_free(GradSync *g) {
+    if (!g) return;
+    if (g->threaded) {
+        pthread_mutex_lock(&g->mu);
+        g->quit = true;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        pthread_join(g->thread, NULL);
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->cv);
+    }
+    backend_free(g->be, g->stage);
+    backend_free(g->be, g->zeros);
+    bucket_layout_free(&g->L);
+    free(g);
+}
+
+const BucketLayout *grad_sync_layout(const GradSync *g) { return &g->L; }
+int grad_sync_rank(const GradSync *g) { return g->dp_rank; }
+bool grad_sync_sharded(const GradSync *g) { return g->cfg.zero >= 1; }
+double grad_sync_exposed_s(const GradSync *g) { return g->exposed_s; }
+double grad_sync_comm_s(const GradSync *g) { return g->comm_s; }
+
+void grad_sync_begin(GradSync *g, float *grads) {
+    g->grads = grads;
+    g->launched = g->done = 0;
+    g->comm_s = g->exposed_s = 0.0;
+}
+
+/* Hands over buckets [launched, upto) (the caller's thread reduces them
+ * when there is no communication thread and `now` is set). */
+static void launch(GradSync *g, int upto, bool now) {
+    if (g->threaded) {
+        pthread_mutex_lock(&g->mu);
+        if (upto > g->launched) {
+            g->launched = upto;
+            pthread_cond_broadcast(&g->cv);
+        }
+        pthread_mutex_unlock(&g->mu);
+    } else if (now) {
+        for (; g->launched < upto; g->launched++) reduce_bucket(g, g->launched);
+        g->done = g->launched;
+    }
+}
+
+void grad_sync_ready(GradSync *g, size_t from) {
+    if (g->dp_size == 1 && g->cfg.zero == 0) return;
+    int upto = g->launched;
+    while (upto < g->L.n && g->L.b[upto].lo >= from) upto++;
+    launch(g, upto, false);
+}
+
+void grad_sync_finish(GradSync *g) {
+    const double t0 = tp_now_s();
+    if (g->dp_size == 1 && g->cfg.zero == 0) return;
+    launch(g, g->L.n, true);
+    if (g->threaded) {
+        pthread_mutex_lock(&g->mu);
+        while (g->done < g->L.n) pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+    }
+    g->exposed_s = tp_now_s() - t0;
+}
+
+void grad_sync_allgather_params(GradSync *g, float *params) {
+    if (g->cfg.zero == 0) return;
+    const double t0 = tp_now_s();
+    for (int k = 0; k < g->L.n; k++) {
+        const GradBucket *b = &g->L.b[k];
+        const size_t len = b->hi - b->lo, padded = b->q * (size_t)g->dp_size;
+        float *dst = params + b->lo;                               // (len)
+        float *mine = params + b->lo + (size_t)g->dp_rank * b->q;  // (q) in place
+        if (padded == len) {
+            comm_ok(comm_allgather(g->dp, mine, dst, b->q), g->dp);
+            continue;
+        }
+        /* the bucket holding the buffer's start: its last piece runs past the
+         * bucket (and the buffer), so gather through the staging buffer */
+        float *s = g->stage;  // (padded) fp32
+        size_t lo, hi;
+        bucket_piece(&g->L, k, g->dp_rank, &lo, &hi);
+        op_zero(g->be, s + (size_t)g->dp_rank * b->q, b->q);
+        op_copy(g->be, s + (size_t)g->dp_rank * b->q, params + lo, hi - lo);
+        comm_ok(comm_allgather(g->dp, s + (size_t)g->dp_rank * b->q, s, b->q), g->dp);
+        op_copy(g->be, dst, s, len);
+    }
+    const double dt = tp_now_s() - t0;
+    g->comm_s += dt;
+    g->exposed_s += dt;
+}

@@ -1,0 +1,92 @@
+/* grad_sync.h: the data-parallel gradient reduction, bucketed, optionally
+ * overlapped with backward, in fp32 or bf16, and the ZeRO shard layout.
+ *
+ * Buckets are ranges of the contiguous gradient buffer cut from its end:
+ * the model's backward finishes gradients from the end of the buffer to
+ * its start (decoder LayerNorm, decoder layers last to first, encoder
+ * LayerNorm, encoder layers, the shared embedding last), so a bucket is
+ * final as soon as backward has passed its start, whatever tensors it cuts
+ * through. Every bucket but the first in the buffer (the one holding the
+ * embedding) has a length that is a multiple of dp, so it reduce-scatters
+ * in place; the first is staged with zero padding.
+ *
+ * ZeRO (stage >= 1): bucket k of length len_k is split into dp pieces of
+ * q_k = ceil(len_k / dp) elements; rank r owns [lo_k + r q_k, lo_k + (r+1)
+ * q_k) clipped to the bucket, and its optimizer state and reduced gradient
+ * shard hold those pieces one after the other (shard offset at_k = sum of
+ * the earlier q); its gradients stay in place in the buffer. The shard follows the buffer, not tensor boundaries
+ * (Megatron's distributed optimizer cuts its buckets the same way). */
+#ifndef TPTRAIN_GRAD_SYNC_H
+#define TPTRAIN_GRAD_SYNC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "kernels/backend.h"
+#include "tp/comm.h"
+#include "transformer/optim.h"
+
+/* 25 MiB of fp32 gradients, like PyTorch DDP's default bucket_cap_mb. */
+#define GRAD_BUCKET_MB_DEFAULT 25.0
+
+typedef struct {
+    size_t lo, hi;  // [lo, hi) of the gradient buffer
+    size_t q;       // elements per dp rank: ceil((hi - lo) / dp)
+    size_t at;      // where this bucket's piece starts in a rank's shard
+} GradBucket;
+
+typedef struct {
+    GradBucket *b;       // [n], in reduction order: b[0] ends at the buffer's end
+    int n;
+    int dp;
+    size_t n_elems;      // the gradient buffer
+    size_t bucket_elems; // the nominal bucket length (a multiple of dp)
+    size_t shard_elems;  // sum of q: a rank's shard, padding included
+} BucketLayout;
+
+/* Cuts n_elems into buckets of bucket_elems (rounded up to a multiple of dp,
+ * at least dp) from the end. Free with bucket_layout_free. */
+void bucket_layout_build(BucketLayout *L, size_t n_elems, size_t bucket_elems, int dp);
+void bucket_layout_free(BucketLayout *L);
+/* bucket_elems for a size in MiB of fp32 gradients (at least 1 element). */
+size_t bucket_elems_for_mb(double mib);
+/* Rank r's piece of bucket k: [*lo, *hi) of the buffer (may be empty). */
+void bucket_piece(const BucketLayout *L, int k, int r, size_t *lo, size_t *hi);
+/* Rank r's optimizer ranges (one per non-empty piece, ascending lo) into
+ * out (room for L->n); returns their count. */
+int bucket_ranges(const BucketLayout *L, int r, OptRange *out);
+
+typedef struct GradSync GradSync;
+
+typedef struct {
+    int zero;             // 0: allreduce into the full buffer; 1: reduce-scatter into a shard
+    CommDtype dtype;      // of the reduction (bf16: cast, reduced with fp32 sums, cast back)
+    size_t bucket_elems;  // nominal bucket length
+    bool overlap;         // reduce buckets on a communication thread while backward runs
+} GradSyncConfig;
+
+/* For a gradient buffer of n_elems on be, reduced over dp (size >= 1). */
+GradSync *grad_sync_create(Backend *be, Comm *dp, size_t n_elems, const GradSyncConfig *cfg);
+void grad_sync_free(GradSync *g);
+const BucketLayout *grad_sync_layout(const GradSync *g);
+int grad_sync_rank(const GradSync *g);  // this rank in the dp group
+/* Whether the reduction leaves only this rank's pieces reduced (ZeRO). */
+bool grad_sync_sharded(const GradSync *g);
+
+/* One step: begin before backward; ready(from) whenever every gradient at
+ * buffer offset >= from is final (the model's hook: launches the buckets
+ * that became final); finish after backward (launches the rest and waits).
+ * After finish, zero 0: grads holds the sum over dp; zero 1: grads holds
+ * it in this rank's pieces (reduce-scattered in place, as Megatron's
+ * distributed optimizer does: no second gradient buffer), elsewhere
+ * unspecified values. */
+void grad_sync_begin(GradSync *g, float *grads);
+void grad_sync_ready(GradSync *g, size_t from);
+void grad_sync_finish(GradSync *g);
+/* ZeRO: every rank's updated pieces of params into every rank's buffer. */
+void grad_sync_allgather_params(GradSync *g, float *params);
+/* Seconds the last step waited in finish (communication not hidden behind
+ * backward) and spent in collectives in all. */
+double grad_sync_exposed_s(const GradSync *g);
+double grad_sync_comm_s(const GradSync *g);
+
+#endif
