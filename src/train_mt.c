@@ -336,7 +336,14 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 exit(2);
             }
             break;
-        case O_ZERO: a->grad.zero = (int)flag_int("--zero", optarg, 0, 1); break;
+        case O_ZERO:
+            a->grad.zero = (int)flag_int("--zero", optarg, 0, 3);
+            if (a->grad.zero > 1) {
+                fprintf(stderr, "train_mt: --zero %d (ZeRO-%d) is not built yet; use 0 or 1\n", a->grad.zero,
+                        a->grad.zero);
+                exit(2);
+            }
+            break;
         case O_BUCKET:
             a->grad.bucket_elems = bucket_elems_for_mb(flag_real("--grad-bucket-mb", optarg, 0.0, 1e6, PARSE_LO_OPEN));
             break;
