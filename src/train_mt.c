@@ -90,8 +90,9 @@ static void usage(FILE *f) {
             "  --comm auto|nccl|shm   the data groups' collectives (default auto: NCCL when every rank has its\n"
             "                         own GPU, else shared memory)\n"
             "  --comm-timeout S       a peer silent this long ends the job (default 300)\n"
-            "  --zero 0|1             ZeRO stage: 1 shards the AdamW state over dp (reduce-scatter, sharded\n"
-            "                         update, allgather of the weights) (default 0: allreduce)\n"
+            "  --zero 0|1|2           ZeRO stage: 1 shards the AdamW state over dp (reduce-scatter, sharded\n"
+            "                         update, allgather of the weights); 2 also the gradients (each bucket's\n"
+            "                         storage released after its reduce-scatter) (default 0: allreduce)\n"
             "  --grad-bucket-mb M     gradient buckets reduced as backward finishes them (default 25)\n"
             "  --grad-comm-dtype D    fp32 or bf16: the data-parallel gradient reduction's type (default fp32)\n"
             "  --grad-overlap on|off  reduce buckets while backward runs (default on; CPU ranks only so far)\n"
@@ -336,11 +337,11 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 exit(2);
             }
             break;
-        case O_ZERO:
+        case O_ZERO:  // 3 parses, to be refused by name
             a->grad.zero = (int)flag_int("--zero", optarg, 0, 3);
-            if (a->grad.zero > 1) {
-                fprintf(stderr, "train_mt: --zero %d (ZeRO-%d) is not built yet; use 0 or 1\n", a->grad.zero,
-                        a->grad.zero);
+            if (a->grad.zero > 2) {
+                fprintf(stderr, "train_mt: --zero %d (ZeRO-%d: sharded parameters) is not built; use 0, 1 or 2\n",
+                        a->grad.zero, a->grad.zero);
                 exit(2);
             }
             break;
@@ -862,7 +863,7 @@ int main(int argc, char **argv) {
     }
     Model m;
     TpGroup tpg = {.size = mesh->tp, .rank = mesh->tp_rank, .comm = rt.tp};
-    if (model_create(&m, be, &a.cfg, &tpg, a.seed, err, sizeof err)) {
+    if (model_create_ex(&m, be, &a.cfg, &tpg, a.seed, a.grad.zero >= 2 ? MODEL_NO_GRAD_BUFFER : 0, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
@@ -875,7 +876,7 @@ int main(int argc, char **argv) {
     }
     int total = run_steps(&a, a.synthetic ? 0 : src.train.n_batches);
     a.opt.decay_steps = total;
-    GradSync *gsync = grad_sync_create(be, rt.dp, m.tab.n_elems, &a.grad);
+    GradSync *gsync = grad_sync_create(be, rt.dp, &m, &a.grad);
     AdamW opt;
     grad_sync_adamw_init(gsync, &opt, be, &a.opt);
     int first_step = 1;

@@ -36,6 +36,14 @@ struct GradSync {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool quit;
+    /* ZeRO-2: gradient storage per bucket, made when backward reaches it and
+     * released once its piece is in the shard */
+    Model *m;
+    float **mem;          // [L.n] (dp q_k) or NULL
+    float **tensor_at;    // [tab.n] each tensor's gradient (NULL: no storage now)
+    int *bucket_of;       // [tab.n]
+    bool *reduced;        // [L.n] its piece is in the shard: storage may go
+    float *shard;         // (L.shard_elems) the reduced pieces, MEM_GRAD
 };
 
 /* ---- layout --------------------------------------------------------------------- */
@@ -67,6 +75,30 @@ void bucket_layout_build(BucketLayout *L, size_t n_elems, size_t bucket_elems, i
     L->shard_elems = at;
 }
 
+void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t bucket_elems, int dp) {
+    TP_CHECK(dp >= 1, "bucket layout for dp %d", dp);
+    memset(L, 0, sizeof *L);
+    L->dp = dp;
+    L->n_elems = tab->n_elems;
+    L->bucket_elems = bucket_elems > 0 ? bucket_elems : 1;
+    L->b = TP_CALLOC((size_t)(tab->n > 0 ? tab->n : 1), sizeof *L->b);
+    size_t hi = tab->n_elems, at = 0;
+    for (int i = tab->n - 1; i >= 0; i--) {  // close a bucket once it holds bucket_elems
+        const size_t lo = tab->t[i].offset;
+        if (hi - lo < L->bucket_elems && i > 0) continue;
+        GradBucket *b = &L->b[L->n++];
+        *b = (GradBucket){.lo = lo, .hi = hi, .q = (hi - lo + (size_t)dp - 1) / (size_t)dp, .at = at};
+        at += b->q;
+        hi = lo;
+    }
+    L->shard_elems = at;
+}
+
+void bucket_layout_for_stage(BucketLayout *L, const ParamTable *tab, int zero, size_t bucket_elems, int dp) {
+    if (zero >= 2) bucket_layout_build_aligned(L, tab, bucket_elems, dp);
+    else bucket_layout_build(L, tab->n_elems, bucket_elems, dp);
+}
+
 void bucket_layout_free(BucketLayout *L) {
     free(L->b);
     memset(L, 0, sizeof *L);
@@ -93,7 +125,32 @@ int bucket_ranges(const BucketLayout *L, int r, OptRange *out) {
 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
+/* ZeRO-2: bucket k's own storage (zero-padded to dp q) reduce-scattered in
+ * place, this rank's piece copied into the shard. */
+static void reduce_bucket_owned(GradSync *g, int k) {
+    const GradBucket *b = &g->L.b[k];
+    Backend *be = g->be;
+    Comm *dp = g->dp;
+    float *mem = g->mem[k];  // (dp q)
+    const size_t padded = b->q * (size_t)g->dp_size, mine_at = (size_t)g->dp_rank * b->q;
+    const double t0 = tp_now_s();
+    if (g->cfg.dtype == COMM_BF16) {
+        uint16_t *s16 = g->stage;  // (padded) bf16
+        op_to_bf16(be, s16, mem, padded);
+        comm_ok(comm_reduce_scatter_t(dp, s16, s16 + mine_at, b->q, COMM_BF16), dp);
+        op_from_bf16(be, g->shard + b->at, s16 + mine_at, b->q);
+    } else {
+        comm_ok(comm_reduce_scatter(dp, mem, mem + mine_at, b->q), dp);
+        op_copy(be, g->shard + b->at, mem + mine_at, b->q);
+    }
+    g->comm_s += tp_now_s() - t0;
+}
+
 static void reduce_bucket(GradSync *g, int k) {
+    if (g->cfg.zero >= 2) {
+        reduce_bucket_owned(g, k);
+        return;
+    }
     const GradBucket *b = &g->L.b[k];
     Backend *be = g->be;
     Comm *dp = g->dp;
@@ -149,8 +206,8 @@ static void *comm_thread(void *arg) {
 
 /* ---- the step -------------------------------------------------------------------- */
 
-GradSync *grad_sync_create(Backend *be, Comm *dp, size_t n_elems, const GradSyncConfig *cfg) {
-    TP_CHECK(cfg->zero == 0 || cfg->zero == 1, "ZeRO stage %d is not built (0 or 1)", cfg->zero);
+GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig *cfg) {
+    TP_CHECK(cfg->zero >= 0 && cfg->zero <= 2, "ZeRO stage %d is not built (0, 1 or 2)", cfg->zero);
     TP_CHECK(cfg->dtype == COMM_F32 || cfg->dtype == COMM_BF16, "gradient dtype %d", (int)cfg->dtype);
     TP_CHECK(dp || cfg->zero == 0, "ZeRO needs a data-parallel group");
     GradSync *g = TP_CALLOC(1, sizeof *g);
@@ -161,7 +218,7 @@ GradSync *grad_sync_create(Backend *be, Comm *dp, size_t n_elems, const GradSync
     g->dp_rank = dp ? comm_rank(dp) : 0;
     if (g->dp_size == 1) g->cfg.dtype = COMM_F32;  // nothing is sent: a cast would only lose bits
     cfg = &g->cfg;
-    bucket_layout_build(&g->L, n_elems, cfg->bucket_elems, g->dp_size);
+    bucket_layout_for_stage(&g->L, &m->tab, cfg->zero, cfg->bucket_elems, g->dp_size);
     /* staging: a bf16 copy of the longest bucket, or (ZeRO, fp32) the padded
      * bucket at the buffer's start; ZeRO's allgather of that bucket too */
     size_t stage_bytes = 0;
@@ -173,6 +230,19 @@ GradSync *grad_sync_create(Backend *be, Comm *dp, size_t n_elems, const GradSync
         if (cfg->dtype == COMM_BF16) need = padded * sizeof(uint16_t);
         if (cfg->zero >= 1 && uneven && padded * sizeof(float) > need) need = padded * sizeof(float);
         if (need > stage_bytes) stage_bytes = need;
+    }
+    if (cfg->zero >= 2) {
+        g->m = m;
+        model_release_grads(m);  // first: the whole buffer and the shard never coexist
+        g->shard = backend_alloc(be, (g->L.shard_elems ? g->L.shard_elems : 1) * sizeof(float), MEM_GRAD);
+        g->mem = TP_CALLOC((size_t)g->L.n + 1, sizeof *g->mem);
+        g->reduced = TP_CALLOC((size_t)g->L.n + 1, sizeof *g->reduced);
+        g->tensor_at = TP_CALLOC((size_t)m->tab.n + 1, sizeof *g->tensor_at);
+        g->bucket_of = TP_CALLOC((size_t)m->tab.n + 1, sizeof *g->bucket_of);
+        for (int k = 0; k < g->L.n; k++)
+            for (int i = param_table_index_at(&m->tab, g->L.b[k].lo);
+                 i < m->tab.n && m->tab.t[i].offset < g->L.b[k].hi; i++)
+                g->bucket_of[i] = k;
     }
     if (g->dp_size > 1 && stage_bytes > 0) {
         g->stage = backend_alloc(be, stage_bytes, MEM_COMM);
@@ -200,6 +270,13 @@ void grad_sync_free(GradSync *g) {
     }
     backend_free(g->be, g->stage);
     backend_free(g->be, g->zeros);
+    if (g->mem)
+        for (int k = 0; k < g->L.n; k++) backend_free(g->be, g->mem[k]);
+    backend_free(g->be, g->shard);
+    free(g->mem);
+    free(g->reduced);
+    free(g->tensor_at);
+    free(g->bucket_of);
     bucket_layout_free(&g->L);
     free(g);
 }
@@ -207,6 +284,7 @@ void grad_sync_free(GradSync *g) {
 const BucketLayout *grad_sync_layout(const GradSync *g) { return &g->L; }
 int grad_sync_rank(const GradSync *g) { return g->dp_rank; }
 bool grad_sync_sharded(const GradSync *g) { return g->cfg.zero >= 1; }
+float *grad_sync_shard(GradSync *g) { return g->shard; }
 double grad_sync_exposed_s(const GradSync *g) { return g->exposed_s; }
 double grad_sync_comm_s(const GradSync *g) { return g->comm_s; }
 
@@ -214,6 +292,65 @@ void grad_sync_begin(GradSync *g, float *grads) {
     g->grads = grads;
     g->launched = g->done = 0;
     g->comm_s = g->exposed_s = 0.0;
+    if (g->reduced) memset(g->reduced, 0, (size_t)g->L.n * sizeof *g->reduced);
+}
+
+/* ZeRO-2: points the model's gradient views at the storage there is. */
+static void bind_storage(GradSync *g) {
+    const ParamTable *tab = &g->m->tab;
+    for (int i = 0; i < tab->n; i++) {
+        const int k = g->bucket_of[i];
+        g->tensor_at[i] = g->mem[k] ? g->mem[k] + (tab->t[i].offset - g->L.b[k].lo) : NULL;
+    }
+    model_bind_grads(g->m, g->tensor_at);
+}
+
+/* ZeRO-2: storage for bucket k (zeroed: backward accumulates into it). */
+static bool make_storage(GradSync *g, int k) {
+    if (g->mem[k] || g->reduced[k]) return false;
+    g->mem[k] = backend_alloc(g->be, g->L.b[k].q * (size_t)g->dp_size * sizeof(float), MEM_GRAD);
+    return true;
+}
+
+/* ZeRO-2: releases the storage of buckets whose pieces are in the shard
+ * (the allocator is the caller's thread's alone). */
+static bool release_reduced(GradSync *g) {
+    int done = g->done;
+    if (g->threaded) {
+        pthread_mutex_lock(&g->mu);
+        done = g->done;
+        pthread_mutex_unlock(&g->mu);
+    }
+    bool changed = false;
+    for (int k = 0; k < done; k++) {
+        if (!g->mem[k]) continue;
+        backend_free(g->be, g->mem[k]);
+        g->mem[k] = NULL;
+        g->reduced[k] = true;
+        changed = true;
+    }
+    return changed;
+}
+
+/* ZeRO-2 with the thread: buckets handed over but not yet reduced keep
+ * their storage, so before making more, backward waits until at most this
+ * many are pending (otherwise a thread slower than backward would let the
+ * whole gradient pile up, ZeRO-2's saving lost). The wait counts as exposed. */
+#define ZERO2_MAX_PENDING 2
+
+void grad_sync_needed(GradSync *g, size_t lo, size_t hi) {
+    if (g->cfg.zero < 2) return;
+    if (g->threaded) {
+        const double t0 = tp_now_s();
+        pthread_mutex_lock(&g->mu);
+        while (g->launched - g->done > ZERO2_MAX_PENDING) pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+        g->exposed_s += tp_now_s() - t0;
+    }
+    bool changed = release_reduced(g);
+    for (int k = 0; k < g->L.n; k++)
+        if (g->L.b[k].lo < hi && lo < g->L.b[k].hi) changed |= make_storage(g, k);
+    if (changed) bind_storage(g);
 }
 
 /* Hands over buckets [launched, upto) (the caller's thread reduces them
@@ -236,18 +373,24 @@ void grad_sync_ready(GradSync *g, size_t from) {
     if (g->dp_size == 1 && g->cfg.zero == 0) return;
     int upto = g->launched;
     while (upto < g->L.n && g->L.b[upto].lo >= from) upto++;
-    launch(g, upto, false);
+    launch(g, upto, g->cfg.zero >= 2);  // ZeRO-2 without the thread: reduce now, so the storage can go
 }
 
 void grad_sync_finish(GradSync *g) {
-    const double t0 = tp_now_s();
+    const double t0 = tp_now_s() - g->exposed_s;  // ZeRO-2 may have waited during backward
     if (g->dp_size == 1 && g->cfg.zero == 0) return;
+    if (g->cfg.zero >= 2) {  // buckets backward never reached (no rows here) hold zeros
+        bool changed = false;
+        for (int k = g->launched; k < g->L.n; k++) changed |= make_storage(g, k);
+        if (changed) bind_storage(g);
+    }
     launch(g, g->L.n, true);
     if (g->threaded) {
         pthread_mutex_lock(&g->mu);
         while (g->done < g->L.n) pthread_cond_wait(&g->cv, &g->mu);
         pthread_mutex_unlock(&g->mu);
     }
+    if (g->cfg.zero >= 2 && release_reduced(g)) bind_storage(g);
     g->exposed_s = tp_now_s() - t0;
 }
 
@@ -263,8 +406,9 @@ void grad_sync_allgather_params(GradSync *g, float *params) {
             comm_ok(comm_allgather(g->dp, mine, dst, b->q), g->dp);
             continue;
         }
-        /* the bucket holding the buffer's start: its last piece runs past the
-         * bucket (and the buffer), so gather through the staging buffer */
+        /* a bucket whose length is not a multiple of dp (ZeRO-1: the one at
+         * the buffer's start): its last piece runs past it, so gather through
+         * the staging buffer */
         float *s = g->stage;  // (padded) fp32
         size_t lo, hi;
         bucket_piece(&g->L, k, g->dp_rank, &lo, &hi);

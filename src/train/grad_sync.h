@@ -10,6 +10,11 @@
  * embedding) has a length that is a multiple of dp, so it reduce-scatters
  * in place; the first is staged with zero padding.
  *
+ * ZeRO-2 cuts buckets at tensor boundaries instead (each tensor's gradient
+ * must be contiguous) and gives each its own storage, padded to dp q_k:
+ * made when backward first reaches the bucket, reduce-scattered into the
+ * rank's shard, then released, so no rank ever holds the whole gradient.
+ *
  * ZeRO (stage >= 1): bucket k of length len_k is split into dp pieces of
  * q_k = ceil(len_k / dp) elements; rank r owns [lo_k + r q_k, lo_k + (r+1)
  * q_k) clipped to the bucket, and its optimizer state and reduced gradient
@@ -23,6 +28,7 @@
 #include <stddef.h>
 #include "kernels/backend.h"
 #include "tp/comm.h"
+#include "transformer/model.h"
 #include "transformer/optim.h"
 
 /* 25 MiB of fp32 gradients, like PyTorch DDP's default bucket_cap_mb. */
@@ -46,6 +52,11 @@ typedef struct {
 /* Cuts n_elems into buckets of bucket_elems (rounded up to a multiple of dp,
  * at least dp) from the end. Free with bucket_layout_free. */
 void bucket_layout_build(BucketLayout *L, size_t n_elems, size_t bucket_elems, int dp);
+/* ZeRO-2's buckets: whole tensors of tab, closed from the end once they
+ * hold bucket_elems, each with its own storage (padded to dp q). */
+void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t bucket_elems, int dp);
+/* The layout a ZeRO stage uses (0 and 1: bucket_layout_build; 2: aligned). */
+void bucket_layout_for_stage(BucketLayout *L, const ParamTable *tab, int zero, size_t bucket_elems, int dp);
 void bucket_layout_free(BucketLayout *L);
 /* bucket_elems for a size in MiB of fp32 gradients (at least 1 element). */
 size_t bucket_elems_for_mb(double mib);
@@ -58,19 +69,24 @@ int bucket_ranges(const BucketLayout *L, int r, OptRange *out);
 typedef struct GradSync GradSync;
 
 typedef struct {
-    int zero;             // 0: allreduce into the full buffer; 1: reduce-scatter into a shard
+    int zero;             // 0: allreduce in place; 1: reduce-scatter in place; 2: into a shard, no full buffer
     CommDtype dtype;      // of the reduction (bf16: cast, reduced with fp32 sums, cast back)
     size_t bucket_elems;  // nominal bucket length
     bool overlap;         // reduce buckets on a communication thread while backward runs
 } GradSyncConfig;
 
-/* For a gradient buffer of n_elems on be, reduced over dp (size >= 1). */
-GradSync *grad_sync_create(Backend *be, Comm *dp, size_t n_elems, const GradSyncConfig *cfg);
+/* For m's gradients on be, reduced over dp (size >= 1). ZeRO-2 releases
+ * m's gradient buffer and binds m's gradient views to bucket storage made
+ * and released as backward runs. */
+GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig *cfg);
 void grad_sync_free(GradSync *g);
 const BucketLayout *grad_sync_layout(const GradSync *g);
 int grad_sync_rank(const GradSync *g);  // this rank in the dp group
 /* Whether the reduction leaves only this rank's pieces reduced (ZeRO). */
 bool grad_sync_sharded(const GradSync *g);
+/* ZeRO-2: the reduced pieces (layout shard_elems, each at its bucket's
+ * `at`); NULL at stages 0 and 1, where they stay in the gradient buffer. */
+float *grad_sync_shard(GradSync *g);
 
 /* One step: begin before backward; ready(from) whenever every gradient at
  * buffer offset >= from is final (the model's hook: launches the buckets
@@ -81,6 +97,9 @@ bool grad_sync_sharded(const GradSync *g);
  * unspecified values. */
 void grad_sync_begin(GradSync *g, float *grads);
 void grad_sync_ready(GradSync *g, size_t from);
+/* ZeRO-2 (the model's grads_needed hook): storage for the buckets that hold
+ * [lo, hi), zeroed, bound to the model; storage of reduced buckets goes. */
+void grad_sync_needed(GradSync *g, size_t lo, size_t hi);
 void grad_sync_finish(GradSync *g);
 /* ZeRO: every rank's updated pieces of params into every rank's buffer. */
 void grad_sync_allgather_params(GradSync *g, float *params);

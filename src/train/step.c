@@ -16,6 +16,7 @@ enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq 
 static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 
 static void on_grads_final(void *ctx, size_t from) { grad_sync_ready(ctx, from); }
+static void on_grads_needed(void *ctx, size_t lo, size_t hi) { grad_sync_needed(ctx, lo, hi); }
 
 void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync *gs, float clip_norm) {
     *t = (Trainer){.m = m, .opt = opt, .be = m->be, .tp = tp, .dp = dp, .gs = gs, .clip_norm = clip_norm};
@@ -36,6 +37,7 @@ void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConf
     OptRange *r = TP_MALLOC((size_t)(L->n > 0 ? L->n : 1) * sizeof *r);
     const int n = bucket_ranges(L, grad_sync_rank(gs), r);
     adamw_init_sharded(opt, be, cfg, L->shard_elems, r, n);
+    opt->grads_at_state = grad_sync_shard(gs) != NULL;
     free(r);
 }
 
@@ -46,12 +48,14 @@ void train_step(Trainer *t, const Batch *b, long n_global, DropoutKey key, float
     op_zero(be, t->sc, SC_N);
     grad_sync_begin(t->gs, m->grads);
     m->grads_final = on_grads_final;
+    m->grads_needed = on_grads_needed;
     m->grads_final_ctx = t->gs;
     if (b->B > 0) {
         model_forward_step(m, b, true, key, t->sc + SC_LOSS);
         model_backward(m, b, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
     }
     m->grads_final = NULL;
+    m->grads_needed = NULL;
     grad_sync_finish(t->gs);
     const double t0 = tp_now_s();
     if (t->dp && comm_size(t->dp) > 1)
@@ -59,8 +63,11 @@ void train_step(Trainer *t, const Batch *b, long n_global, DropoutKey key, float
     double own = tp_now_s() - t0;
     if (grad_sync_sharded(t->gs)) {
         const AdamW *o = t->opt;
-        grad_clip_ranges(be, &m->tab, m->grads, o->ranges, o->n_ranges, t->tp, t->dp, t->clip_norm, t->sc + SC_CLIP);
-        adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
+        float *shard = grad_sync_shard(t->gs);  // ZeRO-2; ZeRO-1 keeps its pieces in place
+        float *g = shard ? shard : m->grads;
+        grad_clip_ranges(be, &m->tab, g, shard != NULL, o->ranges, o->n_ranges, t->tp, t->dp, t->clip_norm,
+                         t->sc + SC_CLIP);
+        adamw_step(t->opt, m->params, g, &m->tab, lr);
         grad_sync_allgather_params(t->gs, m->params);
     } else {
         grad_clip(be, &m->tab, m->grads, t->tp, t->clip_norm, t->sc + SC_CLIP);

@@ -171,6 +171,11 @@ static void acts_prepare(Model *m, int B, int S, int T) {
 
 int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                  char *err, size_t err_len) {
+    return model_create_ex(m, be, cfg, tp, seed, 0, err, err_len);
+}
+
+int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
+                    unsigned flags, char *err, size_t err_len) {
     memset(m, 0, sizeof *m);
     if (config_validate(cfg, err, err_len)) return -1;
     m->cfg = *cfg;
@@ -198,10 +203,10 @@ int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *t
     m->be = be;
     param_table_build(cfg, t, &m->tab);
     m->params = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_MASTER);
-    m->grads = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_GRAD);
+    if (!(flags & MODEL_NO_GRAD_BUFFER)) m->grads = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_GRAD);
     m->scalars = backend_alloc(be, 2 * sizeof(float), MEM_WORKSPACE);
     weights_bind(&m->w, cfg, t, m->params);
-    weights_bind(&m->g, cfg, t, m->grads);
+    weights_bind(&m->g, cfg, t, m->grads);  // all NULL without the buffer
     /* initialised on the host (a pure function of seed and position), uploaded once */
     float *init = be->host_visible ? m->params : TP_MALLOC(m->tab.n_elems * sizeof(float));
     params_init(init, &m->tab, cfg, m->tp.rank, seed);
@@ -249,7 +254,19 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
-void model_zero_grad(Model *m) { op_zero(m->be, m->grads, m->tab.n_elems); }
+void model_zero_grad(Model *m) {
+    if (m->grads) op_zero(m->be, m->grads, m->tab.n_elems);
+}
+
+void model_release_grads(Model *m) {
+    backend_free(m->be, m->grads);
+    m->grads = NULL;
+    float **none = TP_CALLOC((size_t)m->tab.n, sizeof *none);
+    weights_bind_each(&m->g, &m->cfg, m->tp.size, none);
+    free(none);
+}
+
+void model_bind_grads(Model *m, float *const *each) { weights_bind_each(&m->g, &m->cfg, m->tp.size, each); }
 
 void model_gather(const Model *m, Model *whole) {
     const int tp = m->tp.size;
@@ -551,9 +568,17 @@ static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, flo
     op_embedding_bwd(m->be, m->g.embed, tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
 
-/* Everything from tensor x (a view into m->grads) to the buffer's end is final. */
-static void grads_final_from(Model *m, const float *x) {
-    if (m->grads_final) m->grads_final(m->grads_final_ctx, (size_t)(x - m->grads));
+/* Everything from weight tensor w (a view into m->params: the gradients
+ * use the same offsets) to the buffer's end is final. */
+static void grads_final_from(Model *m, const float *w) {
+    if (m->grads_final) m->grads_final(m->grads_final_ctx, (size_t)(w - m->params));
+}
+
+/* Backward is about to accumulate into the gradients [w, w + n_elems) or,
+ * n_elems 0, from weight tensor w to the buffer's end. */
+static void grads_needed_at(Model *m, const float *w, size_t n_elems) {
+    const size_t lo = (size_t)(w - m->params);
+    if (m->grads_needed) m->grads_needed(m->grads_final_ctx, lo, n_elems ? lo + n_elems : m->tab.n_elems);
 }
 
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
@@ -571,16 +596,19 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     op_xent_vp_bwd(m->be, A->d_logits, A->logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid, m->vocab_start,
                    V, c->label_smoothing, c->pad_id);
     op_zero(m->be, A->d_ln, (size_t)Nt * C);
+    grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
+    grads_needed_at(m, m->w.dec_ln_g, 0);
     op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
     tp_reduce_bwd(&m->tp, A->d_ln, (size_t)Nt * C);
     op_zero(m->be, A->d_res_t, (size_t)Nt * C);
     op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
                      A->dec_r, m->w.dec_ln_g, Nt, C);
-    grads_final_from(m, m->g.dec_ln_g);
+    grads_final_from(m, m->w.dec_ln_g);
 
     op_zero(m->be, A->d_enc_out, (size_t)Ns * C);
     for (int l = c->dec_layers - 1; l >= 0; l--) {
         const DecLayerW *w = &m->w.dec[l];
+        grads_needed_at(m, w->self.ln_g, 0);
         DecLayerW *g = &m->g.dec[l];
         const DecActs *a = &A->dec[l];
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
@@ -589,25 +617,27 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                  S, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, B, T, T, p, key.seed,
                  stream_of(key, l, SITE_DEC_SELF));
-        grads_final_from(m, g->self.ln_g);  // a layer's tensors start with its first LayerNorm
+        grads_final_from(m, w->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
     embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
     tp_reduce_bwd(&m->tp, A->d_enc_out, (size_t)Ns * C);  // cross-attention k/v of every decoder layer
     op_zero(m->be, A->d_res_s, (size_t)Ns * C);
+    grads_needed_at(m, m->w.enc_ln_g, 0);
     op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
                      A->enc_r, m->w.enc_ln_g, Ns, C);
-    grads_final_from(m, m->g.enc_ln_g);
+    grads_final_from(m, m->w.enc_ln_g);
     for (int l = c->enc_layers - 1; l >= 0; l--) {
         const EncLayerW *w = &m->w.enc[l];
+        grads_needed_at(m, w->self.ln_g, 0);
         EncLayerW *g = &m->g.enc[l];
         const EncActs *a = &A->enc[l];
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN));
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, B, S, S, p, key.seed,
                  stream_of(key, l, SITE_ENC_ATTN));
-        grads_final_from(m, g->self.ln_g);
+        grads_final_from(m, w->self.ln_g);
     }
     embed_bwd(m, A->d_res_s, A->dev_src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
-    grads_final_from(m, m->grads);
+    grads_final_from(m, m->params);
 }

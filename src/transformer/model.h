@@ -52,7 +52,12 @@ typedef struct {
      * start), so a data-parallel reduction can start on finished buckets
      * while backward goes on. NULL: no calls. */
     void (*grads_final)(void *ctx, size_t from);
-    void *grads_final_ctx;
+    /* Called by model_backward before it accumulates into the gradients at
+     * buffer offsets [lo, hi) (the tied embedding first, then from the end
+     * of the buffer down), so gradient storage can be made as backward
+     * reaches it (ZeRO-2; see model_bind_grads). NULL: no calls. */
+    void (*grads_needed)(void *ctx, size_t lo, size_t hi);
+    void *grads_final_ctx;  // the context of both hooks
 } Model;
 
 /* Allocates a model for a validated cfg on backend be; parameters
@@ -63,6 +68,11 @@ typedef struct {
  * is invalid. */
 int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                  char *err, size_t err_len);
+/* model_create with flags: MODEL_NO_GRAD_BUFFER leaves m->grads NULL from
+ * the start (gradients kept elsewhere: see model_bind_grads). */
+#define MODEL_NO_GRAD_BUFFER 1u
+int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
+                    unsigned flags, char *err, size_t err_len);
 void model_free(Model *m);
 
 /* Checks a batch against the config (ids in range, lengths consistent).
@@ -91,7 +101,13 @@ void model_params_from_host(Model *m, const float *host);
  * loss_scale = 1 / (number of target tokens the loss is averaged over). */
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale);
 
-void model_zero_grad(Model *m);
+void model_zero_grad(Model *m);  // no-op once the buffer is released
+/* Releases the contiguous gradient buffer (m->grads becomes NULL) for
+ * gradients kept elsewhere: model_bind_grads then points tensor i's
+ * gradient at each[i] (NULL: not bound now), e.g. into per-bucket storage
+ * made by the grads_needed hook. */
+void model_release_grads(Model *m);
+void model_bind_grads(Model *m, float *const *each);
 
 /* Assembles the whole model from the tp shards into `whole` (a model with
  * the same config created without tensor parallelism), on the ranks that

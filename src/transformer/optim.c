@@ -121,26 +121,29 @@ void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable 
             const size_t x1 = p->offset + p->n_elems < r->hi ? p->offset + p->n_elems : r->hi;
             if (x1 <= x0) continue;
             const size_t s = r->at + (x0 - r->lo);
-            op_adamw(opt->be, params + x0, grads + x0, opt->m + s, opt->v + s, x1 - x0, lr, c->beta1, c->beta2, c->eps,
+            op_adamw(opt->be, params + x0, grads + (opt->grads_at_state ? s : x0), opt->m + s, opt->v + s, x1 - x0, lr,
+                     c->beta1, c->beta2, c->eps,
                      p->decay ? c->weight_decay : 0.0f, opt->t);
         }
     }
 }
 
-void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, const OptRange *r, int n_ranges, Comm *tp,
-                      Comm *dp, float max_norm, float *sc) {
+void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_state, const OptRange *r,
+                      int n_ranges, Comm *tp, Comm *dp, float max_norm, float *sc) {
     op_zero(be, sc, 2);
     for (int k = 0; k < n_ranges; k++) {
         for (int i = param_table_index_at(tab, r[k].lo); i >= 0 && i < tab->n && tab->t[i].offset < r[k].hi; i++) {
             const ParamInfo *p = &tab->t[i];
             const size_t x0 = p->offset > r[k].lo ? p->offset : r[k].lo;
             const size_t x1 = p->offset + p->n_elems < r[k].hi ? p->offset + p->n_elems : r[k].hi;
-            if (x1 > x0) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + x0, x1 - x0);
+            const size_t at = at_state ? r[k].at + (x0 - r[k].lo) : x0;
+            if (x1 > x0) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + at, x1 - x0);
         }
     }
     if (dp && comm_size(dp) > 1) TP_CHECK(comm_allreduce(dp, sc, 2, COMM_SUM) == 0, "%s", comm_error(dp));
     if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
     op_clip_coef(be, sc + 2, sc, 2, max_norm);
     if (max_norm > 0.0f)
-        for (int k = 0; k < n_ranges; k++) op_scale_by(be, grads + r[k].lo, sc + 3, r[k].hi - r[k].lo);
+        for (int k = 0; k < n_ranges; k++)
+            op_scale_by(be, grads + (at_state ? r[k].at : r[k].lo), sc + 3, r[k].hi - r[k].lo);
 }

@@ -46,6 +46,7 @@ typedef struct {
     OptRange *ranges;    // [n_ranges], ascending lo
     int n_ranges;
     bool sharded;        // the state covers a ZeRO shard, not the whole buffer
+    bool grads_at_state; // adamw_step's grads are indexed like the state (ZeRO-2's shard), not like params
     int t;               // steps taken
 } AdamW;
 
@@ -87,14 +88,15 @@ void clip_grads(Backend *be, float *grads, size_t n_elems, float norm, float max
 
 /* One AdamW step at learning rate lr over the parameters the state covers:
  * for each range, params[lo, hi) with grads[lo, hi) (grads indexed like
- * params) and the state at `at`, each tensor's piece with its decay. */
+ * params; grads_at_state: like the state, at `at`) and the state at `at`,
+ * each tensor's piece with its decay. */
 void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable *tab, float lr);
 
-/* grad_clip for a ZeRO shard: only grads[lo, hi) of the ranges hold
- * reduced gradients; their sums of squares are summed over dp (then the
- * sharded part over tp) before the norm, and only they are scaled. sc as
- * grad_clip. */
-void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, const OptRange *r, int n_ranges, Comm *tp,
-                      Comm *dp, float max_norm, float *sc);
+/* grad_clip for a ZeRO shard: only the ranges hold reduced gradients, at
+ * grads[lo, hi) (at_state: at grads[at, at + hi - lo)); their sums of
+ * squares are summed over dp (then the sharded part over tp) before the
+ * norm, and only they are scaled. sc as grad_clip. */
+void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_state, const OptRange *r,
+                      int n_ranges, Comm *tp, Comm *dp, float max_norm, float *sc);
 
 #endif

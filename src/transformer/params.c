@@ -15,6 +15,8 @@ typedef struct {
     ParamTable *tab;   // when non-NULL, tensors are appended here
     int cap;
     float *base;       // when non-NULL, pointers are bound into it
+    float *const *each; // when non-NULL, tensor i is bound to each[i]
+    int index;          // tensors walked so far
     size_t offset;     // running offset in elements
     int tp;            // shards of tp-way tensor parallelism
     int vocab_local;   // rows of a VOCAB shard
@@ -55,7 +57,8 @@ static float *add(Walk *w, const char *name, int rows, int cols, SplitLabel spli
         p->n_elems = n;
         t->n_elems = w->offset + n;
     }
-    float *ptr = w->base ? w->base + w->offset : NULL;
+    float *ptr = w->each ? w->each[w->index] : w->base ? w->base + w->offset : NULL;
+    w->index++;
     w->offset += n;
     return ptr;
 }
@@ -164,6 +167,12 @@ const ParamInfo *param_table_find(const ParamTable *tab, const char *name) {
 void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base) {
     weights_alloc(w, cfg);
     Walk walk = {.base = base, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
+    walk_model(&walk, cfg, w);
+}
+
+void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, float *const *each) {
+    if (!w->enc) weights_alloc(w, cfg);
+    Walk walk = {.each = each, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
     walk_model(&walk, cfg, w);
 }
 

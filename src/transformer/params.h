@@ -82,6 +82,10 @@ int param_table_index_at(const ParamTable *tab, size_t offset);
  * w->dec are allocated here; free with weights_free. */
 void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base);
 void weights_free(Weights *w);
+/* Points tensor i of w at each[i] (NULL allowed: not to be touched), for
+ * tensors that do not live in one buffer; w may already be bound (its
+ * arrays are reused). */
+void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, float *const *each);
 
 /* Deterministic initialisation from seed: linear weights Xavier-uniform,
  * embedding N(0, C^-1/2), biases 0, LayerNorm gamma 1 / beta 0. Every
