@@ -4,7 +4,8 @@
 # reduced after backward or on the communication thread while backward runs,
 # gradients reduced in fp32 or bf16. Reports, side by side: step time, the
 # data-parallel communication time per step and the part of it the step
-# waited for (exposed), and the optimizer state and allocator peak per rank
+# waited for (exposed), and the gradient and optimizer memory and the
+# allocator peak per rank
 # (the memory record of the metrics).
 #   bash scripts/bench_dp_cpu.sh CORPUS_DIR [STEPS] [PRESET] [BUCKET_MB]
 set -euo pipefail
@@ -22,6 +23,8 @@ configs=(
   "z0-overlap-bf16:--zero 0 --grad-overlap on --grad-comm-dtype bf16"
   "z1-after:--zero 1 --grad-overlap off"
   "z1-overlap:--zero 1 --grad-overlap on"
+  "z2-after:--zero 2 --grad-overlap off"
+  "z2-overlap:--zero 2 --grad-overlap on"
 )
 for dp in 2 4; do
   for c in "${configs[@]}"; do
@@ -37,7 +40,7 @@ out, steps, cores, preset, bucket = sys.argv[1], int(sys.argv[2]), sys.argv[3], 
 names = [c.split(":")[0] for c in sys.argv[6:]]
 MiB = 1024.0 * 1024.0
 print(f"data-parallel reduction on CPU ({cores} cores), preset {preset}, {steps} steps, buckets of {bucket} MiB:")
-print("  dp | config          | step (s) | vs z0-after | comm/step (s) | exposed/step (s) | optimizer MiB/rank | peak MiB/rank")
+print("  dp | config          | step (s) | vs z0-after | comm/step (s) | exposed/step (s) | grads MiB | optimizer MiB | peak MiB")
 for dp in (2, 4):
     base = None
     for n in names:
@@ -46,9 +49,10 @@ for dp in (2, 4):
         train, comm, exposed = (float(x) for x in m.groups())
         mem = [r for r in map(json.loads, open(f"{out}/dp{dp}-{n}.jsonl")) if "memory" in r][-1]["memory"]
         opt = max(r["optimizer"] for r in mem) / MiB
+        grads = max(r["grads"] for r in mem) / MiB
         peak = max(r["allocator_peak"] for r in mem) / MiB
         st = train / steps
         base = base or st
         print(f"  {dp:2d} | {n:15s} | {st:8.3f} | {st / base:11.2f} | {comm / steps:13.3f} | {exposed / steps:16.3f} |"
-              f" {opt:18.2f} | {peak:13.2f}")
+              f" {grads:9.2f} | {opt:13.2f} | {peak:8.2f}")
 PY
