@@ -484,8 +484,15 @@ memory_check() {  # STEP METRICS STAGED
   step "$1" 30 "$py" -c "$MEMORY_CHECK_PY" "$2" "$3"
 }
 d_why=$(why_not --device --comm)
+# the layouts against tp1; the data-parallel reduction's stages where the build has them
+d_layouts=("tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2")
+if has_flag --zero; then
+  d_layouts+=("dp2z1 2 --tp 1 --dp 2 --zero 1 --grad-bucket-mb 0.01" "dp2z2 2 --tp 1 --dp 2 --zero 2 --grad-bucket-mb 0.01")
+fi
+d_names=(tp1)
+for l in "${d_layouts[@]}"; do d_names+=("${l%% *}"); done
 if [ -n "$d_why" ]; then
-  for s in tp1 tp2 tp4 dp2; do skip "d.$s" "$d_why"; done
+  for s in "${d_names[@]}"; do skip "d.$s" "$d_why"; done
 else
   # fp32 when the build has --dtype (the tight band), else its default precision.
   d_dtype=() band=bf16
@@ -498,7 +505,7 @@ else
   if STEP_NOTE_RE=$TRAIN_NOTE_RE step d.tp1 120 \
        "$BIN/train_mt" "${d_args[@]}" --metrics "$out/d_tp1.jsonl"; then
     memory_check d.memory_tp1 "$out/d_tp1.jsonl" 0
-    for layout in "tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2"; do
+    for layout in "${d_layouts[@]}"; do
       read -r lname nproc lflags <<< "$layout"
       # shellcheck disable=SC2086  # lflags: the layout's flags, split on purpose
       if STEP_NOTE_RE=$TRAIN_NOTE_RE step "d.$lname" 120 \
@@ -509,7 +516,7 @@ else
       fi
     done
   else
-    for s in tp2 tp4 dp2; do skip "d.$s" "needs d.tp1 to pass"; done
+    for s in "${d_names[@]:1}"; do skip "d.$s" "needs d.tp1 to pass"; done
   fi
 fi
 
