@@ -176,6 +176,9 @@ static int cmd_inspect(const char *arg) {
                (unsigned long long)st.seed);
     printf("optimizer  adamw: lr %g, warmup %d, betas (%g, %g), eps %g, weight decay %g, clip norm %g; t %d\n", oc.lr,
            oc.warmup, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, oc.clip_norm, adam_t);
+    if (st.zero_stage > 0)
+        printf("           state saved as ZeRO-%d pieces (buckets of %llu elements), each dp rank its own\n",
+               st.zero_stage, (unsigned long long)st.zero_bucket_elems);
     param_table_free(&whole);
 
     printf("files\n");

@@ -13,6 +13,7 @@
  * own shard of the new layout.
  */
 #include "train/checkpoint.h"
+#include "train/ckpt_pieces.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -182,7 +183,19 @@ static int write_shards(const char *tmp, const Runtime *rt, const Model *m, cons
         st_writer_free(w);
         ckpt_fault_point("after a model shard");
     }
-    if (rc == 0) {
+    if (rc == 0 && opt->sharded) {  // ZeRO: this rank's pieces, as they lie
+        StWriter *w = st_writer_new();
+        add_shard_meta(w, rt, "tptrain-checkpoint-optim", meta);
+        char *names = NULL;
+        opt_pieces_add(w, &m->tab, opt, om, ov, &names);
+        pathf(path, sizeof path, "%s/optim-tp%d-pp%d-dp%d.safetensors", tmp, me->tp_rank, me->pp_rank,
+                 me->dp_rank);
+        ckpt_fault_point("before an optimizer shard");
+        rc = st_writer_write(w, path, err, err_len);
+        st_writer_free(w);
+        free(names);
+        ckpt_fault_point("after an optimizer shard");
+    } else if (rc == 0) {
         StWriter *w = st_writer_new();
         add_shard_meta(w, rt, "tptrain-checkpoint-optim", meta);
         char (*names)[112] = TP_MALLOC((size_t)(2 * m->tab.n + 1) * sizeof *names);
@@ -299,6 +312,10 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON_AddNumberToObject(oc, "weight_decay", opt->cfg.weight_decay);
     cJSON_AddNumberToObject(oc, "clip_norm", opt->cfg.clip_norm);
     cJSON_AddNumberToObject(oc, "t", opt->t);
+    if (opt->sharded) {  // the optimizer files hold ZeRO pieces cut by this layout
+        cJSON_AddNumberToObject(oc, "zero_stage", opt->zero_stage);
+        cJSON_AddNumberToObject(oc, "zero_bucket_elems", (double)opt->zero_bucket_elems);
+    }
     char sched[96];
     if (opt->cfg.schedule == LR_COSINE)
         snprintf(sched, sizeof sched, "linear warmup, then cosine decay to 0 at step %d", opt->cfg.decay_steps);
@@ -757,8 +774,8 @@ static int check_file_entry(const cJSON *files, const char *name, uint64_t lo, u
  * JSON header, then exactly the tensor bytes), so a config that disagrees
  * with the shards (d_model 4000 over 32-wide shards) is refused here,
  * before any loader allocates a model of it. */
-static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int dp, bool corpus, const char *path,
-                       char *err, size_t err_len) {
+static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int dp, int zero, size_t bucket_elems,
+                       bool corpus, const char *path, char *err, size_t err_len) {
     if (!cJSON_IsObject(files)) {
         tp_error_set(err, err_len, "%s: field 'files' is not an object", path);
         return -1;
@@ -766,7 +783,10 @@ static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int d
     ParamTable tab;
     param_table_build(cfg, tp, &tab);
     uint64_t *optim_elems = TP_CALLOC((size_t)dp, sizeof *optim_elems);
-    for (int i = 0; i < tab.n; i++) optim_elems[i % dp] += 2 * (uint64_t)tab.t[i].n_elems;
+    if (zero > 0)
+        for (int d = 0; d < dp; d++) optim_elems[d] = opt_pieces_file_elems(&tab, zero, bucket_elems, dp, d);
+    else
+        for (int i = 0; i < tab.n; i++) optim_elems[i % dp] += 2 * (uint64_t)tab.t[i].n_elems;
     char why[160];
     snprintf(why, sizeof why, "the manifest's config (d_model %d, d_ff %d, vocab_size %d, %d+%d layers) at tp %d",
              cfg->d_model, cfg->d_ff, cfg->vocab_size, cfg->enc_layers, cfg->dec_layers, tp);
@@ -867,8 +887,13 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
                      cfg->d_ff, CKPT_MAX_WORLD);
         goto done;
     }
-    if (check_files(cJSON_GetObjectItemCaseSensitive(o, "files"), cfg, (int)mtp, (int)mdp, corpus, path, err,
-                    err_len))
+    int64_t zero = 0, bucket_elems = 1;  // absent: whole tensors (checkpoints before ZeRO, or ZeRO-0)
+    if (cJSON_GetObjectItemCaseSensitive(opt, "zero_stage") &&
+        (need_int(opt, "optimizer", "zero_stage", 1, 2, &zero, path, err, err_len) ||
+         need_int(opt, "optimizer", "zero_bucket_elems", 1, CKPT_JSON_EXACT_MAX, &bucket_elems, path, err, err_len)))
+        goto done;
+    if (check_files(cJSON_GetObjectItemCaseSensitive(o, "files"), cfg, (int)mtp, (int)mdp, (int)zero,
+                    (size_t)bucket_elems, corpus, path, err, err_len))
         goto done;
     if (tp) *tp = (int)mtp;
     if (dp) *dp = (int)mdp;
@@ -882,6 +907,8 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         st->cursor = (DataCursor){.seed = (uint64_t)seed, .epoch = epoch, .position = position};
         st->synth_index = (uint64_t)synth_index;
         st->corpus = corpus;
+        st->zero_stage = (int)zero;
+        st->zero_bucket_elems = (uint64_t)bucket_elems;
     }
     rc = 0;
 done:
@@ -1003,11 +1030,28 @@ static const StTensor *shard_tensor(const StFile *f, const char *name, const Par
     return t;
 }
 
+/* Places the local tensor loc (np's shard elements) into the optimizer's
+ * host stage: whole (np's offset) or, sharded, the parts inside opt's ranges. */
+static void stage_state(const AdamW *opt, const ParamInfo *np, const float *loc, float *stage) {
+    if (!opt->sharded) {
+        memcpy(stage + np->offset, loc, np->n_elems * sizeof(float));
+        return;
+    }
+    for (int j = 0; j < opt->n_ranges; j++) {
+        const OptRange *r = &opt->ranges[j];
+        const size_t x0 = np->offset > r->lo ? np->offset : r->lo;
+        const size_t x1 = np->offset + np->n_elems < r->hi ? np->offset + np->n_elems : r->hi;
+        if (x1 > x0) memcpy(stage + r->at + (x0 - r->lo), loc + (x0 - np->offset), (x1 - x0) * sizeof(float));
+    }
+}
+
 int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) {
     ModelConfig cfg;
     int old_tp, old_dp;
     char path[4096], why[512];
-    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, NULL, err, err_len)) return -1;
+    TrainState saved;
+    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, &saved, err, err_len)) return -1;
+    const bool pieces = saved.zero_stage > 0;
     pathf(path, sizeof path, "%s/manifest.json", dir);
     if (config_diff(&cfg, &m->cfg, why, sizeof why)) {
         tp_error_set(err, err_len, "%s: the checkpoint's model differs from this run's: %s", path, why);
@@ -1044,6 +1088,7 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
     for (int i = 0; i < old.n; i++)
         max_global = param_global_elems(&old.t[i]) > max_global ? param_global_elems(&old.t[i]) : max_global;
     float *whole = TP_MALLOC(max_global * sizeof(float));
+    float *loc = TP_MALLOC((max_global ? max_global : 1) * sizeof(float));  // one tp-local tensor
     /* host staging of the device buffers (the pointers themselves on the CPU) */
     float *stage[3] = {backend_host_stage(m->be, m->params, m->tab.n_elems),
                        opt ? backend_host_stage(opt->be, opt->m, opt->n_elems) : NULL,
@@ -1059,17 +1104,31 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
             memset(whole, 0, param_global_elems(op) * sizeof(float));
             for (int t = 0; t < old_tp; t++) {
                 if (same ? t != m->tp.rank : (op->split == SPLIT_REPL && t > 0)) continue;
+                if (kind > 0 && pieces) {  // ZeRO pieces of every dp file of tp rank t
+                    const size_t f0 = (size_t)t * per_tp + 1;
+                    if (opt_pieces_read(&f[f0], &fpath[f0], old_dp, op, kind == 1 ? "exp_avg" : "exp_avg_sq", loc, err,
+                                        err_len))
+                        goto unstage;
+                    shard_place(op, t, loc, whole);
+                    continue;
+                }
                 const size_t fi = (size_t)t * per_tp + (kind == 0 ? 0 : 1 + (size_t)(i % old_dp));
                 const StTensor *tt = shard_tensor(&f[fi], name, op, fpath[fi], err, err_len);
                 if (!tt) goto unstage;
                 shard_place(op, t, (const float *)tt->data, whole);
             }
-            shard_extract(np, m->tp.rank, whole, stage[kind] + np->offset);
+            if (kind == 0) {
+                shard_extract(np, m->tp.rank, whole, stage[0] + np->offset);
+            } else {
+                shard_extract(np, m->tp.rank, whole, loc);
+                stage_state(opt, np, loc, stage[kind]);
+            }
         }
     }
     staged_ok = true;
 unstage:
     free(whole);
+    free(loc);
     /* a failed load leaves the device buffers as the host stage has them: the caller stops anyway */
     backend_host_commit(m->be, m->params, stage[0], m->tab.n_elems);
     if (opt) {

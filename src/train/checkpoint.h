@@ -44,6 +44,8 @@ typedef struct {
     uint64_t synth_index;   // synthetic task position after `step` steps
     uint64_t seed;          // run seed: dropout masks are Philox(seed, step, ...)
     int corpus;             // 1 = corpus cursor valid, 0 = synthetic task
+    int zero_stage;         // read: the optimizer files' layout (0: whole tensors; 1, 2: ZeRO pieces)
+    uint64_t zero_bucket_elems;  // read: the bucket length those pieces were cut with
 } TrainState;
 
 /* Saves step st->step under dir. Collective over rt->world: every rank

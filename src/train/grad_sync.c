@@ -283,6 +283,7 @@ void grad_sync_free(GradSync *g) {
 
 const BucketLayout *grad_sync_layout(const GradSync *g) { return &g->L; }
 int grad_sync_rank(const GradSync *g) { return g->dp_rank; }
+int grad_sync_zero(const GradSync *g) { return g->cfg.zero; }
 bool grad_sync_sharded(const GradSync *g) { return g->cfg.zero >= 1; }
 float *grad_sync_shard(GradSync *g) { return g->shard; }
 double grad_sync_exposed_s(const GradSync *g) { return g->exposed_s; }

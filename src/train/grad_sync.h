@@ -82,6 +82,7 @@ GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig
 void grad_sync_free(GradSync *g);
 const BucketLayout *grad_sync_layout(const GradSync *g);
 int grad_sync_rank(const GradSync *g);  // this rank in the dp group
+int grad_sync_zero(const GradSync *g);  // the ZeRO stage
 /* Whether the reduction leaves only this rank's pieces reduced (ZeRO). */
 bool grad_sync_sharded(const GradSync *g);
 /* ZeRO-2: the reduced pieces (layout shard_elems, each at its bucket's

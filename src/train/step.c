@@ -38,6 +38,8 @@ void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConf
     const int n = bucket_ranges(L, grad_sync_rank(gs), r);
     adamw_init_sharded(opt, be, cfg, L->shard_elems, r, n);
     opt->grads_at_state = grad_sync_shard(gs) != NULL;
+    opt->zero_stage = grad_sync_zero(gs);
+    opt->zero_bucket_elems = L->bucket_elems;
     free(r);
 }
 

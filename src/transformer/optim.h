@@ -47,6 +47,8 @@ typedef struct {
     int n_ranges;
     bool sharded;        // the state covers a ZeRO shard, not the whole buffer
     bool grads_at_state; // adamw_step's grads are indexed like the state (ZeRO-2's shard), not like params
+    int zero_stage;      // the ZeRO stage and bucket length the ranges come from (0: the whole buffer),
+    size_t zero_bucket_elems;  // recorded by checkpoints
     int t;               // steps taken
 } AdamW;
 
