@@ -4,7 +4,8 @@
 #   install_deps.sh [--plot] [--tests]
 # --plot adds python3-matplotlib (scripts/plot_metrics.py); --tests adds it
 # too, with python3-torch, python3-numpy and python3-sentencepiece for the
-# reference checks (all run by /usr/bin/python3).
+# reference checks (all run by /usr/bin/python3), and clang with libFuzzer
+# for the fuzz targets (ctest fuzz_smoke).
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -12,7 +13,7 @@ pkgs=(cmake make gcc g++ pkg-config libopenblas-dev libcjson-dev libsentencepiec
 for arg in "$@"; do
   case $arg in
     --plot) pkgs+=(python3-matplotlib) ;;
-    --tests) pkgs+=(python3-matplotlib python3-torch python3-numpy python3-sentencepiece) ;;
+    --tests) pkgs+=(python3-matplotlib python3-torch python3-numpy python3-sentencepiece clang libclang-rt-14-dev) ;;
     *) echo "install_deps: unknown argument '$arg' (expected --plot, --tests)" >&2; exit 2 ;;
   esac
 done

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: installs what it needs, builds, fetches the corpus when it is
 # not there, and trains an en->ja model on small_parallel_enja with 4 ranks
-# (tensor parallel inside the node: tp = 4 for the CPU preset), saving it
+# (on a CPU: the `cpu` preset, data parallel, 4 x 1024 tokens a step, the
+# layout with the best BLEU for its time in docs/cpu-default.md; on a GPU:
+# the base preset, tensor parallel inside the node), saving it
 # with its tokenizer to checkpoints/enja for translate_mt, which then
 # translates the test set and prints its BLEU and chrF. The run's curves
 # (scripts/plot_metrics.py on checkpoints/enja.jsonl) go to
@@ -14,7 +16,9 @@ shift || true
 bash scripts/install_deps.sh --plot
 BUILD_DIR=build bash scripts/build.sh
 [ -s "$corpus/train.en" ] || bash scripts/get_data.sh "$corpus"
-./build/tprun --nproc_per_node=4 train_mt --data "$corpus" --log-interval 100 \
+layout=()
+nvidia-smi -L > /dev/null 2>&1 || layout=(--tp 1 --dp 4 --batch-tokens 1024)
+./build/tprun --nproc_per_node=4 train_mt --data "$corpus" --log-interval 100 "${layout[@]}" \
   --metrics checkpoints/enja.jsonl --save checkpoints/enja "$@"
 ./build/translate_mt --model checkpoints/enja --src "$corpus/test.en" --ref "$corpus/test.ja" \
   > checkpoints/enja.test.ja

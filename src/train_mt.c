@@ -47,6 +47,7 @@ typedef struct {
     const char *data_dir, *cache_dir;
     Direction dir;
     int batch_tokens, spm_vocab;
+    int micro_batches;  // per dp rank and step (gradient accumulation)
     bool strict;
     int max_steps, epochs, log_interval, eval_interval, beam;
     bool steps_given;        // --max-steps on the command line (not the preset's)
@@ -69,14 +70,16 @@ static void usage(FILE *f) {
             "  --data DIR             corpus folder with train/dev/test .en/.ja (default data/small_parallel_enja)\n"
             "  --cache-dir DIR        tokenizer and token files (default cache/<corpus folder name>)\n"
             "  --direction D          en-ja (default) or ja-en\n"
-            "  --spm-vocab-size N     SentencePiece pieces when the tokenizer is trained (default 8000)\n"
+            "  --spm-vocab-size N     SentencePiece pieces when the tokenizer is trained (default from the\n"
+            "                         preset: 4000 for cpu, else 8000)\n"
             "  --strict               bad corpus lines are errors instead of skipped\n"
             "  --batch-tokens N       padded tokens per batch, like fairseq's max_tokens (default 4096)\n"
             "  --task copy|reverse    train on a synthetic task instead of a corpus\n"
             "  --batch-size N --min-len N --seq-len N   synthetic batches (default 32 sequences of 4..12)\n"
             "model:\n"
-            "  --preset NAME          auto | tiny | small | base | big (default auto: the preset that fits the\n"
-            "                         device, tiny on CPU; it also sets --lr, --warmup, --max-steps, --eval-interval)\n"
+            "  --preset NAME          auto | tiny | cpu | small | base | big (default auto: base on a GPU; on a\n"
+            "                         CPU cpu for a corpus, tiny for a --task; it also sets --lr, --warmup,\n"
+            "                         --lr-schedule, --max-steps, --eval-interval, --spm-vocab-size)\n"
             "  --d-model N --heads N --ffn-hidden-size N --layers N (encoder and decoder)\n"
             "  --encoder-layers N --decoder-layers N --vocab-size N (synthetic only) --max-len N\n"
             "  --dropout P --label-smoothing E --activation relu|gelu\n"
@@ -96,6 +99,8 @@ static void usage(FILE *f) {
             "  --grad-bucket-mb M     gradient buckets reduced as backward finishes them (default 25)\n"
             "  --grad-comm-dtype D    fp32 or bf16: the data-parallel gradient reduction's type (default fp32)\n"
             "  --grad-overlap on|off  reduce buckets while backward runs (default on; CPU ranks only so far)\n"
+            "  --micro-batches M      micro-batches per dp rank and step, their gradients accumulated (global\n"
+            "                         batch: --batch-tokens x dp x M; default 1)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -143,15 +148,23 @@ static double flag_real(const char *flag, const char *s, double lo, double hi, i
 #define MAX_RUN_STEPS (1L << 30)
 #define MAX_EPOCHS (1L << 20)
 
-/* Training defaults per preset: tiny is sized so that a CPU run (4 ranks
- * on 2 cores) ends in about 10 minutes with the loss falling and a dev BLEU
- * well above zero; the others follow the usual recipes for their size. */
-typedef struct { const char *preset; float lr; int warmup, max_steps, eval_interval; } RunDefaults;
+/* Training defaults per preset. cpu: the candidate with the best dev BLEU
+ * after about 5 minutes of training with 4 ranks on 2 cores (the main job,
+ * docs/cpu-default.md): cosine decay to 0 at the last step, a 4000-piece
+ * tokenizer. tiny: the unit tests' model. The others follow the usual
+ * recipes for their size. */
+typedef struct {
+    const char *preset;
+    float lr;
+    int warmup, max_steps, eval_interval, spm_vocab;
+    LrSchedule schedule;
+} RunDefaults;
 static const RunDefaults RUN_DEFAULTS[] = {
-    {"tiny", 2e-3f, 200, 1200, 400},
-    {"small", 1e-3f, 1000, 10000, 1000},
-    {"base", 7e-4f, 4000, 100000, 2000},
-    {"big", 5e-4f, 4000, 100000, 2000},
+    {"tiny", 2e-3f, 200, 1200, 400, 8000, LR_INV_SQRT},
+    {"cpu", 2e-3f, 100, 900, 150, 4000, LR_COSINE},
+    {"small", 1e-3f, 1000, 10000, 1000, 8000, LR_INV_SQRT},
+    {"base", 7e-4f, 4000, 100000, 2000, 8000, LR_INV_SQRT},
+    {"big", 5e-4f, 4000, 100000, 2000, 8000, LR_INV_SQRT},
 };
 
 static const RunDefaults *run_defaults(const char *preset) {
@@ -164,7 +177,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -207,6 +220,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"comm", required_argument, 0, O_COMM},       {"lr-schedule", required_argument, 0, O_SCHED},
         {"zero", required_argument, 0, O_ZERO},      {"grad-bucket-mb", required_argument, 0, O_BUCKET},
         {"grad-comm-dtype", required_argument, 0, O_GDTYPE}, {"grad-overlap", required_argument, 0, O_GOVERLAP},
+        {"micro-batches", required_argument, 0, O_MICRO},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -214,14 +228,17 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     memset(a, 0, sizeof *a);
     a->preset = "auto";
     /* The preset is applied first so explicit flags override it, whatever their order. */
+    bool task = false;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--task") == 0 || strncmp(argv[i], "--task=", 7) == 0) task = true;
         if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc) a->preset = argv[i + 1];
         else if (strncmp(argv[i], "--preset=", 9) == 0) a->preset = argv[i] + 9;
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) a->device = parse_device(argv[i + 1]);
         else if (strncmp(argv[i], "--device=", 9) == 0) a->device = parse_device(argv[i] + 9);
     }
-    /* auto: the textbook base model on a GPU, the tiny one on a CPU */
-    if (strcmp(a->preset, "auto") == 0) a->preset = device_is_gpu(a->device) ? "base" : "tiny";
+    /* auto: the textbook base model on a GPU; on a CPU the one chosen by
+     * time to BLEU for a corpus, the unit tests' tiny one for a --task */
+    if (strcmp(a->preset, "auto") == 0) a->preset = device_is_gpu(a->device) ? "base" : task ? "tiny" : "cpu";
     if (config_preset(a->preset, &a->cfg, err, sizeof err)) {
         fprintf(stderr, "train_mt: --preset: %s\n", err);
         exit(2);
@@ -230,6 +247,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     const RunDefaults *rd = run_defaults(a->preset);
     a->opt.lr = rd->lr;
     a->opt.warmup = rd->warmup;
+    a->opt.schedule = rd->schedule;
     a->task = SYNTH_COPY;
     a->batch_size = 32;
     a->min_len = 4;
@@ -237,7 +255,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     a->data_dir = "data/small_parallel_enja";
     a->dir = DIR_EN_JA;
     a->batch_tokens = 4096;
-    a->spm_vocab = 8000;
+    a->micro_batches = 1;
+    a->spm_vocab = rd->spm_vocab;
     a->grad = (GradSyncConfig){.zero = 0, .dtype = COMM_F32, .bucket_elems = bucket_elems_for_mb(GRAD_BUCKET_MB_DEFAULT),
                                .overlap = true};
     a->max_steps = rd->max_steps;
@@ -319,6 +338,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_SPMV: a->spm_vocab = (int)flag_int("--spm-vocab-size", optarg, 16, 1 << 20); break;
         case O_STRICT: a->strict = true; break;
         case O_BTOK: a->batch_tokens = (int)flag_int("--batch-tokens", optarg, 1, 1 << 30); break;
+        case O_MICRO: a->micro_batches = (int)flag_int("--micro-batches", optarg, 1, 1 << 16); break;
         case O_BEAM: a->beam = (int)flag_int("--beam", optarg, 0, 100); break;
         case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
         case O_DP: a->dp = (int)flag_int("--dp", optarg, 1, 1 << 20); break;
@@ -493,8 +513,9 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     if (token_file_open(&src->train_tf, path, cfg->vocab_size, err, err_len)) return -1;
     snprintf(path, sizeof path, "%s/dev.tok", cache);
     if (token_file_open(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
+    /* dp x M shares per global batch: rank r's micro-batch i is share r + i dp */
     if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
-                     rt->mesh.dp, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+                     rt->mesh.dp * a->micro_batches, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
         tp_error_set(err, err_len, "train split: %s", why);
         return -1;
     }
@@ -520,21 +541,23 @@ static void source_close(Source *src) {
     spm_free(src->spm);
 }
 
-/* This rank's share of the next global batch; *global_tokens = target
- * tokens of the whole global batch (the divisor of the mean loss). */
+/* This rank's micro-batches b[0..M) of the next global batch (share
+ * dp_rank + i dp of dp x M); *global_tokens = target tokens of the whole
+ * global batch (the divisor of the mean loss). */
 static void source_next(Source *src, OwnedBatch *b, long *global_tokens) {
     const TrainArgs *a = src->args;
+    const int M = a->micro_batches, dp = src->mesh->dp;
     if (a->synthetic) {
         OwnedBatch whole;
         synth_batch(&whole, a->task, config_tokens(src->cfg), a->batch_size, a->min_len, a->max_len, a->seed,
                     ++src->synth_index);
         *global_tokens = 0;
         for (int i = 0; i < whole.view.B; i++) *global_tokens += whole.tgt_len[i];
-        owned_batch_rows(&whole, src->mesh->dp_rank, src->mesh->dp, b);
+        for (int i = 0; i < M; i++) owned_batch_rows(&whole, src->mesh->dp_rank + i * dp, dp * M, &b[i]);
         owned_batch_free(&whole);
         return;
     }
-    dataset_next(&src->train, b, global_tokens);
+    dataset_next_micro(&src->train, M, b, global_tokens);
 }
 
 typedef struct { float loss; float bleu; bool has_bleu; } EvalResult;
@@ -921,14 +944,19 @@ int main(int argc, char **argv) {
     long tok_window = 0;
     int saved_step = first_step - 1;
     for (int step = first_step; step <= total; step++) {
-        OwnedBatch b;
+        OwnedBatch *b = TP_MALLOC((size_t)a.micro_batches * sizeof *b);
+        Batch *views = TP_MALLOC((size_t)a.micro_batches * sizeof *views);
         long n_global = 0;
-        source_next(&src, &b, &n_global);
+        source_next(&src, b, &n_global);
+        for (int i = 0; i < a.micro_batches; i++) views[i] = b[i].view;
         /* Masks differ across data-parallel ranks (other sentences), never across tp ranks. */
         DropoutKey key = {.seed = a.seed, .step = (uint32_t)step, .micro = (uint32_t)mesh->dp_rank};
         StepResult sr;
         const float lr = lr_at(&a.opt, step);
-        train_step(&trainer, &b.view, n_global, key, lr, &sr);
+        train_step(&trainer, views, a.micro_batches, n_global, key, lr, &sr);
+        for (int i = 0; i < a.micro_batches; i++) owned_batch_free(&b[i]);
+        free(b);
+        free(views);
         t_comm += sr.comm_s;
         t_exposed += sr.exposed_comm_s;
         const float loss = sr.loss, gnorm = sr.grad_norm;
@@ -938,7 +966,6 @@ int main(int argc, char **argv) {
             return 1;
         }
         tok_window += n_global;
-        owned_batch_free(&b);
 
         double t = tp_now_s();
         if (tty) {

@@ -27,6 +27,16 @@ run tp4 4 --tp 4
 run dp2 2 --tp 1 --dp 2
 run tp2dp2 4 --tp 2 --dp 2
 grep -q "tp 2 x dp 2 x pp 1" tp2dp2.log
+# Gradient accumulation: M micro-batches of the same global batch (rank r's
+# micro-batch i is share r + i dp), reduced once (ZeRO-2: every micro-batch).
+run m4 1 --micro-batches 4
+run dp2m2 2 --tp 1 --dp 2 --micro-batches 2
+run tp2dp2m2z1 4 --tp 2 --dp 2 --micro-batches 2 --zero 1 --grad-bucket-mb 0.01
+run dp2m2z2 2 --tp 1 --dp 2 --micro-batches 2 --zero 2 --grad-bucket-mb 0.01
+# with dropout: micro-batch i of dp rank r draws the masks of global
+# micro-batch r + i dp, so dp 2 x M 2 is dp 4 (same shares, same masks)
+run drop_dp4 4 --tp 1 --dp 4 --dropout 0.1
+run drop_dp2m2 2 --tp 1 --dp 2 --micro-batches 2 --dropout 0.1
 # Invalid layouts are refused with one sentence, and tprun reports the failure.
 refuse() {  # nproc expected-text train_mt-flags...
   local n=$1 want=$2; shift 2
@@ -51,7 +61,7 @@ base = losses("single")
 assert len(base) == 20, base
 w1, _ = st.load("single/model.safetensors")
 bad = []
-for name in ("tp2", "tp4", "dp2", "tp2dp2"):
+for name in ("tp2", "tp4", "dp2", "tp2dp2", "m4", "dp2m2", "tp2dp2m2z1", "dp2m2z2"):
     got = losses(name)
     assert len(got) == 20, (name, got)
     rel = max(abs(a - b) / abs(b) for a, b in zip(got, base))
@@ -61,6 +71,15 @@ for name in ("tp2", "tp4", "dp2", "tp2dp2"):
     print(f"{name}: max relative loss difference {rel:.2e}, max weight difference {wd:.2e} ({wk})")
     if rel > LOSS_RTOL or wd > WEIGHT_ATOL:
         bad.append(name)
+a, b = losses("drop_dp4"), losses("drop_dp2m2")
+rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+wa, _ = st.load("drop_dp4/model.safetensors")
+wb, _ = st.load("drop_dp2m2/model.safetensors")
+wd = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+print(f"dropout 0.1, dp 2 x 2 micro-batches vs dp 4: max relative loss difference {rel:.2e}, "
+      f"max weight difference {wd:.2e}")
+if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
+    bad.append("drop_dp2m2")
 if bad:
     sys.exit("layouts differ from the single-rank run: " + ", ".join(bad))
 PY

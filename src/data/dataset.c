@@ -203,14 +203,23 @@ static void fill_batch(const Dataset *ds, const int32_t *pairs, int B, int strid
 }
 
 void dataset_next(Dataset *ds, OwnedBatch *out, long *global_tokens) {
+    dataset_next_micro(ds, 1, out, global_tokens);
+}
+
+void dataset_next_micro(Dataset *ds, int n_micro, OwnedBatch *out, long *global_tokens) {
     if (ds->plan_epoch != ds->cursor.epoch) build_plan(ds, ds->cursor.epoch);
     const int64_t g = ds->cursor.position;
     TP_CHECK(g >= 0 && g < ds->n_batches, "dataset cursor position %lld outside the epoch's %d batches",
              (long long)g, ds->n_batches);
+    TP_CHECK(n_micro >= 1 && ds->dp_size % n_micro == 0 && ds->dp_rank < ds->dp_size / n_micro,
+             "dataset: %d micro-batches do not divide its %d shares for rank %d", n_micro, ds->dp_size, ds->dp_rank);
     const int start = ds->batch_start[g], n = ds->batch_start[g + 1] - start;
-    const int r = ds->dp_rank, dp = ds->dp_size;
-    const int B = (n - r + dp - 1) / dp;  // n >= dp, so B >= 1
-    fill_batch(ds, ds->order + start + r, B, dp, out);
+    const int shares = ds->dp_size, dp = shares / n_micro;
+    for (int i = 0; i < n_micro; i++) {
+        const int r = ds->dp_rank + i * dp;
+        const int B = (n - r + shares - 1) / shares;  // n >= shares, so B >= 1
+        fill_batch(ds, ds->order + start + r, B, shares, &out[i]);
+    }
     if (global_tokens) {
         long sum = 0;
         for (int j = 0; j < n; j++) sum += tgt_pieces(ds, ds->order[start + j]) + 1;

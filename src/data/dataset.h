@@ -60,6 +60,11 @@ void dataset_free(Dataset *ds);
  * non-NULL) receives the target tokens (incl. eos) of the whole global
  * batch, the divisor of the data-parallel mean loss. */
 void dataset_next(Dataset *ds, OwnedBatch *out, long *global_tokens);
+/* With gradient accumulation: a dataset made with dp_size = dp x n_micro
+ * shares (dp_rank < dp) gives rank dp_rank the shares dp_rank + i dp,
+ * i < n_micro, of the next global batch (budget x dp x n_micro) as out[i].
+ * dataset_next is the case n_micro = 1. */
+void dataset_next_micro(Dataset *ds, int n_micro, OwnedBatch *out, long *global_tokens);
 
 /* Every usable pair once, in a fixed length-sorted order, for evaluation:
  * batch i of n (not shuffled, not split across ranks). Returns the number of

@@ -31,6 +31,7 @@ struct GradSync {
     int launched;         // buckets handed over (reduction order)
     int done;             // buckets reduced
     double exposed_s, comm_s;
+    bool accumulate;      // ZeRO-2, a micro-batch after the step's first: add into the shard
     bool threaded;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -138,11 +139,13 @@ static void reduce_bucket_owned(GradSync *g, int k) {
         uint16_t *s16 = g->stage;  // (padded) bf16
         op_to_bf16(be, s16, mem, padded);
         comm_ok(comm_reduce_scatter_t(dp, s16, s16 + mine_at, b->q, COMM_BF16), dp);
-        op_from_bf16(be, g->shard + b->at, s16 + mine_at, b->q);
+        op_from_bf16(be, mem + mine_at, s16 + mine_at, b->q);
     } else {
         comm_ok(comm_reduce_scatter(dp, mem, mem + mine_at, b->q), dp);
-        op_copy(be, g->shard + b->at, mem + mine_at, b->q);
     }
+    float *piece = g->shard + b->at;
+    if (g->accumulate) op_add(be, piece, piece, mem + mine_at, b->q);  // a later micro-batch
+    else op_copy(be, piece, mem + mine_at, b->q);
     g->comm_s += tp_now_s() - t0;
 }
 
@@ -289,10 +292,12 @@ float *grad_sync_shard(GradSync *g) { return g->shard; }
 double grad_sync_exposed_s(const GradSync *g) { return g->exposed_s; }
 double grad_sync_comm_s(const GradSync *g) { return g->comm_s; }
 
-void grad_sync_begin(GradSync *g, float *grads) {
+void grad_sync_begin(GradSync *g, float *grads, bool accumulate) {
+    TP_CHECK(!accumulate || g->cfg.zero >= 2, "only ZeRO-2 reduces every micro-batch");
     g->grads = grads;
+    g->accumulate = accumulate;
     g->launched = g->done = 0;
-    g->comm_s = g->exposed_s = 0.0;
+    if (!accumulate) g->comm_s = g->exposed_s = 0.0;
     if (g->reduced) memset(g->reduced, 0, (size_t)g->L.n * sizeof *g->reduced);
 }
 
@@ -378,7 +383,7 @@ void grad_sync_ready(GradSync *g, size_t from) {
 }
 
 void grad_sync_finish(GradSync *g) {
-    const double t0 = tp_now_s() - g->exposed_s;  // ZeRO-2 may have waited during backward
+    const double t0 = tp_now_s() - g->exposed_s;  // ZeRO-2 may have waited during backward (or earlier micro-batches)
     if (g->dp_size == 1 && g->cfg.zero == 0) return;
     if (g->cfg.zero >= 2) {  // buckets backward never reached (no rows here) hold zeros
         bool changed = false;

@@ -95,8 +95,14 @@ float *grad_sync_shard(GradSync *g);
  * After finish, zero 0: grads holds the sum over dp; zero 1: grads holds
  * it in this rank's pieces (reduce-scattered in place, as Megatron's
  * distributed optimizer does: no second gradient buffer), elsewhere
- * unspecified values. */
-void grad_sync_begin(GradSync *g, float *grads);
+ * unspecified values.
+ * With micro-batches (gradient accumulation) stages 0 and 1 reduce once,
+ * during the last micro-batch's backward (the hooks are off before it);
+ * ZeRO-2 has no buffer to accumulate in, so it reduces every micro-batch
+ * (begin ... finish each time, accumulate set after the first: the pieces
+ * are added into the shard), as DeepSpeed's stage 2 does: M times the
+ * communication for the memory. */
+void grad_sync_begin(GradSync *g, float *grads, bool accumulate);
 void grad_sync_ready(GradSync *g, size_t from);
 /* ZeRO-2 (the model's grads_needed hook): storage for the buckets that hold
  * [lo, hi), zeroed, bound to the model; storage of reduced buckets goes. */

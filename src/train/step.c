@@ -10,6 +10,7 @@
 #include "clock.h"
 #include "err.h"
 #include "kernels/ops.h"
+#include "train/pipeline.h"
 
 enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq parts, norm, factor
 
@@ -43,22 +44,54 @@ void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConf
     free(r);
 }
 
-void train_step(Trainer *t, const Batch *b, long n_global, DropoutKey key, float lr, StepResult *out) {
+/* One micro-batch after another through the schedule (pipeline.h; one
+ * stage for now, so F0 B0 F1 B1 ...: gradient accumulation). */
+typedef struct {
+    Trainer *t;
+    const Batch *b;  // [m]
+    float scale;     // 1 / the global batch's target tokens
+    DropoutKey key;
+    int dp_size;
+} MicroCtx;
+
+static void micro_forward(void *ctx, int i) {
+    MicroCtx *c = ctx;
+    DropoutKey k = c->key;
+    k.micro += (uint32_t)(i * c->dp_size);  // the global micro-batch index: dp rank + i dp
+    if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, k, c->t->sc + SC_LOSS);
+}
+
+static void micro_backward(void *ctx, int i, int last) {
+    MicroCtx *c = ctx;
+    Trainer *t = c->t;
+    Model *m = t->m;
+    const bool zero2 = grad_sync_zero(t->gs) >= 2;
+    /* stages 0 and 1 reduce once, while the last micro-batch's backward
+     * runs; ZeRO-2 reduces every micro-batch into its shard */
+    const bool reduce = last || zero2;
+    if (zero2) grad_sync_begin(t->gs, m->grads, i > 0);
+    m->grads_final = reduce ? on_grads_final : NULL;
+    m->grads_needed = on_grads_needed;
+    m->grads_final_ctx = t->gs;
+    DropoutKey k = c->key;
+    k.micro += (uint32_t)(i * c->dp_size);
+    if (c->b[i].B > 0) model_backward(m, &c->b[i], true, k, c->scale);
+    m->grads_final = NULL;
+    m->grads_needed = NULL;
+    if (reduce) grad_sync_finish(t->gs);
+}
+
+void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutKey key, float lr, StepResult *out) {
     Model *m = t->m;
     Backend *be = t->be;
     model_zero_grad(m);
     op_zero(be, t->sc, SC_N);
-    grad_sync_begin(t->gs, m->grads);
-    m->grads_final = on_grads_final;
-    m->grads_needed = on_grads_needed;
-    m->grads_final_ctx = t->gs;
-    if (b->B > 0) {
-        model_forward_step(m, b, true, key, t->sc + SC_LOSS);
-        model_backward(m, b, true, key, n_global > 0 ? 1.0f / (float)n_global : 0.0f);
-    }
-    m->grads_final = NULL;
-    m->grads_needed = NULL;
-    grad_sync_finish(t->gs);
+    if (grad_sync_zero(t->gs) < 2) grad_sync_begin(t->gs, m->grads, false);
+    MicroCtx mc = {.t = t, .b = b, .scale = n_global > 0 ? 1.0f / (float)n_global : 0.0f, .key = key,
+                   .dp_size = t->dp ? comm_size(t->dp) : 1};
+    const PipeStage st = {.ctx = &mc, .p = 1, .s = 0, .m = n_micro, .forward = micro_forward,
+                          .backward = micro_backward};
+    pipeline_run(&st);
     const double t0 = tp_now_s();
     if (t->dp && comm_size(t->dp) > 1)
         comm_ok(comm_allreduce(t->dp, t->sc + SC_LOSS, 1, COMM_SUM), t->dp);  // the global loss sum

@@ -5,8 +5,8 @@
  * tensor-parallel group and clipping, AdamW (on this rank's shard under
  * ZeRO, then the allgather of the updated weights), the re-cast of the
  * compute weights, and the step's one read of its scalars. train_mt.c's
- * main only wires flags, data, evaluation and checkpoints to it; the
- * pipeline schedule will grow here. */
+ * main only wires flags, data, evaluation and checkpoints to it. The
+ * micro-batches run through the pipeline schedule (train/pipeline.h). */
 #ifndef TPTRAIN_STEP_H
 #define TPTRAIN_STEP_H
 
@@ -43,9 +43,12 @@ void trainer_free(Trainer *t);
  * (zero 0) or its ZeRO pieces. */
 void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConfig *cfg);
 
-/* One step at learning rate lr on this rank's batch b (B may be 0 when the
- * rank has no rows this step) of a global batch with n_global target
- * tokens. Every rank of the tp and dp groups calls it. */
-void train_step(Trainer *t, const Batch *b, long n_global, DropoutKey key, float lr, StepResult *out);
+/* One step at learning rate lr on this rank's n_micro micro-batches b[i]
+ * (B may be 0 when the rank has no rows) of a global batch with n_global
+ * target tokens: their gradients accumulate, and the dp reduction runs once
+ * (ZeRO-2: once per micro-batch). key.micro is the rank's first global
+ * micro-batch index (its dp rank); micro-batch i uses key.micro + i dp.
+ * Every rank of the tp and dp groups calls it. */
+void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutKey key, float lr, StepResult *out);
 
 #endif
