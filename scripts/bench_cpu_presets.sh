@@ -28,6 +28,7 @@ declare -A CAND=(
   [E_d128_v4k_cos]="--preset tiny $V4 --d-model 128 --ffn-hidden-size 512 --lr 1e-3 --warmup 100 --lr-schedule cosine"
   [F_d64_v4k_cos_dp4]="--preset tiny $V4 --d-model 64 --ffn-hidden-size 256 --lr 2e-3 --warmup 200 --lr-schedule cosine --tp 1 --dp 4 --batch-tokens 1024"
   [G_d128_v4k_cos_dp4]="--preset tiny $V4 --d-model 128 --ffn-hidden-size 512 --lr 2e-3 --warmup 100 --lr-schedule cosine --tp 1 --dp 4 --batch-tokens 1024"
+  [P_cpu_preset]="--preset cpu --spm-vocab-size 4000 --cache-dir $out/cache-v4000 --tp 1 --dp 4 --batch-tokens 1024"
   [H_d96_v4k_cos]="--preset tiny $V4 --d-model 96 --ffn-hidden-size 384 --lr 2e-3 --warmup 150 --lr-schedule cosine"
 )
 names=("$@")
@@ -81,5 +82,6 @@ PY
 done
 runs=() labels=()
 for n in "${names[@]}"; do runs+=("$out/$n.jsonl"); labels+=(--label "$n"); done
-/usr/bin/python3 "$here/scripts/plot_metrics.py" "${runs[@]}" "${labels[@]}" --x time -o "$out/candidates.png" > /dev/null
+/usr/bin/python3 "$here/scripts/plot_metrics.py" "${runs[@]}" "${labels[@]}" --x time \
+  --title "CPU main-job candidates at equal training time" -o "$out/candidates.png" > /dev/null
 echo "bench_cpu_presets: $out/table.tsv, $out/candidates.png"

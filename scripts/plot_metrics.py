@@ -91,7 +91,7 @@ def load(path):
                 dev.append(row)
             else:
                 raise MetricsError(f"{where}: neither a training row (loss), an evaluation row (dev_loss) "
-                                   "nor the final memory record")
+                                   "nor a memory record")
     if not train and not dev:
         raise MetricsError(f"{path}: no training or evaluation rows")
     return train, dev

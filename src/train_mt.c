@@ -692,9 +692,8 @@ __attribute__((format(printf, 3, 4))) static void metrics_line(FILE *f, const ch
     }
 }
 
-/* The final metrics record: every rank's peak bytes per tag. Collective. */
-static void memory_record(FILE *out, const char *path, const Runtime *rt, Backend *be, int step) {
-    double *all = memory_gather(rt, be);
+/* The metrics record of every rank's peak bytes per tag (from memory_gather). */
+static void memory_record(FILE *out, const char *path, const Runtime *rt, const double *all, int step) {
     if (out) {
         char *text = NULL;
         size_t len = 0;
@@ -715,11 +714,9 @@ static void memory_record(FILE *out, const char *path, const Runtime *rt, Backen
         metrics_line(out, path, "%s", text);
         free(text);
     }
-    free(all);
 }
 
-static void memory_table(const Runtime *rt, Backend *be, const char *when) {
-    double *all = memory_gather(rt, be);
+static void memory_table(const Runtime *rt, const Backend *be, const double *all, const char *when) {
     if (rt->mesh.rank == 0) {
         const double mib = 1.0 / (1024.0 * 1024.0);
         printf("peak memory per rank (MiB, %s; device %s):\n", when, be->device_name);
@@ -736,7 +733,27 @@ static void memory_table(const Runtime *rt, Backend *be, const char *when) {
         }
         fflush(stdout);
     }
-    free(all);
+}
+
+/* At a log point: the table and the per-tag metrics record when a peak of
+ * some rank grew since they were last given (the first time, always), so
+ * the log shows every new peak without repeating an unchanged table. *last
+ * (world x MEMF_N, NULL at first) keeps what was given. Collective. */
+static void memory_report_if_grown(const Runtime *rt, Backend *be, FILE *metrics, const char *path, int step,
+                                   double **last, const char *when) {
+    double *all = memory_gather(rt, be);
+    const size_t n = (size_t)rt->mesh.world * MEMF_N;
+    bool grown = *last == NULL;
+    for (size_t i = 0; !grown && i < n; i++)  // the tags and the allocator total (not RSS: it creeps)
+        grown = i % MEMF_N <= MEMF_TOTAL && all[i] > (*last)[i];
+    if (grown) {
+        memory_table(rt, be, all, when);
+        memory_record(metrics, path, rt, all, step);
+        free(*last);
+        *last = all;
+    } else {
+        free(all);
+    }
 }
 
 /* Every rank's allocator peak and peak RSS in the metrics record, in MiB:
@@ -941,6 +958,7 @@ int main(int argc, char **argv) {
     const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = tp_now_s();
     double t_window = t_start, t_eval = 0.0, t_comm = 0.0, t_exposed = 0.0;
+    double *mem_last = NULL;  // the memory figures last reported
     long tok_window = 0;
     int saved_step = first_step - 1;
     for (int step = first_step; step <= total; step++) {
@@ -988,8 +1006,11 @@ int main(int argc, char **argv) {
                                  lr, gnorm, tps, t - t_start, mem ? mem : "");
             }
             free(mem);
-            if (step == a.log_interval || (step == total && total < a.log_interval))
-                memory_table(&rt, be, "after the first logged steps");
+            if (step != total) {
+                char when[64];
+                snprintf(when, sizeof when, "step %d", step);
+                memory_report_if_grown(&rt, be, lead ? metrics : NULL, a.metrics_path, step, &mem_last, when);
+            }
             t_window = tp_now_s();
             tok_window = 0;
         }
@@ -1012,8 +1033,9 @@ int main(int argc, char **argv) {
                 }
             }
             comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
-            t_eval += tp_now_s() - t0;
-            t_window = tp_now_s();
+            const double dt = tp_now_s() - t0;
+            t_eval += dt;
+            t_window += dt;  // tokens/s counts training time only (the window keeps its tokens)
         }
         if (a.save_dir && a.save_interval && step % a.save_interval == 0) {
             save(&a, &rt, &m, &opt, &src, step);
@@ -1034,8 +1056,13 @@ int main(int argc, char **argv) {
             printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,
                    ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
     }
-    memory_table(&rt, be, "end of training");
-    memory_record(lead ? metrics : NULL, a.metrics_path, &rt, be, total);
+    {
+        double *all = memory_gather(&rt, be);
+        memory_table(&rt, be, all, "end of training");
+        memory_record(lead ? metrics : NULL, a.metrics_path, &rt, all, total);
+        free(all);
+        free(mem_last);
+    }
     int rc = 0;
     if (a.export_dir) {
         Model full;

@@ -83,7 +83,7 @@ def rows(path):
     out = []
     for line in open(path):
         r = json.loads(line, parse_float=str)  # keep the printed digits
-        if "memory" in r:  # the final memory record: a measurement of the process, not a training result
+        if "memory" in r:  # a memory record: a measurement of the process, not a training result
             continue
         for k in ("tokens_per_s", "elapsed_s", "mem_peak_mib", "mem_rss_mib", "mem_device_used_mib"):  # measurements, not results
             r.pop(k, None)

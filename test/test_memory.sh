@@ -45,8 +45,11 @@ acts = {}
 for name, tp, world in (("tp1", 1, 1), ("tp2", 2, 2), ("tp4", 4, 4), ("tp2dp2", 2, 4)):
     rows = [json.loads(l) for l in open(f"{name}.jsonl")]
     mem = [r for r in rows if "memory" in r]
-    assert len(mem) == 1, f"{name}: {len(mem)} final memory records"
-    ranks = mem[0]["memory"]
+    # one record at the first log point, one more whenever a peak grew, one at the end
+    steps = [r["step"] for r in mem]
+    assert len(mem) >= 2 and steps == sorted(steps) and steps[0] == 1, f"{name}: memory records at steps {steps}"
+    assert steps[-1] == max(r["step"] for r in rows if "loss" in r), f"{name}: no memory record at the end: {steps}"
+    ranks = mem[-1]["memory"]
     assert len(ranks) == world, f"{name}: {len(ranks)} ranks in the memory record, expected {world}"
     p = params_per_rank(tp) * 4
     want = {"master": p, "grads": p, "optimizer": 2 * p, "compute": 0, "library": 0,
