@@ -262,11 +262,11 @@ void model_release_grads(Model *m) {
     backend_free(m->be, m->grads);
     m->grads = NULL;
     float **none = TP_CALLOC((size_t)m->tab.n, sizeof *none);
-    weights_bind_each(&m->g, &m->cfg, m->tp.size, none);
+    weights_bind_each(&m->g, &m->cfg, m->tp.size, NULL, none);
     free(none);
 }
 
-void model_bind_grads(Model *m, float *const *each) { weights_bind_each(&m->g, &m->cfg, m->tp.size, each); }
+void model_bind_grads(Model *m, float *const *each) { weights_bind_each(&m->g, &m->cfg, m->tp.size, NULL, each); }
 
 void model_gather(const Model *m, Model *whole) {
     const int tp = m->tp.size;

@@ -20,6 +20,7 @@ typedef struct {
     size_t offset;     // running offset in elements
     int tp;            // shards of tp-way tensor parallelism
     int vocab_local;   // rows of a VOCAB shard
+    bool skip;         // the tensors walked now are not in this stage
 } Walk;
 
 /* The shard shape of a (rows, cols) tensor (cols 0: 1-D) under tp ways. */
@@ -32,6 +33,7 @@ static void local_shape(const Walk *w, int rows, int cols, SplitLabel split, int
 }
 
 static float *add(Walk *w, const char *name, int rows, int cols, SplitLabel split) {
+    if (w->skip) return NULL;
     int lr, lc;
     local_shape(w, rows, cols, split, &lr, &lc);
     size_t n = (size_t)lr * (size_t)(lc > 0 ? lc : 1);
@@ -104,23 +106,34 @@ static void walk_ffn(Walk *w, const char *prefix, FfnW *f, int C, int F) {
     f->b2 = add(w, name, C, 0, SPLIT_REPL);
 }
 
-static void walk_model(Walk *w, const ModelConfig *cfg, Weights *out) {
+/* The tensors of stage st (NULL: the whole model) in buffer order:
+ * embedding, encoder layers, encoder LayerNorm, decoder layers, decoder
+ * LayerNorm; the others are skipped (their views stay NULL). */
+static void walk_model(Walk *w, const ModelConfig *cfg, const ModelStage *st, Weights *out) {
     const int C = cfg->d_model, F = cfg->d_ff;
+    const ModelStage whole = model_stage_whole(cfg);
+    if (!st) st = &whole;
     char prefix[64];
+    w->skip = !model_stage_has_embed(st);
     out->embed = add(w, "embed.weight", cfg->vocab_size, C, SPLIT_VOCAB);
     for (int l = 0; l < cfg->enc_layers; l++) {
+        w->skip = l < st->enc_lo || l >= st->enc_hi;
         snprintf(prefix, sizeof prefix, "encoder.layers.%d", l);
         walk_attn(w, prefix, "self_attn", &out->enc[l].self, C);
         walk_ffn(w, prefix, &out->enc[l].ffn, C, F);
     }
+    w->skip = !st->enc_ln;
     walk_ln(w, "encoder.final_ln", &out->enc_ln_g, &out->enc_ln_b, C);
     for (int l = 0; l < cfg->dec_layers; l++) {
+        w->skip = l < st->dec_lo || l >= st->dec_hi;
         snprintf(prefix, sizeof prefix, "decoder.layers.%d", l);
         walk_attn(w, prefix, "self_attn", &out->dec[l].self, C);
         walk_attn(w, prefix, "cross_attn", &out->dec[l].cross, C);
         walk_ffn(w, prefix, &out->dec[l].ffn, C, F);
     }
+    w->skip = !st->head;
     walk_ln(w, "decoder.final_ln", &out->dec_ln_g, &out->dec_ln_b, C);
+    w->skip = false;
 }
 
 static void weights_alloc(Weights *w, const ModelConfig *cfg) {
@@ -131,7 +144,9 @@ static void weights_alloc(Weights *w, const ModelConfig *cfg) {
 
 int vocab_padded(const ModelConfig *cfg, int tp) { return (cfg->vocab_size + tp - 1) / tp * tp; }
 
-void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab) {
+void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab) { param_table_build_stage(cfg, tp, NULL, tab); }
+
+void param_table_build_stage(const ModelConfig *cfg, int tp, const ModelStage *st, ParamTable *tab) {
     TP_CHECK(tp >= 1 && cfg->n_heads % tp == 0 && cfg->d_ff % tp == 0,
              "tensor parallelism %d must divide n_heads %d and d_ff %d", tp, cfg->n_heads, cfg->d_ff);
     memset(tab, 0, sizeof *tab);
@@ -139,7 +154,7 @@ void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab) {
     Weights scratch;
     weights_alloc(&scratch, cfg);
     Walk w = {.tab = tab, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
-    walk_model(&w, cfg, &scratch);
+    walk_model(&w, cfg, st, &scratch);
     weights_free(&scratch);
 }
 
@@ -164,16 +179,18 @@ const ParamInfo *param_table_find(const ParamTable *tab, const char *name) {
     return NULL;
 }
 
-void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base) {
+void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base) { weights_bind_stage(w, cfg, tp, NULL, base); }
+
+void weights_bind_stage(Weights *w, const ModelConfig *cfg, int tp, const ModelStage *st, float *base) {
     weights_alloc(w, cfg);
     Walk walk = {.base = base, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
-    walk_model(&walk, cfg, w);
+    walk_model(&walk, cfg, st, w);
 }
 
-void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, float *const *each) {
+void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, const ModelStage *st, float *const *each) {
     if (!w->enc) weights_alloc(w, cfg);
     Walk walk = {.each = each, .tp = tp, .vocab_local = vocab_padded(cfg, tp) / tp};
-    walk_model(&walk, cfg, w);
+    walk_model(&walk, cfg, st, w);
 }
 
 void weights_free(Weights *w) {

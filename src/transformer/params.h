@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "transformer/config.h"
+#include "transformer/stage.h"
 
 typedef enum {
     SPLIT_REPL = 0,  // whole on every tp rank (LayerNorm, biases of ROW layers)
@@ -72,6 +73,8 @@ int vocab_padded(const ModelConfig *cfg, int tp);
 /* Builds the table of one rank's shards for tp-way tensor parallelism
  * (tp = 1: whole tensors). Caller frees with param_table_free. */
 void param_table_build(const ModelConfig *cfg, int tp, ParamTable *tab);
+/* The same for the tensors of one pipeline stage (NULL: the whole model). */
+void param_table_build_stage(const ModelConfig *cfg, int tp, const ModelStage *st, ParamTable *tab);
 void param_table_free(ParamTable *tab);
 const ParamInfo *param_table_find(const ParamTable *tab, const char *name);
 /* The index of the tensor holding buffer element `offset` (the first one
@@ -81,11 +84,13 @@ int param_table_index_at(const ParamTable *tab, size_t offset);
 /* Points w's tensors into base (n_elems of the tp-way table). w->enc /
  * w->dec are allocated here; free with weights_free. */
 void weights_bind(Weights *w, const ModelConfig *cfg, int tp, float *base);
+/* The same for stage st's table (NULL: the whole model); other views NULL. */
+void weights_bind_stage(Weights *w, const ModelConfig *cfg, int tp, const ModelStage *st, float *base);
 void weights_free(Weights *w);
 /* Points tensor i of w at each[i] (NULL allowed: not to be touched), for
  * tensors that do not live in one buffer; w may already be bound (its
  * arrays are reused). */
-void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, float *const *each);
+void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, const ModelStage *st, float *const *each);
 
 /* Deterministic initialisation from seed: linear weights Xavier-uniform,
  * embedding N(0, C^-1/2), biases 0, LayerNorm gamma 1 / beta 0. Every
