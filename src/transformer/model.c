@@ -44,6 +44,13 @@ typedef struct {
 typedef struct { AttnActs self; FfnActs ffn; } EncActs;
 typedef struct { AttnActs self, cross; FfnActs ffn; } DecActs;
 
+/* Backward's scratch (and forward's d_tmp): one buffer shared by the slots,
+ * carved for the shape of the slot in use. */
+struct ModelScratch {
+    float *buf;                  // device, MEM_ACT
+    size_t cap_elems;
+};
+
 struct ModelActs {
     int B, S, T;                 // shape the layout was carved for
     float *buf;                  // device, MEM_ACT
@@ -62,7 +69,7 @@ struct ModelActs {
     float *logits;               // (Nt, V/tp)
     float *losses, *lse;         // (Nt)
     float *row_max, *xstats;     // (Nt), (Nt, 3) vocab-parallel loss statistics
-    /* backward scratch */
+    /* scratch, in the shared buffer */
     float *d_res_s, *d_enc_out;  // (Ns, C)
     float *d_res_t;              // (Nt, C)
     float *d_tmp, *d_ln;         // (maxN, C)
@@ -102,39 +109,59 @@ static void carve_ffn(Carver *c, FfnActs *f, size_t N, int C, int Fl) {
     f->a = take(c, N * Fl);
 }
 
-/* One walk both sizes (base NULL) and binds the layout for (B, S, T). */
+/* One walk both sizes (base NULL) and binds what the current stage keeps
+ * for backward, for (B, S, T): its layers' activations, the streams at its
+ * boundaries, the encoder output where the decoder needs it, the head's. */
 static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S, int T) {
     const ModelConfig *cfg = &m->cfg;
+    const ModelStage *st = &m->stage;
     const int C = cfg->d_model, tp = m->tp.size;
     const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
-    const size_t Ns = (size_t)B * S, Nt = (size_t)B * T, maxN = Ns > Nt ? Ns : Nt;
-    const size_t maxL = (size_t)(S > T ? S : T);
+    const size_t Ns = (size_t)B * S, Nt = (size_t)B * T;
+    const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
     Carver c = {base, 0};
-    for (int l = 0; l <= cfg->enc_layers; l++) A->enc_res[l] = take(&c, Ns * C);
-    for (int l = 0; l < cfg->enc_layers; l++) {
+    if (has_enc)
+        for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, Ns * C);
+    for (int l = st->enc_lo; l < st->enc_hi; l++) {
         A->enc_mid[l] = take(&c, Ns * C);
         carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl);
         carve_ffn(&c, &A->enc[l].ffn, Ns, C, Fl);
     }
-    A->enc_out = take(&c, Ns * C);
-    A->enc_m = take(&c, Ns);
-    A->enc_r = take(&c, Ns);
-    for (int l = 0; l <= cfg->dec_layers; l++) A->dec_res[l] = take(&c, Nt * C);
-    for (int l = 0; l < cfg->dec_layers; l++) {
+    if (st->enc_ln || has_dec) A->enc_out = take(&c, Ns * C);
+    if (st->enc_ln) {
+        A->enc_m = take(&c, Ns);
+        A->enc_r = take(&c, Ns);
+    }
+    if (has_dec)
+        for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, Nt * C);
+    for (int l = st->dec_lo; l < st->dec_hi; l++) {
         A->dec_mid1[l] = take(&c, Nt * C);
         A->dec_mid2[l] = take(&c, Nt * C);
         carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl);
         carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl);
         carve_ffn(&c, &A->dec[l].ffn, Nt, C, Fl);
     }
-    A->dec_out = take(&c, Nt * C);
-    A->dec_m = take(&c, Nt);
-    A->dec_r = take(&c, Nt);
-    A->logits = take(&c, Nt * Vl);
-    A->losses = take(&c, Nt);
-    A->lse = take(&c, Nt);
-    A->row_max = take(&c, Nt);
-    A->xstats = take(&c, Nt * 3);
+    if (st->head) {
+        A->dec_out = take(&c, Nt * C);
+        A->dec_m = take(&c, Nt);
+        A->dec_r = take(&c, Nt);
+        A->logits = take(&c, Nt * Vl);
+        A->losses = take(&c, Nt);
+        A->lse = take(&c, Nt);
+        A->row_max = take(&c, Nt);
+        A->xstats = take(&c, Nt * 3);
+    }
+    return c.off;
+}
+
+/* The same for the scratch of (B, S, T), shared by the slots. */
+static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, int S, int T) {
+    const ModelConfig *cfg = &m->cfg;
+    const int C = cfg->d_model, tp = m->tp.size;
+    const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
+    const size_t Ns = (size_t)B * S, Nt = (size_t)B * T, maxN = Ns > Nt ? Ns : Nt;
+    const size_t maxL = (size_t)(S > T ? S : T);
+    Carver c = {base, 0};
     A->d_res_s = take(&c, Ns * C);
     A->d_enc_out = take(&c, Ns * C);
     A->d_res_t = take(&c, Nt * C);
@@ -147,12 +174,20 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     A->d_h = take(&c, maxN * Fl);
     A->d_a = take(&c, maxN * Fl);
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
-    A->d_logits = take(&c, Nt * Vl);
+    A->d_logits = m->stage.head ? take(&c, Nt * Vl) : NULL;
     return c.off;
 }
 
 static void acts_prepare(Model *m, int B, int S, int T) {
     ModelActs *A = m->acts;
+    struct ModelScratch *X = m->scratch;
+    const size_t need_x = carve_scratch(A, m, NULL, B, S, T);
+    if (need_x > X->cap_elems) {
+        backend_free(m->be, X->buf);
+        X->buf = backend_alloc(m->be, need_x * sizeof(float), MEM_ACT);
+        X->cap_elems = need_x;
+    }
+    carve_scratch(A, m, X->buf, B, S, T);
     if (A->buf && A->B == B && A->S == S && A->T == T) return;
     size_t need = carve_acts(A, m, NULL, B, S, T);
     if (need > A->cap_elems) {
@@ -167,6 +202,48 @@ static void acts_prepare(Model *m, int B, int S, int T) {
     A->T = T;
 }
 
+static ModelActs *acts_new(const ModelConfig *cfg) {
+    ModelActs *A = TP_CALLOC(1, sizeof *A);
+    A->enc = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc);
+    A->dec = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec);
+    A->enc_res = TP_CALLOC((size_t)cfg->enc_layers + 1, sizeof *A->enc_res);
+    A->enc_mid = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc_mid);
+    A->dec_res = TP_CALLOC((size_t)cfg->dec_layers + 1, sizeof *A->dec_res);
+    A->dec_mid1 = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec_mid1);
+    A->dec_mid2 = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec_mid2);
+    return A;
+}
+
+static void acts_free(Backend *be, ModelActs *A) {
+    if (!A) return;
+    backend_free(be, A->buf);
+    backend_free(be, A->ids);
+    free(A->enc);
+    free(A->dec);
+    free(A->enc_res);
+    free(A->enc_mid);
+    free(A->dec_res);
+    free(A->dec_mid1);
+    free(A->dec_mid2);
+    free(A);
+}
+
+void model_set_slots(Model *m, int n) {
+    TP_CHECK(n >= 1, "model_set_slots: %d slots", n);
+    for (int i = n; i < m->n_slots; i++) acts_free(m->be, m->slots[i]);
+    m->slots = realloc(m->slots, (size_t)n * sizeof *m->slots);
+    TP_CHECK(m->slots, "out of memory");
+    for (int i = m->n_slots; i < n; i++) m->slots[i] = acts_new(&m->cfg);
+    m->n_slots = n;
+    model_use_slot(m, 0);
+}
+
+void model_use_slot(Model *m, int slot) {
+    TP_CHECK(slot >= 0 && slot < m->n_slots, "activation slot %d of %d", slot, m->n_slots);
+    m->slot = slot;
+    m->acts = m->slots[slot];
+}
+
 /* ---- life cycle ----------------------------------------------------------------- */
 
 int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
@@ -176,9 +253,15 @@ int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *t
 
 int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                     unsigned flags, char *err, size_t err_len) {
+    return model_create_stage(m, be, cfg, tp, NULL, seed, flags, err, err_len);
+}
+
+int model_create_stage(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, const ModelStage *stage,
+                       unsigned long long seed, unsigned flags, char *err, size_t err_len) {
     memset(m, 0, sizeof *m);
     if (config_validate(cfg, err, err_len)) return -1;
     m->cfg = *cfg;
+    m->stage = stage ? *stage : model_stage_whole(cfg);
     m->tp = tp ? *tp : (TpGroup){.size = 1, .rank = 0, .comm = NULL};
     if (tp_group_check(&m->tp, err, err_len)) return -1;
     const int t = m->tp.size;
@@ -201,12 +284,12 @@ int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup
         m->owns_be = true;
     }
     m->be = be;
-    param_table_build(cfg, t, &m->tab);
+    param_table_build_stage(cfg, t, &m->stage, &m->tab);
     m->params = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_MASTER);
     if (!(flags & MODEL_NO_GRAD_BUFFER)) m->grads = backend_alloc(be, m->tab.n_elems * sizeof(float), MEM_GRAD);
     m->scalars = backend_alloc(be, 2 * sizeof(float), MEM_WORKSPACE);
-    weights_bind(&m->w, cfg, t, m->params);
-    weights_bind(&m->g, cfg, t, m->grads);  // all NULL without the buffer
+    weights_bind_stage(&m->w, cfg, t, &m->stage, m->params);
+    weights_bind_stage(&m->g, cfg, t, &m->stage, m->grads);  // all NULL without the buffer
     /* initialised on the host (a pure function of seed and position), uploaded once */
     float *init = be->host_visible ? m->params : TP_MALLOC(m->tab.n_elems * sizeof(float));
     params_init(init, &m->tab, cfg, m->tp.rank, seed);
@@ -215,31 +298,17 @@ int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup
         free(init);
     }
     backend_add_compute_weights(be, m->params, m->tab.n_elems);
-    ModelActs *A = TP_CALLOC(1, sizeof *A);
-    A->enc = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc);
-    A->dec = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec);
-    A->enc_res = TP_CALLOC((size_t)cfg->enc_layers + 1, sizeof *A->enc_res);
-    A->enc_mid = TP_CALLOC((size_t)cfg->enc_layers, sizeof *A->enc_mid);
-    A->dec_res = TP_CALLOC((size_t)cfg->dec_layers + 1, sizeof *A->dec_res);
-    A->dec_mid1 = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec_mid1);
-    A->dec_mid2 = TP_CALLOC((size_t)cfg->dec_layers, sizeof *A->dec_mid2);
-    m->acts = A;
+    m->scratch = TP_CALLOC(1, sizeof *m->scratch);
+    model_set_slots(m, 1);
     return 0;
 }
 
 void model_free(Model *m) {
-    if (m->acts) {
-        ModelActs *A = m->acts;
-        backend_free(m->be, A->buf);
-        backend_free(m->be, A->ids);
-        free(A->enc);
-        free(A->dec);
-        free(A->enc_res);
-        free(A->enc_mid);
-        free(A->dec_res);
-        free(A->dec_mid1);
-        free(A->dec_mid2);
-        free(A);
+    for (int i = 0; i < m->n_slots; i++) acts_free(m->be, m->slots[i]);
+    free(m->slots);
+    if (m->scratch) {
+        backend_free(m->be, m->scratch->buf);
+        free(m->scratch);
     }
     weights_free(&m->w);
     weights_free(&m->g);
@@ -262,11 +331,11 @@ void model_release_grads(Model *m) {
     backend_free(m->be, m->grads);
     m->grads = NULL;
     float **none = TP_CALLOC((size_t)m->tab.n, sizeof *none);
-    weights_bind_each(&m->g, &m->cfg, m->tp.size, NULL, none);
+    weights_bind_each(&m->g, &m->cfg, m->tp.size, &m->stage, none);
     free(none);
 }
 
-void model_bind_grads(Model *m, float *const *each) { weights_bind_each(&m->g, &m->cfg, m->tp.size, NULL, each); }
+void model_bind_grads(Model *m, float *const *each) { weights_bind_each(&m->g, &m->cfg, m->tp.size, &m->stage, each); }
 
 void model_gather(const Model *m, Model *whole) {
     const int tp = m->tp.size;
@@ -345,7 +414,11 @@ static void upload_batch(Model *m, const Batch *b) {
     }
 }
 
-size_t model_activation_bytes(const Model *m) { return m->acts->cap_elems * sizeof(float); }
+size_t model_activation_bytes(const Model *m) {
+    size_t n = m->scratch->cap_elems;
+    for (int i = 0; i < m->n_slots; i++) n += m->slots[i]->cap_elems;
+    return n * sizeof(float);
+}
 
 static int check_ids(const int32_t *ids, const int32_t *len, int B, int T, const ModelConfig *c,
                      const char *what, char *err, size_t err_len) {
@@ -442,14 +515,18 @@ static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T
     op_dropout_fwd(m->be, x, x, (size_t)B * T * C, p, seed, stream);
 }
 
-/* Encoder stack into A->enc_out (Ns, C); the activation layout must be prepared. */
+/* The stage's encoder layers (the source embedding first on the first
+ * stage, the final LayerNorm into A->enc_out on the stage ending the
+ * encoder); the activation layout must be prepared and, after the first
+ * stage, A->enc_res[enc_lo] received. */
 static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float p,
                         DropoutKey key) {
     const ModelConfig *c = &m->cfg;
+    const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
     const int Ns = B * S;
-    embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
-    for (int l = 0; l < c->enc_layers; l++) {
+    if (st->enc_embed) embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    for (int l = st->enc_lo; l < st->enc_hi; l++) {
         const EncLayerW *w = &m->w.enc[l];
         EncActs *a = &A->enc[l];
         attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p,
@@ -457,12 +534,14 @@ static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, in
         ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN));
     }
-    op_layernorm_fwd(m->be, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b,
-                     Ns, c->d_model, c->ln_eps);
+    if (st->enc_ln)
+        op_layernorm_fwd(m->be, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g,
+                         m->w.enc_ln_b, Ns, c->d_model, c->ln_eps);
 }
 
 /* src and src_len are device arrays here (decode.c uploads them). */
 void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float *enc_out) {
+    TP_CHECK(m->stage.enc_embed && m->stage.enc_ln, "model_encode needs the whole encoder on one stage");
     acts_prepare(m, B, S, 1);
     encoder_fwd(m, src, src_len, B, S, 0.0f, (DropoutKey){0});
     op_copy(m->be, enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
@@ -470,6 +549,7 @@ void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, i
 
 void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, float *loss_sum) {
     const ModelConfig *c = &m->cfg;
+    const ModelStage *st = &m->stage;
     const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
     const int Nt = B * T;
     const float p = drop_p(m, train);
@@ -479,8 +559,8 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     const int32_t *src_len = A->dev_src_len, *tgt_len = A->dev_tgt_len, *tgt_out = A->dev_tgt_out;
 
     encoder_fwd(m, A->dev_src, src_len, B, S, p, key);
-    embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
-    for (int l = 0; l < c->dec_layers; l++) {
+    if (st->dec_embed) embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+    for (int l = st->dec_lo; l < st->dec_hi; l++) {
         const DecLayerW *w = &m->w.dec[l];
         DecActs *a = &A->dec[l];
         attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, tgt_len, B, T, T, true, p,
@@ -490,6 +570,7 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
         ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], Nt, p, key.seed,
                 stream_of(key, l, SITE_DEC_FFN));
     }
+    if (!st->head) return;
     op_layernorm_fwd(m->be, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
                      Nt, C, c->ln_eps);
     /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
@@ -497,6 +578,55 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits, tgt_out, Nt,
                       m->vocab_local, m->vocab_valid, m->vocab_start, V, c->label_smoothing, c->pad_id);
     op_sum_acc(m->be, loss_sum, A->losses, (size_t)Nt);
+}
+
+/* ---- stage boundaries -------------------------------------------------------- */
+
+static bool stage_has_dec(const ModelStage *st) { return st->dec_hi > st->dec_lo; }
+
+void model_stage_msg_elems(const ModelConfig *cfg, bool has_dec, int B, int S, int T, size_t *enc, size_t *dec) {
+    *enc = (size_t)B * S * cfg->d_model;
+    *dec = has_dec ? (size_t)B * T * cfg->d_model : 0;
+}
+
+StageIO model_stage_input(Model *m, int B, int S, int T) {
+    const ModelStage *st = &m->stage;
+    acts_prepare(m, B, S, T);
+    ModelActs *A = m->acts;
+    StageIO io = {NULL, NULL};
+    if (model_stage_gets_enc_res(st)) io.enc = A->enc_res[st->enc_lo];
+    else if (model_stage_gets_enc_out(st)) io.enc = A->enc_out;
+    if (model_stage_gets_dec(st)) io.dec = A->dec_res[st->dec_lo];
+    return io;
+}
+
+StageIO model_stage_output(Model *m) {
+    const ModelStage *st = &m->stage;
+    ModelActs *A = m->acts;
+    StageIO io = {NULL, NULL};
+    io.enc = st->enc_ln || stage_has_dec(st) ? A->enc_out : A->enc_res[st->enc_hi];
+    if (stage_has_dec(st)) io.dec = A->dec_res[st->dec_hi];
+    return io;
+}
+
+StageIO model_stage_output_grad(Model *m, int B, int S, int T) {
+    const ModelStage *st = &m->stage;
+    acts_prepare(m, B, S, T);
+    ModelActs *A = m->acts;
+    StageIO io = {NULL, NULL};
+    io.enc = st->enc_ln || stage_has_dec(st) ? A->d_enc_out : A->d_res_s;
+    if (stage_has_dec(st)) io.dec = A->d_res_t;
+    return io;
+}
+
+StageIO model_stage_input_grad(Model *m) {
+    const ModelStage *st = &m->stage;
+    ModelActs *A = m->acts;
+    StageIO io = {NULL, NULL};
+    if (model_stage_gets_enc_res(st)) io.enc = A->d_res_s;
+    else if (model_stage_gets_enc_out(st)) io.enc = A->d_enc_out;
+    if (model_stage_gets_dec(st)) io.dec = A->d_res_t;
+    return io;
 }
 
 float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {
@@ -581,32 +711,42 @@ static void grads_needed_at(Model *m, const float *w, size_t n_elems) {
     if (m->grads_needed) m->grads_needed(m->grads_final_ctx, lo, n_elems ? lo + n_elems : m->tab.n_elems);
 }
 
+/* Backward of the current stage. The last stage starts from the loss; the
+ * others from the output gradients the caller wrote where
+ * model_stage_output_grad points. */
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
     const ModelConfig *c = &m->cfg;
+    const ModelStage *st = &m->stage;
     const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
     const int Ns = B * S, Nt = B * T;
     const float p = drop_p(m, train);
     ModelActs *A = m->acts;
     TP_CHECK(A->buf && A->B == B && A->S == S && A->T == T,
              "model_backward called without a matching model_forward");
+    acts_prepare(m, B, S, T);  // the shared scratch, for this slot's shape
 
-    /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
-    const int Vl = m->vocab_local;
-    op_zero(m->be, A->d_logits, (size_t)Nt * Vl);
-    op_xent_vp_bwd(m->be, A->d_logits, A->logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid, m->vocab_start,
-                   V, c->label_smoothing, c->pad_id);
-    op_zero(m->be, A->d_ln, (size_t)Nt * C);
-    grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
-    grads_needed_at(m, m->w.dec_ln_g, 0);
-    op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
-    tp_reduce_bwd(&m->tp, A->d_ln, (size_t)Nt * C);
-    op_zero(m->be, A->d_res_t, (size_t)Nt * C);
-    op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
-                     A->dec_r, m->w.dec_ln_g, Nt, C);
-    grads_final_from(m, m->w.dec_ln_g);
+    if (st->head) {
+        /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
+        const int Vl = m->vocab_local;
+        op_zero(m->be, A->d_logits, (size_t)Nt * Vl);
+        op_xent_vp_bwd(m->be, A->d_logits, A->logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
+                       m->vocab_start, V, c->label_smoothing, c->pad_id);
+        op_zero(m->be, A->d_ln, (size_t)Nt * C);
+        grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
+        grads_needed_at(m, m->w.dec_ln_g, 0);
+        op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+        tp_reduce_bwd(&m->tp, A->d_ln, (size_t)Nt * C);
+        op_zero(m->be, A->d_res_t, (size_t)Nt * C);
+        op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
+                         A->dec_r, m->w.dec_ln_g, Nt, C);
+        grads_final_from(m, m->w.dec_ln_g);
+        /* the encoder output's gradient starts here (a later stage's partial arrives otherwise) */
+        op_zero(m->be, A->d_enc_out, (size_t)Ns * C);
+    } else if (st->dec_embed && stage_has_dec(st)) {
+        grads_needed_at(m, m->w.embed, (size_t)m->vocab_local * C);  // the target embedding's, written at the end
+    }
 
-    op_zero(m->be, A->d_enc_out, (size_t)Ns * C);
-    for (int l = c->dec_layers - 1; l >= 0; l--) {
+    for (int l = st->dec_hi - 1; l >= st->dec_lo; l--) {
         const DecLayerW *w = &m->w.dec[l];
         grads_needed_at(m, w->self.ln_g, 0);
         DecLayerW *g = &m->g.dec[l];
@@ -619,15 +759,17 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                  stream_of(key, l, SITE_DEC_SELF));
         grads_final_from(m, w->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
-    embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+    if (st->dec_embed) embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
-    tp_reduce_bwd(&m->tp, A->d_enc_out, (size_t)Ns * C);  // cross-attention k/v of every decoder layer
-    op_zero(m->be, A->d_res_s, (size_t)Ns * C);
-    grads_needed_at(m, m->w.enc_ln_g, 0);
-    op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m,
-                     A->enc_r, m->w.enc_ln_g, Ns, C);
-    grads_final_from(m, m->w.enc_ln_g);
-    for (int l = c->enc_layers - 1; l >= 0; l--) {
+    if (st->enc_ln) {
+        tp_reduce_bwd(&m->tp, A->d_enc_out, (size_t)Ns * C);  // cross-attention k/v of every decoder layer
+        op_zero(m->be, A->d_res_s, (size_t)Ns * C);
+        grads_needed_at(m, m->w.enc_ln_g, 0);
+        op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers],
+                         A->enc_m, A->enc_r, m->w.enc_ln_g, Ns, C);
+        grads_final_from(m, m->w.enc_ln_g);
+    }
+    for (int l = st->enc_hi - 1; l >= st->enc_lo; l--) {
         const EncLayerW *w = &m->w.enc[l];
         grads_needed_at(m, w->self.ln_g, 0);
         EncLayerW *g = &m->g.enc[l];
@@ -638,6 +780,10 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                  stream_of(key, l, SITE_ENC_ATTN));
         grads_final_from(m, w->self.ln_g);
     }
-    embed_bwd(m, A->d_res_s, A->dev_src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    if (st->enc_embed) {
+        if (!st->dec_embed && !st->head) grads_needed_at(m, m->w.embed, (size_t)m->vocab_local * C);
+        embed_bwd(m, A->d_res_s, A->dev_src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    }
+    if (m->embed_sync) m->embed_sync(m->embed_sync_ctx);
     grads_final_from(m, m->params);
 }

@@ -21,6 +21,7 @@
 #include "tp/parallel.h"
 #include "transformer/config.h"
 #include "transformer/params.h"
+#include "transformer/stage.h"
 
 /* Keys of the dropout masks of one forward pass (see ops.h dropout_stream). */
 typedef struct {
@@ -37,6 +38,7 @@ typedef struct {
     Backend *be;         // where the buffers live and the ops run
     bool owns_be;        // created by model_create (be == NULL was passed)
     TpGroup tp;
+    ModelStage stage;    // the part of the stack this model holds (the whole by default)
     int vocab_local;     // vocabulary rows of this rank's shard (padded / tp)
     int vocab_start;     // first vocabulary id of the shard
     int vocab_valid;     // real (unpadded) rows of the shard
@@ -46,7 +48,16 @@ typedef struct {
     float *scalars;      // (2) device: loss sum of the last forward, spare
     Weights w;           // views into params
     Weights g;           // views into grads
-    ModelActs *acts;     // private: activation buffer and its layout
+    ModelActs *acts;     // private: the activation slot in use (slots[slot])
+    ModelActs **slots;   // private: [n_slots] activations kept per micro-batch in flight
+    int n_slots, slot;
+    struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
+    /* Called by model_backward just before the gradients at buffer offset
+     * 0 (the tied embedding, first in the buffer) become final: pipeline
+     * stages sum the embedding gradients of the embedding group there.
+     * NULL: no call. Uses grads_final_ctx's sibling embed_sync_ctx. */
+    void (*embed_sync)(void *ctx);
+    void *embed_sync_ctx;
     /* Called by model_backward each time every gradient at buffer offset
      * >= from is final (backward finishes the buffer from its end to its
      * start), so a data-parallel reduction can start on finished buckets
@@ -59,6 +70,42 @@ typedef struct {
     void (*grads_needed)(void *ctx, size_t lo, size_t hi);
     void *grads_final_ctx;  // the context of both hooks
 } Model;
+
+/* model_create_ex for one pipeline stage: only the tensors of *stage
+ * (NULL: the whole model) are allocated, in that stage's table
+ * (param_table_build_stage); they are initialised to the values the whole
+ * model has for the same seed. */
+int model_create_stage(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, const ModelStage *stage,
+                       unsigned long long seed, unsigned flags, char *err, size_t err_len);
+
+/* Keeps activations for n micro-batches in flight (slots 0..n-1; 1 by
+ * default); model_use_slot picks the one the next forward writes and the
+ * next backward reads. */
+void model_set_slots(Model *m, int n);
+void model_use_slot(Model *m, int slot);
+
+/* A pipeline stage's boundary tensors for a batch of shape (B, S, T).
+ * Forward input (stages after the first), written by the caller before
+ * model_forward_step: enc = the encoder residual stream entering the
+ * stage's first encoder layer, or the encoder output for a stage after the
+ * encoder ((B S, C)); dec = the decoder residual stream entering its first
+ * decoder layer ((B T, C), NULL unless model_stage_gets_dec). Forward
+ * output (stages before the last), read after it: the encoder stream leaving
+ * the stage (the encoder output once it is computed) and the decoder stream
+ * (NULL when the stage holds no decoder layer). Backward input: the
+ * gradients of the output, written before model_backward (the encoder
+ * output's gradient is this tp rank's partial sum over the later stages);
+ * backward output: the gradients of the input, the same way. Pointers into
+ * the current slot (inputs and outputs) or the shared scratch (gradients):
+ * valid until the next call on the model. Sizes: model_stage_msg_elems. */
+typedef struct { float *enc, *dec; } StageIO;
+StageIO model_stage_input(Model *m, int B, int S, int T);
+StageIO model_stage_output(Model *m);
+StageIO model_stage_output_grad(Model *m, int B, int S, int T);
+StageIO model_stage_input_grad(Model *m);
+/* Elements of the encoder and decoder parts of the message a stage holding
+ * decoder layers (has_dec) or not sends forward (and receives back). */
+void model_stage_msg_elems(const ModelConfig *cfg, bool has_dec, int B, int S, int T, size_t *enc, size_t *dec);
 
 /* Allocates a model for a validated cfg on backend be; parameters
  * initialised from seed. be == NULL: the model makes (and owns) an fp32 CPU

@@ -251,8 +251,15 @@ static float unit(uint32_t u) { return ((float)(u >> 8) + 1.0f) * (1.0f / 167772
 
 void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg, int tp_rank,
                  unsigned long long seed) {
-    for (int i = 0; i < tab->n; i++) {
-        const ParamInfo *p = &tab->t[i];
+    /* a tensor's values are keyed by its index in the whole model's table,
+     * so a pipeline stage's table gets the values the whole model has */
+    ParamTable all;
+    param_table_build(cfg, tab->tp, &all);
+    for (int i_stage = 0; i_stage < tab->n; i_stage++) {
+        const ParamInfo *p = &tab->t[i_stage];
+        const ParamInfo *pw = param_table_find(&all, p->name);
+        TP_CHECK(pw, "parameter %s is not in the model", p->name);
+        const int i = (int)(pw - all.t);
         const size_t n_global = param_global_elems(p);
         float *whole = TP_MALLOC(n_global * sizeof(float));
         const char *leaf = strrchr(p->name, '.');
@@ -275,4 +282,5 @@ void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg, int
         shard_extract(p, tp_rank, whole, base + p->offset);
         free(whole);
     }
+    param_table_free(&all);
 }
