@@ -34,6 +34,7 @@
 #include "train/device.h"
 #include "train/step.h"
 #include "transformer/export.h"
+#include "train/pipeline.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
@@ -55,6 +56,8 @@ typedef struct {
     const char *save_dir, *metrics_path, *resume, *export_dir;
     int save_interval, keep_last;
     int tp, dp;               // 0: automatic
+    int pp;                   // pipeline stages (1: none)
+    const char *pp_layout;    // --pp-layout, or NULL: balanced by cost
     RuntimeComm comm;         // --comm
     double comm_timeout;
     DeviceChoice device;
@@ -101,6 +104,9 @@ static void usage(FILE *f) {
             "  --grad-overlap on|off  reduce buckets while backward runs (default on; CPU ranks only so far)\n"
             "  --micro-batches M      micro-batches per dp rank and step, their gradients accumulated (global\n"
             "                         batch: --batch-tokens x dp x M; default 1)\n"
+            "  --pp N                 pipeline stages (1F1B over the micro-batches; default 1)\n"
+            "  --pp-layout L          the stages' layers, e.g. enc:0-3|enc:4-5,dec:0-1|dec:2-5 (default:\n"
+            "                         balanced by cost)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -177,7 +183,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -221,6 +227,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"zero", required_argument, 0, O_ZERO},      {"grad-bucket-mb", required_argument, 0, O_BUCKET},
         {"grad-comm-dtype", required_argument, 0, O_GDTYPE}, {"grad-overlap", required_argument, 0, O_GOVERLAP},
         {"micro-batches", required_argument, 0, O_MICRO},
+        {"pp", required_argument, 0, O_PP},           {"pp-layout", required_argument, 0, O_PPLAYOUT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -256,6 +263,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     a->dir = DIR_EN_JA;
     a->batch_tokens = 4096;
     a->micro_batches = 1;
+    a->pp = 1;
     a->spm_vocab = rd->spm_vocab;
     a->grad = (GradSyncConfig){.zero = 0, .dtype = COMM_F32, .bucket_elems = bucket_elems_for_mb(GRAD_BUCKET_MB_DEFAULT),
                                .overlap = true};
@@ -339,6 +347,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_STRICT: a->strict = true; break;
         case O_BTOK: a->batch_tokens = (int)flag_int("--batch-tokens", optarg, 1, 1 << 30); break;
         case O_MICRO: a->micro_batches = (int)flag_int("--micro-batches", optarg, 1, 1 << 16); break;
+        case O_PP: a->pp = (int)flag_int("--pp", optarg, 1, 4096); break;
+        case O_PPLAYOUT: a->pp_layout = optarg; break;
         case O_BEAM: a->beam = (int)flag_int("--beam", optarg, 0, 100); break;
         case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
         case O_DP: a->dp = (int)flag_int("--dp", optarg, 1, 1 << 20); break;
@@ -418,6 +428,20 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     }
     if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
         fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->pp > 1 && (a->save_dir || a->resume)) {
+        fprintf(stderr, "train_mt: checkpoints of pipeline stages are not built yet: --pp %d runs without --save "
+                        "and --resume\n", a->pp);
+        exit(2);
+    }
+    if (a->pp > 1 && a->grad.zero >= 2) {
+        fprintf(stderr, "train_mt: --zero 2 with pipeline stages is not built; use --zero 0 or 1 with --pp %d\n",
+                a->pp);
+        exit(2);
+    }
+    if (a->pp_layout && a->pp == 1) {
+        fprintf(stderr, "train_mt: --pp-layout needs --pp N with N > 1 stages\n");
         exit(2);
     }
     if (a->save_interval && !a->save_dir) {
@@ -880,7 +904,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     Runtime rt;
-    RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = 1, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
+    /* The stages first: an impossible --pp or --pp-layout is refused before any rank meets. */
+    ModelStage *stages = TP_CALLOC((size_t)a.pp, sizeof *stages);
+    if (model_stages_make(&a.cfg, a.pp, a.pp_layout, stages, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        backend_destroy(be);
+        return 2;
+    }
+    RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = a.pp, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
                          .timeout_s = a.comm_timeout, .comm = a.comm};
     CommDeviceCopy hooks;
     rank_device_options(be, &ro, &hooks);
@@ -903,10 +934,21 @@ int main(int argc, char **argv) {
     }
     Model m;
     TpGroup tpg = {.size = mesh->tp, .rank = mesh->tp_rank, .comm = rt.tp};
-    if (model_create_ex(&m, be, &a.cfg, &tpg, a.seed, a.grad.zero >= 2 ? MODEL_NO_GRAD_BUFFER : 0, err, sizeof err)) {
+    const int pp = mesh->pp;
+    if (model_create_stage(&m, be, &a.cfg, &tpg, &stages[mesh->pp_rank], a.seed,
+                           a.grad.zero >= 2 ? MODEL_NO_GRAD_BUFFER : 0, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    /* With stages, evaluation and export assemble the whole stack (tp
+     * shards) on the first stage's ranks of dp rank 0. */
+    Model stack;
+    const bool stack_here = pp > 1 && mesh->pp_rank == 0 && mesh->dp_rank == 0;
+    if (stack_here && model_create_ex(&stack, be, &a.cfg, &tpg, a.seed, MODEL_NO_GRAD_BUFFER, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 2;
+    }
+    Model *evm = pp > 1 ? (stack_here ? &stack : NULL) : &m;  // the model evaluate() runs
     /* Dev BLEU decodes with the whole model, assembled on rank 0. */
     Model whole;
     bool decode_here = lead && !a.synthetic;
@@ -951,13 +993,20 @@ int main(int argc, char **argv) {
                rt.comm == RUNTIME_COMM_NCCL ? "nccl"
                : rt.staged                  ? "shm (device buffers staged through page-locked host memory)"
                                             : "shm");
+        if (pp > 1) {
+            char layout[512];
+            model_stages_format(stages, pp, layout, sizeof layout);
+            printf("train_mt: pipeline: %d stages %s, 1F1B over %d micro-batch%s; ideal bubble %.1f%%\n", pp, layout,
+                   a.micro_batches, a.micro_batches > 1 ? "es" : "", 100.0 * pipeline_bubble_theory(pp, a.micro_batches));
+        }
         fflush(stdout);
     }
     Trainer trainer;
     trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, gsync, a.opt.clip_norm);
+    trainer_set_pipeline(&trainer, rt.pp);
     const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = tp_now_s();
-    double t_window = t_start, t_eval = 0.0, t_comm = 0.0, t_exposed = 0.0;
+    double t_window = t_start, t_eval = 0.0, t_comm = 0.0, t_exposed = 0.0, t_pp_wait = 0.0;
     double *mem_last = NULL;  // the memory figures last reported
     long tok_window = 0;
     int saved_step = first_step - 1;
@@ -972,6 +1021,7 @@ int main(int argc, char **argv) {
         StepResult sr;
         const float lr = lr_at(&a.opt, step);
         train_step(&trainer, views, a.micro_batches, n_global, key, lr, &sr);
+        t_pp_wait += sr.pp_wait_s;
         for (int i = 0; i < a.micro_batches; i++) owned_batch_free(&b[i]);
         free(b);
         free(views);
@@ -1016,9 +1066,10 @@ int main(int argc, char **argv) {
         }
         if (step % a.eval_interval == 0 || step == total) {
             double t0 = tp_now_s();
-            if (mesh->dp_rank == 0) {  // one tp group evaluates; the others wait at the barrier
-                if (decode_here || (!a.synthetic && mesh->tp > 1)) model_gather(&m, decode_here ? &whole : NULL);
-                EvalResult ev = evaluate(&m, decode_here ? &whole : NULL, &src);
+            if (mesh->dp_rank == 0 && pp > 1) model_stage_collect(&m, rt.pp, stages, pp, evm);
+            if (mesh->dp_rank == 0 && evm) {  // one tp group evaluates; the others wait at the barrier
+                if (decode_here || (!a.synthetic && mesh->tp > 1)) model_gather(evm, decode_here ? &whole : NULL);
+                EvalResult ev = evaluate(evm, decode_here ? &whole : NULL, &src);
                 if (lead && ev.has_bleu) {
                     printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
                            ev.loss, ev.bleu);
@@ -1056,6 +1107,16 @@ int main(int argc, char **argv) {
             printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,
                    ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
     }
+    if (pp > 1 && mesh->tp_rank == 0 && mesh->dp_rank == 0) {  // one line per stage
+        char layout[256];
+        model_stages_format(&stages[mesh->pp_rank], 1, layout, sizeof layout);
+        const double train_s = tp_now_s() - t_start - t_eval;
+        printf("train_mt: pipeline stage %d (%s): %.1f%% of %.1f s training waiting in exchanges (measured bubble "
+               "and transfers; ideal 1F1B bubble %.1f%%)\n", mesh->pp_rank, layout,
+               train_s > 0 ? 100.0 * t_pp_wait / train_s : 0.0, train_s,
+               100.0 * pipeline_bubble_theory(pp, a.micro_batches));
+        fflush(stdout);
+    }
     {
         double *all = memory_gather(&rt, be);
         memory_table(&rt, be, all, "end of training");
@@ -1067,13 +1128,14 @@ int main(int argc, char **argv) {
     if (a.export_dir) {
         Model full;
         bool writer = lead;
-        if (mesh->dp_rank == 0) {
+        if (mesh->dp_rank == 0 && pp > 1) model_stage_collect(&m, rt.pp, stages, pp, evm);
+        if (mesh->dp_rank == 0 && evm) {
             Model *dst = decode_here ? &whole : NULL;
             if (writer && !dst) {
                 TP_CHECK(model_create(&full, be, &m.cfg, NULL, a.seed, err, sizeof err) == 0, "%s", err);
                 dst = &full;
             }
-            model_gather(&m, dst);
+            model_gather(evm, dst);
             if (writer) {
                 int s = a.synthetic ? model_export(dst, a.export_dir, err, sizeof err)
                                     : mt_save(dst, src.spm_path, a.export_dir, err, sizeof err);
@@ -1096,6 +1158,8 @@ int main(int argc, char **argv) {
     adamw_free(&opt);
     grad_sync_free(gsync);
     if (decode_here) model_free(&whole);
+    if (stack_here) model_free(&stack);
+    free(stages);
     model_free(&m);
     source_close(&src);
     runtime_free(&rt);  // before the backend: the groups' staging buffers and NCCL's stream are the backend's

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Parallel runs reproduce the single-rank run: through tprun, tp=2, tp=4,
-# dp=2 and tp=2 x dp=2 train 20 steps of the synthetic copy task (global
+# dp=2, tp=2 x dp=2, gradient accumulation, ZeRO, and pipeline stages (pp 2
+# and 4, with tp and dp, an explicit layout) train 20 steps of the synthetic copy task (global
 # batch of 32 sequences, dropout off) and must match the single process
 # step by step (loss relative difference < LOSS_RTOL) and in the final
 # weights (max abs difference < WEIGHT_ATOL). GELU keeps every step smooth:
@@ -37,18 +38,39 @@ run dp2m2z2 2 --tp 1 --dp 2 --micro-batches 2 --zero 2 --grad-bucket-mb 0.01
 # micro-batch r + i dp, so dp 2 x M 2 is dp 4 (same shares, same masks)
 run drop_dp4 4 --tp 1 --dp 4 --dropout 0.1
 run drop_dp2m2 2 --tp 1 --dp 2 --micro-batches 2 --dropout 0.1
+# Pipeline stages (1F1B through the shm pp group): p 2 and 4, with tp, dp
+# (ZeRO-1) and an explicit layout whose first stage ends inside the decoder.
+run pp2 2 --pp 2
+run pp2m4 2 --pp 2 --micro-batches 4
+run pp4m4 4 --pp 4 --micro-batches 4
+run tp2pp2m2 4 --tp 2 --pp 2 --micro-batches 2
+run dp2pp2m2z1 4 --tp 1 --dp 2 --pp 2 --micro-batches 2 --zero 1 --grad-bucket-mb 0.01
+run pp2lay 2 --pp 2 --pp-layout "enc:0-1,dec:0|dec:1" --micro-batches 3
+run tp2dp2pp2m2 8 --tp 2 --dp 2 --pp 2 --micro-batches 2    # the full 3D mesh
+grep -Eq "^\[rank 0\] +7 \(1,1,1\)" tp2dp2pp2m2.log
+grep -q "pipeline: 4 stages enc:0-0|enc:1-1|dec:0-0|dec:1-1, 1F1B over 4 micro-batches" pp4m4.log
+for s in 0 1 2 3; do grep -q "pipeline stage $s (.*% of .* s training waiting in exchanges" pp4m4.log; done
+grep -Eq "^\[rank 0\] +3 \(0,0,3\)" pp4m4.log   # the memory table shows the pp coordinate
+# with dropout: every stage draws the masks of the same global micro-batch and layer
+run drop_m2 1 --micro-batches 2 --dropout 0.1
+run drop_pp2m2 2 --pp 2 --micro-batches 2 --dropout 0.1
 # Invalid layouts are refused with one sentence, and tprun reports the failure.
 refuse() {  # nproc expected-text train_mt-flags...
   local n=$1 want=$2; shift 2
   if "$build/tprun" --standalone --nproc_per_node "$n" "$build/train_mt" "${args[@]}" "$@" > bad.log 2>&1; then
     echo "FAIL: layout $* accepted"; exit 1
   fi
-  grep -qF "$want" bad.log || { echo "FAIL: no '$want' in:"; cat bad.log; exit 1; }
+  grep -qF -- "$want" bad.log || { echo "FAIL: no '$want' in:"; cat bad.log; exit 1; }
 }
 refuse 2 "tp (2) x dp (2) x pp (1) = 4 does not match the world size 2" --tp 2 --dp 2
 refuse 4 "tp (3) does not divide the world size 4" --tp 3
 refuse 2 "n_heads (3) is not divisible by tp (2)" --tp 2 --heads 3 --d-model 36
 grep -q "failed first" bad.log || { echo "FAIL: tprun did not report the failed rank"; cat bad.log; exit 1; }
+refuse 1 "pp (5) must be between 1 and the 4 layers" --pp 5
+refuse 2 "--pp-layout 'enc:0|dec:0-1': 'dec:0-1' does not continue the stack where stage 1 is (encoder layer 1)" --pp 2 --pp-layout "enc:0|dec:0-1"
+refuse 2 "checkpoints of pipeline stages are not built yet" --pp 2 --save ckpt
+refuse 2 "--zero 2 with pipeline stages is not built" --pp 2 --zero 2
+refuse 3 "does not fit the world size 3" --pp 2
 grep -Eq "^\[rank 0\] +3 \(1,1,0\)" tp2dp2.log   # the memory table lists every rank with its (tp,dp,pp)
 /usr/bin/python3 - "$here/reference" <<'PY'
 import json, sys
@@ -61,7 +83,8 @@ base = losses("single")
 assert len(base) == 20, base
 w1, _ = st.load("single/model.safetensors")
 bad = []
-for name in ("tp2", "tp4", "dp2", "tp2dp2", "m4", "dp2m2", "tp2dp2m2z1", "dp2m2z2"):
+for name in ("tp2", "tp4", "dp2", "tp2dp2", "m4", "dp2m2", "tp2dp2m2z1", "dp2m2z2",
+             "pp2", "pp2m4", "pp4m4", "tp2pp2m2", "dp2pp2m2z1", "pp2lay", "tp2dp2pp2m2"):
     got = losses(name)
     assert len(got) == 20, (name, got)
     rel = max(abs(a - b) / abs(b) for a, b in zip(got, base))
@@ -80,6 +103,15 @@ print(f"dropout 0.1, dp 2 x 2 micro-batches vs dp 4: max relative loss differenc
       f"max weight difference {wd:.2e}")
 if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
     bad.append("drop_dp2m2")
+a, b = losses("drop_m2"), losses("drop_pp2m2")
+rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+wa, _ = st.load("drop_m2/model.safetensors")
+wb, _ = st.load("drop_pp2m2/model.safetensors")
+wd = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+print(f"dropout 0.1, pp 2 x 2 micro-batches vs one rank x 2: max relative loss difference {rel:.2e}, "
+      f"max weight difference {wd:.2e}")
+if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
+    bad.append("drop_pp2m2")
 if bad:
     sys.exit("layouts differ from the single-rank run: " + ", ".join(bad))
 PY

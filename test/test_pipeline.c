@@ -7,8 +7,15 @@
  * backwards in order; at most min(p - s, M) micro-batches in flight at
  * stage s; 2 (p - 1) M messages; and with unit-time forwards and backwards
  * the step takes 2 (M + p - 1) ticks, so the idle fraction is the textbook
- * (p - 1) / (M + p - 1). pipeline_run calls the callbacks in schedule order.
+ * (p - 1) / (M + p - 1). pipeline_run calls the callbacks in schedule order,
+ * and p threads running it complete over rendezvous channels (every send
+ * waits until its receive takes the message, the strictest transport), each
+ * receive getting the micro-batch it expects; a deadlock fails the test
+ * after a timeout instead of hanging it.
  */
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +116,105 @@ static void rec_backward(void *ctx, int i, int last) {
     r->log[r->n][0] = PIPE_BACKWARD, r->log[r->n][1] = i, r->log[r->n][2] = last, r->n++;
 }
 
+static void no_exchange(void *ctx, int i) { (void)ctx, (void)i; }
+
+/* ---- rendezvous transport: a channel per direction per neighbour pair ---- */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int full, micro, taken;
+} Chan;
+
+static Chan fwd_ch[PMAX], bwd_ch[PMAX];  // fwd_ch[s]: s -> s + 1; bwd_ch[s]: s + 1 -> s
+
+static void chan_init(Chan *c) {
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->full = c->taken = 0;
+}
+
+static int wait_until(Chan *c, int *cond, int want) {  // mutex held; 0, or -1 after 5 s
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 5;
+    while (*cond != want)
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT) return -1;
+    return 0;
+}
+
+static void chan_send(Chan *c, int micro, const char *what) {
+    pthread_mutex_lock(&c->mu);
+    int rc = wait_until(c, &c->full, 0);
+    c->full = 1, c->micro = micro, c->taken = 0;
+    pthread_cond_broadcast(&c->cv);
+    if (rc == 0) rc = wait_until(c, &c->taken, 1);  // rendezvous: until the receiver has it
+    pthread_mutex_unlock(&c->mu);
+    if (rc) {
+        fprintf(stderr, "FAIL test_pipeline: deadlock in %s of micro-batch %d\n", what, micro);
+        exit(1);
+    }
+}
+
+static void chan_recv(Chan *c, int micro, const char *what) {
+    pthread_mutex_lock(&c->mu);
+    const int rc = wait_until(c, &c->full, 1);
+    const int got = c->micro;
+    c->full = 0, c->taken = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (rc) {
+        fprintf(stderr, "FAIL test_pipeline: deadlock in %s of micro-batch %d\n", what, micro);
+        exit(1);
+    }
+    CHECK(got == micro, "%s: expected micro-batch %d, got %d", what, micro, got);
+}
+
+typedef struct {
+    int p, s, m;
+    Recorder r;
+} ThreadStage;
+
+static void t_recv_prev(void *ctx, int i) { chan_recv(&fwd_ch[((ThreadStage *)ctx)->s - 1], i, "recv_prev"); }
+static void t_send_next(void *ctx, int i) { chan_send(&fwd_ch[((ThreadStage *)ctx)->s], i, "send_next"); }
+static void t_recv_next(void *ctx, int i) { chan_recv(&bwd_ch[((ThreadStage *)ctx)->s], i, "recv_next"); }
+static void t_send_prev(void *ctx, int i) { chan_send(&bwd_ch[((ThreadStage *)ctx)->s - 1], i, "send_prev"); }
+
+static void t_forward(void *ctx, int i) { rec_forward(&((ThreadStage *)ctx)->r, i); }
+static void t_backward(void *ctx, int i, int last) { rec_backward(&((ThreadStage *)ctx)->r, i, last); }
+
+static void *stage_thread(void *arg) {
+    ThreadStage *t = arg;
+    const PipeStage st = {.ctx = t, .p = t->p, .s = t->s, .m = t->m, .forward = t_forward, .backward = t_backward,
+                          .recv_prev = t_recv_prev, .send_next = t_send_next, .recv_next = t_recv_next,
+                          .send_prev = t_send_prev};
+    pipeline_run(&st);
+    return NULL;
+}
+
+/* p threads through rendezvous channels; each runs its schedule in order. */
+static void run_threads(int p, int m) {
+    ThreadStage ts[PMAX];
+    pthread_t th[PMAX];
+    for (int s = 0; s < p; s++) {
+        chan_init(&fwd_ch[s]);
+        chan_init(&bwd_ch[s]);
+    }
+    for (int s = 0; s < p; s++) {
+        ts[s] = (ThreadStage){.p = p, .s = s, .m = m};
+        pthread_create(&th[s], NULL, stage_thread, &ts[s]);
+    }
+    for (int s = 0; s < p; s++) pthread_join(th[s], NULL);
+    for (int s = 0; s < p; s++) {
+        PipeAction a[2 * MMAX];
+        const int n = pipeline_schedule(p, s, m, a);
+        CHECK(ts[s].r.n == n, "threads p %d m %d stage %d: ran %d of %d", p, m, s, ts[s].r.n, n);
+        for (int k = 0; k < n && k < ts[s].r.n; k++)
+            CHECK(ts[s].r.log[k][0] == (int)a[k].op && ts[s].r.log[k][1] == a[k].micro,
+                  "threads p %d m %d stage %d: action %d out of schedule order", p, m, s, k);
+    }
+}
+
 int main(void) {
     int worst_ticks = 0;
     for (int p = 1; p <= PMAX; p++)
@@ -131,7 +237,8 @@ int main(void) {
                 PipeAction a[2 * MMAX];
                 const int n = pipeline_schedule(p, s, m, a);
                 const PipeStage st = {.ctx = &r, .p = p, .s = s, .m = m, .forward = rec_forward,
-                                      .backward = rec_backward};
+                                      .backward = rec_backward, .recv_prev = no_exchange, .send_next = no_exchange,
+                                      .recv_next = no_exchange, .send_prev = no_exchange};
                 CHECK(pipeline_run(&st) == n && r.n == n, "p %d m %d stage %d: ran %d of %d", p, m, s, r.n, n);
                 for (int k = 0; k < n && k < r.n; k++) {
                     CHECK(r.log[k][0] == (int)a[k].op && r.log[k][1] == a[k].micro,
@@ -140,6 +247,8 @@ int main(void) {
                 }
             }
         }
+    for (int p = 1; p <= PMAX; p++)
+        for (int m = 1; m <= MMAX; m++) run_threads(p, m);
     /* p = 1 is gradient accumulation: F0 B0 F1 B1 ... */
     PipeAction a[8];
     pipeline_schedule(1, 0, 4, a);
@@ -157,6 +266,6 @@ int main(void) {
         return 1;
     }
     printf("test_pipeline: ok: p 1..%d x M 1..%d: no deadlock, 2(p-1)M messages, in flight min(p-s, M), "
-           "2(M+p-1) ticks = bubble (p-1)/(M+p-1) (longest %d ticks)\n", PMAX, MMAX, worst_ticks);
+           "2(M+p-1) ticks = bubble (p-1)/(M+p-1) (longest %d ticks); threads over rendezvous channels complete\n", PMAX, MMAX, worst_ticks);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* pipeline.c: the 1F1B schedule (see pipeline.h). */
 #include "train/pipeline.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "err.h"
@@ -31,13 +32,59 @@ int pipeline_schedule(int p, int s, int m, PipeAction *out) {
     return n;
 }
 
-int pipeline_run(const PipeStage *st) {
-    PipeAction *a = TP_MALLOC((size_t)2 * (size_t)st->m * sizeof *a);
-    const int n = pipeline_schedule(st->p, st->s, st->m, a);
-    for (int i = 0; i < n; i++) {
-        if (a[i].op == PIPE_FORWARD) st->forward(st->ctx, a[i].micro);
-        else st->backward(st->ctx, a[i].micro, i == n - 1);
+/* Output of micro-batch f to the next stage, gradient of micro-batch b
+ * from it; input gradient of b to the previous stage, input of f from it:
+ * the even stage of a pair sends first. */
+static void send_next_recv_next(const PipeStage *st, int f, int b) {
+    if (st->s == st->p - 1) return;
+    if (st->s % 2 == 0) {
+        st->send_next(st->ctx, f);
+        st->recv_next(st->ctx, b);
+    } else {
+        st->recv_next(st->ctx, b);
+        st->send_next(st->ctx, f);
     }
-    free(a);
+}
+
+static void send_prev_recv_prev(const PipeStage *st, int b, int f) {
+    if (st->s == 0) return;
+    if (st->s % 2 == 0) {
+        st->send_prev(st->ctx, b);
+        st->recv_prev(st->ctx, f);
+    } else {
+        st->recv_prev(st->ctx, f);
+        st->send_prev(st->ctx, b);
+    }
+}
+
+int pipeline_run(const PipeStage *st) {
+    TP_CHECK(st->p >= 1 && st->s >= 0 && st->s < st->p && st->m >= 1, "pipeline: stage %d of %d with %d micro-batches",
+             st->s, st->p, st->m);
+    const bool first = st->s == 0, final = st->s == st->p - 1;
+    const int warm = pipeline_warmup(st->p, st->s, st->m), steady = st->m - warm;
+    int f = 0, b = 0, n = 0;
+    for (int k = 0; k < warm; k++, f++, n++) {
+        if (!first) st->recv_prev(st->ctx, f);
+        st->forward(st->ctx, f);
+        if (!final) st->send_next(st->ctx, f);
+    }
+    if (steady > 0 && !first) st->recv_prev(st->ctx, f);
+    for (int k = 0; k < steady; k++, n += 2) {
+        st->forward(st->ctx, f);
+        send_next_recv_next(st, f, b);
+        f++;
+        st->backward(st->ctx, b, b == st->m - 1);
+        if (k == steady - 1) {
+            if (!first) st->send_prev(st->ctx, b);
+        } else {
+            send_prev_recv_prev(st, b, f);
+        }
+        b++;
+    }
+    for (; b < st->m; b++, n++) {  // cool-down
+        if (!final) st->recv_next(st->ctx, b);
+        st->backward(st->ctx, b, b == st->m - 1);
+        if (!first) st->send_prev(st->ctx, b);
+    }
     return n;
 }

@@ -37,17 +37,30 @@ double pipeline_bubble_theory(int p, int m);
 typedef struct {
     void *ctx;
     int p, s, m;  // stages, this stage, micro-batches
-    /* forward of micro-batch i: receive its input from stage s - 1 when
-     * s > 0, compute, send the output to stage s + 1 when s < p - 1 */
+    /* forward of micro-batch i (its input already received) */
     void (*forward)(void *ctx, int micro);
-    /* backward of micro-batch i: receive the output gradient from stage
-     * s + 1 when s < p - 1, compute, send the input gradient to stage s - 1
-     * when s > 0; last is set for the step's final backward (where the
+    /* backward of micro-batch i (its output gradient already received);
+     * last is set for the stage's final backward of the step (where the
      * data-parallel gradient reduction may start) */
     void (*backward)(void *ctx, int micro, int last);
+    /* The exchanges with the neighbours, blocking (NULL when p = 1):
+     * micro-batch i's input from stage s - 1, its output to s + 1, its
+     * output gradient from s + 1, its input gradient to s - 1. */
+    void (*recv_prev)(void *ctx, int micro);
+    void (*send_next)(void *ctx, int micro);
+    void (*recv_next)(void *ctx, int micro);
+    void (*send_prev)(void *ctx, int micro);
 } PipeStage;
 
-/* Runs stage st->s's schedule; returns the number of actions run. */
+/* Runs stage st->s's schedule; returns the number of forwards and
+ * backwards run. The exchanges follow Megatron's non-interleaved 1F1B:
+ * warm-up forwards each receive their input and send their output; in the
+ * steady state a forward's output goes out while the gradient for the
+ * next backward comes in, and a backward's input gradient goes out while
+ * the next forward's input comes in. Those pairs are ordered by the stage's
+ * parity (an even stage sends first, an odd one receives first), so the
+ * step completes even when every send waits for its receive (no buffering
+ * in the transport). */
 int pipeline_run(const PipeStage *st);
 
 #endif

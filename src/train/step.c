@@ -25,8 +25,21 @@ void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync
 }
 
 void trainer_free(Trainer *t) {
-    if (t->be) backend_free(t->be, t->sc);
+    if (t->be) {
+        backend_free(t->be, t->sc);
+        backend_free(t->be, t->embed_zeros);
+    }
     *t = (Trainer){0};
+}
+
+static int pp_size(const Trainer *t) { return t->pp ? comm_size(t->pp) : 1; }
+
+void trainer_set_pipeline(Trainer *t, Comm *pp) {
+    t->pp = pp;
+    if (pp_size(t) > 1 && !model_stage_has_embed(&t->m->stage)) {
+        const size_t n = (size_t)t->m->vocab_local * (size_t)t->m->cfg.d_model;
+        t->embed_zeros = backend_alloc(t->be, n * sizeof(float), MEM_COMM);
+    }
 }
 
 void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConfig *cfg) {
@@ -44,8 +57,9 @@ void grad_sync_adamw_init(GradSync *gs, AdamW *opt, Backend *be, const OptimConf
     free(r);
 }
 
-/* One micro-batch after another through the schedule (pipeline.h; one
- * stage for now, so F0 B0 F1 B1 ...: gradient accumulation). */
+/* The micro-batches through the 1F1B schedule (pipeline.h); with one
+ * stage F0 B0 F1 B1 ...: gradient accumulation. Micro-batch i's
+ * activations live in slot i mod (the stage's largest number in flight). */
 typedef struct {
     Trainer *t;
     const Batch *b;  // [m]
@@ -54,31 +68,112 @@ typedef struct {
     int dp_size;
 } MicroCtx;
 
-static void micro_forward(void *ctx, int i) {
-    MicroCtx *c = ctx;
+static void use_slot(MicroCtx *c, int i) {
+    Model *m = c->t->m;
+    model_use_slot(m, i % m->n_slots);
+}
+
+static DropoutKey key_of(const MicroCtx *c, int i) {
     DropoutKey k = c->key;
     k.micro += (uint32_t)(i * c->dp_size);  // the global micro-batch index: dp rank + i dp
-    if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, k, c->t->sc + SC_LOSS);
+    return k;
+}
+
+static void micro_forward(void *ctx, int i) {
+    MicroCtx *c = ctx;
+    use_slot(c, i);
+    if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, key_of(c, i), c->t->sc + SC_LOSS);
+}
+
+/* With stages, the gradients from offset 0 (the tied embedding) are
+ * released to the dp reduction only after the embedding group's sum, once
+ * the schedule is done. */
+static void on_grads_final_stage(void *ctx, size_t from) {
+    if (from > 0) grad_sync_ready(ctx, from);
 }
 
 static void micro_backward(void *ctx, int i, int last) {
     MicroCtx *c = ctx;
     Trainer *t = c->t;
     Model *m = t->m;
-    const bool zero2 = grad_sync_zero(t->gs) >= 2;
+    const bool zero2 = grad_sync_zero(t->gs) >= 2, staged = pp_size(t) > 1;
     /* stages 0 and 1 reduce once, while the last micro-batch's backward
      * runs; ZeRO-2 reduces every micro-batch into its shard */
     const bool reduce = last || zero2;
     if (zero2) grad_sync_begin(t->gs, m->grads, i > 0);
-    m->grads_final = reduce ? on_grads_final : NULL;
+    m->grads_final = reduce ? (staged ? on_grads_final_stage : on_grads_final) : NULL;
     m->grads_needed = on_grads_needed;
     m->grads_final_ctx = t->gs;
-    DropoutKey k = c->key;
-    k.micro += (uint32_t)(i * c->dp_size);
-    if (c->b[i].B > 0) model_backward(m, &c->b[i], true, k, c->scale);
+    use_slot(c, i);
+    if (c->b[i].B > 0) model_backward(m, &c->b[i], true, key_of(c, i), c->scale);
     m->grads_final = NULL;
     m->grads_needed = NULL;
-    if (reduce) grad_sync_finish(t->gs);
+    if (reduce && !staged) grad_sync_finish(t->gs);
+}
+
+/* ---- the exchanges with the neighbouring stages ---- */
+
+static void xfer(MicroCtx *c, float *buf, size_t n, int peer, bool send) {
+    Trainer *t = c->t;
+    if (n == 0) return;
+    const double t0 = tp_now_s();
+    const int rc = send ? comm_send(t->pp, buf, n * sizeof(float), peer) : comm_recv(t->pp, buf, n * sizeof(float), peer);
+    comm_ok(rc, t->pp);
+    t->pp_wait_s += tp_now_s() - t0;
+}
+
+static void exchange(MicroCtx *c, int i, StageIO io, int peer, bool send) {
+    const Batch *b = &c->b[i];
+    size_t ne, nd;
+    model_stage_msg_elems(&c->t->m->cfg, io.dec != NULL, b->B, b->S, b->T, &ne, &nd);
+    xfer(c, io.enc, ne, peer, send);
+    xfer(c, io.dec, nd, peer, send);
+}
+
+static int stage_rank(const MicroCtx *c) { return comm_rank(c->t->pp); }
+
+static void recv_prev(void *ctx, int i) {
+    MicroCtx *c = ctx;
+    const Batch *b = &c->b[i];
+    if (b->B == 0) return;
+    use_slot(c, i);
+    exchange(c, i, model_stage_input(c->t->m, b->B, b->S, b->T), stage_rank(c) - 1, false);
+}
+
+static void send_next(void *ctx, int i) {
+    MicroCtx *c = ctx;
+    if (c->b[i].B == 0) return;
+    use_slot(c, i);
+    exchange(c, i, model_stage_output(c->t->m), stage_rank(c) + 1, true);
+}
+
+static void recv_next(void *ctx, int i) {
+    MicroCtx *c = ctx;
+    const Batch *b = &c->b[i];
+    if (b->B == 0) return;
+    use_slot(c, i);
+    exchange(c, i, model_stage_output_grad(c->t->m, b->B, b->S, b->T), stage_rank(c) + 1, false);
+}
+
+static void send_prev(void *ctx, int i) {
+    MicroCtx *c = ctx;
+    if (c->b[i].B == 0) return;
+    use_slot(c, i);
+    exchange(c, i, model_stage_input_grad(c->t->m), stage_rank(c) - 1, true);
+}
+
+/* The embedding group's sum (stages without the embedding add zeros), then
+ * the dp reduction of what is left: the buckets from offset 0. */
+static void finish_stage_grads(Trainer *t) {
+    Model *m = t->m;
+    const size_t n = (size_t)m->vocab_local * (size_t)m->cfg.d_model;
+    float *g = model_stage_has_embed(&m->stage) ? m->g.embed : t->embed_zeros;
+    if (g == t->embed_zeros) op_zero(t->be, g, n);  // the allreduce leaves the sum in it
+    const double t0 = tp_now_s();
+    comm_ok(comm_allreduce(t->pp, g, n, COMM_SUM), t->pp);
+    t->pp_wait_s += tp_now_s() - t0;
+    grad_sync_ready(t->gs, 0);
+    grad_sync_finish(t->gs);
 }
 
 void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutKey key, float lr, StepResult *out) {
@@ -89,23 +184,33 @@ void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutK
     if (grad_sync_zero(t->gs) < 2) grad_sync_begin(t->gs, m->grads, false);
     MicroCtx mc = {.t = t, .b = b, .scale = n_global > 0 ? 1.0f / (float)n_global : 0.0f, .key = key,
                    .dp_size = t->dp ? comm_size(t->dp) : 1};
-    const PipeStage st = {.ctx = &mc, .p = 1, .s = 0, .m = n_micro, .forward = micro_forward,
-                          .backward = micro_backward};
+    const int p = pp_size(t), s = p > 1 ? comm_rank(t->pp) : 0;
+    TP_CHECK(p == 1 || grad_sync_zero(t->gs) < 2, "ZeRO-2 with pipeline stages is not supported");
+    const int slots = pipeline_max_in_flight(p, s, n_micro);
+    if (m->n_slots != slots) model_set_slots(m, slots);
+    const double wait0 = t->pp_wait_s;
+    const PipeStage st = {.ctx = &mc, .p = p, .s = s, .m = n_micro, .forward = micro_forward,
+                          .backward = micro_backward, .recv_prev = recv_prev, .send_next = send_next,
+                          .recv_next = recv_next, .send_prev = send_prev};
     pipeline_run(&st);
+    if (p > 1) finish_stage_grads(t);
     const double t0 = tp_now_s();
+    if (p > 1) comm_ok(comm_allreduce(t->pp, t->sc + SC_LOSS, 1, COMM_SUM), t->pp);  // the last stage's
     if (t->dp && comm_size(t->dp) > 1)
         comm_ok(comm_allreduce(t->dp, t->sc + SC_LOSS, 1, COMM_SUM), t->dp);  // the global loss sum
     double own = tp_now_s() - t0;
+    /* the norm sums over the stages; the embedding counts on the first only */
+    const GradNormPipe pipe = {.pp = p > 1 ? t->pp : NULL, .skip_embed = s > 0};
     if (grad_sync_sharded(t->gs)) {
         const AdamW *o = t->opt;
         float *shard = grad_sync_shard(t->gs);  // ZeRO-2; ZeRO-1 keeps its pieces in place
         float *g = shard ? shard : m->grads;
-        grad_clip_ranges(be, &m->tab, g, shard != NULL, o->ranges, o->n_ranges, t->tp, t->dp, t->clip_norm,
+        grad_clip_ranges(be, &m->tab, g, shard != NULL, o->ranges, o->n_ranges, t->tp, t->dp, &pipe, t->clip_norm,
                          t->sc + SC_CLIP);
         adamw_step(t->opt, m->params, g, &m->tab, lr);
         grad_sync_allgather_params(t->gs, m->params);
     } else {
-        grad_clip(be, &m->tab, m->grads, t->tp, t->clip_norm, t->sc + SC_CLIP);
+        grad_clip(be, &m->tab, m->grads, t->tp, &pipe, t->clip_norm, t->sc + SC_CLIP);
         adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
     }
     backend_recast_weights(be);
@@ -116,4 +221,5 @@ void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutK
     out->lr = lr;
     out->comm_s = grad_sync_comm_s(t->gs) + own;
     out->exposed_comm_s = grad_sync_exposed_s(t->gs) + own;
+    out->pp_wait_s = t->pp_wait_s - wait0;
 }

@@ -24,6 +24,9 @@ typedef struct {
     GradSync *gs;        // the dp reduction (not owned)
     float clip_norm;     // <= 0: no clipping
     float *sc;           // device: the step's scalars (loss sum, then grad_clip's four)
+    Comm *pp;            // the pipeline group (NULL or size 1: no pipeline)
+    float *embed_zeros;  // pp > 1 on a stage without the embedding: its share of the embedding group's sum
+    double pp_wait_s;    // wall time in the pipeline's exchanges, summed over steps
 } Trainer;
 
 typedef struct {
@@ -32,11 +35,19 @@ typedef struct {
     float lr;
     double comm_s;       // wall time in data-parallel collectives (hidden or not)
     double exposed_comm_s;  // of which the step waited for (not hidden behind backward)
+    double pp_wait_s;    // in the pipeline's exchanges (the stage's idle time, transfers included)
 } StepResult;
 
 /* opt must have been made by grad_sync_adamw_init(gs, ...) so that its
  * state matches the reduction (the whole buffer, or the ZeRO shard). */
 void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync *gs, float clip_norm);
+/* Pipeline stages: m is the stage of pp rank comm_rank(pp) (model_create_stage).
+ * Each step then runs the 1F1B schedule with the neighbouring stages, sums
+ * the tied embedding's gradients over the stages that hold it (a pp
+ * allreduce in which the others add zeros) before the dp reduction of its
+ * bucket, and sums the loss and the norm over the stages. ZeRO-2 is not
+ * supported with stages. */
+void trainer_set_pipeline(Trainer *t, Comm *pp);
 void trainer_free(Trainer *t);
 
 /* AdamW state for what the rank updates under gs: the whole buffer

@@ -178,16 +178,22 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     return c.off;
 }
 
-static void acts_prepare(Model *m, int B, int S, int T) {
+/* The current slot's layout for (B, S, T), and with scratch the shared
+ * scratch carved for that shape too (it may move: nothing in it lives
+ * from one call to the next, except between model_stage_output_grad and
+ * model_backward of the same slot, whose shape needs no more room). */
+static void acts_prepare_ex(Model *m, int B, int S, int T, bool scratch) {
     ModelActs *A = m->acts;
     struct ModelScratch *X = m->scratch;
-    const size_t need_x = carve_scratch(A, m, NULL, B, S, T);
-    if (need_x > X->cap_elems) {
-        backend_free(m->be, X->buf);
-        X->buf = backend_alloc(m->be, need_x * sizeof(float), MEM_ACT);
-        X->cap_elems = need_x;
+    if (scratch) {
+        const size_t need_x = carve_scratch(A, m, NULL, B, S, T);
+        if (need_x > X->cap_elems) {
+            backend_free(m->be, X->buf);
+            X->buf = backend_alloc(m->be, need_x * sizeof(float), MEM_ACT);
+            X->cap_elems = need_x;
+        }
+        carve_scratch(A, m, X->buf, B, S, T);
     }
-    carve_scratch(A, m, X->buf, B, S, T);
     if (A->buf && A->B == B && A->S == S && A->T == T) return;
     size_t need = carve_acts(A, m, NULL, B, S, T);
     if (need > A->cap_elems) {
@@ -201,6 +207,8 @@ static void acts_prepare(Model *m, int B, int S, int T) {
     A->S = S;
     A->T = T;
 }
+
+static void acts_prepare(Model *m, int B, int S, int T) { acts_prepare_ex(m, B, S, T, true); }
 
 static ModelActs *acts_new(const ModelConfig *cfg) {
     ModelActs *A = TP_CALLOC(1, sizeof *A);
@@ -365,6 +373,39 @@ void model_gather(const Model *m, Model *whole) {
     }
     free(host);
     backend_free(m->be, all);
+}
+
+void model_stage_collect(const Model *m, Comm *pp, const ModelStage *stages, int p, Model *full) {
+    const int me = comm_rank(pp);
+    TP_CHECK(me == 0 ? full != NULL : full == NULL, "model_stage_collect: the whole stack is assembled on stage 0");
+    if (me == 0) {  // its own tensors first
+        for (int i = 0; i < m->tab.n; i++) {
+            const ParamInfo *t = &m->tab.t[i], *w = param_table_find(&full->tab, t->name);
+            TP_CHECK(w && w->n_elems == t->n_elems, "model_stage_collect: %s", t->name);
+            op_copy(m->be, full->params + w->offset, m->params + t->offset, t->n_elems);
+        }
+    }
+    for (int s = 1; s < p; s++) {
+        if (me != 0 && me != s) continue;
+        ParamTable tab;
+        param_table_build_stage(&m->cfg, m->tp.size, &stages[s], &tab);
+        for (int i = 0; i < tab.n; i++) {
+            const ParamInfo *t = &tab.t[i];
+            if (strcmp(t->name, "embed.weight") == 0) continue;  // stage 0's copy, the same after every step
+            const size_t bytes = t->n_elems * sizeof(float);
+            int rc;
+            if (me == 0) {
+                const ParamInfo *w = param_table_find(&full->tab, t->name);
+                TP_CHECK(w && w->n_elems == t->n_elems, "model_stage_collect: %s", t->name);
+                rc = comm_recv(pp, full->params + w->offset, bytes, s);
+            } else {
+                rc = comm_send(pp, m->params + t->offset, bytes, 0);
+            }
+            TP_CHECK(rc == 0, "%s", comm_error(pp));
+        }
+        param_table_free(&tab);
+    }
+    if (me == 0) backend_recast_weights(full->be);
 }
 
 const float *model_logits(const Model *m) { return m->acts->logits; }
@@ -591,7 +632,7 @@ void model_stage_msg_elems(const ModelConfig *cfg, bool has_dec, int B, int S, i
 
 StageIO model_stage_input(Model *m, int B, int S, int T) {
     const ModelStage *st = &m->stage;
-    acts_prepare(m, B, S, T);
+    acts_prepare_ex(m, B, S, T, false);  // the scratch may hold another slot's input gradient, not yet sent
     ModelActs *A = m->acts;
     StageIO io = {NULL, NULL};
     if (model_stage_gets_enc_res(st)) io.enc = A->enc_res[st->enc_lo];
@@ -784,6 +825,5 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         if (!st->dec_embed && !st->head) grads_needed_at(m, m->w.embed, (size_t)m->vocab_local * C);
         embed_bwd(m, A->d_res_s, A->dev_src, Ns, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
     }
-    if (m->embed_sync) m->embed_sync(m->embed_sync_ctx);
     grads_final_from(m, m->params);
 }

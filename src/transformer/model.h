@@ -52,12 +52,6 @@ typedef struct {
     ModelActs **slots;   // private: [n_slots] activations kept per micro-batch in flight
     int n_slots, slot;
     struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
-    /* Called by model_backward just before the gradients at buffer offset
-     * 0 (the tied embedding, first in the buffer) become final: pipeline
-     * stages sum the embedding gradients of the embedding group there.
-     * NULL: no call. Uses grads_final_ctx's sibling embed_sync_ctx. */
-    void (*embed_sync)(void *ctx);
-    void *embed_sync_ctx;
     /* Called by model_backward each time every gradient at buffer offset
      * >= from is final (backward finishes the buffer from its end to its
      * start), so a data-parallel reduction can start on finished buckets
@@ -161,6 +155,13 @@ void model_bind_grads(Model *m, float *const *each);
  * pass one; the others pass NULL. Collective over the tp group: every tp
  * rank calls it. */
 void model_gather(const Model *m, Model *whole);
+
+/* Assembles the whole stack (with this rank's tp shards) from the p
+ * pipeline stages into `full` (a model of the same config and tp created
+ * for the whole stack) on pp rank 0, which passes it; the other stages
+ * pass NULL and send their tensors (the embedding is taken from stage 0).
+ * Collective over the pp group. */
+void model_stage_collect(const Model *m, Comm *pp, const ModelStage *stages, int p, Model *full);
 
 /* Logits of the last forward pass: (B*T, vocab_local), row b*T + t (the
  * whole vocabulary when tp = 1); a device pointer. */

@@ -75,24 +75,40 @@ const char *lr_schedule_name(LrSchedule s) { return s == LR_COSINE ? "cosine" : 
 
 /* sumsq of the sharded tensors into sc[0] (then summed over tp), of the
  * replicated ones into sc[1]. */
-static void grad_sumsq(Backend *be, const ParamTable *tab, const float *grads, Comm *tp, float *sc) {
+/* Whether tensor p counts towards the norm on this pipeline stage: the
+ * tied embedding's copies on later stages of the embedding group hold the
+ * same summed gradient as the first stage's, which alone counts it. */
+static bool counts(const ParamInfo *p, const GradNormPipe *pipe) {
+    return !pipe || !pipe->skip_embed || strcmp(p->name, "embed.weight") != 0;
+}
+
+/* Sums over the pipeline stages (both parts: each stage holds other tensors). */
+static void sum_over_stages(const GradNormPipe *pipe, float *sc) {
+    if (pipe && pipe->pp && comm_size(pipe->pp) > 1)
+        TP_CHECK(comm_allreduce(pipe->pp, sc, 2, COMM_SUM) == 0, "%s", comm_error(pipe->pp));
+}
+
+static void grad_sumsq(Backend *be, const ParamTable *tab, const float *grads, Comm *tp, const GradNormPipe *pipe,
+                       float *sc) {
     op_zero(be, sc, 2);
     for (int i = 0; i < tab->n; i++) {
         const ParamInfo *p = &tab->t[i];
-        op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + p->offset, p->n_elems);
+        if (counts(p, pipe)) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + p->offset, p->n_elems);
     }
     if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
+    sum_over_stages(pipe, sc);
 }
 
-void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, float max_norm, float *sc) {
-    grad_sumsq(be, tab, grads, tp, sc);
+void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, const GradNormPipe *pipe, float max_norm,
+               float *sc) {
+    grad_sumsq(be, tab, grads, tp, pipe, sc);
     op_clip_coef(be, sc + 2, sc, 2, max_norm);
     if (max_norm > 0.0f) op_scale_by(be, grads, sc + 3, tab->n_elems);
 }
 
 float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, Comm *tp) {
     float *sc = backend_alloc(be, 4 * sizeof(float), MEM_WORKSPACE);
-    grad_sumsq(be, tab, grads, tp, sc);
+    grad_sumsq(be, tab, grads, tp, NULL, sc);
     op_clip_coef(be, sc + 2, sc, 2, 0.0f);
     float norm = 0.0f;
     backend_download(be, &norm, sc + 2, sizeof norm);
@@ -129,7 +145,7 @@ void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable 
 }
 
 void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_state, const OptRange *r,
-                      int n_ranges, Comm *tp, Comm *dp, float max_norm, float *sc) {
+                      int n_ranges, Comm *tp, Comm *dp, const GradNormPipe *pipe, float max_norm, float *sc) {
     op_zero(be, sc, 2);
     for (int k = 0; k < n_ranges; k++) {
         for (int i = param_table_index_at(tab, r[k].lo); i >= 0 && i < tab->n && tab->t[i].offset < r[k].hi; i++) {
@@ -137,11 +153,12 @@ void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_
             const size_t x0 = p->offset > r[k].lo ? p->offset : r[k].lo;
             const size_t x1 = p->offset + p->n_elems < r[k].hi ? p->offset + p->n_elems : r[k].hi;
             const size_t at = at_state ? r[k].at + (x0 - r[k].lo) : x0;
-            if (x1 > x0) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + at, x1 - x0);
+            if (x1 > x0 && counts(p, pipe)) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + at, x1 - x0);
         }
     }
     if (dp && comm_size(dp) > 1) TP_CHECK(comm_allreduce(dp, sc, 2, COMM_SUM) == 0, "%s", comm_error(dp));
     if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
+    sum_over_stages(pipe, sc);
     op_clip_coef(be, sc + 2, sc, 2, max_norm);
     if (max_norm > 0.0f)
         for (int k = 0; k < n_ranges; k++)

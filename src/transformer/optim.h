@@ -80,7 +80,15 @@ const char *lr_schedule_name(LrSchedule s);
  * sc[2]; the clipping factor min(1, max_norm / (norm + 1e-6)) in sc[3] (as
  * torch.nn.utils.clip_grad_norm_; max_norm <= 0: 1); grads scaled by it.
  * Nothing is read back. */
-void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, float max_norm, float *sc);
+/* Pipeline stages: the sums also run over pp, and skip_embed leaves out
+ * the tied embedding (a later stage's copy of the first stage's). NULL:
+ * one stage. */
+typedef struct {
+    Comm *pp;
+    bool skip_embed;
+} GradNormPipe;
+void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, const GradNormPipe *pipe, float max_norm,
+               float *sc);
 
 /* The norm alone, read back (a sync point): for tests and tools. */
 float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, Comm *tp);
@@ -99,6 +107,6 @@ void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable 
  * squares are summed over dp (then the sharded part over tp) before the
  * norm, and only they are scaled. sc as grad_clip. */
 void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_state, const OptRange *r,
-                      int n_ranges, Comm *tp, Comm *dp, float max_norm, float *sc);
+                      int n_ranges, Comm *tp, Comm *dp, const GradNormPipe *pipe, float max_norm, float *sc);
 
 #endif
