@@ -38,6 +38,8 @@
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
+enum { MAX_PP = 1024 };  // pipeline stages (a stage holds at least one layer)
+
 typedef struct {
     const char *preset;
     ModelConfig cfg;
@@ -347,7 +349,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_STRICT: a->strict = true; break;
         case O_BTOK: a->batch_tokens = (int)flag_int("--batch-tokens", optarg, 1, 1 << 30); break;
         case O_MICRO: a->micro_batches = (int)flag_int("--micro-batches", optarg, 1, 1 << 16); break;
-        case O_PP: a->pp = (int)flag_int("--pp", optarg, 1, 4096); break;
+        case O_PP: a->pp = (int)flag_int("--pp", optarg, 1, MAX_PP); break;
         case O_PPLAYOUT: a->pp_layout = optarg; break;
         case O_BEAM: a->beam = (int)flag_int("--beam", optarg, 0, 100); break;
         case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
@@ -905,7 +907,7 @@ int main(int argc, char **argv) {
     }
     Runtime rt;
     /* The stages first: an impossible --pp or --pp-layout is refused before any rank meets. */
-    ModelStage *stages = TP_CALLOC((size_t)a.pp, sizeof *stages);
+    static ModelStage stages[MAX_PP];  // static: no early return has it to free
     if (model_stages_make(&a.cfg, a.pp, a.pp_layout, stages, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         backend_destroy(be);
@@ -1159,7 +1161,6 @@ int main(int argc, char **argv) {
     grad_sync_free(gsync);
     if (decode_here) model_free(&whole);
     if (stack_here) model_free(&stack);
-    free(stages);
     model_free(&m);
     source_close(&src);
     runtime_free(&rt);  // before the backend: the groups' staging buffers and NCCL's stream are the backend's
