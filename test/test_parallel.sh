@@ -94,24 +94,18 @@ for name in ("tp2", "tp4", "dp2", "tp2dp2", "m4", "dp2m2", "tp2dp2m2z1", "dp2m2z
     print(f"{name}: max relative loss difference {rel:.2e}, max weight difference {wd:.2e} ({wk})")
     if rel > LOSS_RTOL or wd > WEIGHT_ATOL:
         bad.append(name)
-a, b = losses("drop_dp4"), losses("drop_dp2m2")
-rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-wa, _ = st.load("drop_dp4/model.safetensors")
-wb, _ = st.load("drop_dp2m2/model.safetensors")
-wd = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
-print(f"dropout 0.1, dp 2 x 2 micro-batches vs dp 4: max relative loss difference {rel:.2e}, "
-      f"max weight difference {wd:.2e}")
-if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
-    bad.append("drop_dp2m2")
-a, b = losses("drop_m2"), losses("drop_pp2m2")
-rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-wa, _ = st.load("drop_m2/model.safetensors")
-wb, _ = st.load("drop_pp2m2/model.safetensors")
-wd = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
-print(f"dropout 0.1, pp 2 x 2 micro-batches vs one rank x 2: max relative loss difference {rel:.2e}, "
-      f"max weight difference {wd:.2e}")
-if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
-    bad.append("drop_pp2m2")
+def same_run(ref, name, what):
+    """name against ref (dropout runs, which must also differ from the dropout-free run)."""
+    a, b = losses(ref), losses(name)
+    rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    wa, _ = st.load(ref + "/model.safetensors")
+    wb, _ = st.load(name + "/model.safetensors")
+    wd = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    print(f"dropout 0.1, {what}: max relative loss difference {rel:.2e}, max weight difference {wd:.2e}")
+    if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
+        bad.append(name)
+same_run("drop_dp4", "drop_dp2m2", "dp 2 x 2 micro-batches vs dp 4")
+same_run("drop_m2", "drop_pp2m2", "pp 2 x 2 micro-batches vs one rank x 2")
 if bad:
     sys.exit("layouts differ from the single-rank run: " + ", ".join(bad))
 PY

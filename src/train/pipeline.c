@@ -32,28 +32,17 @@ int pipeline_schedule(int p, int s, int m, PipeAction *out) {
     return n;
 }
 
-/* Output of micro-batch f to the next stage, gradient of micro-batch b
- * from it; input gradient of b to the previous stage, input of f from it:
- * the even stage of a pair sends first. */
-static void send_next_recv_next(const PipeStage *st, int f, int b) {
-    if (st->s == st->p - 1) return;
+/* One send and one receive with the same neighbour, ordered by the
+ * stage's parity (an even stage sends first), so that the two sides of a
+ * pair never both wait in a send. */
+static void send_recv(const PipeStage *st, void (*send)(void *, int), int send_micro, void (*recv)(void *, int),
+                      int recv_micro) {
     if (st->s % 2 == 0) {
-        st->send_next(st->ctx, f);
-        st->recv_next(st->ctx, b);
+        send(st->ctx, send_micro);
+        recv(st->ctx, recv_micro);
     } else {
-        st->recv_next(st->ctx, b);
-        st->send_next(st->ctx, f);
-    }
-}
-
-static void send_prev_recv_prev(const PipeStage *st, int b, int f) {
-    if (st->s == 0) return;
-    if (st->s % 2 == 0) {
-        st->send_prev(st->ctx, b);
-        st->recv_prev(st->ctx, f);
-    } else {
-        st->recv_prev(st->ctx, f);
-        st->send_prev(st->ctx, b);
+        recv(st->ctx, recv_micro);
+        send(st->ctx, send_micro);
     }
 }
 
@@ -71,13 +60,13 @@ int pipeline_run(const PipeStage *st) {
     if (steady > 0 && !first) st->recv_prev(st->ctx, f);
     for (int k = 0; k < steady; k++, n += 2) {
         st->forward(st->ctx, f);
-        send_next_recv_next(st, f, b);
+        if (!final) send_recv(st, st->send_next, f, st->recv_next, b);  // output of f out, gradient of b in
         f++;
         st->backward(st->ctx, b, b == st->m - 1);
         if (k == steady - 1) {
             if (!first) st->send_prev(st->ctx, b);
         } else {
-            send_prev_recv_prev(st, b, f);
+            if (!first) send_recv(st, st->send_prev, b, st->recv_prev, f);  // gradient of b out, input of f in
         }
         b++;
     }
