@@ -167,7 +167,8 @@ static int cmd_inspect(const char *arg) {
            "label smoothing %g, ln_eps %g; %zu parameters in %d tensors\n",
            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.enc_layers, cfg.dec_layers, cfg.vocab_size, cfg.max_len,
            activation_name(cfg.act), cfg.dropout, cfg.label_smoothing, cfg.ln_eps, whole.n_elems, whole.n);
-    printf("mesh       tp %d x dp %d x pp 1 (saved layout; any layout loads it)\n", tp, dp);
+    printf("mesh       tp %d x dp %d x pp %d (saved layout; any layout loads it)\n", tp, dp, st.pp);
+    printf("stages     %s\n", st.pp_layout);
     if (st.corpus)
         printf("data       corpus: epoch %lld, next batch %lld of the epoch; seed %llu\n", (long long)st.cursor.epoch,
                (long long)st.cursor.position, (unsigned long long)st.seed);
@@ -201,15 +202,17 @@ static int cmd_inspect(const char *arg) {
                         total / (1024.0 * 1024.0), n_files);
 
     /* Every shard a load needs must be listed; then every listed file must match. */
-    for (int t = 0; t < tp && rc == 0; t++) {
-        for (int d = -1; d < dp && rc == 0; d++) {
-            char name[96];
-            if (d < 0) snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
-            else snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, d);
-            if (!cJSON_GetObjectItemCaseSensitive(files, name)) {
-                tp_error_set(err, sizeof err, "%s/manifest.json: '%s' is not listed, but a tp %d x dp %d checkpoint "
-                             "has it", dir, name, tp, dp);
-                rc = 1;
+    for (int p = 0; p < st.pp && rc == 0; p++) {
+        for (int t = 0; t < tp && rc == 0; t++) {
+            for (int d = -1; d < dp && rc == 0; d++) {
+                char name[96];
+                if (d < 0) snprintf(name, sizeof name, "model-tp%d-pp%d.safetensors", t, p);
+                else snprintf(name, sizeof name, "optim-tp%d-pp%d-dp%d.safetensors", t, p, d);
+                if (!cJSON_GetObjectItemCaseSensitive(files, name)) {
+                    tp_error_set(err, sizeof err, "%s/manifest.json: '%s' is not listed, but a tp %d x dp %d x pp %d "
+                                 "checkpoint has it", dir, name, tp, dp, st.pp);
+                    rc = 1;
+                }
             }
         }
     }

@@ -432,11 +432,6 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
         exit(2);
     }
-    if (a->pp > 1 && (a->save_dir || a->resume)) {
-        fprintf(stderr, "train_mt: checkpoints of pipeline stages are not built yet: --pp %d runs without --save "
-                        "and --resume\n", a->pp);
-        exit(2);
-    }
     if (a->pp > 1 && a->grad.zero >= 2) {
         fprintf(stderr, "train_mt: --zero 2 with pipeline stages is not built; use --zero 0 or 1 with --pp %d\n",
                 a->pp);
@@ -874,14 +869,17 @@ static int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, S
     }
     *first_step = (int)st.step + 1;
     if (rt->mesh.rank == 0)
-        printf("train_mt: resumed from %s: step %lld, saved as tp %d x dp %d, loaded as tp %d x dp %d in %.2f s\n", dir,
-               (long long)st.step, old_tp, old_dp, rt->mesh.tp, rt->mesh.dp, tp_now_s() - t0);
+        printf("train_mt: resumed from %s: step %lld, saved as tp %d x dp %d x pp %d, loaded as tp %d x dp %d x pp %d "
+               "in %.2f s\n", dir, (long long)st.step, old_tp, old_dp, st.pp, rt->mesh.tp, rt->mesh.dp, rt->mesh.pp,
+               tp_now_s() - t0);
     return 0;
 }
 
 /* Writes checkpoint `step` (collective); a failed save ends the run. */
-static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, int step) {
+static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src,
+                 const char *pp_layout, int step) {
     TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index};
+    snprintf(st.pp_layout, sizeof st.pp_layout, "%s", pp_layout);
     if (!a->synthetic) st.cursor = dataset_cursor(&src->train);
     char err[1024];
     double t0 = tp_now_s();
@@ -913,6 +911,8 @@ int main(int argc, char **argv) {
         backend_destroy(be);
         return 2;
     }
+    static char pp_layout[CKPT_MAX_LAYOUT];  // what checkpoints record of the stages
+    model_stages_format(stages, a.pp, pp_layout, sizeof pp_layout);
     RuntimeOptions ro = {.tp = a.tp, .dp = a.dp, .pp = a.pp, .n_heads = a.cfg.n_heads, .d_ff = a.cfg.d_ff,
                          .timeout_s = a.comm_timeout, .comm = a.comm};
     CommDeviceCopy hooks;
@@ -1091,13 +1091,13 @@ int main(int argc, char **argv) {
             t_window += dt;  // tokens/s counts training time only (the window keeps its tokens)
         }
         if (a.save_dir && a.save_interval && step % a.save_interval == 0) {
-            save(&a, &rt, &m, &opt, &src, step);
+            save(&a, &rt, &m, &opt, &src, pp_layout, step);
             saved_step = step;
         }
         if (lead && !tty) fflush(stdout);
         if (metrics) fflush(metrics);
     }
-    if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, total);
+    if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, pp_layout, total);
     if (lead) {
         char took[32];
         fmt_duration(took, sizeof took, tp_now_s() - t_start);

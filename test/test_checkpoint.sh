@@ -8,6 +8,11 @@
 #     dp-dependent dropout masks differ legitimately between layouts)
 #     resumes as tp=1, tp=4 and dp=4; the step-11 loss must match the
 #     straight run within relative LOSS_RTOL and the run must reach step 20.
+#  2c. Pipeline stages: tp=2 x pp=2 with dropout and 2 micro-batches resumes
+#     exactly (losses, every exported tensor; ckpt inspect and ckpt export
+#     of the stage files); the same checkpoint resumes as one process, as
+#     pp=4 (explicit layout) and as tp=4, and a ZeRO-1 dp=2 x pp=2 one as
+#     one process, each within LOSS_RTOL of the straight run.
 #  3. Crash safety: TPTRAIN_FAULT_POINT=K SIGKILLs the process at its K-th
 #     save point; for every K until the run survives, --resume auto must
 #     pick the newest published complete checkpoint (or start from scratch),
@@ -135,7 +140,7 @@ resume_exact() {
   run "$name-resumed.log" tprun4 "${flags[@]}" --max-steps 20 "${resume_flags[@]}" \
       --metrics "$name-resumed.jsonl" --export "$name-resumed"
   [[ $(resumed_step "$name-resumed.log") == 10 ]] || fail "$name: did not resume from step 10"
-  grep -q "saved as tp 2 x dp 2, loaded as tp 2 x dp 2" "$name-resumed.log" || fail "$name: no layout line"
+  grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 2 x dp 2 x pp 1" "$name-resumed.log" || fail "$name: no layout line"
   {
     echo "$name first half|$name-straight.jsonl|$name-half.jsonl|1|10|train|-|-"
     echo "$name resumed|$name-straight.jsonl|$name-resumed.jsonl|11|20|all|$name-straight|$name-resumed"
@@ -166,9 +171,9 @@ run rs-half.log tprun4 "${reshard[@]}" --tp 2 --dp 2 --max-steps 10 --save rs-ck
 run rs-tp1.log "$train" "${reshard[@]}" --max-steps 20 --resume rs-ckpt --metrics rs-tp1.jsonl
 run rs-tp4.log tprun4 "${reshard[@]}" --tp 4 --max-steps 20 --resume rs-ckpt/step_00000010 --metrics rs-tp4.jsonl
 run rs-dp4.log tprun4 "${reshard[@]}" --tp 1 --dp 4 --max-steps 20 --resume rs-ckpt --metrics rs-dp4.jsonl
-grep -q "saved as tp 2 x dp 2, loaded as tp 1 x dp 1" rs-tp1.log || fail "tp=1 resume: no layout line"
-grep -q "saved as tp 2 x dp 2, loaded as tp 4 x dp 1" rs-tp4.log || fail "tp=4 resume: no layout line"
-grep -q "saved as tp 2 x dp 2, loaded as tp 1 x dp 4" rs-dp4.log || fail "dp=4 resume: no layout line"
+grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 1 x dp 1 x pp 1" rs-tp1.log || fail "tp=1 resume: no layout line"
+grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 4 x dp 1 x pp 1" rs-tp4.log || fail "tp=4 resume: no layout line"
+grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 1 x dp 4 x pp 1" rs-dp4.log || fail "dp=4 resume: no layout line"
 /usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" <<'PY' || exit 1
 import json, sys
 rtol = float(sys.argv[1])
@@ -238,7 +243,63 @@ if bad:
 print(f"part 2b: ZeRO-1 tp 2 x dp 2 resume exact (10 losses, every tensor); ZeRO-1 dp 4 -> ZeRO-0 dp 1 -> ZeRO-2 dp 2 "
       f"against a straight ZeRO-1 dp 4 run: {', '.join(legs)} (limit {rtol:g}) ({sys.argv[3]})")
 PY
-grep -q "saved as tp 1 x dp 4, loaded as tp 1 x dp 1" zr-b.log || fail "ZeRO resharding: no layout line"
+grep -q "saved as tp 1 x dp 4 x pp 1, loaded as tp 1 x dp 1 x pp 1" zr-b.log || fail "ZeRO resharding: no layout line"
+
+# ---- 2c. pipeline stages: one file per (tp, pp) shard, exact resume, resharding across pp ----
+pipe=("${synth[@]}" --activation gelu --dropout 0.1 --micro-batches 2 --log-interval 1 --comm-timeout 60)
+run pp-straight.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --max-steps 20 --metrics pp-straight.jsonl --export pp-straight
+run pp-half.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --max-steps 10 --save pp-ckpt --metrics pp-half.jsonl
+run pp-rest.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --max-steps 20 --resume pp-ckpt --save pp-ckpt \
+  --metrics pp-rest.jsonl --export pp-rest
+grep -q "saved as tp 2 x dp 1 x pp 2, loaded as tp 2 x dp 1 x pp 2" pp-rest.log || fail "pp resume: no layout line"
+run pp-inspect.log "$build/ckpt" inspect pp-ckpt/step_00000010
+grep -q "mesh       tp 2 x dp 1 x pp 2" pp-inspect.log && grep -q "stages     enc:0-1|dec:0-1" pp-inspect.log &&
+  grep -q "verify     ok (8 files" pp-inspect.log || { cat pp-inspect.log; fail "ckpt inspect of a pp checkpoint"; }
+# ckpt export assembles the stages: the same tensors as the run's own --export of step 20
+run pp-export.log "$build/ckpt" export pp-ckpt pp-ckpt-export
+{
+  echo "pp tp 2 x pp 2 resumed|pp-straight.jsonl|pp-rest.jsonl|11|20|all|pp-straight|pp-rest"
+  echo "pp ckpt export of step 20|pp-straight.jsonl|pp-straight.jsonl|1|20|all|pp-straight|pp-ckpt-export"
+} > pp-checks.txt
+out=$(verify pp-checks.txt) || { echo "$out"; exit 1; }
+# Into other stages and tp: one process (pp 1), four stages (an explicit layout), tp 4 x pp 1. The
+# dropout masks are keyed by global micro-batch and layer, so only rounding differs.
+run pp-to1.log "$train" "${pipe[@]}" --max-steps 20 --resume pp-ckpt/step_00000010 --metrics pp-to1.jsonl
+run pp-to4.log tprun4 "${pipe[@]}" --pp 4 --pp-layout 'enc:0|enc:1|dec:0|dec:1' --max-steps 20 \
+  --resume pp-ckpt/step_00000010 --metrics pp-to4.jsonl
+run pp-totp4.log tprun4 "${pipe[@]}" --tp 4 --max-steps 20 --resume pp-ckpt/step_00000010 --metrics pp-totp4.jsonl
+grep -q "saved as tp 2 x dp 1 x pp 2, loaded as tp 1 x dp 1 x pp 1" pp-to1.log || fail "pp -> 1 process: no layout line"
+grep -q "saved as tp 2 x dp 1 x pp 2, loaded as tp 1 x dp 1 x pp 4" pp-to4.log || fail "pp -> pp 4: no layout line"
+# ZeRO-1 pieces per stage: dp 2 x pp 2 (dropout 0: the masks depend on dp) into one process
+run zpp-straight.log tprun4 "${zero[@]}" --dropout 0 --micro-batches 2 --dp 2 --pp 2 --zero 1 --max-steps 20 \
+  --metrics zpp-straight.jsonl
+run zpp-half.log tprun4 "${zero[@]}" --dropout 0 --micro-batches 2 --dp 2 --pp 2 --zero 1 --max-steps 10 \
+  --save zpp-ckpt
+run zpp-to1.log "$train" "${zero[@]}" --dropout 0 --micro-batches 4 --max-steps 20 --resume zpp-ckpt \
+  --metrics zpp-to1.jsonl
+grep -q "saved as tp 1 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 1" zpp-to1.log || fail "ZeRO pp: no layout line"
+/usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" <<'PY' || exit 1
+import json, sys
+rtol = float(sys.argv[1])
+def losses(name):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(name + ".jsonl")) if "loss" in r}
+parts, bad = [], []
+for ref_name, name in (("pp-straight", "pp-to1"), ("pp-straight", "pp-to4"), ("pp-straight", "pp-totp4"),
+                       ("zpp-straight", "zpp-to1")):
+    ref, got = losses(ref_name), losses(name)
+    if sorted(got) != list(range(11, 21)):
+        bad.append(f"{name}: logged steps {sorted(got)}, not 11..20")
+        continue
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(11, 21))
+    parts.append(f"{name} {worst:.1e}")
+    if worst > rtol:
+        bad.append(f"{name}: losses of steps 11..20 differ from {ref_name} by up to {worst:.2e} (relative) > {rtol:g}")
+if bad:
+    sys.exit("FAIL: " + "; ".join(bad))
+print(f"part 2c: tp 2 x pp 2 (dropout 0.1, 2 micro-batches) resumed exactly (losses, every tensor; ckpt export of "
+      f"the stages equals the run's export); resumed into other stages and tp, worst relative loss difference over "
+      f"steps 11..20: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
+PY
 
 # ---- 3. crash safety -------------------------------------------------------------------
 crash_flags=("${synth[@]}" --dropout 0.1 --log-interval 1 --max-steps 15 --save-interval 5 --keep-last 2
@@ -470,6 +531,18 @@ run translate-no-optim.log "${translate[@]}" no-optim --src src.en
 refuse seed "$synth_ck was saved with --seed 1, this run has --seed 2" "${resume_synth[@]}" "$synth_ck" --seed 2
 refuse kind "$synth_ck was saved from a synthetic-task run, this run trains on a corpus" \
     "$train" "${corpus_flags[@]}" --dropout 0.1 --max-steps 12 --resume "$synth_ck"
+# The stages of a pipeline checkpoint: a layout that is not one of this model, or
+# another split than the shards were cut for.
+copy_of pp-bad pp-ckpt/step_00000010
+sed -i 's/"stages":\([[:space:]]*\)"enc:0-1|dec:0-1"/"stages":\1"enc:0-2|dec:0-1"/' pp-bad/manifest.json
+reseal pp-bad
+refuse pp-bad "pp-bad/manifest.json: field 'mesh.stages' does not fit the config: --pp-layout 'enc:0-2|dec:0-1': 'enc:0-2' is not a range of the 2 encoder layers" \
+    "$train" "${pipe[@]}" --max-steps 12 --resume pp-bad
+copy_of pp-split pp-ckpt/step_00000010
+sed -i 's/"stages":\([[:space:]]*\)"enc:0-1|dec:0-1"/"stages":\1"enc:0|enc:1,dec:0-1"/' pp-split/manifest.json
+reseal pp-split
+refuse pp-split "pp-split/manifest.json: file 'model-tp0-pp1.safetensors' is listed with" \
+    "$train" "${pipe[@]}" --max-steps 12 --resume pp-split
 # Empty folders: an error for --resume DIR, a fresh start for --resume auto.
 mkdir empty-ckpt empty-save
 refuse empty "empty-ckpt holds no complete checkpoint" "${resume_synth[@]}" empty-ckpt
@@ -479,6 +552,7 @@ grep -qF "no checkpoint in empty-save yet: starting from step 1" fresh.log || fa
 test -f empty-save/step_00000002/manifest.json || fail "the fresh run did not save"
 echo "part 4: refused with the file named: truncated shard, flipped data byte, swapped shard, edited crc32c," \
      "format_version 7, invalid and other-model config (train_mt and translate_mt each), missing optimizer shard" \
-     "(translate_mt still loads), other seed, other data kind, empty or missing --resume folder; --resume auto on an empty" \
+     "(translate_mt still loads), other seed, other data kind, pipeline stages not of this model or not of the shards," \
+     "empty or missing --resume folder; --resume auto on an empty" \
      "--save folder starts from step 1 ($(elapsed))"
 echo "test_checkpoint: ok"

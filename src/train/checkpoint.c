@@ -302,6 +302,7 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON_AddNumberToObject(mesh, "tp", rt->mesh.tp);
     cJSON_AddNumberToObject(mesh, "dp", rt->mesh.dp);
     cJSON_AddNumberToObject(mesh, "pp", rt->mesh.pp);
+    if (rt->mesh.pp > 1) cJSON_AddStringToObject(mesh, "stages", st->pp_layout);
     cJSON *oc = cJSON_AddObjectToObject(o, "optimizer");
     cJSON_AddStringToObject(oc, "name", "adamw");
     cJSON_AddNumberToObject(oc, "lr", opt->cfg.lr);
@@ -333,16 +334,18 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON *files = cJSON_AddObjectToObject(o, "files");
     char name[128];
     int rc = 0;
-    for (int t = 0; t < rt->mesh.tp && rc == 0; t++) {
-        snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
-        cJSON *e = file_entry(tmp, name, err, err_len);
-        if (!e) rc = -1;
-        else cJSON_AddItemToObject(files, name, e);
-        for (int d = 0; d < rt->mesh.dp && rc == 0; d++) {
-            snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, d);
-            e = file_entry(tmp, name, err, err_len);
+    for (int p = 0; p < rt->mesh.pp && rc == 0; p++) {
+        for (int t = 0; t < rt->mesh.tp && rc == 0; t++) {
+            snprintf(name, sizeof name, "model-tp%d-pp%d.safetensors", t, p);
+            cJSON *e = file_entry(tmp, name, err, err_len);
             if (!e) rc = -1;
             else cJSON_AddItemToObject(files, name, e);
+            for (int d = 0; d < rt->mesh.dp && rc == 0; d++) {
+                snprintf(name, sizeof name, "optim-tp%d-pp%d-dp%d.safetensors", t, p, d);
+                e = file_entry(tmp, name, err, err_len);
+                if (!e) rc = -1;
+                else cJSON_AddItemToObject(files, name, e);
+            }
         }
     }
     if (rc == 0 && has_spm) {
@@ -513,6 +516,8 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
 int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
               const char *spm_path, int keep_last, char *err, size_t err_len) {
     const bool lead = rt->mesh.rank == 0;
+    TP_CHECK(rt->mesh.pp == 1 || st->pp_layout[0], "ckpt_save: a run of %d pipeline stages gives their layout",
+             rt->mesh.pp);
     char tmp[4096], name[64];
     step_name(name, sizeof name, st->step);
     pathf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
@@ -631,6 +636,7 @@ int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t e
 /* Bounds of what a manifest may say; train_mt's flags accept no more. */
 #define CKPT_MAX_STEP (INT_MAX - 1)        /* the step loop counts in int and runs step + 1 */
 #define CKPT_MAX_DP (1 << 20)
+#define CKPT_MAX_PP 510                    /* a stage holds at least one of at most 255 + 255 layers */
 #define CKPT_MAX_WORLD (1 << 20)
 #define CKPT_MAX_WARMUP (1 << 30)
 #define CKPT_MAX_SEED 0x7fffffffLL         /* --seed's range */
@@ -774,34 +780,39 @@ static int check_file_entry(const cJSON *files, const char *name, uint64_t lo, u
  * JSON header, then exactly the tensor bytes), so a config that disagrees
  * with the shards (d_model 4000 over 32-wide shards) is refused here,
  * before any loader allocates a model of it. */
-static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int dp, int zero, size_t bucket_elems,
-                       bool corpus, const char *path, char *err, size_t err_len) {
+static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int dp, const ModelStage *stages, int pp,
+                       int zero, size_t bucket_elems, bool corpus, const char *path, char *err, size_t err_len) {
     if (!cJSON_IsObject(files)) {
         tp_error_set(err, err_len, "%s: field 'files' is not an object", path);
         return -1;
     }
-    ParamTable tab;
-    param_table_build(cfg, tp, &tab);
     uint64_t *optim_elems = TP_CALLOC((size_t)dp, sizeof *optim_elems);
-    if (zero > 0)
-        for (int d = 0; d < dp; d++) optim_elems[d] = opt_pieces_file_elems(&tab, zero, bucket_elems, dp, d);
-    else
-        for (int i = 0; i < tab.n; i++) optim_elems[i % dp] += 2 * (uint64_t)tab.t[i].n_elems;
-    char why[160];
-    snprintf(why, sizeof why, "the manifest's config (d_model %d, d_ff %d, vocab_size %d, %d+%d layers) at tp %d",
-             cfg->d_model, cfg->d_ff, cfg->vocab_size, cfg->enc_layers, cfg->dec_layers, tp);
     int rc = 0, listed = 0;
-    for (int t = 0; t < tp && rc == 0; t++) {
-        char name[96];
-        uint64_t lo = 8 + 2 + 4 * (uint64_t)tab.n_elems;
-        snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
-        rc = check_file_entry(files, name, lo, lo + CKPT_MAX_SHARD_HEADER, why, path, err, err_len);
-        listed++;
-        for (int d = 0; d < dp && rc == 0; d++, listed++) {
-            snprintf(name, sizeof name, "optim-tp%d-pp0-dp%d.safetensors", t, d);
-            lo = 8 + 2 + 4 * optim_elems[d];
+    for (int p = 0; p < pp && rc == 0; p++) {
+        ParamTable tab;
+        param_table_build_stage(cfg, tp, &stages[p], &tab);
+        memset(optim_elems, 0, (size_t)dp * sizeof *optim_elems);
+        if (zero > 0)
+            for (int d = 0; d < dp; d++) optim_elems[d] = opt_pieces_file_elems(&tab, zero, bucket_elems, dp, d);
+        else
+            for (int i = 0; i < tab.n; i++) optim_elems[i % dp] += 2 * (uint64_t)tab.t[i].n_elems;
+        char why[200];
+        snprintf(why, sizeof why, "the manifest's config (d_model %d, d_ff %d, vocab_size %d, %d+%d layers) at tp %d%s",
+                 cfg->d_model, cfg->d_ff, cfg->vocab_size, cfg->enc_layers, cfg->dec_layers, tp,
+                 pp > 1 ? " and the manifest's stages" : "");
+        for (int t = 0; t < tp && rc == 0; t++) {
+            char name[96];
+            uint64_t lo = 8 + 2 + 4 * (uint64_t)tab.n_elems;
+            snprintf(name, sizeof name, "model-tp%d-pp%d.safetensors", t, p);
             rc = check_file_entry(files, name, lo, lo + CKPT_MAX_SHARD_HEADER, why, path, err, err_len);
+            listed++;
+            for (int d = 0; d < dp && rc == 0; d++, listed++) {
+                snprintf(name, sizeof name, "optim-tp%d-pp%d-dp%d.safetensors", t, p, d);
+                lo = 8 + 2 + 4 * optim_elems[d];
+                rc = check_file_entry(files, name, lo, lo + CKPT_MAX_SHARD_HEADER, why, path, err, err_len);
+            }
         }
+        param_table_free(&tab);
     }
     if (rc == 0 && corpus) {
         rc = check_file_entry(files, "spm.model", 1, CKPT_JSON_EXACT_MAX, "a tokenizer", path, err, err_len);
@@ -810,25 +821,24 @@ static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int d
     if (rc == 0 && cJSON_GetArraySize(files) != listed) {
         const cJSON *e;
         cJSON_ArrayForEach(e, files) {
-            int t, d;
+            int t, p, d;
             char tail;
-            bool known = (sscanf(e->string, "model-tp%d-pp0.safetensor%c", &t, &tail) == 2 && tail == 's' && t >= 0 &&
-                          t < tp) ||
-                         (sscanf(e->string, "optim-tp%d-pp0-dp%d.safetensor%c", &t, &d, &tail) == 3 && tail == 's' &&
-                          t >= 0 && t < tp && d >= 0 && d < dp) ||
+            bool known = (sscanf(e->string, "model-tp%d-pp%d.safetensor%c", &t, &p, &tail) == 3 && tail == 's' &&
+                          t >= 0 && t < tp && p >= 0 && p < pp) ||
+                         (sscanf(e->string, "optim-tp%d-pp%d-dp%d.safetensor%c", &t, &p, &d, &tail) == 4 &&
+                          tail == 's' && t >= 0 && t < tp && p >= 0 && p < pp && d >= 0 && d < dp) ||
                          (corpus && strcmp(e->string, "spm.model") == 0);
             if (!known) break;
         }
         if (e)
             tp_error_set(err, err_len,
-                         "%s: field 'files' lists '%s', which a %s checkpoint of tp %d x dp %d does not have", path,
-                         e->string, corpus ? "corpus" : "synthetic-task", tp, dp);
+                         "%s: field 'files' lists '%s', which a %s checkpoint of tp %d x dp %d x pp %d does not have",
+                         path, e->string, corpus ? "corpus" : "synthetic-task", tp, dp, pp);
         else
             tp_error_set(err, err_len, "%s: field 'files' lists a file twice", path);
         rc = -1;
     }
     free(optim_elems);
-    param_table_free(&tab);
     return rc;
 }
 
@@ -840,6 +850,7 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
     int rc = -1;
     int64_t step, mtp, mdp, mpp, warmup, t, epoch, position, synth_index, seed;
     double lr, beta1, beta2, eps, wd, clip;
+    ModelStage *stages = NULL;
     const cJSON *c = need_object(o, "config", path, err, err_len), *mesh, *opt, *data, *rng, *kind;
     if (!c) goto done;
     char *ctext = cJSON_PrintUnformatted(c);
@@ -853,7 +864,7 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         !(mesh = need_object(o, "mesh", path, err, err_len)) ||
         need_int(mesh, "mesh", "tp", 1, CONFIG_MAX_HEADS, &mtp, path, err, err_len) ||
         need_int(mesh, "mesh", "dp", 1, CKPT_MAX_DP, &mdp, path, err, err_len) ||
-        need_int(mesh, "mesh", "pp", 1, 1, &mpp, path, err, err_len) ||
+        need_int(mesh, "mesh", "pp", 1, CKPT_MAX_PP, &mpp, path, err, err_len) ||
         !(opt = need_object(o, "optimizer", path, err, err_len)) ||
         need_real(opt, "optimizer", "lr", 0.0, true, INFINITY, true, &lr, path, err, err_len) ||
         need_int(opt, "optimizer", "warmup", 0, CKPT_MAX_WARMUP, &warmup, path, err, err_len) ||
@@ -881,10 +892,10 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
                      (long long)t, (long long)step);
         goto done;
     }
-    if (mtp * mdp > CKPT_MAX_WORLD || cfg->n_heads % mtp || cfg->d_ff % mtp) {
-        tp_error_set(err, err_len, "%s: mesh tp %lld x dp %lld is not a layout of this model (tp must divide n_heads "
-                     "%d and d_ff %d; at most %d ranks)", path, (long long)mtp, (long long)mdp, cfg->n_heads,
-                     cfg->d_ff, CKPT_MAX_WORLD);
+    if (mtp * mdp * mpp > CKPT_MAX_WORLD || cfg->n_heads % mtp || cfg->d_ff % mtp) {
+        tp_error_set(err, err_len, "%s: mesh tp %lld x dp %lld x pp %lld is not a layout of this model (tp must "
+                     "divide n_heads %d and d_ff %d; at most %d ranks)", path, (long long)mtp, (long long)mdp,
+                     (long long)mpp, cfg->n_heads, cfg->d_ff, CKPT_MAX_WORLD);
         goto done;
     }
     int64_t zero = 0, bucket_elems = 1;  // absent: whole tensors (checkpoints before ZeRO, or ZeRO-0)
@@ -892,8 +903,27 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         (need_int(opt, "optimizer", "zero_stage", 1, 2, &zero, path, err, err_len) ||
          need_int(opt, "optimizer", "zero_bucket_elems", 1, CKPT_JSON_EXACT_MAX, &bucket_elems, path, err, err_len)))
         goto done;
-    if (check_files(cJSON_GetObjectItemCaseSensitive(o, "files"), cfg, (int)mtp, (int)mdp, (int)zero,
-                    (size_t)bucket_elems, corpus, path, err, err_len))
+    /* The stages: given as text when pp > 1 (absent before pipelining), the whole stack otherwise. */
+    stages = TP_MALLOC((size_t)mpp * sizeof *stages);
+    char layout[CKPT_MAX_LAYOUT];
+    if (mpp > 1) {
+        const cJSON *sj = need(mesh, "mesh", "stages", path, err, err_len);
+        if (!sj) goto done;
+        if (!cJSON_IsString(sj) || strlen(sj->valuestring) >= sizeof layout) {
+            tp_error_set(err, err_len, "%s: field 'mesh.stages' is not a layout text of at most %d characters", path,
+                         CKPT_MAX_LAYOUT - 1);
+            goto done;
+        }
+        if (model_stages_make(cfg, (int)mpp, sj->valuestring, stages, why, sizeof why)) {
+            tp_error_set(err, err_len, "%s: field 'mesh.stages' does not fit the config: %s", path, why);
+            goto done;
+        }
+    } else {
+        stages[0] = model_stage_whole(cfg);
+    }
+    model_stages_format(stages, (int)mpp, layout, sizeof layout);
+    if (check_files(cJSON_GetObjectItemCaseSensitive(o, "files"), cfg, (int)mtp, (int)mdp, stages, (int)mpp,
+                    (int)zero, (size_t)bucket_elems, corpus, path, err, err_len))
         goto done;
     if (tp) *tp = (int)mtp;
     if (dp) *dp = (int)mdp;
@@ -909,9 +939,12 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         st->corpus = corpus;
         st->zero_stage = (int)zero;
         st->zero_bucket_elems = (uint64_t)bucket_elems;
+        st->pp = (int)mpp;
+        snprintf(st->pp_layout, sizeof st->pp_layout, "%s", layout);
     }
     rc = 0;
 done:
+    free(stages);
     cJSON_Delete(o);
     return rc;
 }
@@ -1045,78 +1078,130 @@ static void stage_state(const AdamW *opt, const ParamInfo *np, const float *loc,
     }
 }
 
+/* The saved layout's files, read on first use: slot ((p * tp) + t) * per + k
+ * holds stage p's model shard of tp rank t (k = 0) or its optimizer shard
+ * of dp rank k - 1. */
+typedef struct {
+    const char *dir;
+    const cJSON *files;
+    int tp, dp, pp, per;
+    const ParamTable *tabs;  // per saved stage
+    StFile *f;
+    bool *loaded;
+    char (*path)[4096];
+} SavedFiles;
+
+static int saved_slot(const SavedFiles *sf, int p, int t, int k) { return (p * sf->tp + t) * sf->per + k; }
+
+/* The file of slot (p, t, k), read and checked when first asked for; NULL + err. */
+static const StFile *saved_file(SavedFiles *sf, int p, int t, int k, char *err, size_t err_len) {
+    const int i = saved_slot(sf, p, t, k);
+    if (sf->loaded[i]) return &sf->f[i];
+    char name[128];
+    if (k == 0) snprintf(name, sizeof name, "model-tp%d-pp%d.safetensors", t, p);
+    else snprintf(name, sizeof name, "optim-tp%d-pp%d-dp%d.safetensors", t, p, k - 1);
+    pathf(sf->path[i], sizeof sf->path[0], "%s/%s", sf->dir, name);
+    if (read_listed(sf->dir, sf->files, name, &sf->f[i], err, err_len)) return NULL;
+    sf->loaded[i] = true;
+    if (check_shard_meta(&sf->f[i], sf->path[i], t, sf->tp, &sf->tabs[p], err, err_len)) return NULL;
+    return &sf->f[i];
+}
+
+/* The index of the tensor called name in tab, or -1. */
+static int table_find(const ParamTable *tab, const char *name) {
+    for (int i = 0; i < tab->n; i++)
+        if (strcmp(tab->t[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* Reads the saved tensor (kind 0: weights, 1: exp_avg, 2: exp_avg_sq) of
+ * saved stage p's tensor i, every tp shard of it that is needed, into whole
+ * (global layout): in the same tp layout only this rank's shard, otherwise
+ * all of them (a replicated tensor from tp rank 0). */
+static int read_saved(SavedFiles *sf, int p, int i, int kind, bool pieces, int my_tp, float *whole, float *loc,
+                      char *err, size_t err_len) {
+    const ParamInfo *op = &sf->tabs[p].t[i];
+    const char *kname = kind == 1 ? "exp_avg" : "exp_avg_sq";
+    char name[160];
+    if (kind == 0) snprintf(name, sizeof name, "%s", op->name);
+    else snprintf(name, sizeof name, "%s.%s", kname, op->name);
+    memset(whole, 0, param_global_elems(op) * sizeof(float));
+    for (int t = 0; t < sf->tp; t++) {
+        if (my_tp >= 0 ? t != my_tp : (op->split == SPLIT_REPL && t > 0)) continue;
+        if (kind > 0 && pieces) {  // ZeRO pieces of every dp file of tp rank t
+            for (int d = 0; d < sf->dp; d++)
+                if (!saved_file(sf, p, t, 1 + d, err, err_len)) return -1;
+            const int f0 = saved_slot(sf, p, t, 1);
+            if (opt_pieces_read(&sf->f[f0], &sf->path[f0], sf->dp, op, kname, loc, err, err_len)) return -1;
+            shard_place(op, t, loc, whole);
+            continue;
+        }
+        const int k = kind == 0 ? 0 : 1 + i % sf->dp;
+        const StFile *f = saved_file(sf, p, t, k, err, err_len);
+        if (!f) return -1;
+        const StTensor *tt = shard_tensor(f, name, op, sf->path[saved_slot(sf, p, t, k)], err, err_len);
+        if (!tt) return -1;
+        shard_place(op, t, (const float *)tt->data, whole);
+    }
+    return 0;
+}
+
 int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) {
     ModelConfig cfg;
     int old_tp, old_dp;
     char path[4096], why[512];
-    TrainState saved;
-    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, &saved, err, err_len)) return -1;
-    const bool pieces = saved.zero_stage > 0;
+    TrainState *saved = TP_MALLOC(sizeof *saved);
+    cJSON *man = NULL;
+    ModelStage *old_st = NULL;
+    ParamTable *old = NULL;
+    SavedFiles sf = {0};
+    int rc = -1;
+    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, saved, err, err_len)) goto done;
+    const bool pieces = saved->zero_stage > 0;
     pathf(path, sizeof path, "%s/manifest.json", dir);
     if (config_diff(&cfg, &m->cfg, why, sizeof why)) {
         tp_error_set(err, err_len, "%s: the checkpoint's model differs from this run's: %s", path, why);
-        return -1;
+        goto done;
     }
-    cJSON *man = load_manifest(dir, path, sizeof path, err, err_len);
-    if (!man) return -1;
-    const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files");
-    ParamTable old;
-    param_table_build(&cfg, old_tp, &old);
-    /* In the saved layout a rank reads only its own shards; another layout
-     * reads every shard and re-cuts. File slot t * per_tp + k: k = 0 the
-     * model shard of tp rank t, k = 1 + d its optimizer shard of dp rank d. */
-    const bool same = old_tp == m->tp.size;
-    const size_t per_tp = 1 + (opt ? (size_t)old_dp : 0), n_files = (size_t)old_tp * per_tp;
-    StFile *f = TP_CALLOC(n_files, sizeof *f);
-    bool *loaded = TP_CALLOC(n_files, sizeof *loaded);
-    char (*fpath)[4096] = TP_CALLOC(n_files, sizeof *fpath);
-    int rc = -1;
-    for (int t = 0; t < old_tp; t++) {
-        if (same && t != m->tp.rank) continue;
-        for (size_t k = 0; k < per_tp; k++) {
-            char name[128];
-            if (k == 0) snprintf(name, sizeof name, "model-tp%d-pp0.safetensors", t);
-            else snprintf(name, sizeof name, "optim-tp%d-pp0-dp%zu.safetensors", t, k - 1);
-            const size_t fi = (size_t)t * per_tp + k;
-            pathf(fpath[fi], sizeof fpath[0], "%s/%s", dir, name);
-            if (read_listed(dir, files, name, &f[fi], err, err_len)) goto done;
-            loaded[fi] = true;
-            if (check_shard_meta(&f[fi], fpath[fi], t, old_tp, &old, err, err_len)) goto done;
-        }
-    }
-    size_t max_global = 0;
-    for (int i = 0; i < old.n; i++)
-        max_global = param_global_elems(&old.t[i]) > max_global ? param_global_elems(&old.t[i]) : max_global;
+    man = load_manifest(dir, path, sizeof path, err, err_len);
+    if (!man) goto done;
+    const int old_pp = saved->pp;
+    old_st = TP_MALLOC((size_t)old_pp * sizeof *old_st);
+    TP_CHECK(model_stages_make(&cfg, old_pp, saved->pp_layout, old_st, why, sizeof why) == 0, "%s", why);
+    old = TP_CALLOC((size_t)old_pp, sizeof *old);
+    for (int p = 0; p < old_pp; p++) param_table_build_stage(&cfg, old_tp, &old_st[p], &old[p]);
+    /* A rank reads only the files it needs: of the saved stages holding its
+     * tensors (its own stage first, when the layout is the same), and in
+     * the same tp layout only its own tp rank's shards; another tp layout
+     * reads every shard and re-cuts. */
+    const int per = 1 + (opt ? old_dp : 0), n_files = old_pp * old_tp * per;
+    sf = (SavedFiles){.dir = dir, .files = cJSON_GetObjectItemCaseSensitive(man, "files"), .tp = old_tp,
+                      .dp = old_dp, .pp = old_pp, .per = per, .tabs = old, .f = TP_CALLOC((size_t)n_files, sizeof *sf.f),
+                      .loaded = TP_CALLOC((size_t)n_files, sizeof *sf.loaded),
+                      .path = TP_CALLOC((size_t)n_files, sizeof *sf.path)};
+    const int my_tp = old_tp == m->tp.size ? m->tp.rank : -1;
+    int own = -1;  // the saved stage equal to this model's, if any
+    for (int p = 0; p < old_pp && own < 0; p++)
+        if (memcmp(&old_st[p], &m->stage, sizeof m->stage) == 0) own = p;
+    size_t max_global = 1;
+    for (int p = 0; p < old_pp; p++)
+        for (int i = 0; i < old[p].n; i++)
+            max_global = param_global_elems(&old[p].t[i]) > max_global ? param_global_elems(&old[p].t[i]) : max_global;
     float *whole = TP_MALLOC(max_global * sizeof(float));
-    float *loc = TP_MALLOC((max_global ? max_global : 1) * sizeof(float));  // one tp-local tensor
+    float *loc = TP_MALLOC(max_global * sizeof(float));  // one tp-local tensor
     /* host staging of the device buffers (the pointers themselves on the CPU) */
     float *stage[3] = {backend_host_stage(m->be, m->params, m->tab.n_elems),
                        opt ? backend_host_stage(opt->be, opt->m, opt->n_elems) : NULL,
                        opt ? backend_host_stage(opt->be, opt->v, opt->n_elems) : NULL};
     bool staged_ok = false;
-    for (int i = 0; i < old.n; i++) {
-        const ParamInfo *op = &old.t[i], *np = &m->tab.t[i];
-        /* 0: weights, 1: exp_avg, 2: exp_avg_sq */
-        for (int kind = 0; kind < (opt ? 3 : 1); kind++) {
-            char name[160];
-            if (kind == 0) snprintf(name, sizeof name, "%s", op->name);
-            else snprintf(name, sizeof name, "%s.%s", kind == 1 ? "exp_avg" : "exp_avg_sq", op->name);
-            memset(whole, 0, param_global_elems(op) * sizeof(float));
-            for (int t = 0; t < old_tp; t++) {
-                if (same ? t != m->tp.rank : (op->split == SPLIT_REPL && t > 0)) continue;
-                if (kind > 0 && pieces) {  // ZeRO pieces of every dp file of tp rank t
-                    const size_t f0 = (size_t)t * per_tp + 1;
-                    if (opt_pieces_read(&f[f0], &fpath[f0], old_dp, op, kind == 1 ? "exp_avg" : "exp_avg_sq", loc, err,
-                                        err_len))
-                        goto unstage;
-                    shard_place(op, t, loc, whole);
-                    continue;
-                }
-                const size_t fi = (size_t)t * per_tp + (kind == 0 ? 0 : 1 + (size_t)(i % old_dp));
-                const StTensor *tt = shard_tensor(&f[fi], name, op, fpath[fi], err, err_len);
-                if (!tt) goto unstage;
-                shard_place(op, t, (const float *)tt->data, whole);
-            }
+    for (int j = 0; j < m->tab.n; j++) {
+        const ParamInfo *np = &m->tab.t[j];
+        int p = own, i = own >= 0 ? table_find(&old[own], np->name) : -1;
+        for (p = i >= 0 ? own : 0; i < 0 && p < old_pp; p += i < 0) i = table_find(&old[p], np->name);
+        /* every tensor of a model of this config is on some stage of any valid layout */
+        TP_CHECK(i >= 0, "tensor '%s' is on none of the saved stages", np->name);
+        for (int kind = 0; kind < (opt ? 3 : 1); kind++) {  // 0: weights, 1: exp_avg, 2: exp_avg_sq
+            if (read_saved(&sf, p, i, kind, pieces, my_tp, whole, loc, err, err_len)) goto unstage;
             if (kind == 0) {
                 shard_extract(np, m->tp.rank, whole, stage[0] + np->offset);
             } else {
@@ -1144,12 +1229,15 @@ unstage:
     }
     rc = 0;
 done:
-    for (size_t i = 0; i < n_files; i++)
-        if (loaded[i]) st_free(&f[i]);
-    free(f);
-    free(loaded);
-    free(fpath);
-    param_table_free(&old);
+    for (int i = 0; sf.loaded && i < sf.pp * sf.tp * sf.per; i++)
+        if (sf.loaded[i]) st_free(&sf.f[i]);
+    free(sf.f);
+    free(sf.loaded);
+    free(sf.path);
+    for (int p = 0; old && p < saved->pp; p++) param_table_free(&old[p]);
+    free(old);
+    free(old_st);
+    free(saved);
     cJSON_Delete(man);
     return rc;
 }

@@ -1,14 +1,16 @@
 /* checkpoint.h: sharded, crash-safe checkpoints that load into any layout.
  *
  * A checkpoint is a directory DIR/step_XXXXXXXX holding
- *   model-tp{t}-pp{p}.safetensors       one per (tp, pp) shard: fp32 weights
- *                                       under their global names (the CPU
- *                                       backend trains in fp32: these are the
- *                                       master weights)
+ *   model-tp{t}-pp{p}.safetensors       one per (tp, pp) shard: the fp32
+ *                                       master weights of pipeline stage p's
+ *                                       tensors (the tied embedding on every
+ *                                       stage of the embedding group) under
+ *                                       their global names
  *   optim-tp{t}-pp{p}-dp{d}.safetensors one per dp shard of the optimizer
  *                                       state: AdamW moments (exp_avg.NAME,
  *                                       exp_avg_sq.NAME) of the tensors dealt
- *                                       to dp rank d (tensor i -> i % dp)
+ *                                       to dp rank d (tensor i of the stage
+ *                                       -> i % dp), or its ZeRO pieces
  *   spm.model                           the tokenizer, when training on a corpus
  *   manifest.json                       written last: format version, config,
  *                                       mesh, step, data cursor, RNG and
@@ -37,6 +39,10 @@
 /* 2: manifest.json begins with its own checksum line (docs/checkpoints.md). */
 #define CKPT_FORMAT_VERSION 2
 
+/* Room for the stages' layout text (model_stages_format): at most 255 + 255
+ * layers, so at most 510 stages of "enc:A-B|" (12 characters) or fewer. */
+#define CKPT_MAX_LAYOUT 8192
+
 /* Everything besides tensors that a resume needs to continue bit for bit. */
 typedef struct {
     int64_t step;           // optimizer steps taken
@@ -46,6 +52,9 @@ typedef struct {
     int corpus;             // 1 = corpus cursor valid, 0 = synthetic task
     int zero_stage;         // read: the optimizer files' layout (0: whole tensors; 1, 2: ZeRO pieces)
     uint64_t zero_bucket_elems;  // read: the bucket length those pieces were cut with
+    int pp;                 // read: the pipeline stages of the saved layout (1: none)
+    char pp_layout[CKPT_MAX_LAYOUT];  // the stages' layers (model_stages_format); written from it
+                                      // when the run has pp > 1, read back for any pp
 } TrainState;
 
 /* Saves step st->step under dir. Collective over rt->world: every rank
@@ -81,7 +90,9 @@ struct cJSON *ckpt_manifest(const char *ckpt_dir, char *err, size_t err_len);
 int ckpt_check_tokenizer(const char *ckpt_dir, const char *spm_path, char *err, size_t err_len);
 
 /* Loads weights (and, when opt is non-NULL, the optimizer state) into a
- * model of any tp layout whose config equals the checkpoint's; every file
+ * model of any tp layout and any pipeline stage (m->stage, the whole model
+ * by default) whose config equals the checkpoint's, whatever stages it was
+ * saved with: each tensor is read from a saved stage that holds it; every file
  * read is checked against the manifest (size, CRC-32C) and every tensor
  * against its label and shapes. Needs no communication. 0 or -1 + err. */
 int ckpt_load(const char *ckpt_dir, Model *m, AdamW *opt, char *err, size_t err_len);
