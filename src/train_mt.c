@@ -1114,9 +1114,10 @@ int main(int argc, char **argv) {
         model_stages_format(&stages[mesh->pp_rank], 1, layout, sizeof layout);
         const double train_s = tp_now_s() - t_start - t_eval;
         printf("train_mt: pipeline stage %d (%s): %.1f%% of %.1f s training waiting in exchanges (measured bubble "
-               "and transfers; ideal 1F1B bubble %.1f%%)\n", mesh->pp_rank, layout,
-               train_s > 0 ? 100.0 * t_pp_wait / train_s : 0.0, train_s,
-               100.0 * pipeline_bubble_theory(pp, a.micro_batches));
+               "and transfers; ideal 1F1B bubble %.1f%%); %ld messages sent and %ld received in %d steps\n",
+               mesh->pp_rank, layout, train_s > 0 ? 100.0 * t_pp_wait / train_s : 0.0, train_s,
+               100.0 * pipeline_bubble_theory(pp, a.micro_batches), trainer.pp_sent, trainer.pp_received,
+               total - first_step + 1);
         fflush(stdout);
     }
     {

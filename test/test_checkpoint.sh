@@ -8,11 +8,11 @@
 #     dp-dependent dropout masks differ legitimately between layouts)
 #     resumes as tp=1, tp=4 and dp=4; the step-11 loss must match the
 #     straight run within relative LOSS_RTOL and the run must reach step 20.
-#  2c. Pipeline stages: tp=2 x pp=2 with dropout and 2 micro-batches resumes
-#     exactly (losses, every exported tensor; ckpt inspect and ckpt export
-#     of the stage files); the same checkpoint resumes as one process, as
-#     pp=4 (explicit layout) and as tp=4, and a ZeRO-1 dp=2 x pp=2 one as
-#     one process, each within LOSS_RTOL of the straight run.
+#  2c. Pipeline stages: tp=2 x dp=2 x pp=2 with dropout and 2 micro-batches
+#     resumes exactly (losses, every exported tensor; ckpt inspect and ckpt
+#     export of the stage files); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-1)
+#     -> 2x1x2 and into 4 stages, every resumed loss within LOSS_RTOL of the
+#     straight run.
 #  3. Crash safety: TPTRAIN_FAULT_POINT=K SIGKILLs the process at its K-th
 #     save point; for every K until the run survives, --resume auto must
 #     pick the newest published complete checkpoint (or start from scratch),
@@ -246,59 +246,63 @@ PY
 grep -q "saved as tp 1 x dp 4 x pp 1, loaded as tp 1 x dp 1 x pp 1" zr-b.log || fail "ZeRO resharding: no layout line"
 
 # ---- 2c. pipeline stages: one file per (tp, pp) shard, exact resume, resharding across pp ----
-pipe=("${synth[@]}" --activation gelu --dropout 0.1 --micro-batches 2 --log-interval 1 --comm-timeout 60)
-run pp-straight.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --max-steps 20 --metrics pp-straight.jsonl --export pp-straight
-run pp-half.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --max-steps 10 --save pp-ckpt --metrics pp-half.jsonl
-run pp-rest.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --max-steps 20 --resume pp-ckpt --save pp-ckpt \
+# dp x M stays 4: micro-batch i of dp rank r draws the dropout masks of global micro-batch
+# r + i dp at every global layer, so every layout below trains the same steps.
+pipe=("${synth[@]}" --activation gelu --dropout 0.1 --log-interval 1 --comm-timeout 60)
+tprun8() { "$build/tprun" --standalone --nproc_per_node 8 "$train" "$@"; }
+l222=(--tp 2 --dp 2 --pp 2 --micro-batches 2)
+run pp-straight.log tprun8 "${pipe[@]}" "${l222[@]}" --max-steps 40 --metrics pp-straight.jsonl
+run pp-straight20.log tprun8 "${pipe[@]}" "${l222[@]}" --max-steps 20 --metrics pp-straight20.jsonl --export pp-straight20
+run pp-half.log tprun8 "${pipe[@]}" "${l222[@]}" --max-steps 10 --save pp-ckpt --metrics pp-half.jsonl
+run pp-rest.log tprun8 "${pipe[@]}" "${l222[@]}" --max-steps 20 --resume pp-ckpt --save pp-exact \
   --metrics pp-rest.jsonl --export pp-rest
-grep -q "saved as tp 2 x dp 1 x pp 2, loaded as tp 2 x dp 1 x pp 2" pp-rest.log || fail "pp resume: no layout line"
+grep -q "saved as tp 2 x dp 2 x pp 2, loaded as tp 2 x dp 2 x pp 2" pp-rest.log || fail "pp resume: no layout line"
 run pp-inspect.log "$build/ckpt" inspect pp-ckpt/step_00000010
-grep -q "mesh       tp 2 x dp 1 x pp 2" pp-inspect.log && grep -q "stages     enc:0-1|dec:0-1" pp-inspect.log &&
-  grep -q "verify     ok (8 files" pp-inspect.log || { cat pp-inspect.log; fail "ckpt inspect of a pp checkpoint"; }
+grep -q "mesh       tp 2 x dp 2 x pp 2" pp-inspect.log && grep -q "stages     enc:0-1|dec:0-1" pp-inspect.log &&
+  grep -q "verify     ok (12 files" pp-inspect.log || { cat pp-inspect.log; fail "ckpt inspect of a pp checkpoint"; }
 # ckpt export assembles the stages: the same tensors as the run's own --export of step 20
-run pp-export.log "$build/ckpt" export pp-ckpt pp-ckpt-export
+run pp-export.log "$build/ckpt" export pp-exact pp-exact-export
 {
-  echo "pp tp 2 x pp 2 resumed|pp-straight.jsonl|pp-rest.jsonl|11|20|all|pp-straight|pp-rest"
-  echo "pp ckpt export of step 20|pp-straight.jsonl|pp-straight.jsonl|1|20|all|pp-straight|pp-ckpt-export"
+  echo "pp 2x2x2 resumed|pp-straight20.jsonl|pp-rest.jsonl|11|20|all|pp-straight20|pp-rest"
+  echo "pp ckpt export of step 20|pp-straight20.jsonl|pp-straight20.jsonl|1|20|all|pp-straight20|pp-exact-export"
 } > pp-checks.txt
 out=$(verify pp-checks.txt) || { echo "$out"; exit 1; }
-# Into other stages and tp: one process (pp 1), four stages (an explicit layout), tp 4 x pp 1. The
-# dropout masks are keyed by global micro-batch and layer, so only rounding differs.
-run pp-to1.log "$train" "${pipe[@]}" --max-steps 20 --resume pp-ckpt/step_00000010 --metrics pp-to1.jsonl
-run pp-to4.log tprun4 "${pipe[@]}" --pp 4 --pp-layout 'enc:0|enc:1|dec:0|dec:1' --max-steps 20 \
+# Resharding (tp x dp x pp) 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-1) -> 2x1x2, ten steps each, each leg
+# saving what the next one resumes; and the step-10 checkpoint as four stages (an explicit layout).
+run pp-leg1.log "$train" "${pipe[@]}" --micro-batches 4 --max-steps 20 --resume pp-ckpt --save pp-ckpt \
+  --metrics pp-leg1.jsonl
+run pp-leg2.log "$build/tprun" --standalone --nproc_per_node 4 "$train" "${pipe[@]}" --dp 2 --pp 2 --micro-batches 2 \
+  --zero 1 --max-steps 30 --resume pp-ckpt --save pp-ckpt --metrics pp-leg2.jsonl
+run pp-leg3.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --micro-batches 4 --max-steps 40 --resume pp-ckpt --metrics pp-leg3.jsonl
+run pp-to4.log tprun4 "${pipe[@]}" --pp 4 --pp-layout 'enc:0|enc:1|dec:0|dec:1' --micro-batches 4 --max-steps 20 \
   --resume pp-ckpt/step_00000010 --metrics pp-to4.jsonl
-run pp-totp4.log tprun4 "${pipe[@]}" --tp 4 --max-steps 20 --resume pp-ckpt/step_00000010 --metrics pp-totp4.jsonl
-grep -q "saved as tp 2 x dp 1 x pp 2, loaded as tp 1 x dp 1 x pp 1" pp-to1.log || fail "pp -> 1 process: no layout line"
-grep -q "saved as tp 2 x dp 1 x pp 2, loaded as tp 1 x dp 1 x pp 4" pp-to4.log || fail "pp -> pp 4: no layout line"
-# ZeRO-1 pieces per stage: dp 2 x pp 2 (dropout 0: the masks depend on dp) into one process
-run zpp-straight.log tprun4 "${zero[@]}" --dropout 0 --micro-batches 2 --dp 2 --pp 2 --zero 1 --max-steps 20 \
-  --metrics zpp-straight.jsonl
-run zpp-half.log tprun4 "${zero[@]}" --dropout 0 --micro-batches 2 --dp 2 --pp 2 --zero 1 --max-steps 10 \
-  --save zpp-ckpt
-run zpp-to1.log "$train" "${zero[@]}" --dropout 0 --micro-batches 4 --max-steps 20 --resume zpp-ckpt \
-  --metrics zpp-to1.jsonl
-grep -q "saved as tp 1 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 1" zpp-to1.log || fail "ZeRO pp: no layout line"
+grep -q "saved as tp 2 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 1" pp-leg1.log || fail "pp leg 1: no layout line"
+grep -q "saved as tp 1 x dp 1 x pp 1, loaded as tp 1 x dp 2 x pp 2" pp-leg2.log || fail "pp leg 2: no layout line"
+grep -q "saved as tp 1 x dp 2 x pp 2, loaded as tp 2 x dp 1 x pp 2" pp-leg3.log || fail "pp leg 3: no layout line"
+grep -q "saved as tp 2 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 4" pp-to4.log || fail "pp -> pp 4: no layout line"
 /usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" <<'PY' || exit 1
 import json, sys
 rtol = float(sys.argv[1])
 def losses(name):
     return {r["step"]: r["loss"] for r in map(json.loads, open(name + ".jsonl")) if "loss" in r}
+ref = losses("pp-straight")
 parts, bad = [], []
-for ref_name, name in (("pp-straight", "pp-to1"), ("pp-straight", "pp-to4"), ("pp-straight", "pp-totp4"),
-                       ("zpp-straight", "zpp-to1")):
-    ref, got = losses(ref_name), losses(name)
-    if sorted(got) != list(range(11, 21)):
-        bad.append(f"{name}: logged steps {sorted(got)}, not 11..20")
+for name, first, last in (("pp-leg1", 11, 20), ("pp-leg2", 21, 30), ("pp-leg3", 31, 40), ("pp-to4", 11, 20)):
+    got = losses(name)
+    if sorted(got) != list(range(first, last + 1)):
+        bad.append(f"{name}: logged steps {sorted(got)}, not {first}..{last}")
         continue
-    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in range(11, 21))
-    parts.append(f"{name} {worst:.1e}")
+    rel = abs(got[first] - ref[first]) / abs(ref[first])
+    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
+    parts.append(f"{name} step {first} {rel:.1e} (max {worst:.1e})")
     if worst > rtol:
-        bad.append(f"{name}: losses of steps 11..20 differ from {ref_name} by up to {worst:.2e} (relative) > {rtol:g}")
+        bad.append(f"{name}: losses of steps {first}..{last} differ from the straight run by up to {worst:.2e} "
+                   f"(relative) > {rtol:g}")
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
-print(f"part 2c: tp 2 x pp 2 (dropout 0.1, 2 micro-batches) resumed exactly (losses, every tensor; ckpt export of "
-      f"the stages equals the run's export); resumed into other stages and tp, worst relative loss difference over "
-      f"steps 11..20: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
+print(f"part 2c: tp 2 x dp 2 x pp 2 (dropout 0.1, 2 micro-batches) resumed exactly (losses, every tensor; ckpt export "
+      f"of the stages equals the run's export); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-1) -> 2x1x2 and into 4 "
+      f"stages, relative loss difference to the straight run: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
 PY
 
 # ---- 3. crash safety -------------------------------------------------------------------

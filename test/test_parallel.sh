@@ -8,6 +8,8 @@
 # with ReLU a pre-activation within rounding of 0 may flip between layouts.
 # Observed: losses within 1.2e-7, weights within 5.4e-7 (fp32 sums in
 # another order), so the tolerances leave room without hiding a wrong term.
+# With stages, each stage's message count must equal the 1F1B count, and a
+# stage killed or stopped mid-step must end the job with the rank named.
 # Usage: test_parallel.sh BUILD_DIR
 set -euo pipefail
 build=$1
@@ -50,7 +52,39 @@ run tp2dp2pp2m2 8 --tp 2 --dp 2 --pp 2 --micro-batches 2    # the full 3D mesh
 grep -Eq "^\[rank 0\] +7 \(1,1,1\)" tp2dp2pp2m2.log
 grep -q "pipeline: 4 stages enc:0-0|enc:1-1|dec:0-0|dec:1-1, 1F1B over 4 micro-batches" pp4m4.log
 for s in 0 1 2 3; do grep -q "pipeline stage $s (.*% of .* s training waiting in exchanges" pp4m4.log; done
+# Stage messages counted in the run equal the 1F1B count: every micro-batch's
+# activations go to the next stage and its gradients to the previous one, so
+# stage s of p sends and receives M ([s < p-1] + [s > 0]) per step.
+messages() {  # log p M steps
+  local log=$1 p=$2 m=$3 steps=$4 s want
+  for ((s = 0; s < p; s++)); do
+    want=$((steps * m * ((s < p - 1) + (s > 0))))
+    grep -q "pipeline stage $s (.*; $want messages sent and $want received in $steps steps" "$log" ||
+      { grep "pipeline stage" "$log"; echo "FAIL: $log: stage $s did not send and receive $want messages"; exit 1; }
+  done
+}
+messages pp4m4.log 4 4 20
+messages pp2lay.log 2 3 20
+messages tp2dp2pp2m2.log 2 2 20
 grep -Eq "^\[rank 0\] +3 \(0,0,3\)" pp4m4.log   # the memory table shows the pp coordinate
+# A stage killed mid-step (SIGKILL as it begins its last micro-batch of step 3)
+# ends the job at once with the rank named; a stage that stops answering
+# (SIGSTOP) ends it after --comm-timeout, its neighbours naming it.
+fault() {  # name rank mode expected-text
+  local name=$1 rank=$2 mode=$3 want=$4 t0=$SECONDS rc=0
+  TPTRAIN_FAULT_STEP=3 TPTRAIN_FAULT_RANK=$rank TPTRAIN_FAULT_MODE=$mode timeout 120 "$build/tprun" --standalone \
+      --nproc_per_node 4 "$build/train_mt" "${args[@]}" --pp 4 --micro-batches 4 --comm-timeout 3 > "$name.log" 2>&1 ||
+    rc=$?
+  ((rc != 0 && rc != 124)) || { cat "$name.log"; echo "FAIL: $name: exit status $rc (124: hung)"; exit 1; }
+  grep -qF -- "$want" "$name.log" || { cat "$name.log"; echo "FAIL: $name: no '$want'"; exit 1; }
+  grep -q "step      3/" "$name.log" && { echo "FAIL: $name: step 3 completed"; exit 1; }
+  echo "$name: ended in $((SECONDS - t0)) s"
+}
+fault kill-stage1 1 kill "tprun: rank 1 (local rank 1, pid"
+grep -q "failed first: killed by signal SIGKILL" kill-stage1.log || { cat kill-stage1.log; exit 1; }
+fault stop-stage2 2 stop "comm pp.t0.d0: rank 2 did not send within 3 s"
+grep -q "pipeline stage [13]: receiving micro-batch [0-9]*'s [a-z]* from stage 2 failed" stop-stage2.log ||
+  { cat stop-stage2.log; exit 1; }
 # with dropout: every stage draws the masks of the same global micro-batch and layer
 run drop_m2 1 --micro-batches 2 --dropout 0.1
 run drop_pp2m2 2 --pp 2 --micro-batches 2 --dropout 0.1

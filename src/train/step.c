@@ -5,7 +5,10 @@
  * model's backward (its grads_final hook) bucket by bucket. */
 #include "train/step.h"
 
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "clock.h"
 #include "err.h"
@@ -66,6 +69,7 @@ typedef struct {
     float scale;     // 1 / the global batch's target tokens
     DropoutKey key;
     int dp_size;
+    int n_micro;
 } MicroCtx;
 
 static void use_slot(MicroCtx *c, int i) {
@@ -79,8 +83,33 @@ static DropoutKey key_of(const MicroCtx *c, int i) {
     return k;
 }
 
+/* Test-only fault hook: with TPTRAIN_FAULT_STEP=N set, rank
+ * TPTRAIN_FAULT_RANK (default 0) dies (SIGKILL) or, with
+ * TPTRAIN_FAULT_MODE=stop, stops answering (SIGSTOP) as it begins the
+ * forward pass of its last micro-batch of step N: mid-step, while the other
+ * stages wait on it in an exchange. */
+static void fault_mid_step(uint32_t step, int i, int n_micro) {
+    static int armed = -1;
+    static long at, rank;
+    if (armed < 0) {
+        const char *s = getenv("TPTRAIN_FAULT_STEP"), *r = getenv("TPTRAIN_FAULT_RANK");
+        armed = s != NULL;
+        at = s ? atol(s) : 0;
+        rank = r ? atol(r) : 0;
+    }
+    const int me = tp_log_rank() < 0 ? 0 : tp_log_rank();
+    if (!armed || (long)step != at || i != n_micro - 1 || me != rank) return;
+    const char *mode = getenv("TPTRAIN_FAULT_MODE");
+    const bool stop = mode && strcmp(mode, "stop") == 0;
+    fprintf(stderr, "fault injection: rank %d %s at step %ld, micro-batch %d\n", me,
+            stop ? "stops answering" : "is killed", at, i);
+    fflush(stderr);
+    raise(stop ? SIGSTOP : SIGKILL);
+}
+
 static void micro_forward(void *ctx, int i) {
     MicroCtx *c = ctx;
+    fault_mid_step(c->key.step, i, c->n_micro);
     use_slot(c, i);
     if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, key_of(c, i), c->t->sc + SC_LOSS);
 }
@@ -113,21 +142,28 @@ static void micro_backward(void *ctx, int i, int last) {
 
 /* ---- the exchanges with the neighbouring stages ---- */
 
-static void xfer(MicroCtx *c, float *buf, size_t n, int peer, bool send) {
+/* A failed exchange (the neighbour died, or did not answer within the
+ * group's timeout) ends this rank naming both stages; tprun then stops the
+ * job. */
+static void xfer(MicroCtx *c, float *buf, size_t n, int peer, bool send, int i, bool grad) {
     Trainer *t = c->t;
     if (n == 0) return;
     const double t0 = tp_now_s();
     const int rc = send ? comm_send(t->pp, buf, n * sizeof(float), peer) : comm_recv(t->pp, buf, n * sizeof(float), peer);
-    comm_ok(rc, t->pp);
+    TP_CHECK(rc == 0, "pipeline stage %d: %s micro-batch %d's %s %s stage %d failed: %s", comm_rank(t->pp),
+             send ? "sending" : "receiving", i, grad ? "gradients" : "activations", send ? "to" : "from", peer,
+             comm_error(t->pp));
     t->pp_wait_s += tp_now_s() - t0;
 }
 
-static void exchange(MicroCtx *c, int i, StageIO io, int peer, bool send) {
+static void exchange(MicroCtx *c, int i, StageIO io, int peer, bool send, bool grad) {
     const Batch *b = &c->b[i];
     size_t ne, nd;
     model_stage_msg_elems(&c->t->m->cfg, io.dec != NULL, b->B, b->S, b->T, &ne, &nd);
-    xfer(c, io.enc, ne, peer, send);
-    xfer(c, io.dec, nd, peer, send);
+    xfer(c, io.enc, ne, peer, send, i, grad);
+    xfer(c, io.dec, nd, peer, send, i, grad);
+    if (send) c->t->pp_sent++;
+    else c->t->pp_received++;
 }
 
 static int stage_rank(const MicroCtx *c) { return comm_rank(c->t->pp); }
@@ -137,14 +173,14 @@ static void recv_prev(void *ctx, int i) {
     const Batch *b = &c->b[i];
     if (b->B == 0) return;
     use_slot(c, i);
-    exchange(c, i, model_stage_input(c->t->m, b->B, b->S, b->T), stage_rank(c) - 1, false);
+    exchange(c, i, model_stage_input(c->t->m, b->B, b->S, b->T), stage_rank(c) - 1, false, false);
 }
 
 static void send_next(void *ctx, int i) {
     MicroCtx *c = ctx;
     if (c->b[i].B == 0) return;
     use_slot(c, i);
-    exchange(c, i, model_stage_output(c->t->m), stage_rank(c) + 1, true);
+    exchange(c, i, model_stage_output(c->t->m), stage_rank(c) + 1, true, false);
 }
 
 static void recv_next(void *ctx, int i) {
@@ -152,14 +188,14 @@ static void recv_next(void *ctx, int i) {
     const Batch *b = &c->b[i];
     if (b->B == 0) return;
     use_slot(c, i);
-    exchange(c, i, model_stage_output_grad(c->t->m, b->B, b->S, b->T), stage_rank(c) + 1, false);
+    exchange(c, i, model_stage_output_grad(c->t->m, b->B, b->S, b->T), stage_rank(c) + 1, false, true);
 }
 
 static void send_prev(void *ctx, int i) {
     MicroCtx *c = ctx;
     if (c->b[i].B == 0) return;
     use_slot(c, i);
-    exchange(c, i, model_stage_input_grad(c->t->m), stage_rank(c) - 1, true);
+    exchange(c, i, model_stage_input_grad(c->t->m), stage_rank(c) - 1, true, true);
 }
 
 /* The embedding group's sum (stages without the embedding add zeros), then
@@ -183,7 +219,7 @@ void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutK
     op_zero(be, t->sc, SC_N);
     if (grad_sync_zero(t->gs) < 2) grad_sync_begin(t->gs, m->grads, false);
     MicroCtx mc = {.t = t, .b = b, .scale = n_global > 0 ? 1.0f / (float)n_global : 0.0f, .key = key,
-                   .dp_size = t->dp ? comm_size(t->dp) : 1};
+                   .dp_size = t->dp ? comm_size(t->dp) : 1, .n_micro = n_micro};
     const int p = pp_size(t), s = p > 1 ? comm_rank(t->pp) : 0;
     TP_CHECK(p == 1 || grad_sync_zero(t->gs) < 2, "ZeRO-2 with pipeline stages is not supported");
     const int slots = pipeline_max_in_flight(p, s, n_micro);

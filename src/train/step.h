@@ -27,6 +27,7 @@ typedef struct {
     Comm *pp;            // the pipeline group (NULL or size 1: no pipeline)
     float *embed_zeros;  // pp > 1 on a stage without the embedding: its share of the embedding group's sum
     double pp_wait_s;    // wall time in the pipeline's exchanges, summed over steps
+    long pp_sent, pp_received;  // stage messages (one micro-batch's boundary tensors), summed over steps
 } Trainer;
 
 typedef struct {
