@@ -60,6 +60,7 @@ typedef struct {
     int tp, dp;               // 0: automatic
     int pp;                   // pipeline stages (1: none)
     const char *pp_layout;    // --pp-layout, or NULL: balanced by cost
+    ModelRecompute recompute; // --recompute
     RuntimeComm comm;         // --comm
     double comm_timeout;
     DeviceChoice device;
@@ -109,6 +110,10 @@ static void usage(FILE *f) {
             "  --pp N                 pipeline stages (1F1B over the micro-batches; default 1)\n"
             "  --pp-layout L          the stages' layers, e.g. enc:0-3|enc:4-5,dec:0-1|dec:2-5 (default:\n"
             "                         balanced by cost)\n"
+            "memory:\n"
+            "  --recompute R          none, selective (attention probabilities recomputed in backward) or\n"
+            "                         full (only each layer's input kept; the layer run again in backward);\n"
+            "                         results are bit for bit those of none (default none)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -185,7 +190,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -230,6 +235,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"grad-comm-dtype", required_argument, 0, O_GDTYPE}, {"grad-overlap", required_argument, 0, O_GOVERLAP},
         {"micro-batches", required_argument, 0, O_MICRO},
         {"pp", required_argument, 0, O_PP},           {"pp-layout", required_argument, 0, O_PPLAYOUT},
+        {"recompute", required_argument, 0, O_RECOMPUTE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -351,6 +357,15 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_MICRO: a->micro_batches = (int)flag_int("--micro-batches", optarg, 1, 1 << 16); break;
         case O_PP: a->pp = (int)flag_int("--pp", optarg, 1, MAX_PP); break;
         case O_PPLAYOUT: a->pp_layout = optarg; break;
+        case O_RECOMPUTE:
+            if (strcmp(optarg, "none") == 0) a->recompute = MODEL_RECOMPUTE_NONE;
+            else if (strcmp(optarg, "selective") == 0) a->recompute = MODEL_RECOMPUTE_SELECTIVE;
+            else if (strcmp(optarg, "full") == 0) a->recompute = MODEL_RECOMPUTE_FULL;
+            else {
+                fprintf(stderr, "train_mt: --recompute must be none, selective or full, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
         case O_BEAM: a->beam = (int)flag_int("--beam", optarg, 0, 100); break;
         case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
         case O_DP: a->dp = (int)flag_int("--dp", optarg, 1, 1 << 20); break;
@@ -942,6 +957,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    model_set_recompute(&m, a.recompute);
     /* With stages, evaluation and export assemble the whole stack (tp
      * shards) on the first stage's ranks of dp rank 0. */
     Model stack;
@@ -951,10 +967,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     Model *evm = pp > 1 ? (stack_here ? &stack : NULL) : &m;  // the model evaluate() runs
-    /* Dev BLEU decodes with the whole model, assembled on rank 0. */
+    /* Dev BLEU decodes with the whole model, assembled on rank 0 (no
+     * gradient buffer: it only decodes, and the memory table counts it). */
     Model whole;
     bool decode_here = lead && !a.synthetic;
-    if (decode_here && model_create(&whole, be, &a.cfg, NULL, a.seed, err, sizeof err)) {
+    if (decode_here && model_create_ex(&whole, be, &a.cfg, NULL, a.seed, MODEL_NO_GRAD_BUFFER, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
@@ -990,11 +1007,12 @@ int main(int argc, char **argv) {
                            : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
                total);
         printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s; "
-               "collectives %s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp, mesh->pp,
-               m.tab.n_elems, be->device_name, dtype_name(be->dtype),
+               "collectives %s; recompute %s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp,
+               mesh->pp, m.tab.n_elems, be->device_name, dtype_name(be->dtype),
                rt.comm == RUNTIME_COMM_NCCL ? "nccl"
                : rt.staged                  ? "shm (device buffers staged through page-locked host memory)"
-                                            : "shm");
+                                            : "shm",
+               model_recompute_name(a.recompute));
         if (pp > 1) {
             char layout[512];
             model_stages_format(stages, pp, layout, sizeof layout);
@@ -1135,7 +1153,8 @@ int main(int argc, char **argv) {
         if (mesh->dp_rank == 0 && evm) {
             Model *dst = decode_here ? &whole : NULL;
             if (writer && !dst) {
-                TP_CHECK(model_create(&full, be, &m.cfg, NULL, a.seed, err, sizeof err) == 0, "%s", err);
+                TP_CHECK(model_create_ex(&full, be, &m.cfg, NULL, a.seed, MODEL_NO_GRAD_BUFFER, err, sizeof err) == 0,
+                         "%s", err);
                 dst = &full;
             }
             model_gather(evm, dst);

@@ -8,9 +8,13 @@
 # every rank of a layout and smaller per rank as tp grows. The GPU-only
 # figures (device_used, mem_device_used_mib) are absent, and the table's
 # device column shows "-".
-#   test_memory.sh BUILD_DIR
+# On the corpus (tp 2), rank 0 also holds the whole model for dev BLEU:
+# its weights are counted, but it keeps no gradients, so both ranks'
+# gradient bytes are equal.
+#   test_memory.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
+corpus=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -32,6 +36,8 @@ run tp1 1
 run tp2 2 --tp 2
 run tp4 4 --tp 4
 run tp2dp2 4 --tp 2 --dp 2
+"$build/tprun" --nproc_per_node=2 "$build/train_mt" --data "$corpus" --preset tiny --tp 2 --max-steps 2 \
+  --log-interval 1 --eval-interval 2 --metrics corpus.jsonl > corpus.log 2>&1 || { cat corpus.log; exit 1; }
 /usr/bin/python3 - <<'PY'
 import json, math
 C, H, F, L_ENC, L_DEC, V = 32, 4, 64, 2, 2, 64     # the tiny preset, --vocab-size 64
@@ -73,6 +79,10 @@ for name, tp, world in (("tp1", 1, 1), ("tp2", 2, 2), ("tp4", 4, 4), ("tp2dp2", 
         bad.append(f"{name}: per-step memory arrays do not have {world} entries")
     if any("mem_device_used_mib" in r for r in steps):
         bad.append(f"{name}: per-step device memory on the CPU")
+end = [json.loads(l) for l in open("corpus.jsonl") if "memory" in l][-1]["memory"]
+if end[0]["grads"] != end[1]["grads"] or end[0]["master"] <= end[1]["master"]:
+    bad.append(f"corpus tp 2: rank 0 grads {end[0]['grads']} (rank 1 {end[1]['grads']}), master "
+               f"{end[0]['master']} (rank 1 {end[1]['master']}): the decoding model must hold weights, not gradients")
 if not acts["tp1"] > acts["tp2"] > acts["tp4"]:
     bad.append(f"activations per rank do not shrink with tp: {acts}")
 print("\n".join(bad) if bad else f"memory report matches the config: params per rank {[params_per_rank(t) for t in (1, 2, 4)]}, activations {acts}")

@@ -13,6 +13,10 @@
  * three contributions are summed in another order; everything else is
  * bitwise, asserted separately). Each stage holds activations only for its
  * own layers: its slot bytes are less than the whole model's.
+ * Every split runs again with selective and with full recomputation, checked
+ * against the same whole model without it: loss and gradients as above (the
+ * recomputed values are bitwise the kept ones), and the whole model's
+ * activation bytes shrink from none to selective to full.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -59,8 +63,9 @@ static void batches(Batch b[NMB]) {
 
 static DropoutKey key_of(int i) { return (DropoutKey){.seed = 99, .step = 3, .micro = (uint32_t)i}; }
 
-static void run_split(const char *what, const ModelConfig *cfg, const ModelStage *st, int p, const Model *whole,
-                      float whole_loss, float scale) {
+/* Returns the activation bytes of the stages together. */
+static size_t run_split(const char *what, const ModelConfig *cfg, const ModelStage *st, int p, const Model *whole,
+                        float whole_loss, float scale, ModelRecompute rc) {
     Model sm[PMAX];
     char err[256];
     Batch b[NMB];
@@ -69,6 +74,7 @@ static void run_split(const char *what, const ModelConfig *cfg, const ModelStage
     for (int s = 0; s < p; s++) {
         CHECK(model_create_stage(&sm[s], NULL, cfg, NULL, &st[s], 7, 0, err, sizeof err) == 0, "%s: %s", what, err);
         model_set_slots(&sm[s], NMB);
+        model_set_recompute(&sm[s], rc);
         model_zero_grad(&sm[s]);
     }
     /* F0 F1 through every stage */
@@ -81,7 +87,7 @@ static void run_split(const char *what, const ModelConfig *cfg, const ModelStage
                 size_t ne, nd;
                 model_stage_msg_elems(cfg, out.dec != NULL, b[i].B, b[i].S, b[i].T, &ne, &nd);
                 CHECK(in.enc && out.enc && (in.dec != NULL) == (out.dec != NULL), "%s: stage %d input", what, s);
-                if (!in.enc || !out.enc || (in.dec != NULL) != (out.dec != NULL)) return;
+                if (!in.enc || !out.enc || (in.dec != NULL) != (out.dec != NULL)) return 0;
                 memcpy(in.enc, out.enc, ne * sizeof(float));
                 if (nd) memcpy(in.dec, out.dec, nd * sizeof(float));
             }
@@ -98,7 +104,7 @@ static void run_split(const char *what, const ModelConfig *cfg, const ModelStage
                 size_t ne, nd;
                 model_stage_msg_elems(cfg, d_out.dec != NULL, b[i].B, b[i].S, b[i].T, &ne, &nd);
                 CHECK(d_in.enc && (d_in.dec != NULL) == (d_out.dec != NULL), "%s: stage %d input gradient", what, s + 1);
-                if (!d_in.enc || (d_in.dec != NULL) != (d_out.dec != NULL)) return;
+                if (!d_in.enc || (d_in.dec != NULL) != (d_out.dec != NULL)) return 0;
                 memcpy(d_out.enc, d_in.enc, ne * sizeof(float));
                 if (nd) memcpy(d_out.dec, d_in.dec, nd * sizeof(float));
             }
@@ -140,9 +146,17 @@ static void run_split(const char *what, const ModelConfig *cfg, const ModelStage
     }
     CHECK(ref2 > 0.0 && sqrt(err2) <= 1e-6 * sqrt(ref2), "%s: embedding gradient relative error %.3g", what,
           sqrt(err2 / ref2));
-    for (int s = 0; s < p; s++) model_free(&sm[s]);
+    /* one stage holds the only copy: bitwise (recomputation changes nothing) */
+    CHECK(p > 1 || memcmp(embed, whole->grads + pe->offset, pe->n_elems * sizeof(float)) == 0,
+          "%s: embedding gradient differs from the whole model", what);
+    size_t bytes = 0;
+    for (int s = 0; s < p; s++) {
+        bytes += model_activation_bytes(&sm[s]);
+        model_free(&sm[s]);
+    }
     free(embed);
     free(loss);
+    return bytes;
 }
 
 int main(void) {
@@ -166,14 +180,22 @@ int main(void) {
 
     ModelStage st[PMAX];
     const int ps[] = {1, 2, 3, 4, 6};
-    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
-        char what[256];
-        CHECK(model_stages_make(&cfg, ps[k], NULL, st, err, sizeof err) == 0, "%s", err);
-        char text[128];
-        model_stages_format(st, ps[k], text, sizeof text);
-        snprintf(what, sizeof what, "balanced p %d (%s)", ps[k], text);
-        run_split(what, &cfg, st, ps[k], &whole, *loss, scale);
+    size_t whole_bytes[3] = {0};
+    for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++) {
+        for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+            char what[256];
+            CHECK(model_stages_make(&cfg, ps[k], NULL, st, err, sizeof err) == 0, "%s", err);
+            char text[128];
+            model_stages_format(st, ps[k], text, sizeof text);
+            snprintf(what, sizeof what, "balanced p %d (%s), recompute %s", ps[k], text,
+                     model_recompute_name((ModelRecompute)rc));
+            const size_t bytes = run_split(what, &cfg, st, ps[k], &whole, *loss, scale, (ModelRecompute)rc);
+            if (ps[k] == 1) whole_bytes[rc] = bytes;
+        }
     }
+    CHECK(whole_bytes[2] < whole_bytes[1] && whole_bytes[1] < whole_bytes[0],
+          "activation bytes (two slots) do not shrink: none %zu, selective %zu, full %zu", whole_bytes[0],
+          whole_bytes[1], whole_bytes[2]);
     const struct { int p; const char *layout; } layouts[] = {
         {2, "enc:0-2|dec:0-2"},                  // the first stage ends at the encoder's end
         {3, "enc:0-1|enc:2,dec:0|dec:1-2"},      // a stage spans encoder and decoder
@@ -183,7 +205,11 @@ int main(void) {
     };
     for (size_t k = 0; k < sizeof layouts / sizeof *layouts; k++) {
         CHECK(model_stages_make(&cfg, layouts[k].p, layouts[k].layout, st, err, sizeof err) == 0, "%s", err);
-        run_split(layouts[k].layout, &cfg, st, layouts[k].p, &whole, *loss, scale);
+        for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++) {
+            char what[256];
+            snprintf(what, sizeof what, "%s, recompute %s", layouts[k].layout, model_recompute_name((ModelRecompute)rc));
+            run_split(what, &cfg, st, layouts[k].p, &whole, *loss, scale, (ModelRecompute)rc);
+        }
     }
     model_free(&whole);
     free(loss);

@@ -88,6 +88,13 @@ grep -q "pipeline stage [13]: receiving micro-batch [0-9]*'s [a-z]* from stage 2
 # with dropout: every stage draws the masks of the same global micro-batch and layer
 run drop_m2 1 --micro-batches 2 --dropout 0.1
 run drop_pp2m2 2 --pp 2 --micro-batches 2 --dropout 0.1
+# Recomputation in backward: bit for bit the run that keeps everything
+# (tp 2 repeats its allreduces in the recomputed forward; stages with slots).
+run drop_tp2 2 --tp 2 --dropout 0.1
+run drop_tp2_sel 2 --tp 2 --dropout 0.1 --recompute selective
+run drop_tp2_full 2 --tp 2 --dropout 0.1 --recompute full
+run drop_pp2m2_full 2 --pp 2 --micro-batches 2 --dropout 0.1 --recompute full
+grep -q "recompute full" drop_tp2_full.log
 # Invalid layouts are refused with one sentence, and tprun reports the failure.
 refuse() {  # nproc expected-text train_mt-flags...
   local n=$1 want=$2; shift 2
@@ -109,6 +116,7 @@ grep -Eq "^\[rank 0\] +3 \(1,1,0\)" tp2dp2.log   # the memory table lists every 
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import safetensors_io as st
+import torch
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
 def losses(name):
     return [r["loss"] for r in map(json.loads, open(name + ".jsonl")) if "loss" in r]
@@ -139,6 +147,17 @@ def same_run(ref, name, what):
         bad.append(name)
 same_run("drop_dp4", "drop_dp2m2", "dp 2 x 2 micro-batches vs dp 4")
 same_run("drop_m2", "drop_pp2m2", "pp 2 x 2 micro-batches vs one rank x 2")
+def bitwise(ref, name, what):
+    a, b = losses(ref), losses(name)
+    wa, _ = st.load(ref + "/model.safetensors")
+    wb, _ = st.load(name + "/model.safetensors")
+    same = [k for k in wa if torch.equal(wa[k], wb[k])]
+    print(f"dropout 0.1, {what}: losses {'equal' if a == b else 'DIFFER'}, {len(same)} of {len(wa)} tensors equal")
+    if len(b) != 20 or a != b or len(same) != len(wa):
+        bad.append(name)
+bitwise("drop_tp2", "drop_tp2_sel", "tp 2, recompute selective vs none")
+bitwise("drop_tp2", "drop_tp2_full", "tp 2, recompute full vs none")
+bitwise("drop_pp2m2", "drop_pp2m2_full", "pp 2 x 2 micro-batches, recompute full vs none")
 if bad:
     sys.exit("layouts differ from the single-rank run: " + ", ".join(bad))
 PY

@@ -32,7 +32,7 @@ enum { /* dropout sites (ops.h dropout_stream) */
 typedef struct {
     float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)  LayerNorm output and stats
     float *q, *k, *v;           // (N, C/tp) queries, (Nk, C/tp) keys and values
-    float *P;                   // (B, H/tp, Tq, Tk) attention probabilities
+    float *P;                   // (B, H/tp, Tq, Tk) attention probabilities (NULL: recomputed in backward)
     float *att;                 // (N, C/tp) this rank's heads, before out_proj
 } AttnActs;
 
@@ -77,6 +77,11 @@ struct ModelActs {
     float *d_h, *d_a;            // (maxN, F/tp)
     float *d_scratch;            // (B, H/tp, maxL, maxL)
     float *d_logits;             // (Nt, V/tp)
+    /* recomputation (model_set_recompute), in the shared buffer too */
+    float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer
+    EncActs enc_shared;          // full: one encoder layer's activations, rebuilt per layer
+    DecActs dec_shared;          // full: one decoder layer's
+    float *enc_mid_shared, *dec_mid1_shared, *dec_mid2_shared;
 };
 
 /* ---- activation layout ----------------------------------------------------- */
@@ -89,7 +94,7 @@ static float *take(Carver *c, size_t n) {
     return p;
 }
 
-static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl) {
+static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl, bool keep_P) {
     size_t N = (size_t)B * Tq, Nk = (size_t)B * Tk;
     a->ln = take(c, N * C);
     a->ln_m = take(c, N);
@@ -97,7 +102,7 @@ static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, in
     a->q = take(c, N * Cl);
     a->k = take(c, Nk * Cl);
     a->v = take(c, Nk * Cl);
-    a->P = take(c, (size_t)B * Hl * Tq * Tk);
+    a->P = keep_P ? take(c, (size_t)B * Hl * Tq * Tk) : NULL;
     a->att = take(c, N * Cl);
 }
 
@@ -120,11 +125,12 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     const size_t Ns = (size_t)B * S, Nt = (size_t)B * T;
     const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
     Carver c = {base, 0};
+    const bool full = m->recompute == MODEL_RECOMPUTE_FULL, keep_P = m->recompute == MODEL_RECOMPUTE_NONE;
     if (has_enc)
         for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, Ns * C);
-    for (int l = st->enc_lo; l < st->enc_hi; l++) {
+    for (int l = st->enc_lo; l < st->enc_hi && !full; l++) {  // full: only the layer inputs (enc_res)
         A->enc_mid[l] = take(&c, Ns * C);
-        carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl);
+        carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl, keep_P);
         carve_ffn(&c, &A->enc[l].ffn, Ns, C, Fl);
     }
     if (st->enc_ln || has_dec) A->enc_out = take(&c, Ns * C);
@@ -134,11 +140,11 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     }
     if (has_dec)
         for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, Nt * C);
-    for (int l = st->dec_lo; l < st->dec_hi; l++) {
+    for (int l = st->dec_lo; l < st->dec_hi && !full; l++) {
         A->dec_mid1[l] = take(&c, Nt * C);
         A->dec_mid2[l] = take(&c, Nt * C);
-        carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl);
-        carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl);
+        carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl, keep_P);
+        carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl, keep_P);
         carve_ffn(&c, &A->dec[l].ffn, Nt, C, Fl);
     }
     if (st->head) {
@@ -175,6 +181,34 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->d_a = take(&c, maxN * Fl);
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
     A->d_logits = m->stage.head ? take(&c, Nt * Vl) : NULL;
+    /* Recomputation: the probabilities of the attention being computed or
+     * differentiated; with full, one layer's activations of each stack, the
+     * views of every layer pointing at them. */
+    const ModelStage *st = &m->stage;
+    A->P_shared = m->recompute != MODEL_RECOMPUTE_NONE ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
+    if (m->recompute == MODEL_RECOMPUTE_FULL) {
+        if (st->enc_hi > st->enc_lo) {
+            A->enc_mid_shared = take(&c, Ns * C);
+            carve_attn(&c, &A->enc_shared.self, B, Hl, S, S, C, Cl, false);
+            carve_ffn(&c, &A->enc_shared.ffn, Ns, C, Fl);
+        }
+        for (int l = st->enc_lo; l < st->enc_hi; l++) {
+            A->enc[l] = A->enc_shared;
+            A->enc_mid[l] = A->enc_mid_shared;
+        }
+        if (st->dec_hi > st->dec_lo) {
+            A->dec_mid1_shared = take(&c, Nt * C);
+            A->dec_mid2_shared = take(&c, Nt * C);
+            carve_attn(&c, &A->dec_shared.self, B, Hl, T, T, C, Cl, false);
+            carve_attn(&c, &A->dec_shared.cross, B, Hl, T, S, C, Cl, false);
+            carve_ffn(&c, &A->dec_shared.ffn, Nt, C, Fl);
+        }
+        for (int l = st->dec_lo; l < st->dec_hi; l++) {
+            A->dec[l] = A->dec_shared;
+            A->dec_mid1[l] = A->dec_mid1_shared;
+            A->dec_mid2[l] = A->dec_mid2_shared;
+        }
+    }
     return c.off;
 }
 
@@ -244,6 +278,16 @@ void model_set_slots(Model *m, int n) {
     for (int i = m->n_slots; i < n; i++) m->slots[i] = acts_new(&m->cfg);
     m->n_slots = n;
     model_use_slot(m, 0);
+}
+
+void model_set_recompute(Model *m, ModelRecompute mode) {
+    if (m->recompute == mode) return;
+    m->recompute = mode;
+    for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;  // carve every slot again at its next use
+}
+
+const char *model_recompute_name(ModelRecompute mode) {
+    return mode == MODEL_RECOMPUTE_FULL ? "full" : mode == MODEL_RECOMPUTE_SELECTIVE ? "selective" : "none";
 }
 
 void model_use_slot(Model *m, int slot) {
@@ -525,7 +569,8 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     op_linear_fwd(m->be, a->q, a->ln, w->wq, w->bq, N, C, Cl);
     op_linear_fwd(m->be, a->k, src, w->wk, NULL, Nk, C, Cl);
     op_linear_fwd(m->be, a->v, src, w->wv, w->bv, Nk, C, Cl);
-    op_attention_fwd(m->be, a->att, a->P, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+    op_attention_fwd(m->be, a->att, a->P ? a->P : m->acts->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D,
+                     causal);
     op_linear_fwd(m->be, tmp, a->att, w->wo, NULL, N, Cl, C);
     tp_reduce_fwd(&m->tp, tmp, (size_t)N * C);
     op_bias_add(m->be, tmp, w->bo, N, C);
@@ -560,6 +605,32 @@ static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T
  * stage, the final LayerNorm into A->enc_out on the stage ending the
  * encoder); the activation layout must be prepared and, after the first
  * stage, A->enc_res[enc_lo] received. */
+/* Encoder layer l, enc_res[l] -> enc_res[l + 1]; with full recomputation
+ * backward runs it again from the kept input (the same dropout keys, so the
+ * same values bit for bit; the output is rewritten with what it holds). */
+static void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, float p, DropoutKey key) {
+    const EncLayerW *w = &m->w.enc[l];
+    ModelActs *A = m->acts;
+    EncActs *a = &A->enc[l];
+    attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p, key.seed,
+             stream_of(key, l, SITE_ENC_ATTN));
+    ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], B * S, p, key.seed,
+            stream_of(key, l, SITE_ENC_FFN));
+}
+
+/* Decoder layer l, dec_res[l] -> dec_res[l + 1] (the batch uploaded, enc_out in place). */
+static void dec_layer_fwd(Model *m, int l, int B, int S, int T, float p, DropoutKey key) {
+    const DecLayerW *w = &m->w.dec[l];
+    ModelActs *A = m->acts;
+    DecActs *a = &A->dec[l];
+    attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, A->dev_tgt_len, B, T, T, true, p, key.seed,
+             stream_of(key, l, SITE_DEC_SELF));
+    attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, A->dev_src_len, B, T, S, false, p,
+             key.seed, stream_of(key, l, SITE_DEC_CROSS));
+    ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], B * T, p, key.seed,
+            stream_of(key, l, SITE_DEC_FFN));
+}
+
 static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float p,
                         DropoutKey key) {
     const ModelConfig *c = &m->cfg;
@@ -567,14 +638,7 @@ static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, in
     ModelActs *A = m->acts;
     const int Ns = B * S;
     if (st->enc_embed) embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
-    for (int l = st->enc_lo; l < st->enc_hi; l++) {
-        const EncLayerW *w = &m->w.enc[l];
-        EncActs *a = &A->enc[l];
-        attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p,
-                 key.seed, stream_of(key, l, SITE_ENC_ATTN));
-        ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], Ns, p, key.seed,
-                stream_of(key, l, SITE_ENC_FFN));
-    }
+    for (int l = st->enc_lo; l < st->enc_hi; l++) enc_layer_fwd(m, l, src_len, B, S, p, key);
     if (st->enc_ln)
         op_layernorm_fwd(m->be, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g,
                          m->w.enc_ln_b, Ns, c->d_model, c->ln_eps);
@@ -597,20 +661,11 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     acts_prepare(m, B, S, T);
     ModelActs *A = m->acts;
     upload_batch(m, b);
-    const int32_t *src_len = A->dev_src_len, *tgt_len = A->dev_tgt_len, *tgt_out = A->dev_tgt_out;
+    const int32_t *src_len = A->dev_src_len, *tgt_out = A->dev_tgt_out;
 
     encoder_fwd(m, A->dev_src, src_len, B, S, p, key);
     if (st->dec_embed) embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
-    for (int l = st->dec_lo; l < st->dec_hi; l++) {
-        const DecLayerW *w = &m->w.dec[l];
-        DecActs *a = &A->dec[l];
-        attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, tgt_len, B, T, T, true, p,
-                 key.seed, stream_of(key, l, SITE_DEC_SELF));
-        attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, src_len, B, T, S,
-                 false, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
-        ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], Nt, p, key.seed,
-                stream_of(key, l, SITE_DEC_FFN));
-    }
+    for (int l = st->dec_lo; l < st->dec_hi; l++) dec_layer_fwd(m, l, B, S, T, p, key);
     if (!st->head) return;
     op_layernorm_fwd(m->be, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
                      Nt, C, c->ln_eps);
@@ -686,13 +741,20 @@ float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n
  * (cross-attention) this rank's partial key/value gradient is added to
  * d_kv, which the caller reduces over tp once for all layers. */
 static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a, float *d_x,
-                     const float *x_in, const float *kv, float *d_kv, int B, int Tq, int Tk, float p,
-                     uint64_t seed, uint64_t stream) {
+                     const float *x_in, const float *kv, float *d_kv, const int32_t *k_len, int B, int Tq, int Tk,
+                     bool causal, float p, uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     ModelActs *A = m->acts;
     const size_t nC = (size_t)N * C, nCl = (size_t)N * Cl, nkCl = (size_t)Nk * Cl;
+    /* probabilities not kept: recomputed from q, k (the same op on the same
+     * inputs: bitwise the forward's); the output goes to d_q, free until zeroed below */
+    const float *P = a->P;
+    if (!P) {
+        op_attention_fwd(m->be, A->d_q, A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+        P = A->P_shared;
+    }
     op_zero(m->be, A->d_tmp, nC);
     op_dropout_bwd(m->be, A->d_tmp, d_x, nC, p, seed, stream);
     op_bias_bwd(m->be, g->bo, A->d_tmp, N, C);
@@ -701,7 +763,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     op_zero(m->be, A->d_q, nCl);
     op_zero(m->be, A->d_k, nkCl);
     op_zero(m->be, A->d_v, nkCl);
-    op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, a->P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
+    op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
     op_zero(m->be, A->d_ln, nC);
     op_linear_bwd(m->be, A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, Cl);
     const float *src = kv ? kv : a->ln;
@@ -765,6 +827,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     TP_CHECK(A->buf && A->B == B && A->S == S && A->T == T,
              "model_backward called without a matching model_forward");
     acts_prepare(m, B, S, T);  // the shared scratch, for this slot's shape
+    const bool full = m->recompute == MODEL_RECOMPUTE_FULL;
 
     if (st->head) {
         /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
@@ -791,13 +854,14 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         const DecLayerW *w = &m->w.dec[l];
         grads_needed_at(m, w->self.ln_g, 0);
         DecLayerW *g = &m->g.dec[l];
-        const DecActs *a = &A->dec[l];
+        DecActs *a = &A->dec[l];
+        if (full) dec_layer_fwd(m, l, B, S, T, p, key);  // the layer again from its input
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
                 stream_of(key, l, SITE_DEC_FFN));
-        attn_bwd(m, &w->cross, &g->cross, &a->cross, A->d_res_t, A->dec_mid1[l], A->enc_out, A->d_enc_out, B, T,
-                 S, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
-        attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, B, T, T, p, key.seed,
-                 stream_of(key, l, SITE_DEC_SELF));
+        attn_bwd(m, &w->cross, &g->cross, &a->cross, A->d_res_t, A->dec_mid1[l], A->enc_out, A->d_enc_out,
+                 A->dev_src_len, B, T, S, false, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
+        attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, A->dev_tgt_len, B, T, T,
+                 true, p, key.seed, stream_of(key, l, SITE_DEC_SELF));
         grads_final_from(m, w->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
     if (st->dec_embed) embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
@@ -815,10 +879,11 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         grads_needed_at(m, w->self.ln_g, 0);
         EncLayerW *g = &m->g.enc[l];
         const EncActs *a = &A->enc[l];
+        if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, p, key);
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN));
-        attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, B, S, S, p, key.seed,
-                 stream_of(key, l, SITE_ENC_ATTN));
+        attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, A->dev_src_len, B, S, S,
+                 false, p, key.seed, stream_of(key, l, SITE_ENC_ATTN));
         grads_final_from(m, w->self.ln_g);
     }
     if (st->enc_embed) {

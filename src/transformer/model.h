@@ -33,6 +33,13 @@ typedef struct {
 
 typedef struct ModelActs ModelActs;
 
+/* What backward recomputes instead of keeping from forward. */
+typedef enum {
+    MODEL_RECOMPUTE_NONE = 0,       // every layer's activations kept
+    MODEL_RECOMPUTE_SELECTIVE = 1,  // the attention probabilities recomputed from the kept q, k
+    MODEL_RECOMPUTE_FULL = 2,       // only each layer's input kept; the layer run again in backward
+} ModelRecompute;
+
 typedef struct {
     ModelConfig cfg;
     Backend *be;         // where the buffers live and the ops run
@@ -51,6 +58,7 @@ typedef struct {
     ModelActs *acts;     // private: the activation slot in use (slots[slot])
     ModelActs **slots;   // private: [n_slots] activations kept per micro-batch in flight
     int n_slots, slot;
+    ModelRecompute recompute;  // model_set_recompute; NONE by default
     struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
     /* Called by model_backward each time every gradient at buffer offset
      * >= from is final (backward finishes the buffer from its end to its
@@ -115,6 +123,13 @@ int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *t
 int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                     unsigned flags, char *err, size_t err_len);
 void model_free(Model *m);
+
+/* Sets what backward recomputes (the activation layout is carved again
+ * at the next forward). Results are bit for bit those of NONE: the same
+ * ops run on the same inputs with the same dropout keys; full also repeats
+ * each layer's tp allreduces. */
+void model_set_recompute(Model *m, ModelRecompute mode);
+const char *model_recompute_name(ModelRecompute mode);
 
 /* Checks a batch against the config (ids in range, lengths consistent).
  * Returns 0 or -1 with a sentence in err. */
