@@ -131,10 +131,10 @@ typedef struct BackendOps {
     void (*attention_bwd)(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *P,
                           const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
                           int Tk, int D);
-    void (*dropout_fwd)(Backend *be, float *out, const float *x, size_t n_elems, float p, uint64_t seed,
-                        uint64_t stream);
-    void (*dropout_bwd)(Backend *be, float *dx, const float *dy, size_t n_elems, float p, uint64_t seed,
-                        uint64_t stream);
+    void (*dropout_fwd)(Backend *be, float *out, const float *x, size_t n_elems, uint64_t first, float p,
+                        uint64_t seed, uint64_t stream);
+    void (*dropout_bwd)(Backend *be, float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
+                        uint64_t seed, uint64_t stream);
     void (*xent_fwd)(Backend *be, float *losses, float *lse, const float *logits, const int32_t *targets, int N,
                      int V, float eps, int32_t ignore_id);
     void (*xent_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse, const int32_t *targets,

@@ -243,12 +243,23 @@ static inline void op_attention_bwd(Backend *be, float *dq,            // (B, Tq
  * Kept elements are scaled by 1/(1-p). p == 0 copies. out may alias x. */
 static inline void op_dropout_fwd(Backend *be, float *out, const float *x, size_t n_elems, float p,
                     uint64_t seed, uint64_t stream) {
-    be->ops->dropout_fwd(be, out, x, n_elems, p, seed, stream);
+    be->ops->dropout_fwd(be, out, x, n_elems, 0, p, seed, stream);
 }
 /* dx += mask * dy / (1-p) */
 static inline void op_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n_elems, float p,
                     uint64_t seed, uint64_t stream) {
-    be->ops->dropout_bwd(be, dx, dy, n_elems, p, seed, stream);
+    be->ops->dropout_bwd(be, dx, dy, n_elems, 0, p, seed, stream);
+}
+/* A window of a larger mask: out[i] is element first + i of it (first a
+ * multiple of 4), so the windows of a tensor split by rows together draw
+ * the mask of the whole (sequence parallelism). */
+static inline void op_dropout_fwd_at(Backend *be, float *out, const float *x, size_t n_elems, uint64_t first,
+                                     float p, uint64_t seed, uint64_t stream) {
+    be->ops->dropout_fwd(be, out, x, n_elems, first, p, seed, stream);
+}
+static inline void op_dropout_bwd_at(Backend *be, float *dx, const float *dy, size_t n_elems, uint64_t first,
+                                     float p, uint64_t seed, uint64_t stream) {
+    be->ops->dropout_bwd(be, dx, dy, n_elems, first, p, seed, stream);
 }
 /* The raw generator, exposed for tests: 4 words for one counter. */
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

@@ -61,6 +61,7 @@ typedef struct {
     int pp;                   // pipeline stages (1: none)
     const char *pp_layout;    // --pp-layout, or NULL: balanced by cost
     ModelRecompute recompute; // --recompute
+    bool seq_par;             // --sequence-parallel
     RuntimeComm comm;         // --comm
     double comm_timeout;
     DeviceChoice device;
@@ -114,6 +115,9 @@ static void usage(FILE *f) {
             "  --recompute R          none, selective (attention probabilities recomputed in backward) or\n"
             "                         full (only each layer's input kept; the layer run again in backward);\n"
             "                         results are bit for bit those of none (default none)\n"
+            "  --sequence-parallel    with tp > 1: LayerNorms, dropout and residual streams hold 1/tp of the\n"
+            "                         tokens per rank (allgather and reduce-scatter in place of the tp\n"
+            "                         allreduces; not with --pp > 1)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -190,7 +194,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -235,7 +239,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"grad-comm-dtype", required_argument, 0, O_GDTYPE}, {"grad-overlap", required_argument, 0, O_GOVERLAP},
         {"micro-batches", required_argument, 0, O_MICRO},
         {"pp", required_argument, 0, O_PP},           {"pp-layout", required_argument, 0, O_PPLAYOUT},
-        {"recompute", required_argument, 0, O_RECOMPUTE},
+        {"recompute", required_argument, 0, O_RECOMPUTE}, {"sequence-parallel", no_argument, 0, O_SEQPAR},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -366,6 +370,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 exit(2);
             }
             break;
+        case O_SEQPAR: a->seq_par = true; break;
         case O_BEAM: a->beam = (int)flag_int("--beam", optarg, 0, 100); break;
         case O_TP: a->tp = (int)flag_int("--tp", optarg, 1, 4096); break;
         case O_DP: a->dp = (int)flag_int("--dp", optarg, 1, 1 << 20); break;
@@ -958,6 +963,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     model_set_recompute(&m, a.recompute);
+    if (model_set_sequence_parallel(&m, a.seq_par, err, sizeof err)) {
+        fprintf(stderr, "train_mt: --sequence-parallel: %s (--pp %d)\n", err, pp);
+        return 2;
+    }
     /* With stages, evaluation and export assemble the whole stack (tp
      * shards) on the first stage's ranks of dp rank 0. */
     Model stack;
@@ -1007,12 +1016,12 @@ int main(int argc, char **argv) {
                            : (a.dir == DIR_EN_JA ? "en->ja" : "ja->en"),
                total);
         printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s; "
-               "collectives %s; recompute %s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp,
+               "collectives %s; recompute %s%s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp,
                mesh->pp, m.tab.n_elems, be->device_name, dtype_name(be->dtype),
                rt.comm == RUNTIME_COMM_NCCL ? "nccl"
                : rt.staged                  ? "shm (device buffers staged through page-locked host memory)"
                                             : "shm",
-               model_recompute_name(a.recompute));
+               model_recompute_name(a.recompute), m.seq_par ? "; sequence parallel" : "");
         if (pp > 1) {
             char layout[512];
             model_stages_format(stages, pp, layout, sizeof layout);
@@ -1027,6 +1036,7 @@ int main(int argc, char **argv) {
     const bool tty = lead && isatty(STDOUT_FILENO);
     const double t_start = tp_now_s();
     double t_window = t_start, t_eval = 0.0, t_comm = 0.0, t_exposed = 0.0, t_pp_wait = 0.0;
+    CommStats tp_steps = {0};
     double *mem_last = NULL;  // the memory figures last reported
     long tok_window = 0;
     int saved_step = first_step - 1;
@@ -1040,7 +1050,14 @@ int main(int argc, char **argv) {
         DropoutKey key = {.seed = a.seed, .step = (uint32_t)step, .micro = (uint32_t)mesh->dp_rank};
         StepResult sr;
         const float lr = lr_at(&a.opt, step);
+        const CommStats tp0 = rt.tp ? comm_stats(rt.tp) : (CommStats){0};
         train_step(&trainer, views, a.micro_batches, n_global, key, lr, &sr);
+        if (rt.tp) {  // the training steps' tp collectives (evaluation left out)
+            const CommStats tp1 = comm_stats(rt.tp);
+            tp_steps.allreduce += tp1.allreduce - tp0.allreduce;
+            tp_steps.reduce_scatter += tp1.reduce_scatter - tp0.reduce_scatter;
+            tp_steps.allgather += tp1.allgather - tp0.allgather;
+        }
         t_pp_wait += sr.pp_wait_s;
         for (int i = 0; i < a.micro_batches; i++) owned_batch_free(&b[i]);
         free(b);
@@ -1123,9 +1140,12 @@ int main(int argc, char **argv) {
                "%.1f s exposed; %.1f s evaluation)\n", total, took, tp_now_s() - t_start - t_eval, t_comm, t_exposed,
                t_eval);
         CommStats ts = comm_stats(rt.tp);
+        const double steps_run = total >= first_step ? total - first_step + 1 : 1;
         if (mesh->tp > 1)
-            printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s\n", ts.allreduce,
-                   ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds);
+            printf("train_mt: tensor-parallel allreduces: %ld (%.1f MiB), %.1f s; per training step %.2f "
+                   "allreduces, %.2f reduce-scatters, %.2f allgathers\n", ts.allreduce,
+                   ts.allreduce_bytes / (1024.0 * 1024.0), ts.seconds, (double)tp_steps.allreduce / steps_run,
+                   (double)tp_steps.reduce_scatter / steps_run, (double)tp_steps.allgather / steps_run);
     }
     if (pp > 1 && mesh->tp_rank == 0 && mesh->dp_rank == 0) {  // one line per stage
         char layout[256];

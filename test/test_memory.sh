@@ -36,6 +36,23 @@ run tp1 1
 run tp2 2 --tp 2
 run tp4 4 --tp 4
 run tp2dp2 4 --tp 2 --dp 2
+# Activation memory against docs/activation-memory.md's formula, for
+# recompute {none, selective, full} x sequence parallelism {off, on} x tp
+# {1, 2, 4}: every copy-task batch is 32 x (S 12, T 13), so the activation
+# tag's peak is one slot and the scratch, each slice rounded up to 16 floats
+# (none here: every slice is a multiple of 16).
+for rc in none selective full; do
+  for t in 1 2 4; do
+    for sp in off on; do
+      [ "$t" = 1 ] && [ "$sp" = on ] && continue   # one rank holds every row anyway
+      flags=(--recompute "$rc")
+      [ "$sp" = on ] && flags+=(--sequence-parallel)
+      "$build/tprun" --nproc_per_node="$t" "$build/train_mt" --task copy --preset tiny --vocab-size 64 --tp "$t" \
+        --max-steps 2 --log-interval 1 --eval-interval 100 --metrics "acts-$rc-$t-$sp.jsonl" "${flags[@]}" \
+        > "acts-$rc-$t-$sp.log" 2>&1 || { cat "acts-$rc-$t-$sp.log"; exit 1; }
+    done
+  done
+done
 "$build/tprun" --nproc_per_node=2 "$build/train_mt" --data "$corpus" --preset tiny --tp 2 --max-steps 2 \
   --log-interval 1 --eval-interval 2 --metrics corpus.jsonl > corpus.log 2>&1 || { cat corpus.log; exit 1; }
 /usr/bin/python3 - <<'PY'
@@ -83,6 +100,51 @@ end = [json.loads(l) for l in open("corpus.jsonl") if "memory" in l][-1]["memory
 if end[0]["grads"] != end[1]["grads"] or end[0]["master"] <= end[1]["master"]:
     bad.append(f"corpus tp 2: rank 0 grads {end[0]['grads']} (rank 1 {end[1]['grads']}), master "
                f"{end[0]['master']} (rank 1 {end[1]['master']}): the decoding model must hold weights, not gradients")
+def formula(tp, sp, rc, B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
+    """Activation bytes per rank: docs/activation-memory.md, term by term."""
+    Cl, Fl, Hl, Vl = C // tp, F // tp, H // tp, math.ceil(V / tp)
+    Ns, Nt, maxL = B * S, B * T, max(S, T)
+    ns, nt = (math.ceil(Ns / tp), math.ceil(Nt / tp)) if sp else (Ns, Nt)
+    Nsf, Ntf = (ns * tp, nt * tp) if sp else (Ns, Nt)
+    maxN, maxn, maxNf = max(Ns, Nt), max(ns, nt), max(Nsf, Ntf)
+    if rc == "full":
+        enc, dec = ns * C, nt * C
+    else:
+        enc = ns * (4 * C + 4) + Ns * (4 * Cl + 2 * Fl) + (B * Hl * S * S if rc == "none" else 0)
+        dec = nt * (6 * C + 6) + Nt * (6 * Cl + 2 * Fl) + 2 * Ns * Cl + (B * Hl * (T * T + T * S) if rc == "none" else 0)
+    slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
+    slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (Vl + 6)   # final LayerNorms, logits, loss
+    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * (4 * Cl + 2 * Fl) + B * Hl * maxL ** 2 + Nt * Vl
+    if sp:
+        scratch += maxNf * C + maxn * C + 9 * C
+    if rc != "none":
+        scratch += B * Hl * maxL ** 2
+    if rc == "full":
+        scratch += ns * (3 * C + 4) + Ns * (4 * Cl + 2 * Fl) + nt * (5 * C + 6) + Nt * (6 * Cl + 2 * Fl) + 2 * Ns * Cl
+    return 4 * (slot + scratch)   # (the batch's ids are used in place on the CPU; a GPU adds Ns + 2 Nt + 2 B int32)
+table = []
+for rc in ("none", "selective", "full"):
+    for tp in (1, 2, 4):
+        for sp in ((False,) if tp == 1 else (False, True)):
+            name = f"acts-{rc}-{tp}-{'on' if sp else 'off'}"
+            end = [json.loads(l) for l in open(name + ".jsonl") if '"memory"' in l][-1]["memory"]
+            got = max(r["activations"] for r in end)
+            want = formula(tp, sp, rc)
+            table.append((rc, tp, sp, got, want))
+            if abs(got - want) > 0.05 * want:
+                bad.append(f"{name}: activations {got} bytes, formula {want}")
+print("activation MiB per rank (measured / formula):")
+for rc, tp, sp, got, want in table:
+    print(f"  recompute {rc:9} tp {tp} sp {'on ' if sp else 'off'}: {got / 2**20:7.3f} / {want / 2**20:7.3f} "
+          f"({(got - want) / want:+.2%})")
+by = {(rc, tp, sp): got for rc, tp, sp, got, _ in table}
+for tp in (2, 4):   # each lever shrinks the activations
+    for rc in ("none", "selective", "full"):
+        if not by[(rc, tp, True)] < by[(rc, tp, False)]:
+            bad.append(f"tp {tp} recompute {rc}: sequence parallelism does not shrink the activations")
+for tp in (1, 2, 4):
+    if not by[("none", tp, False)] > by[("selective", tp, False)] > by[("full", tp, False)]:
+        bad.append(f"tp {tp}: recomputation does not shrink the activations")
 if not acts["tp1"] > acts["tp2"] > acts["tp4"]:
     bad.append(f"activations per rank do not shrink with tp: {acts}")
 print("\n".join(bad) if bad else f"memory report matches the config: params per rank {[params_per_rank(t) for t in (1, 2, 4)]}, activations {acts}")

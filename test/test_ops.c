@@ -752,6 +752,24 @@ static void test_dropout(Rng *rng) {
     memset(dx, 0, n * sizeof(float));
     cpu_dropout_bwd(dx, dy, n, 0.0f, seed, stream);
     CHECK(memcmp(dx, dy, n * sizeof(float)) == 0, "dropout bwd with p = 0 is not a copy");
+
+    // windows (sequence parallelism): pieces of the tensor, each drawn at its
+    // own start, together give the whole mask, forward and backward
+    const size_t cut[] = {0, 4, 1000, 65536 + 12, n};
+    memset(y2, 0, n * sizeof(float));
+    memset(dx, 0, n * sizeof(float));
+    memset(fwd_dy, 0, n * sizeof(float));
+    cpu_dropout_bwd(fwd_dy, dy, n, p, seed, stream);
+    for (size_t k = 0; k + 1 < sizeof cut / sizeof *cut; k++) {
+        cpu_dropout_fwd_at(y2 + cut[k], x + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
+        cpu_dropout_bwd_at(dx + cut[k], dy + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
+    }
+    CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "dropout windows do not make up the whole mask");
+    CHECK(memcmp(dx, fwd_dy, n * sizeof(float)) == 0, "dropout bwd windows do not make up the whole mask");
+    cpu_dropout_fwd_at(y3, x, 1000, 4, p, seed, stream);  // another start, another mask
+    n_diff = 0;
+    for (size_t i = 0; i < 1000; i++) n_diff += (y3[i] == 0.0f) != (y[i] == 0.0f);
+    CHECK(n_diff > 20, "dropout window at 4 draws the mask at 0 (%zu differences)", n_diff);
     free(x); free(y); free(y2); free(y3); free(dy); free(dx); free(fwd_dy);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parallel runs reproduce the single-rank run: through tprun, tp=2, tp=4,
-# dp=2, tp=2 x dp=2, gradient accumulation, ZeRO, and pipeline stages (pp 2
-# and 4, with tp and dp, an explicit layout) train 20 steps of the synthetic copy task (global
+# dp=2, tp=2 x dp=2, gradient accumulation, ZeRO, pipeline stages (pp 2
+# and 4, with tp and dp, an explicit layout) and sequence parallelism train
+# 20 steps of the synthetic copy task (global
 # batch of 32 sequences, dropout off) and must match the single process
 # step by step (loss relative difference < LOSS_RTOL) and in the final
 # weights (max abs difference < WEIGHT_ATOL). GELU keeps every step smooth:
@@ -95,6 +96,36 @@ run drop_tp2_sel 2 --tp 2 --dropout 0.1 --recompute selective
 run drop_tp2_full 2 --tp 2 --dropout 0.1 --recompute full
 run drop_pp2m2_full 2 --pp 2 --micro-batches 2 --dropout 0.1 --recompute full
 grep -q "recompute full" drop_tp2_full.log
+# Sequence parallelism: the token rows between sub-blocks split over tp.
+# The same results as the single-rank run (sums in another order): tp 2 and
+# 4, with dp, micro-batches and ZeRO 1 and 2 (the LayerNorm and bias
+# gradients summed over tp every micro-batch); with dropout equal to tp
+# without it (the masks are windows of the whole); tp 3 on rows that do not
+# split evenly (padding rows), against tp 3 without it.
+run tp2sp 2 --tp 2 --sequence-parallel
+run tp4sp 4 --tp 4 --sequence-parallel
+run tp2dp2m2z1sp 4 --tp 2 --dp 2 --micro-batches 2 --zero 1 --grad-bucket-mb 0.01 --sequence-parallel
+run tp2dp2m2z2sp 4 --tp 2 --dp 2 --micro-batches 2 --zero 2 --grad-bucket-mb 0.01 --sequence-parallel
+run drop_tp2_sp 2 --tp 2 --dropout 0.1 --sequence-parallel
+run drop_tp2_sp_full 2 --tp 2 --dropout 0.1 --sequence-parallel --recompute full
+tp3=(--heads 3 --d-model 36 --ffn-hidden-size 72)
+run tp3 3 --tp 3 "${tp3[@]}" --dropout 0.1
+run tp3sp 3 --tp 3 "${tp3[@]}" --dropout 0.1 --sequence-parallel --recompute selective
+grep -q "recompute selective; sequence parallel" tp3sp.log
+# The tp collectives per training step (2 + 2 layers, one micro-batch).
+# Without it: forward 2 embeddings + 2 per encoder layer + 3 per decoder
+# layer + 2 for the loss, backward 1 (output layer) + 3 per decoder layer +
+# 1 (encoder output) + 2 per encoder layer, + 1 for the gradient norm: 27
+# allreduces. With it the allreduces left are the loss's 2, the norm's 1 and
+# one per layer and final LayerNorm for the replicated gradients (2+2+2): 9;
+# each g becomes a reduce-scatter (forward 2 + 4 + 6, backward 1 + 6 + 1 + 4:
+# 24) and each f an allgather (forward 4 + 6 + the encoder output and the
+# final decoder LayerNorm 2, backward the output gradient and the LayerNorm
+# output again per sub-block 8 + 12, the 2 embeddings' 2: 34).
+grep -q "per training step 27.00 allreduces, 0.00 reduce-scatters, 0.00 allgathers" tp2.log ||
+  { grep "per training step" tp2.log; echo "FAIL: tp 2 collectives"; exit 1; }
+grep -q "per training step 9.00 allreduces, 24.00 reduce-scatters, 34.00 allgathers" tp2sp.log ||
+  { grep "per training step" tp2sp.log; echo "FAIL: tp 2 sequence-parallel collectives"; exit 1; }
 # Invalid layouts are refused with one sentence, and tprun reports the failure.
 refuse() {  # nproc expected-text train_mt-flags...
   local n=$1 want=$2; shift 2
@@ -111,6 +142,7 @@ refuse 1 "pp (5) must be between 1 and the 4 layers" --pp 5
 refuse 2 "--pp-layout 'enc:0|dec:0-1': 'dec:0-1' does not continue the stack where stage 1 is (encoder layer 1)" --pp 2 --pp-layout "enc:0|dec:0-1"
 refuse 2 "--zero 2 with pipeline stages is not built" --pp 2 --zero 2
 refuse 3 "does not fit the world size 3" --pp 2
+refuse 4 "sequence parallelism runs on the whole stack only, not on a pipeline stage (--pp 2)" --tp 2 --pp 2 --sequence-parallel
 grep -Eq "^\[rank 0\] +3 \(1,1,0\)" tp2dp2.log   # the memory table lists every rank with its (tp,dp,pp)
 /usr/bin/python3 - "$here/reference" <<'PY'
 import json, sys
@@ -125,7 +157,8 @@ assert len(base) == 20, base
 w1, _ = st.load("single/model.safetensors")
 bad = []
 for name in ("tp2", "tp4", "dp2", "tp2dp2", "m4", "dp2m2", "tp2dp2m2z1", "dp2m2z2",
-             "pp2", "pp2m4", "pp4m4", "tp2pp2m2", "dp2pp2m2z1", "pp2lay", "tp2dp2pp2m2"):
+             "pp2", "pp2m4", "pp4m4", "tp2pp2m2", "dp2pp2m2z1", "pp2lay", "tp2dp2pp2m2",
+             "tp2sp", "tp4sp", "tp2dp2m2z1sp", "tp2dp2m2z2sp"):
     got = losses(name)
     assert len(got) == 20, (name, got)
     rel = max(abs(a - b) / abs(b) for a, b in zip(got, base))
@@ -147,6 +180,9 @@ def same_run(ref, name, what):
         bad.append(name)
 same_run("drop_dp4", "drop_dp2m2", "dp 2 x 2 micro-batches vs dp 4")
 same_run("drop_m2", "drop_pp2m2", "pp 2 x 2 micro-batches vs one rank x 2")
+same_run("drop_tp2", "drop_tp2_sp", "tp 2 sequence-parallel vs tp 2")
+same_run("drop_tp2", "drop_tp2_sp_full", "tp 2 sequence-parallel, recompute full vs tp 2")
+same_run("tp3", "tp3sp", "tp 3 (uneven rows) sequence-parallel, recompute selective vs tp 3")
 def bitwise(ref, name, what):
     a, b = losses(ref), losses(name)
     wa, _ = st.load(ref + "/model.safetensors")

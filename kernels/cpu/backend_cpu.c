@@ -156,13 +156,15 @@ static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const 
     (void)be;
     cpu_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
-static void t_dropout_fwd(Backend *be, float *o, const float *x, size_t n, float p, uint64_t seed, uint64_t st) {
+static void t_dropout_fwd(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
+                          uint64_t st) {
     (void)be;
-    cpu_dropout_fwd(o, x, n, p, seed, st);
+    cpu_dropout_fwd_at(o, x, n, first, p, seed, st);
 }
-static void t_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, float p, uint64_t seed, uint64_t st) {
+static void t_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
+                          uint64_t st) {
     (void)be;
-    cpu_dropout_bwd(dx, dy, n, p, seed, st);
+    cpu_dropout_bwd_at(dx, dy, n, first, p, seed, st);
 }
 static void t_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                        float eps, int32_t ig) {

@@ -146,6 +146,12 @@ void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p,
                     uint64_t seed, uint64_t stream);
 void cpu_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p,
                     uint64_t seed, uint64_t stream);
+/* The same on a window: out[i] takes element first + i of the mask
+ * (first a multiple of 4, so the windows' Philox blocks are whole). */
+void cpu_dropout_fwd_at(float *out, const float *x, size_t n_elems, uint64_t first, float p,
+                        uint64_t seed, uint64_t stream);
+void cpu_dropout_bwd_at(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
+                        uint64_t seed, uint64_t stream);
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
                         uint32_t site, uint32_t tp_rank);

@@ -26,14 +26,14 @@ uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
            ((uint64_t)site << 10) | (uint64_t)tp_rank;
 }
 
-/* out[i] = keep(i) ? x[i] * scale : 0, for the Philox mask of (seed, stream).
- * With accumulate, out[i] += instead. out may alias x. */
-static void apply_mask(float *out, const float *x, size_t n_elems, float p,
+/* out[i] = keep(first + i) ? x[i] * scale : 0, for the Philox mask of
+ * (seed, stream). With accumulate, out[i] += instead. out may alias x. */
+static void apply_mask(float *out, const float *x, size_t n_elems, uint64_t first, float p,
                        uint64_t seed, uint64_t stream, bool accumulate) {
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     for (size_t base = 0; base < n_elems; base += 4) {
-        uint64_t block = base / 4;
+        uint64_t block = (first + base) / 4;
         uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
                            (uint32_t)(stream >> 32)};
         uint32_t words[4];
@@ -47,25 +47,35 @@ static void apply_mask(float *out, const float *x, size_t n_elems, float p,
     }
 }
 
-void cpu_dropout_fwd(float *out,      // (n_elems), may alias x
-                    const float *x,  // (n_elems)
-                    size_t n_elems, float p, uint64_t seed, uint64_t stream) {
+void cpu_dropout_fwd_at(float *out,      // (n_elems), may alias x
+                        const float *x,  // (n_elems)
+                        size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_fwd: p = %g outside [0, 1]", (double)p);
+    TP_CHECK(first % 4 == 0, "op_dropout_fwd: window start %llu is not a multiple of 4", (unsigned long long)first);
     if (p == 0.0f) {
         if (out != x)
             for (size_t i = 0; i < n_elems; i++) out[i] = x[i];
         return;
     }
-    apply_mask(out, x, n_elems, p, seed, stream, false);
+    apply_mask(out, x, n_elems, first, p, seed, stream, false);
 }
 
-void cpu_dropout_bwd(float *dx,        // (n_elems) accumulated
-                    const float *dy,  // (n_elems)
-                    size_t n_elems, float p, uint64_t seed, uint64_t stream) {
+void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated
+                        const float *dy,  // (n_elems)
+                        size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_bwd: p = %g outside [0, 1]", (double)p);
+    TP_CHECK(first % 4 == 0, "op_dropout_bwd: window start %llu is not a multiple of 4", (unsigned long long)first);
     if (p == 0.0f) {
         cpu_accumulate(dx, dy, n_elems);
         return;
     }
-    apply_mask(dx, dy, n_elems, p, seed, stream, true);
+    apply_mask(dx, dy, n_elems, first, p, seed, stream, true);
+}
+
+void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64_t seed, uint64_t stream) {
+    cpu_dropout_fwd_at(out, x, n_elems, 0, p, seed, stream);
+}
+
+void cpu_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p, uint64_t seed, uint64_t stream) {
+    cpu_dropout_bwd_at(dx, dy, n_elems, 0, p, seed, stream);
 }

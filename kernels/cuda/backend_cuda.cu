@@ -307,11 +307,13 @@ static void cu_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const
                              int Tk, int D) {
     cuda_op_attention_bwd(dq, dk, dv, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
 }
-static void cu_dropout_fwd(Backend *be, float *o, const float *x, size_t n, float p, uint64_t seed, uint64_t st) {
-    cuda_op_dropout_fwd(o, x, n, p, seed, st, stream_of(be));
+static void cu_dropout_fwd(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
+                           uint64_t st) {
+    cuda_op_dropout_fwd(o, x, n, first, p, seed, st, stream_of(be));
 }
-static void cu_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, float p, uint64_t seed, uint64_t st) {
-    cuda_op_dropout_bwd(dx, dy, n, p, seed, st, stream_of(be));
+static void cu_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
+                           uint64_t st) {
+    cuda_op_dropout_bwd(dx, dy, n, first, p, seed, st, stream_of(be));
 }
 static void cu_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                         float eps, int32_t ig) {

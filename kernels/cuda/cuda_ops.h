@@ -205,9 +205,9 @@ void cuda_op_attention_bwd(float *dq,          // (B, Tq, H*D)
                            int B, int H, int Tq, int Tk, int D, cudaStream_t stream);
 
 /* ---- Dropout (masks bit-identical to the CPU's) ----------------------------- */
-void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, float p,
+void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, uint64_t first, float p,
                          uint64_t seed, uint64_t stream_id, cudaStream_t stream);
-void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p,
+void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
                          uint64_t seed, uint64_t stream_id, cudaStream_t stream);
 
 /* ---- Cross-entropy ------------------------------------------------------------ */

@@ -17,18 +17,20 @@
 
 // ---- kernels ---------------------------------------------------------------------
 
-// out[i] = keep(i) ? x[i] * scale : 0, or out[i] += that with accumulate.
+// out[i] = keep(first + i) ? x[i] * scale : 0, or out[i] += that with
+// accumulate (first_block = first / 4: the window starts on a whole block).
 // out may alias x: every element is read and written by one thread.
 __global__ void dropout_kernel(float *out,      // (n_elems)
                                const float *x,  // (n_elems)
-                               size_t n_elems, float p, float scale, uint32_t seed_lo,
+                               size_t n_elems, uint64_t first_block, float p, float scale, uint32_t seed_lo,
                                uint32_t seed_hi, uint32_t stream_lo, uint32_t stream_hi,
                                bool accumulate) {
     const size_t n_groups = (n_elems + 3) / 4;
     const uint32_t key[2] = {seed_lo, seed_hi};
     for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < n_groups;
          grp += (size_t)gridDim.x * blockDim.x) {
-        const uint32_t ctr[4] = {(uint32_t)grp, (uint32_t)(grp >> 32), stream_lo, stream_hi};
+        const uint64_t block = first_block + grp;
+        const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), stream_lo, stream_hi};
         uint32_t words[4];
         philox4x32_10_inline(ctr, key, words);
         const size_t base = grp * 4;
@@ -46,21 +48,23 @@ __global__ void dropout_kernel(float *out,      // (n_elems)
 
 // ---- launchers ---------------------------------------------------------------------
 
-static void dropout_launch(float *out, const float *x, size_t n_elems, float p, uint64_t seed,
+static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed,
                            uint64_t stream_id, bool accumulate, cudaStream_t stream) {
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the CPU's expression
     const size_t n_groups = (n_elems + 3) / 4;
     dropout_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
-        out, x, n_elems, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)stream_id,
+        out, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)stream_id,
         (uint32_t)(stream_id >> 32), accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
 // ---- exported ops ---------------------------------------------------------------------
 
-extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, float p,
+extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, uint64_t first, float p,
                                     uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
     TP_CHECK(p >= 0.0f && p <= 1.0f, "cuda_op_dropout_fwd: p = %g outside [0, 1]", (double)p);
+    TP_CHECK(first % 4 == 0, "cuda_op_dropout_fwd: window start %llu is not a multiple of 4",
+             (unsigned long long)first);
     if (n_elems == 0) return;
     TP_NEED_PTR("cuda_op_dropout_fwd", out);
     TP_NEED_PTR("cuda_op_dropout_fwd", x);
@@ -69,12 +73,14 @@ extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, 
         cuda_op_copy_bytes(out, x, n_elems * sizeof(float), NULL, stream);
         return;
     }
-    dropout_launch(out, x, n_elems, p, seed, stream_id, false, stream);
+    dropout_launch(out, x, n_elems, first, p, seed, stream_id, false, stream);
 }
 
-extern "C" void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p,
+extern "C" void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
                                     uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
     TP_CHECK(p >= 0.0f && p <= 1.0f, "cuda_op_dropout_bwd: p = %g outside [0, 1]", (double)p);
+    TP_CHECK(first % 4 == 0, "cuda_op_dropout_bwd: window start %llu is not a multiple of 4",
+             (unsigned long long)first);
     if (n_elems == 0) return;
     TP_NEED_PTR("cuda_op_dropout_bwd", dx);
     TP_NEED_PTR("cuda_op_dropout_bwd", dy);
@@ -82,5 +88,5 @@ extern "C" void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, 
         cuda_op_accumulate(dx, dy, n_elems, stream);
         return;
     }
-    dropout_launch(dx, dy, n_elems, p, seed, stream_id, true, stream);
+    dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, true, stream);
 }

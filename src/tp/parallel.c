@@ -38,6 +38,20 @@ void tp_vocab_xent_fwd(const TpGroup *g, Backend *be, float *losses, float *lse,
     op_xent_vp_loss(be, losses, lse, row_max, stats, targets, N, V, eps, ignore_id);
 }
 
+int tp_seq_rows(const TpGroup *g, int N) { return (N + g->size - 1) / g->size; }
+
+void tp_seq_gather(const TpGroup *g, Backend *be, const float *shard, float *full, size_t shard_elems) {
+    tp_gather(g, be, shard, full, shard_elems);
+}
+
+void tp_seq_reduce_scatter(const TpGroup *g, Backend *be, const float *full, float *shard, size_t shard_elems) {
+    if (g->size == 1) {
+        op_copy(be, shard, full, shard_elems);
+        return;
+    }
+    TP_CHECK(comm_reduce_scatter(g->comm, full, shard, shard_elems) == 0, "%s", comm_error(g->comm));
+}
+
 void tp_gather(const TpGroup *g, Backend *be, const float *shard, float *all, size_t n_elems) {
     if (g->size == 1) {
         op_copy(be, all, shard, n_elems);

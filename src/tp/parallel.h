@@ -20,6 +20,12 @@
  *    (SUM), after which every rank holds the same losses and lse, and the
  *    backward pass (op_xent_vp_bwd) needs no collective.
  *  - the gather of a sharded tensor: every rank's shard, side by side.
+ *  - sequence parallelism (Korthikanti et al., 2022): between the
+ *    sub-blocks (LayerNorms, dropout, residual adds) each rank holds 1/tp of
+ *    the token rows. g becomes a reduce-scatter of the ROW layer's partial
+ *    output into this rank's rows, f an allgather of the rows into the COL
+ *    layer's input; backward takes the conjugates (an allgather of the
+ *    output gradient, a reduce-scatter of the input gradient).
  *
  * Everything takes the group, buffers of the model's backend (device
  * pointers on a GPU) and, where it runs ops, the backend; never the model. A failed collective is fatal
@@ -65,6 +71,18 @@ void tp_vocab_embedding_fwd(const TpGroup *g, Backend *be, float *out, const int
 void tp_vocab_xent_fwd(const TpGroup *g, Backend *be, float *losses, float *lse, float *row_max, float *stats,
                        const float *logits, const int32_t *targets, int N, int vocab_local, int vocab_valid,
                        int vocab_start, int V, float eps, int32_t ignore_id);
+
+/* Sequence parallelism: a (N, C) tensor split by rows gives rank r the rows
+ * [r n, r n + n) of its padded whole (size n rows, C), n = tp_seq_rows(g, N)
+ * = ceil(N / size). The rows past N are padding: zero in every gradient
+ * (the ROW layers' outputs are zeroed there before the reduce-scatter, so
+ * they stay zero), finite in the activations, never read by a layer that
+ * mixes rows. */
+int tp_seq_rows(const TpGroup *g, int N);
+/* shard (shard_elems = n C) of every rank into full (size n C), rank r's rows at r n C. */
+void tp_seq_gather(const TpGroup *g, Backend *be, const float *shard, float *full, size_t shard_elems);
+/* full (size n C, each rank's partial sums) summed over the group, this rank's rows into shard. */
+void tp_seq_reduce_scatter(const TpGroup *g, Backend *be, const float *full, float *shard, size_t shard_elems);
 
 /* Every rank's shard (n_elems) into all (size * n_elems, rank r's at
  * all + r * n_elems), on every rank; a copy when the group has one rank. */

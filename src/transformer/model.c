@@ -16,6 +16,15 @@
  * them is a mapping of tp/parallel.h on the model's group. Everything
  * between is replicated and identical on every tp rank, so the dropout
  * masks there are drawn without the tp rank in their key.
+ *
+ * With sequence parallelism (model_set_sequence_parallel) what lies between
+ * the sub-blocks is split by token rows instead of replicated: the residual
+ * streams, the LayerNorms (their outputs kept as this rank's rows, gathered
+ * again in backward) and the dropout (a window of the whole mask). Every
+ * (N, C) stream below has seq_rows(N) rows on this rank; the COL layers read
+ * the gathered seq_full(N) rows (padding after N), the encoder output and the
+ * final decoder LayerNorm are kept gathered for the cross-attention and the
+ * output layer.
  */
 #include "transformer/model.h"
 #include "transformer/decode.h"
@@ -82,7 +91,22 @@ struct ModelActs {
     EncActs enc_shared;          // full: one encoder layer's activations, rebuilt per layer
     DecActs dec_shared;          // full: one decoder layer's
     float *enc_mid_shared, *dec_mid1_shared, *dec_mid2_shared;
+    /* sequence parallelism, in the shared buffer too */
+    float *sp_full;              // (maxNf, C): a LayerNorm output gathered for the COL layers
+    float *sp_part;              // (max rows, C): this rank's rows of a reduce-scattered tensor
+    float *sp_grads;             // (9, C): a layer's LayerNorm and ROW-bias gradients before their tp sum
 };
+
+/* Rows of a (N, C) stream on this rank: N, or its share with sequence parallelism. */
+static int seq_rows(const Model *m, int N) { return m->seq_par ? tp_seq_rows(&m->tp, N) : N; }
+
+/* Rows of the gathered (N, C) tensor: N, or every rank's share (padding after N). */
+static int seq_full(const Model *m, int N) { return m->seq_par ? tp_seq_rows(&m->tp, N) * m->tp.size : N; }
+
+/* Where this rank's rows start in the whole (N, C) tensor: its dropout window. */
+static uint64_t seq_first(const Model *m, int N, int C) {
+    return m->seq_par ? (uint64_t)m->tp.rank * (uint64_t)seq_rows(m, N) * (uint64_t)C : 0;
+}
 
 /* ---- activation layout ----------------------------------------------------- */
 
@@ -94,11 +118,13 @@ static float *take(Carver *c, size_t n) {
     return p;
 }
 
-static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl, bool keep_P) {
+/* n: this rank's rows of the LayerNorm (seq_rows of B Tq). */
+static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl, bool keep_P,
+                       size_t n) {
     size_t N = (size_t)B * Tq, Nk = (size_t)B * Tk;
-    a->ln = take(c, N * C);
-    a->ln_m = take(c, N);
-    a->ln_r = take(c, N);
+    a->ln = take(c, n * C);
+    a->ln_m = take(c, n);
+    a->ln_r = take(c, n);
     a->q = take(c, N * Cl);
     a->k = take(c, Nk * Cl);
     a->v = take(c, Nk * Cl);
@@ -106,10 +132,10 @@ static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, in
     a->att = take(c, N * Cl);
 }
 
-static void carve_ffn(Carver *c, FfnActs *f, size_t N, int C, int Fl) {
-    f->ln = take(c, N * C);
-    f->ln_m = take(c, N);
-    f->ln_r = take(c, N);
+static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl) {
+    f->ln = take(c, n * C);
+    f->ln_m = take(c, n);
+    f->ln_r = take(c, n);
     f->h = take(c, N * Fl);
     f->a = take(c, N * Fl);
 }
@@ -123,34 +149,35 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     const int C = cfg->d_model, tp = m->tp.size;
     const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
     const size_t Ns = (size_t)B * S, Nt = (size_t)B * T;
+    const size_t ns = (size_t)seq_rows(m, B * S), nt = (size_t)seq_rows(m, B * T);  // this rank's stream rows
     const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
     Carver c = {base, 0};
     const bool full = m->recompute == MODEL_RECOMPUTE_FULL, keep_P = m->recompute == MODEL_RECOMPUTE_NONE;
     if (has_enc)
-        for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, Ns * C);
+        for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, ns * C);
     for (int l = st->enc_lo; l < st->enc_hi && !full; l++) {  // full: only the layer inputs (enc_res)
-        A->enc_mid[l] = take(&c, Ns * C);
-        carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl, keep_P);
-        carve_ffn(&c, &A->enc[l].ffn, Ns, C, Fl);
+        A->enc_mid[l] = take(&c, ns * C);
+        carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl, keep_P, ns);
+        carve_ffn(&c, &A->enc[l].ffn, Ns, ns, C, Fl);
     }
-    if (st->enc_ln || has_dec) A->enc_out = take(&c, Ns * C);
+    if (st->enc_ln || has_dec) A->enc_out = take(&c, (size_t)seq_full(m, B * S) * C);  // gathered
     if (st->enc_ln) {
-        A->enc_m = take(&c, Ns);
-        A->enc_r = take(&c, Ns);
+        A->enc_m = take(&c, ns);
+        A->enc_r = take(&c, ns);
     }
     if (has_dec)
-        for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, Nt * C);
+        for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, nt * C);
     for (int l = st->dec_lo; l < st->dec_hi && !full; l++) {
-        A->dec_mid1[l] = take(&c, Nt * C);
-        A->dec_mid2[l] = take(&c, Nt * C);
-        carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl, keep_P);
-        carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl, keep_P);
-        carve_ffn(&c, &A->dec[l].ffn, Nt, C, Fl);
+        A->dec_mid1[l] = take(&c, nt * C);
+        A->dec_mid2[l] = take(&c, nt * C);
+        carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl, keep_P, nt);
+        carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl, keep_P, nt);
+        carve_ffn(&c, &A->dec[l].ffn, Nt, nt, C, Fl);
     }
     if (st->head) {
-        A->dec_out = take(&c, Nt * C);
-        A->dec_m = take(&c, Nt);
-        A->dec_r = take(&c, Nt);
+        A->dec_out = take(&c, (size_t)seq_full(m, B * T) * C);  // gathered: the output layer's input
+        A->dec_m = take(&c, nt);
+        A->dec_r = take(&c, nt);
         A->logits = take(&c, Nt * Vl);
         A->losses = take(&c, Nt);
         A->lse = take(&c, Nt);
@@ -166,13 +193,15 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     const int C = cfg->d_model, tp = m->tp.size;
     const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
     const size_t Ns = (size_t)B * S, Nt = (size_t)B * T, maxN = Ns > Nt ? Ns : Nt;
+    const size_t ns = (size_t)seq_rows(m, B * S), nt = (size_t)seq_rows(m, B * T), maxn = ns > nt ? ns : nt;
+    const size_t maxNf = (size_t)seq_full(m, (int)maxN);  // maxN, or rounded up to tp shares
     const size_t maxL = (size_t)(S > T ? S : T);
     Carver c = {base, 0};
-    A->d_res_s = take(&c, Ns * C);
-    A->d_enc_out = take(&c, Ns * C);
-    A->d_res_t = take(&c, Nt * C);
-    A->d_tmp = take(&c, maxN * C);
-    A->d_ln = take(&c, maxN * C);
+    A->d_res_s = take(&c, ns * C);
+    A->d_enc_out = take(&c, (size_t)seq_full(m, B * S) * C);
+    A->d_res_t = take(&c, nt * C);
+    A->d_tmp = take(&c, maxNf * C);
+    A->d_ln = take(&c, maxNf * C);
     A->d_att = take(&c, maxN * Cl);
     A->d_q = take(&c, maxN * Cl);
     A->d_k = take(&c, maxN * Cl);
@@ -185,23 +214,26 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
      * differentiated; with full, one layer's activations of each stack, the
      * views of every layer pointing at them. */
     const ModelStage *st = &m->stage;
+    A->sp_full = m->seq_par ? take(&c, maxNf * C) : NULL;
+    A->sp_part = m->seq_par ? take(&c, maxn * C) : NULL;
+    A->sp_grads = m->seq_par ? take(&c, (size_t)9 * C) : NULL;
     A->P_shared = m->recompute != MODEL_RECOMPUTE_NONE ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
     if (m->recompute == MODEL_RECOMPUTE_FULL) {
         if (st->enc_hi > st->enc_lo) {
-            A->enc_mid_shared = take(&c, Ns * C);
-            carve_attn(&c, &A->enc_shared.self, B, Hl, S, S, C, Cl, false);
-            carve_ffn(&c, &A->enc_shared.ffn, Ns, C, Fl);
+            A->enc_mid_shared = take(&c, ns * C);
+            carve_attn(&c, &A->enc_shared.self, B, Hl, S, S, C, Cl, false, ns);
+            carve_ffn(&c, &A->enc_shared.ffn, Ns, ns, C, Fl);
         }
         for (int l = st->enc_lo; l < st->enc_hi; l++) {
             A->enc[l] = A->enc_shared;
             A->enc_mid[l] = A->enc_mid_shared;
         }
         if (st->dec_hi > st->dec_lo) {
-            A->dec_mid1_shared = take(&c, Nt * C);
-            A->dec_mid2_shared = take(&c, Nt * C);
-            carve_attn(&c, &A->dec_shared.self, B, Hl, T, T, C, Cl, false);
-            carve_attn(&c, &A->dec_shared.cross, B, Hl, T, S, C, Cl, false);
-            carve_ffn(&c, &A->dec_shared.ffn, Nt, C, Fl);
+            A->dec_mid1_shared = take(&c, nt * C);
+            A->dec_mid2_shared = take(&c, nt * C);
+            carve_attn(&c, &A->dec_shared.self, B, Hl, T, T, C, Cl, false, nt);
+            carve_attn(&c, &A->dec_shared.cross, B, Hl, T, S, C, Cl, false, nt);
+            carve_ffn(&c, &A->dec_shared.ffn, Nt, nt, C, Fl);
         }
         for (int l = st->dec_lo; l < st->dec_hi; l++) {
             A->dec[l] = A->dec_shared;
@@ -284,6 +316,25 @@ void model_set_recompute(Model *m, ModelRecompute mode) {
     if (m->recompute == mode) return;
     m->recompute = mode;
     for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;  // carve every slot again at its next use
+}
+
+int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len) {
+    const ModelStage *st = &m->stage;
+    const bool whole = st->enc_embed && st->head && st->enc_lo == 0 && st->enc_hi == m->cfg.enc_layers &&
+                       st->dec_lo == 0 && st->dec_hi == m->cfg.dec_layers;
+    if (on && m->tp.size > 1 && !whole) {
+        tp_error_set(err, err_len, "sequence parallelism runs on the whole stack only, not on a pipeline stage");
+        return -1;
+    }
+    if (on && m->tp.size > 1 && m->cfg.d_model % 4) {
+        tp_error_set(err, err_len, "sequence parallelism needs d_model (%d) to be a multiple of 4", m->cfg.d_model);
+        return -1;
+    }
+    on = on && m->tp.size > 1;  // one rank holds every row anyway
+    if (m->seq_par == on) return 0;
+    m->seq_par = on;
+    for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;  // carve every slot again at its next use
+    return 0;
 }
 
 const char *model_recompute_name(ModelRecompute mode) {
@@ -556,7 +607,40 @@ static uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site) {
     return dropout_stream(k.step, k.micro, layer, site, k.tp_rank);
 }
 
-/* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention. */
+/* A LayerNorm output of this rank's rows as the (N, C) input of a COL
+ * layer: itself, or with sequence parallelism gathered into sp_full (f). */
+static const float *col_input(const Model *m, const float *ln, int N) {
+    if (!m->seq_par) return ln;
+    tp_seq_gather(&m->tp, m->be, ln, m->acts->sp_full, (size_t)seq_rows(m, N) * m->cfg.d_model);
+    return m->acts->sp_full;
+}
+
+/* The partial (N, C) output of a ROW layer in tmp summed over tp (g): in
+ * place, or with sequence parallelism reduce-scattered into this rank's
+ * rows (sp_part; tmp's padding rows zeroed first). Returns where it is. */
+static float *row_output(const Model *m, float *tmp, int N) {
+    const int C = m->cfg.d_model;
+    if (!m->seq_par) {
+        tp_reduce_fwd(&m->tp, tmp, (size_t)N * C);
+        return tmp;
+    }
+    const int n = seq_rows(m, N);
+    op_zero(m->be, tmp + (size_t)N * C, (size_t)(n * m->tp.size - N) * C);
+    tp_seq_reduce_scatter(&m->tp, m->be, tmp, m->acts->sp_part, (size_t)n * C);
+    return m->acts->sp_part;
+}
+
+/* x_out = x_in + Dropout(out + bias) on this rank's rows of the N. */
+static void residual_fwd(const Model *m, float *x_out, const float *x_in, float *out, const float *bias, int N,
+                         float p, uint64_t seed, uint64_t stream) {
+    const int C = m->cfg.d_model, n = seq_rows(m, N);
+    op_bias_add(m->be, out, bias, n, C);
+    op_dropout_fwd_at(m->be, out, out, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_add(m->be, x_out, x_in, out, (size_t)n * C);
+}
+
+/* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
+ * else the encoder output, (B Tk, C) gathered. */
 static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
                      const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
                      float p, uint64_t seed, uint64_t stream) {
@@ -564,41 +648,57 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     float *tmp = m->acts->d_tmp;  // (N, C) scratch: free during forward
-    op_layernorm_fwd(m->be, a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
-    const float *src = kv ? kv : a->ln;
-    op_linear_fwd(m->be, a->q, a->ln, w->wq, w->bq, N, C, Cl);
+    op_layernorm_fwd(m->be, a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
+    const float *ln = col_input(m, a->ln, N);
+    const float *src = kv ? kv : ln;
+    op_linear_fwd(m->be, a->q, ln, w->wq, w->bq, N, C, Cl);
     op_linear_fwd(m->be, a->k, src, w->wk, NULL, Nk, C, Cl);
     op_linear_fwd(m->be, a->v, src, w->wv, w->bv, Nk, C, Cl);
     op_attention_fwd(m->be, a->att, a->P ? a->P : m->acts->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D,
                      causal);
     op_linear_fwd(m->be, tmp, a->att, w->wo, NULL, N, Cl, C);
-    tp_reduce_fwd(&m->tp, tmp, (size_t)N * C);
-    op_bias_add(m->be, tmp, w->bo, N, C);
-    op_dropout_fwd(m->be, tmp, tmp, (size_t)N * C, p, seed, stream);
-    op_add(m->be, x_out, x_in, tmp, (size_t)N * C);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
                     float p, uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     float *tmp = m->acts->d_tmp;
-    op_layernorm_fwd(m->be, f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, N, C, m->cfg.ln_eps);
-    op_linear_fwd(m->be, f->h, f->ln, w->w1, w->b1, N, C, Fl);
+    op_layernorm_fwd(m->be, f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
+    op_linear_fwd(m->be, f->h, col_input(m, f->ln, N), w->w1, w->b1, N, C, Fl);
     op_act_fwd(m->be, f->a, f->h, (size_t)N * Fl, m->cfg.act);
     op_linear_fwd(m->be, tmp, f->a, w->w2, NULL, N, Fl, C);
-    tp_reduce_fwd(&m->tp, tmp, (size_t)N * C);
-    op_bias_add(m->be, tmp, w->b2, N, C);
-    op_dropout_fwd(m->be, tmp, tmp, (size_t)N * C, p, seed, stream);
-    op_add(m->be, x_out, x_in, tmp, (size_t)N * C);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream);
 }
 
 static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
                       uint64_t stream) {
-    const int C = m->cfg.d_model;
-    tp_vocab_embedding_fwd(&m->tp, m->be, x, ids, m->w.embed, sqrtf((float)C), B * T, C, m->vocab_start,
-                           m->vocab_local);
-    op_add_positions(m->be, x, B, T, C);
-    op_dropout_fwd(m->be, x, x, (size_t)B * T * C, p, seed, stream);
+    const int C = m->cfg.d_model, N = B * T;
+    if (!m->seq_par) {
+        tp_vocab_embedding_fwd(&m->tp, m->be, x, ids, m->w.embed, sqrtf((float)C), N, C, m->vocab_start,
+                               m->vocab_local);
+        op_add_positions(m->be, x, B, T, C);
+    } else {
+        /* this rank's vocabulary rows (zeros for the others' ids), the
+         * positions added once (tp rank 0), reduce-scattered into its rows */
+        float *full = m->acts->d_tmp;
+        op_embedding_fwd(m->be, full, ids, m->w.embed, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
+        if (m->tp.rank == 0) op_add_positions(m->be, full, B, T, C);
+        const int n = seq_rows(m, N);
+        op_zero(m->be, full + (size_t)N * C, (size_t)(n * m->tp.size - N) * C);
+        tp_seq_reduce_scatter(&m->tp, m->be, full, x, (size_t)n * C);
+    }
+    op_dropout_fwd_at(m->be, x, x, (size_t)seq_rows(m, N) * C, seq_first(m, N, C), p, seed, stream);
+}
+
+/* The final LayerNorm of a stack over this rank's rows of x (N rows), into
+ * out (N, C) gathered: with sequence parallelism through sp_part. */
+static void final_ln_fwd(const Model *m, float *out, float *mean, float *rstd, const float *x, const float *g,
+                         const float *b, int N) {
+    const int C = m->cfg.d_model, n = seq_rows(m, N);
+    float *y = m->seq_par ? m->acts->sp_part : out;
+    op_layernorm_fwd(m->be, y, mean, rstd, x, g, b, n, C, m->cfg.ln_eps);
+    if (m->seq_par) tp_seq_gather(&m->tp, m->be, y, out, (size_t)n * C);
 }
 
 /* The stage's encoder layers (the source embedding first on the first
@@ -640,8 +740,7 @@ static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, in
     if (st->enc_embed) embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
     for (int l = st->enc_lo; l < st->enc_hi; l++) enc_layer_fwd(m, l, src_len, B, S, p, key);
     if (st->enc_ln)
-        op_layernorm_fwd(m->be, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g,
-                         m->w.enc_ln_b, Ns, c->d_model, c->ln_eps);
+        final_ln_fwd(m, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b, Ns);
 }
 
 /* src and src_len are device arrays here (decode.c uploads them). */
@@ -667,8 +766,7 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     if (st->dec_embed) embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
     for (int l = st->dec_lo; l < st->dec_hi; l++) dec_layer_fwd(m, l, B, S, T, p, key);
     if (!st->head) return;
-    op_layernorm_fwd(m->be, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b,
-                     Nt, C, c->ln_eps);
+    final_ln_fwd(m, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b, Nt);
     /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
     op_linear_fwd(m->be, A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
     tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits, tgt_out, Nt,
@@ -737,9 +835,73 @@ float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n
 
 /* ---- backward ------------------------------------------------------------------ */
 
-/* d_x holds dL/dx_out on entry and dL/dx_in on return. With kv != NULL
- * (cross-attention) this rank's partial key/value gradient is added to
- * d_kv, which the caller reduces over tp once for all layers. */
+/* The output gradient of a residual sub-block on this rank's rows, through
+ * its dropout into out (d_tmp, or sp_part with sequence parallelism), the
+ * bias gradient taken there; returned as the (N, C) input gradient of the
+ * ROW layer (with sequence parallelism gathered into d_tmp). */
+static const float *residual_bwd(const Model *m, float *d_bias, const float *d_x, int N, float p, uint64_t seed,
+                                 uint64_t stream) {
+    const int C = m->cfg.d_model, n = seq_rows(m, N);
+    ModelActs *A = m->acts;
+    float *out = m->seq_par ? A->sp_part : A->d_tmp;
+    op_zero(m->be, out, (size_t)n * C);
+    op_dropout_bwd_at(m->be, out, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_bias_bwd(m->be, d_bias, out, n, C);
+    if (m->seq_par) tp_seq_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
+    return A->d_tmp;
+}
+
+/* The partial (N, C) input gradient of COL layers in d (its padding rows
+ * zero) summed over tp (f): in place, or with sequence parallelism
+ * reduce-scattered into this rank's rows (sp_part). Returns where it is. */
+static const float *col_input_bwd(const Model *m, float *d, int N) {
+    const int C = m->cfg.d_model;
+    if (!m->seq_par) {
+        tp_reduce_bwd(&m->tp, d, (size_t)N * C);
+        return d;
+    }
+    tp_seq_reduce_scatter(&m->tp, m->be, d, m->acts->sp_part, (size_t)seq_rows(m, N) * C);
+    return m->acts->sp_part;
+}
+
+/* With sequence parallelism each rank's gradients of the replicated
+ * LayerNorm weights and ROW biases cover its own rows only: backward
+ * writes them into sp_grads (one C-vector each), sums them over tp and adds
+ * them to the real ones (side_add / side_sum). Without it, nothing. */
+typedef struct { float *dst[9]; int n; } SideGrads;
+
+static void side_add(const Model *m, SideGrads *s, float **g) {
+    if (!m->seq_par) return;
+    const int C = m->cfg.d_model;
+    TP_CHECK(s->n < 9, "sequence parallelism: more than 9 replicated gradients in one layer");
+    float *side = m->acts->sp_grads + (size_t)s->n * C;
+    op_zero(m->be, side, C);
+    s->dst[s->n++] = *g;
+    *g = side;
+}
+
+static void side_sum(const Model *m, SideGrads *s) {
+    if (!m->seq_par || s->n == 0) return;
+    const int C = m->cfg.d_model;
+    tp_reduce_bwd(&m->tp, m->acts->sp_grads, (size_t)s->n * C);
+    for (int i = 0; i < s->n; i++) op_add(m->be, s->dst[i], s->dst[i], m->acts->sp_grads + (size_t)i * C, C);
+}
+
+static void side_attn(const Model *m, SideGrads *s, AttnW *g) {
+    side_add(m, s, &g->ln_g);
+    side_add(m, s, &g->ln_b);
+    side_add(m, s, &g->bo);
+}
+
+static void side_ffn(const Model *m, SideGrads *s, FfnW *g) {
+    side_add(m, s, &g->ln_g);
+    side_add(m, s, &g->ln_b);
+    side_add(m, s, &g->b2);
+}
+
+/* d_x holds dL/dx_out on entry and dL/dx_in on return (this rank's rows).
+ * With kv != NULL (cross-attention) this rank's partial key/value gradient
+ * is added to d_kv, which the caller reduces over tp once for all layers. */
 static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a, float *d_x,
                      const float *x_in, const float *kv, float *d_kv, const int32_t *k_len, int B, int Tq, int Tk,
                      bool causal, float p, uint64_t seed, uint64_t stream) {
@@ -747,7 +909,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     ModelActs *A = m->acts;
-    const size_t nC = (size_t)N * C, nCl = (size_t)N * Cl, nkCl = (size_t)Nk * Cl;
+    const size_t nCl = (size_t)N * Cl, nkCl = (size_t)Nk * Cl;
     /* probabilities not kept: recomputed from q, k (the same op on the same
      * inputs: bitwise the forward's); the output goes to d_q, free until zeroed below */
     const float *P = a->P;
@@ -755,50 +917,49 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         op_attention_fwd(m->be, A->d_q, A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
-    op_zero(m->be, A->d_tmp, nC);
-    op_dropout_bwd(m->be, A->d_tmp, d_x, nC, p, seed, stream);
-    op_bias_bwd(m->be, g->bo, A->d_tmp, N, C);
+    const float *d_out = residual_bwd(m, g->bo, d_x, N, p, seed, stream);
     op_zero(m->be, A->d_att, nCl);
-    op_linear_bwd(m->be, A->d_att, g->wo, NULL, A->d_tmp, a->att, w->wo, N, Cl, C);
+    op_linear_bwd(m->be, A->d_att, g->wo, NULL, d_out, a->att, w->wo, N, Cl, C);
     op_zero(m->be, A->d_q, nCl);
     op_zero(m->be, A->d_k, nkCl);
     op_zero(m->be, A->d_v, nkCl);
     op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
-    op_zero(m->be, A->d_ln, nC);
-    op_linear_bwd(m->be, A->d_ln, g->wq, g->bq, A->d_q, a->ln, w->wq, N, C, Cl);
-    const float *src = kv ? kv : a->ln;
+    const float *ln = col_input(m, a->ln, N);  // with sequence parallelism gathered again
+    op_zero(m->be, A->d_ln, (size_t)seq_full(m, N) * C);
+    op_linear_bwd(m->be, A->d_ln, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
+    const float *src = kv ? kv : ln;
     float *d_src = kv ? d_kv : A->d_ln;
     op_linear_bwd(m->be, d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
     op_linear_bwd(m->be, d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
-    tp_reduce_bwd(&m->tp, A->d_ln, nC);
-    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, A->d_ln, x_in, a->ln_m, a->ln_r, w->ln_g, N, C);
+    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, col_input_bwd(m, A->d_ln, N), x_in, a->ln_m, a->ln_r, w->ln_g,
+                     seq_rows(m, N), C);
 }
 
 static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
                     int N, float p, uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     ModelActs *A = m->acts;
-    const size_t nC = (size_t)N * C, nF = (size_t)N * Fl;
-    op_zero(m->be, A->d_tmp, nC);
-    op_dropout_bwd(m->be, A->d_tmp, d_x, nC, p, seed, stream);
-    op_bias_bwd(m->be, g->b2, A->d_tmp, N, C);
+    const size_t nF = (size_t)N * Fl;
+    const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
     op_zero(m->be, A->d_a, nF);
-    op_linear_bwd(m->be, A->d_a, g->w2, NULL, A->d_tmp, f->a, w->w2, N, Fl, C);
+    op_linear_bwd(m->be, A->d_a, g->w2, NULL, d_out, f->a, w->w2, N, Fl, C);
     op_zero(m->be, A->d_h, nF);
     op_act_bwd(m->be, A->d_h, A->d_a, f->h, nF, m->cfg.act);
-    op_zero(m->be, A->d_ln, nC);
-    op_linear_bwd(m->be, A->d_ln, g->w1, g->b1, A->d_h, f->ln, w->w1, N, C, Fl);
-    tp_reduce_bwd(&m->tp, A->d_ln, nC);
-    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, A->d_ln, x_in, f->ln_m, f->ln_r, w->ln_g, N, C);
+    op_zero(m->be, A->d_ln, (size_t)seq_full(m, N) * C);
+    op_linear_bwd(m->be, A->d_ln, g->w1, g->b1, A->d_h, col_input(m, f->ln, N), w->w1, N, C, Fl);
+    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, col_input_bwd(m, A->d_ln, N), x_in, f->ln_m, f->ln_r, w->ln_g,
+                     seq_rows(m, N), C);
 }
 
 static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, float p, uint64_t seed,
                       uint64_t stream) {
-    const int C = m->cfg.d_model;
-    float *tmp = m->acts->d_tmp;
-    op_zero(m->be, tmp, (size_t)N * C);
-    op_dropout_bwd(m->be, tmp, d_x, (size_t)N * C, p, seed, stream);
-    op_embedding_bwd(m->be, m->g.embed, tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
+    const int C = m->cfg.d_model, n = seq_rows(m, N);
+    ModelActs *A = m->acts;
+    float *tmp = m->seq_par ? A->sp_part : A->d_tmp;
+    op_zero(m->be, tmp, (size_t)n * C);
+    op_dropout_bwd_at(m->be, tmp, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    if (m->seq_par) tp_seq_gather(&m->tp, m->be, tmp, A->d_tmp, (size_t)n * C);  // every row, for this rank's ids
+    op_embedding_bwd(m->be, m->g.embed, A->d_tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
 
 /* Everything from weight tensor w (a view into m->params: the gradients
@@ -835,17 +996,22 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         op_zero(m->be, A->d_logits, (size_t)Nt * Vl);
         op_xent_vp_bwd(m->be, A->d_logits, A->logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
                        m->vocab_start, V, c->label_smoothing, c->pad_id);
-        op_zero(m->be, A->d_ln, (size_t)Nt * C);
+        op_zero(m->be, A->d_ln, (size_t)seq_full(m, Nt) * C);
         grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
         grads_needed_at(m, m->w.dec_ln_g, 0);
         op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
-        tp_reduce_bwd(&m->tp, A->d_ln, (size_t)Nt * C);
-        op_zero(m->be, A->d_res_t, (size_t)Nt * C);
-        op_layernorm_bwd(m->be, A->d_res_t, m->g.dec_ln_g, m->g.dec_ln_b, A->d_ln, A->dec_res[c->dec_layers], A->dec_m,
-                         A->dec_r, m->w.dec_ln_g, Nt, C);
+        const float *d_dec_out = col_input_bwd(m, A->d_ln, Nt);
+        op_zero(m->be, A->d_res_t, (size_t)seq_rows(m, Nt) * C);
+        SideGrads side = {0};
+        float *g_ln = m->g.dec_ln_g, *b_ln = m->g.dec_ln_b;
+        side_add(m, &side, &g_ln);
+        side_add(m, &side, &b_ln);
+        op_layernorm_bwd(m->be, A->d_res_t, g_ln, b_ln, d_dec_out, A->dec_res[c->dec_layers], A->dec_m, A->dec_r,
+                         m->w.dec_ln_g, seq_rows(m, Nt), C);
+        side_sum(m, &side);
         grads_final_from(m, m->w.dec_ln_g);
         /* the encoder output's gradient starts here (a later stage's partial arrives otherwise) */
-        op_zero(m->be, A->d_enc_out, (size_t)Ns * C);
+        op_zero(m->be, A->d_enc_out, (size_t)seq_full(m, Ns) * C);
     } else if (st->dec_embed && stage_has_dec(st)) {
         grads_needed_at(m, m->w.embed, (size_t)m->vocab_local * C);  // the target embedding's, written at the end
     }
@@ -853,7 +1019,11 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     for (int l = st->dec_hi - 1; l >= st->dec_lo; l--) {
         const DecLayerW *w = &m->w.dec[l];
         grads_needed_at(m, w->self.ln_g, 0);
-        DecLayerW *g = &m->g.dec[l];
+        DecLayerW gl = m->g.dec[l], *g = &gl;
+        SideGrads side = {0};
+        side_ffn(m, &side, &g->ffn);
+        side_attn(m, &side, &g->cross);
+        side_attn(m, &side, &g->self);
         DecActs *a = &A->dec[l];
         if (full) dec_layer_fwd(m, l, B, S, T, p, key);  // the layer again from its input
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
@@ -862,28 +1032,39 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
                  A->dev_src_len, B, T, S, false, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, A->dev_tgt_len, B, T, T,
                  true, p, key.seed, stream_of(key, l, SITE_DEC_SELF));
+        side_sum(m, &side);
         grads_final_from(m, w->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
     if (st->dec_embed) embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
     if (st->enc_ln) {
-        tp_reduce_bwd(&m->tp, A->d_enc_out, (size_t)Ns * C);  // cross-attention k/v of every decoder layer
-        op_zero(m->be, A->d_res_s, (size_t)Ns * C);
+        /* the cross-attention k/v of every decoder layer */
+        const float *d_enc_out = col_input_bwd(m, A->d_enc_out, Ns);
+        op_zero(m->be, A->d_res_s, (size_t)seq_rows(m, Ns) * C);
         grads_needed_at(m, m->w.enc_ln_g, 0);
-        op_layernorm_bwd(m->be, A->d_res_s, m->g.enc_ln_g, m->g.enc_ln_b, A->d_enc_out, A->enc_res[c->enc_layers],
-                         A->enc_m, A->enc_r, m->w.enc_ln_g, Ns, C);
+        SideGrads side = {0};
+        float *g_ln = m->g.enc_ln_g, *b_ln = m->g.enc_ln_b;
+        side_add(m, &side, &g_ln);
+        side_add(m, &side, &b_ln);
+        op_layernorm_bwd(m->be, A->d_res_s, g_ln, b_ln, d_enc_out, A->enc_res[c->enc_layers], A->enc_m, A->enc_r,
+                         m->w.enc_ln_g, seq_rows(m, Ns), C);
+        side_sum(m, &side);
         grads_final_from(m, m->w.enc_ln_g);
     }
     for (int l = st->enc_hi - 1; l >= st->enc_lo; l--) {
         const EncLayerW *w = &m->w.enc[l];
         grads_needed_at(m, w->self.ln_g, 0);
-        EncLayerW *g = &m->g.enc[l];
+        EncLayerW gl = m->g.enc[l], *g = &gl;
+        SideGrads side = {0};
+        side_ffn(m, &side, &g->ffn);
+        side_attn(m, &side, &g->self);
         const EncActs *a = &A->enc[l];
         if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, p, key);
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN));
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, A->dev_src_len, B, S, S,
                  false, p, key.seed, stream_of(key, l, SITE_ENC_ATTN));
+        side_sum(m, &side);
         grads_final_from(m, w->self.ln_g);
     }
     if (st->enc_embed) {

@@ -59,6 +59,7 @@ typedef struct {
     ModelActs **slots;   // private: [n_slots] activations kept per micro-batch in flight
     int n_slots, slot;
     ModelRecompute recompute;  // model_set_recompute; NONE by default
+    bool seq_par;        // model_set_sequence_parallel; false by default
     struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
     /* Called by model_backward each time every gradient at buffer offset
      * >= from is final (backward finishes the buffer from its end to its
@@ -129,6 +130,16 @@ void model_free(Model *m);
  * ops run on the same inputs with the same dropout keys; full also repeats
  * each layer's tp allreduces. */
 void model_set_recompute(Model *m, ModelRecompute mode);
+
+/* Sequence parallelism (with tp > 1; nothing changes with one rank): the
+ * residual streams, LayerNorms and dropout hold this rank's 1/tp of the
+ * token rows (tp/parallel.h), the ROW layers' allreduces become
+ * reduce-scatters and the COL layers' inputs are allgathered; the dropout
+ * masks are windows of the unsharded ones, so results equal tp without it up
+ * to the order of the sums (the LayerNorm and ROW-bias gradients are summed
+ * over the ranks' rows). The whole stack only (not a pipeline stage), and
+ * d_model a multiple of 4. Returns 0, or -1 with a sentence in err. */
+int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len);
 const char *model_recompute_name(ModelRecompute mode);
 
 /* Checks a batch against the config (ids in range, lengths consistent).

@@ -430,9 +430,35 @@ static void dropout_case(const Target *t, size_t n, float p, uint64_t seed, uint
     for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; i++) dev_free(t, dev_bufs[i]);
 }
 
+/* A window of the mask (sequence parallelism), also one whose blocks need
+ * the counter's high word: forward and accumulating backward against the CPU. */
+static void dropout_window_case(const Target *t, size_t n, uint64_t first, float p, uint64_t seed, uint64_t stream,
+                                Rng *rng) {
+    char what[128];
+    float *x = rand_floats(n, rng, 0.5f, 1.5f), *y = host_alloc(n);
+    cpu_dropout_fwd_at(y, x, n, first, p, seed, stream);
+    float *d_x = dev_from(t, x, n);
+    op_dropout_fwd_at(t->be, d_x, d_x, n, first, p, seed, stream);
+    float *got = dev_fetch(t, d_x, n);
+    snprintf(what, sizeof what, "dropout fwd window n=%zu at %llu", n, (unsigned long long)first);
+    check_exact(t, what, got, y, n);
+    float *dx = rand_floats(n, rng, -1, 1), *d_dx = dev_from(t, dx, n), *d_y = dev_from(t, x, n);
+    cpu_dropout_bwd_at(dx, x, n, first, p, seed, stream);
+    op_dropout_bwd_at(t->be, d_dx, d_y, n, first, p, seed, stream);
+    float *got_dx = dev_fetch(t, d_dx, n);
+    snprintf(what, sizeof what, "dropout bwd window n=%zu at %llu", n, (unsigned long long)first);
+    check_exact(t, what, got_dx, dx, n);
+    free(x); free(y); free(got); free(dx); free(got_dx);
+    dev_free(t, d_x);
+    dev_free(t, d_dx);
+    dev_free(t, d_y);
+}
+
 void test_dropout(const Target *t, Rng *rng) {
     const uint64_t stream = dropout_stream(5, 3, 2, 1, 7);  // both 32-bit halves non-zero
     const uint64_t seed = 0x9234567890abcdefull;            // both halves, top bit set
+    dropout_window_case(t, 4099, 1000, 0.1f, seed, stream, rng);
+    dropout_window_case(t, 1001, (1ull << 34) + 8, 0.3f, seed, stream, rng);
     dropout_case(t, (1u << 17) + 3, 0.1f, seed, stream, rng);  // a partial last group
     dropout_case(t, 1001, 0.5f, seed + 1, stream + 1, rng);
     dropout_case(t, 4, 0.3f, seed, dropout_stream(0xffffffffu, 255, 255, 63, 1023), rng);
