@@ -117,7 +117,7 @@ static void usage(FILE *f) {
             "                         results are bit for bit those of none (default none)\n"
             "  --sequence-parallel    with tp > 1: LayerNorms, dropout and residual streams hold 1/tp of the\n"
             "                         tokens per rank (allgather and reduce-scatter in place of the tp\n"
-            "                         allreduces; not with --pp > 1)\n"
+            "                         allreduces; stage messages carry a rank's rows)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -964,7 +964,7 @@ int main(int argc, char **argv) {
     }
     model_set_recompute(&m, a.recompute);
     if (model_set_sequence_parallel(&m, a.seq_par, err, sizeof err)) {
-        fprintf(stderr, "train_mt: --sequence-parallel: %s (--pp %d)\n", err, pp);
+        fprintf(stderr, "train_mt: --sequence-parallel: %s\n", err);
         return 2;
     }
     /* With stages, evaluation and export assemble the whole stack (tp

@@ -84,12 +84,14 @@ static size_t run_split(const char *what, const ModelConfig *cfg, const ModelSta
             if (s > 0) {
                 StageIO in = model_stage_input(&sm[s], b[i].B, b[i].S, b[i].T);
                 StageIO out = model_stage_output(&sm[s - 1]);
-                size_t ne, nd;
-                model_stage_msg_elems(cfg, out.dec != NULL, b[i].B, b[i].S, b[i].T, &ne, &nd);
-                CHECK(in.enc && out.enc && (in.dec != NULL) == (out.dec != NULL), "%s: stage %d input", what, s);
-                if (!in.enc || !out.enc || (in.dec != NULL) != (out.dec != NULL)) return 0;
-                memcpy(in.enc, out.enc, ne * sizeof(float));
-                if (nd) memcpy(in.dec, out.dec, nd * sizeof(float));
+                const bool fits = in.enc && out.enc && (in.dec != NULL) == (out.dec != NULL) &&
+                                  in.n_enc == out.n_enc && in.n_dec == out.n_dec &&
+                                  out.n_enc == (size_t)b[i].B * b[i].S * cfg->d_model &&
+                                  out.n_dec == (out.dec ? (size_t)b[i].B * b[i].T * cfg->d_model : 0);
+                CHECK(fits, "%s: stage %d input does not match stage %d's output", what, s, s - 1);
+                if (!fits) return 0;
+                memcpy(in.enc, out.enc, out.n_enc * sizeof(float));
+                if (out.n_dec) memcpy(in.dec, out.dec, out.n_dec * sizeof(float));
             }
             model_forward_step(&sm[s], &b[i], true, key_of(i), loss);
         }
@@ -101,12 +103,12 @@ static size_t run_split(const char *what, const ModelConfig *cfg, const ModelSta
             if (s < p - 1) {
                 StageIO d_out = model_stage_output_grad(&sm[s], b[i].B, b[i].S, b[i].T);
                 StageIO d_in = model_stage_input_grad(&sm[s + 1]);
-                size_t ne, nd;
-                model_stage_msg_elems(cfg, d_out.dec != NULL, b[i].B, b[i].S, b[i].T, &ne, &nd);
-                CHECK(d_in.enc && (d_in.dec != NULL) == (d_out.dec != NULL), "%s: stage %d input gradient", what, s + 1);
-                if (!d_in.enc || (d_in.dec != NULL) != (d_out.dec != NULL)) return 0;
-                memcpy(d_out.enc, d_in.enc, ne * sizeof(float));
-                if (nd) memcpy(d_out.dec, d_in.dec, nd * sizeof(float));
+                const bool fits = d_in.enc && (d_in.dec != NULL) == (d_out.dec != NULL) && d_in.n_enc == d_out.n_enc &&
+                                  d_in.n_dec == d_out.n_dec;
+                CHECK(fits, "%s: stage %d input gradient does not match stage %d's output gradient", what, s + 1, s);
+                if (!fits) return 0;
+                memcpy(d_out.enc, d_in.enc, d_in.n_enc * sizeof(float));
+                if (d_in.n_dec) memcpy(d_out.dec, d_in.dec, d_in.n_dec * sizeof(float));
             }
             model_backward(&sm[s], &b[i], true, key_of(i), scale);
         }

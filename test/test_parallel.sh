@@ -112,6 +112,12 @@ tp3=(--heads 3 --d-model 36 --ffn-hidden-size 72)
 run tp3 3 --tp 3 "${tp3[@]}" --dropout 0.1
 run tp3sp 3 --tp 3 "${tp3[@]}" --dropout 0.1 --sequence-parallel --recompute selective
 grep -q "recompute selective; sequence parallel" tp3sp.log
+# with stages: the messages carry a rank's rows of the residual streams
+run tp2pp2m2sp 4 --tp 2 --pp 2 --micro-batches 2 --sequence-parallel
+run tp2dp2pp2m2sp 8 --tp 2 --dp 2 --pp 2 --micro-batches 2 --sequence-parallel --pp-layout "enc:0-1,dec:0|dec:1"
+run drop_tp2pp2m2 4 --tp 2 --pp 2 --micro-batches 2 --dropout 0.1 --pp-layout "enc:0|enc:1,dec:0-1"
+run drop_tp2pp2m2_sp 4 --tp 2 --pp 2 --micro-batches 2 --dropout 0.1 --pp-layout "enc:0|enc:1,dec:0-1" \
+  --sequence-parallel --recompute selective
 # The tp collectives per training step (2 + 2 layers, one micro-batch).
 # Without it: forward 2 embeddings + 2 per encoder layer + 3 per decoder
 # layer + 2 for the loss, backward 1 (output layer) + 3 per decoder layer +
@@ -142,7 +148,6 @@ refuse 1 "pp (5) must be between 1 and the 4 layers" --pp 5
 refuse 2 "--pp-layout 'enc:0|dec:0-1': 'dec:0-1' does not continue the stack where stage 1 is (encoder layer 1)" --pp 2 --pp-layout "enc:0|dec:0-1"
 refuse 2 "--zero 2 with pipeline stages is not built" --pp 2 --zero 2
 refuse 3 "does not fit the world size 3" --pp 2
-refuse 4 "sequence parallelism runs on the whole stack only, not on a pipeline stage (--pp 2)" --tp 2 --pp 2 --sequence-parallel
 grep -Eq "^\[rank 0\] +3 \(1,1,0\)" tp2dp2.log   # the memory table lists every rank with its (tp,dp,pp)
 /usr/bin/python3 - "$here/reference" <<'PY'
 import json, sys
@@ -158,7 +163,7 @@ w1, _ = st.load("single/model.safetensors")
 bad = []
 for name in ("tp2", "tp4", "dp2", "tp2dp2", "m4", "dp2m2", "tp2dp2m2z1", "dp2m2z2",
              "pp2", "pp2m4", "pp4m4", "tp2pp2m2", "dp2pp2m2z1", "pp2lay", "tp2dp2pp2m2",
-             "tp2sp", "tp4sp", "tp2dp2m2z1sp", "tp2dp2m2z2sp"):
+             "tp2sp", "tp4sp", "tp2dp2m2z1sp", "tp2dp2m2z2sp", "tp2pp2m2sp", "tp2dp2pp2m2sp"):
     got = losses(name)
     assert len(got) == 20, (name, got)
     rel = max(abs(a - b) / abs(b) for a, b in zip(got, base))
@@ -183,6 +188,7 @@ same_run("drop_m2", "drop_pp2m2", "pp 2 x 2 micro-batches vs one rank x 2")
 same_run("drop_tp2", "drop_tp2_sp", "tp 2 sequence-parallel vs tp 2")
 same_run("drop_tp2", "drop_tp2_sp_full", "tp 2 sequence-parallel, recompute full vs tp 2")
 same_run("tp3", "tp3sp", "tp 3 (uneven rows) sequence-parallel, recompute selective vs tp 3")
+same_run("drop_tp2pp2m2", "drop_tp2pp2m2_sp", "tp 2 x pp 2 (a stage inside the encoder) sequence-parallel vs without")
 def bitwise(ref, name, what):
     a, b = losses(ref), losses(name)
     wa, _ = st.load(ref + "/model.safetensors")

@@ -157,11 +157,8 @@ static void xfer(MicroCtx *c, float *buf, size_t n, int peer, bool send, int i, 
 }
 
 static void exchange(MicroCtx *c, int i, StageIO io, int peer, bool send, bool grad) {
-    const Batch *b = &c->b[i];
-    size_t ne, nd;
-    model_stage_msg_elems(&c->t->m->cfg, io.dec != NULL, b->B, b->S, b->T, &ne, &nd);
-    xfer(c, io.enc, ne, peer, send, i, grad);
-    xfer(c, io.dec, nd, peer, send, i, grad);
+    xfer(c, io.enc, io.n_enc, peer, send, i, grad);
+    xfer(c, io.dec, io.n_dec, peer, send, i, grad);
     if (send) c->t->pp_sent++;
     else c->t->pp_received++;
 }

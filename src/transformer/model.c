@@ -58,6 +58,7 @@ typedef struct { AttnActs self, cross; FfnActs ffn; } DecActs;
 struct ModelScratch {
     float *buf;                  // device, MEM_ACT
     size_t cap_elems;
+    int B, S, T;                 // the shape it was last carved for
 };
 
 struct ModelActs {
@@ -259,6 +260,7 @@ static void acts_prepare_ex(Model *m, int B, int S, int T, bool scratch) {
             X->cap_elems = need_x;
         }
         carve_scratch(A, m, X->buf, B, S, T);
+        X->B = B, X->S = S, X->T = T;
     }
     if (A->buf && A->B == B && A->S == S && A->T == T) return;
     size_t need = carve_acts(A, m, NULL, B, S, T);
@@ -319,13 +321,6 @@ void model_set_recompute(Model *m, ModelRecompute mode) {
 }
 
 int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len) {
-    const ModelStage *st = &m->stage;
-    const bool whole = st->enc_embed && st->head && st->enc_lo == 0 && st->enc_hi == m->cfg.enc_layers &&
-                       st->dec_lo == 0 && st->dec_hi == m->cfg.dec_layers;
-    if (on && m->tp.size > 1 && !whole) {
-        tp_error_set(err, err_len, "sequence parallelism runs on the whole stack only, not on a pipeline stage");
-        return -1;
-    }
     if (on && m->tp.size > 1 && m->cfg.d_model % 4) {
         tp_error_set(err, err_len, "sequence parallelism needs d_model (%d) to be a multiple of 4", m->cfg.d_model);
         return -1;
@@ -778,49 +773,51 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
 
 static bool stage_has_dec(const ModelStage *st) { return st->dec_hi > st->dec_lo; }
 
-void model_stage_msg_elems(const ModelConfig *cfg, bool has_dec, int B, int S, int T, size_t *enc, size_t *dec) {
-    *enc = (size_t)B * S * cfg->d_model;
-    *dec = has_dec ? (size_t)B * T * cfg->d_model : 0;
+/* A boundary message for a micro-batch of (B, S, T): the encoder part as
+ * a residual stream (this rank's rows) or as the encoder output (gathered),
+ * the decoder part as a residual stream. */
+static StageIO stage_io(const Model *m, int B, int S, int T, float *enc, bool enc_out, float *dec) {
+    const size_t C = (size_t)m->cfg.d_model;
+    const int Ns = B * S, Nt = B * T;
+    StageIO io = {enc, dec, 0, 0};
+    if (enc) io.n_enc = (size_t)(enc_out ? seq_full(m, Ns) : seq_rows(m, Ns)) * C;
+    if (dec) io.n_dec = (size_t)seq_rows(m, Nt) * C;
+    return io;
 }
 
 StageIO model_stage_input(Model *m, int B, int S, int T) {
     const ModelStage *st = &m->stage;
     acts_prepare_ex(m, B, S, T, false);  // the scratch may hold another slot's input gradient, not yet sent
     ModelActs *A = m->acts;
-    StageIO io = {NULL, NULL};
-    if (model_stage_gets_enc_res(st)) io.enc = A->enc_res[st->enc_lo];
-    else if (model_stage_gets_enc_out(st)) io.enc = A->enc_out;
-    if (model_stage_gets_dec(st)) io.dec = A->dec_res[st->dec_lo];
-    return io;
+    const bool res = model_stage_gets_enc_res(st);
+    float *enc = res ? A->enc_res[st->enc_lo] : model_stage_gets_enc_out(st) ? A->enc_out : NULL;
+    return stage_io(m, B, S, T, enc, !res, model_stage_gets_dec(st) ? A->dec_res[st->dec_lo] : NULL);
 }
 
 StageIO model_stage_output(Model *m) {
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
-    StageIO io = {NULL, NULL};
-    io.enc = st->enc_ln || stage_has_dec(st) ? A->enc_out : A->enc_res[st->enc_hi];
-    if (stage_has_dec(st)) io.dec = A->dec_res[st->dec_hi];
-    return io;
+    const bool out = st->enc_ln || stage_has_dec(st);
+    return stage_io(m, A->B, A->S, A->T, out ? A->enc_out : A->enc_res[st->enc_hi], out,
+                    stage_has_dec(st) ? A->dec_res[st->dec_hi] : NULL);  // the slot's micro-batch
 }
 
 StageIO model_stage_output_grad(Model *m, int B, int S, int T) {
     const ModelStage *st = &m->stage;
     acts_prepare(m, B, S, T);
     ModelActs *A = m->acts;
-    StageIO io = {NULL, NULL};
-    io.enc = st->enc_ln || stage_has_dec(st) ? A->d_enc_out : A->d_res_s;
-    if (stage_has_dec(st)) io.dec = A->d_res_t;
-    return io;
+    const bool out = st->enc_ln || stage_has_dec(st);
+    return stage_io(m, B, S, T, out ? A->d_enc_out : A->d_res_s, out, stage_has_dec(st) ? A->d_res_t : NULL);
 }
 
 StageIO model_stage_input_grad(Model *m) {
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
-    StageIO io = {NULL, NULL};
-    if (model_stage_gets_enc_res(st)) io.enc = A->d_res_s;
-    else if (model_stage_gets_enc_out(st)) io.enc = A->d_enc_out;
-    if (model_stage_gets_dec(st)) io.dec = A->d_res_t;
-    return io;
+    const bool res = model_stage_gets_enc_res(st);
+    float *enc = res ? A->d_res_s : model_stage_gets_enc_out(st) ? A->d_enc_out : NULL;
+    /* the scratch's shape: backward's micro-batch (the slot may hold the next one's input by now) */
+    const struct ModelScratch *X = m->scratch;
+    return stage_io(m, X->B, X->S, X->T, enc, !res, model_stage_gets_dec(st) ? A->d_res_t : NULL);
 }
 
 float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n_tokens) {

@@ -100,15 +100,19 @@ void model_use_slot(Model *m, int slot);
  * output's gradient is this tp rank's partial sum over the later stages);
  * backward output: the gradients of the input, the same way. Pointers into
  * the current slot (inputs and outputs) or the shared scratch (gradients):
- * valid until the next call on the model. Sizes: model_stage_msg_elems. */
-typedef struct { float *enc, *dec; } StageIO;
+ * valid until the next call on the model. n_enc and n_dec: their floats
+ * (0 with a NULL part). With sequence parallelism the residual streams are
+ * this tp rank's rows (model_set_sequence_parallel) and the encoder output
+ * and its gradient the gathered (padded) rows; the two sides of a boundary
+ * agree on them. */
+typedef struct {
+    float *enc, *dec;
+    size_t n_enc, n_dec;
+} StageIO;
 StageIO model_stage_input(Model *m, int B, int S, int T);
 StageIO model_stage_output(Model *m);
 StageIO model_stage_output_grad(Model *m, int B, int S, int T);
 StageIO model_stage_input_grad(Model *m);
-/* Elements of the encoder and decoder parts of the message a stage holding
- * decoder layers (has_dec) or not sends forward (and receives back). */
-void model_stage_msg_elems(const ModelConfig *cfg, bool has_dec, int B, int S, int T, size_t *enc, size_t *dec);
 
 /* Allocates a model for a validated cfg on backend be; parameters
  * initialised from seed. be == NULL: the model makes (and owns) an fp32 CPU
@@ -137,8 +141,8 @@ void model_set_recompute(Model *m, ModelRecompute mode);
  * reduce-scatters and the COL layers' inputs are allgathered; the dropout
  * masks are windows of the unsharded ones, so results equal tp without it up
  * to the order of the sums (the LayerNorm and ROW-bias gradients are summed
- * over the ranks' rows). The whole stack only (not a pipeline stage), and
- * d_model a multiple of 4. Returns 0, or -1 with a sentence in err. */
+ * over the ranks' rows). Stage messages carry this rank's rows of the
+ * residual streams (StageIO). d_model must be a multiple of 4. Returns 0, or -1 with a sentence in err. */
 int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len);
 const char *model_recompute_name(ModelRecompute mode);
 
