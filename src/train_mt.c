@@ -452,11 +452,6 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
         exit(2);
     }
-    if (a->pp > 1 && a->grad.zero >= 2) {
-        fprintf(stderr, "train_mt: --zero 2 with pipeline stages is not built; use --zero 0 or 1 with --pp %d\n",
-                a->pp);
-        exit(2);
-    }
     if (a->pp_layout && a->pp == 1) {
         fprintf(stderr, "train_mt: --pp-layout needs --pp N with N > 1 stages\n");
         exit(2);
@@ -986,6 +981,7 @@ int main(int argc, char **argv) {
     }
     int total = run_steps(&a, a.synthetic ? 0 : src.train.n_batches);
     a.opt.decay_steps = total;
+    a.grad.staged = pp > 1;
     GradSync *gsync = grad_sync_create(be, rt.dp, &m, &a.grad);
     AdamW opt;
     grad_sync_adamw_init(gsync, &opt, be, &a.opt);

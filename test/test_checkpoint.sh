@@ -10,7 +10,7 @@
 #     straight run within relative LOSS_RTOL and the run must reach step 20.
 #  2c. Pipeline stages: tp=2 x dp=2 x pp=2 with dropout and 2 micro-batches
 #     resumes exactly (losses, every exported tensor; ckpt inspect and ckpt
-#     export of the stage files); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-1)
+#     export of the stage files); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-2)
 #     -> 2x1x2 and into 4 stages, every resumed loss within LOSS_RTOL of the
 #     straight run.
 #  3. Crash safety: TPTRAIN_FAULT_POINT=K SIGKILLs the process at its K-th
@@ -267,18 +267,20 @@ run pp-export.log "$build/ckpt" export pp-exact pp-exact-export
   echo "pp ckpt export of step 20|pp-straight20.jsonl|pp-straight20.jsonl|1|20|all|pp-straight20|pp-exact-export"
 } > pp-checks.txt
 out=$(verify pp-checks.txt) || { echo "$out"; exit 1; }
-# Resharding (tp x dp x pp) 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-1) -> 2x1x2, ten steps each, each leg
+# Resharding (tp x dp x pp) 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-2) -> 2x1x2, ten steps each, each leg
 # saving what the next one resumes; and the step-10 checkpoint as four stages (an explicit layout).
 run pp-leg1.log "$train" "${pipe[@]}" --micro-batches 4 --max-steps 20 --resume pp-ckpt --save pp-ckpt \
   --metrics pp-leg1.jsonl
 run pp-leg2.log "$build/tprun" --standalone --nproc_per_node 4 "$train" "${pipe[@]}" --dp 2 --pp 2 --micro-batches 2 \
-  --zero 1 --max-steps 30 --resume pp-ckpt --save pp-ckpt --metrics pp-leg2.jsonl
+  --zero 2 --max-steps 30 --resume pp-ckpt --save pp-ckpt --metrics pp-leg2.jsonl
 run pp-leg3.log tprun4 "${pipe[@]}" --tp 2 --pp 2 --micro-batches 4 --max-steps 40 --resume pp-ckpt --metrics pp-leg3.jsonl
 run pp-to4.log tprun4 "${pipe[@]}" --pp 4 --pp-layout 'enc:0|enc:1|dec:0|dec:1' --micro-batches 4 --max-steps 20 \
   --resume pp-ckpt/step_00000010 --metrics pp-to4.jsonl
 grep -q "saved as tp 2 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 1" pp-leg1.log || fail "pp leg 1: no layout line"
 grep -q "saved as tp 1 x dp 1 x pp 1, loaded as tp 1 x dp 2 x pp 2" pp-leg2.log || fail "pp leg 2: no layout line"
 grep -q "saved as tp 1 x dp 2 x pp 2, loaded as tp 2 x dp 1 x pp 2" pp-leg3.log || fail "pp leg 3: no layout line"
+run pp-inspect2.log "$build/ckpt" inspect pp-ckpt   # leg 2's ZeRO-2 stage shards, checked against the layout
+grep -q "verify     ok" pp-inspect2.log || { cat pp-inspect2.log; fail "ckpt inspect of a ZeRO-2 pp checkpoint"; }
 grep -q "saved as tp 2 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 4" pp-to4.log || fail "pp -> pp 4: no layout line"
 /usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" <<'PY' || exit 1
 import json, sys
@@ -301,7 +303,7 @@ for name, first, last in (("pp-leg1", 11, 20), ("pp-leg2", 21, 30), ("pp-leg3", 
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
 print(f"part 2c: tp 2 x dp 2 x pp 2 (dropout 0.1, 2 micro-batches) resumed exactly (losses, every tensor; ckpt export "
-      f"of the stages equals the run's export); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-1) -> 2x1x2 and into 4 "
+      f"of the stages equals the run's export); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-2) -> 2x1x2 and into 4 "
       f"stages, relative loss difference to the straight run: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
 PY
 

@@ -793,7 +793,7 @@ static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int d
         param_table_build_stage(cfg, tp, &stages[p], &tab);
         memset(optim_elems, 0, (size_t)dp * sizeof *optim_elems);
         if (zero > 0)
-            for (int d = 0; d < dp; d++) optim_elems[d] = opt_pieces_file_elems(&tab, zero, bucket_elems, dp, d);
+            for (int d = 0; d < dp; d++) optim_elems[d] = opt_pieces_file_elems(&tab, zero, bucket_elems, dp, d, pp > 1);
         else
             for (int i = 0; i < tab.n; i++) optim_elems[i % dp] += 2 * (uint64_t)tab.t[i].n_elems;
         char why[200];

@@ -72,9 +72,9 @@ void opt_pieces_add(StWriter *w, const ParamTable *tab, const AdamW *opt, const 
     *names = nm;
 }
 
-uint64_t opt_pieces_file_elems(const ParamTable *tab, int zero, size_t bucket_elems, int dp, int d) {
+uint64_t opt_pieces_file_elems(const ParamTable *tab, int zero, size_t bucket_elems, int dp, int d, bool staged) {
     BucketLayout L;
-    bucket_layout_for_stage(&L, tab, zero, bucket_elems, dp);
+    bucket_layout_for_stage(&L, tab, zero, bucket_elems, dp, staged);
     OptRange *r = TP_MALLOC((size_t)(L.n > 0 ? L.n : 1) * sizeof *r);
     const int n = bucket_ranges(&L, d, r);
     uint64_t elems = 0;

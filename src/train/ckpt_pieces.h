@@ -33,7 +33,7 @@ void opt_pieces_add(StWriter *w, const ParamTable *tab, const AdamW *opt, const 
 
 /* The state elements (both moments) the file of dp rank d holds under
  * `zero` with bucket_elems: for the manifest's size check. */
-uint64_t opt_pieces_file_elems(const ParamTable *tab, int zero, size_t bucket_elems, int dp, int d);
+uint64_t opt_pieces_file_elems(const ParamTable *tab, int zero, size_t bucket_elems, int dp, int d, bool staged);
 
 /* Into loc (p's local elements), the moment `kind` ("exp_avg" or
  * "exp_avg_sq") of tensor p from the pieces of the dp files f[0..dp)

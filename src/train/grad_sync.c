@@ -76,7 +76,8 @@ void bucket_layout_build(BucketLayout *L, size_t n_elems, size_t bucket_elems, i
     L->shard_elems = at;
 }
 
-void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t bucket_elems, int dp) {
+void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t bucket_elems, int dp,
+                                 bool embed_alone) {
     TP_CHECK(dp >= 1, "bucket layout for dp %d", dp);
     memset(L, 0, sizeof *L);
     L->dp = dp;
@@ -86,7 +87,8 @@ void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t 
     size_t hi = tab->n_elems, at = 0;
     for (int i = tab->n - 1; i >= 0; i--) {  // close a bucket once it holds bucket_elems
         const size_t lo = tab->t[i].offset;
-        if (hi - lo < L->bucket_elems && i > 0) continue;
+        const bool embed_next = embed_alone && i == 1 && strcmp(tab->t[0].name, "embed.weight") == 0;
+        if (hi - lo < L->bucket_elems && i > 0 && !embed_next) continue;
         GradBucket *b = &L->b[L->n++];
         *b = (GradBucket){.lo = lo, .hi = hi, .q = (hi - lo + (size_t)dp - 1) / (size_t)dp, .at = at};
         at += b->q;
@@ -95,8 +97,9 @@ void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t 
     L->shard_elems = at;
 }
 
-void bucket_layout_for_stage(BucketLayout *L, const ParamTable *tab, int zero, size_t bucket_elems, int dp) {
-    if (zero >= 2) bucket_layout_build_aligned(L, tab, bucket_elems, dp);
+void bucket_layout_for_stage(BucketLayout *L, const ParamTable *tab, int zero, size_t bucket_elems, int dp,
+                             bool staged) {
+    if (zero >= 2) bucket_layout_build_aligned(L, tab, bucket_elems, dp, staged);
     else bucket_layout_build(L, tab->n_elems, bucket_elems, dp);
 }
 
@@ -221,7 +224,7 @@ GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig
     g->dp_rank = dp ? comm_rank(dp) : 0;
     if (g->dp_size == 1) g->cfg.dtype = COMM_F32;  // nothing is sent: a cast would only lose bits
     cfg = &g->cfg;
-    bucket_layout_for_stage(&g->L, &m->tab, cfg->zero, cfg->bucket_elems, g->dp_size);
+    bucket_layout_for_stage(&g->L, &m->tab, cfg->zero, cfg->bucket_elems, g->dp_size, cfg->staged);
     /* staging: a bf16 copy of the longest bucket, or (ZeRO, fp32) the padded
      * bucket at the buffer's start; ZeRO's allgather of that bucket too */
     size_t stage_bytes = 0;

@@ -53,10 +53,16 @@ typedef struct {
  * at least dp) from the end. Free with bucket_layout_free. */
 void bucket_layout_build(BucketLayout *L, size_t n_elems, size_t bucket_elems, int dp);
 /* ZeRO-2's buckets: whole tensors of tab, closed from the end once they
- * hold bucket_elems, each with its own storage (padded to dp q). */
-void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t bucket_elems, int dp);
-/* The layout a ZeRO stage uses (0 and 1: bucket_layout_build; 2: aligned). */
-void bucket_layout_for_stage(BucketLayout *L, const ParamTable *tab, int zero, size_t bucket_elems, int dp);
+ * hold bucket_elems, each with its own storage (padded to dp q). With
+ * embed_alone the tied embedding (the table's first tensor) is a bucket of
+ * its own: with pipeline stages every stage of the embedding group then
+ * shards it alike, so the group sums the shards' embedding pieces. */
+void bucket_layout_build_aligned(BucketLayout *L, const ParamTable *tab, size_t bucket_elems, int dp,
+                                 bool embed_alone);
+/* The layout a ZeRO stage uses (0 and 1: bucket_layout_build; 2: aligned,
+ * the embedding alone when the model is cut into pipeline stages). */
+void bucket_layout_for_stage(BucketLayout *L, const ParamTable *tab, int zero, size_t bucket_elems, int dp,
+                             bool staged);
 void bucket_layout_free(BucketLayout *L);
 /* bucket_elems for a size in MiB of fp32 gradients (at least 1 element). */
 size_t bucket_elems_for_mb(double mib);
@@ -73,6 +79,7 @@ typedef struct {
     CommDtype dtype;      // of the reduction (bf16: cast, reduced with fp32 sums, cast back)
     size_t bucket_elems;  // nominal bucket length
     bool overlap;         // reduce buckets on a communication thread while backward runs
+    bool staged;          // the model is a pipeline stage (bucket_layout_for_stage)
 } GradSyncConfig;
 
 /* For m's gradients on be, reduced over dp (size >= 1). ZeRO-2 releases

@@ -116,7 +116,8 @@ static void micro_forward(void *ctx, int i) {
 
 /* With stages, the gradients from offset 0 (the tied embedding) are
  * released to the dp reduction only after the embedding group's sum, once
- * the schedule is done. */
+ * the schedule is done (ZeRO-2 reduces them every micro-batch and sums the
+ * shard's embedding piece instead: finish_stage_grads). */
 static void on_grads_final_stage(void *ctx, size_t from) {
     if (from > 0) grad_sync_ready(ctx, from);
 }
@@ -130,14 +131,14 @@ static void micro_backward(void *ctx, int i, int last) {
      * runs; ZeRO-2 reduces every micro-batch into its shard */
     const bool reduce = last || zero2;
     if (zero2) grad_sync_begin(t->gs, m->grads, i > 0);
-    m->grads_final = reduce ? (staged ? on_grads_final_stage : on_grads_final) : NULL;
+    m->grads_final = reduce ? (staged && !zero2 ? on_grads_final_stage : on_grads_final) : NULL;
     m->grads_needed = on_grads_needed;
     m->grads_final_ctx = t->gs;
     use_slot(c, i);
     if (c->b[i].B > 0) model_backward(m, &c->b[i], true, key_of(c, i), c->scale);
     m->grads_final = NULL;
     m->grads_needed = NULL;
-    if (reduce && !staged) grad_sync_finish(t->gs);
+    if (reduce && (!staged || zero2)) grad_sync_finish(t->gs);
 }
 
 /* ---- the exchanges with the neighbouring stages ---- */
@@ -199,12 +200,28 @@ static void send_prev(void *ctx, int i) {
  * the dp reduction of what is left: the buckets from offset 0. */
 static void finish_stage_grads(Trainer *t) {
     Model *m = t->m;
-    const size_t n = (size_t)m->vocab_local * (size_t)m->cfg.d_model;
-    float *g = model_stage_has_embed(&m->stage) ? m->g.embed : t->embed_zeros;
-    if (g == t->embed_zeros) op_zero(t->be, g, n);  // the allreduce leaves the sum in it
+    size_t n = (size_t)m->vocab_local * (size_t)m->cfg.d_model;
+    const bool has = model_stage_has_embed(&m->stage);
+    float *g = has ? m->g.embed : t->embed_zeros;
+    if (grad_sync_zero(t->gs) >= 2) {
+        /* reduced into the shards already: the embedding is a bucket of its
+         * own on every stage holding it, so rank r's piece is the same
+         * ceil(n / dp) elements everywhere: sum those */
+        const BucketLayout *L = grad_sync_layout(t->gs);
+        const size_t q = (n + (size_t)L->dp - 1) / (size_t)L->dp;
+        if (has) {
+            const GradBucket *b = &L->b[L->n - 1];  // the first in the buffer: the embedding
+            TP_CHECK(b->lo == 0 && b->hi == n && b->q == q,
+                     "ZeRO-2 with stages: the embedding is not a bucket of its own");
+            g = grad_sync_shard(t->gs) + b->at;
+        }
+        n = q;
+    }
+    if (!has) op_zero(t->be, g, n);  // the allreduce leaves the sum in it
     const double t0 = tp_now_s();
     comm_ok(comm_allreduce(t->pp, g, n, COMM_SUM), t->pp);
     t->pp_wait_s += tp_now_s() - t0;
+    if (grad_sync_zero(t->gs) >= 2) return;
     grad_sync_ready(t->gs, 0);
     grad_sync_finish(t->gs);
 }
@@ -218,7 +235,6 @@ void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutK
     MicroCtx mc = {.t = t, .b = b, .scale = n_global > 0 ? 1.0f / (float)n_global : 0.0f, .key = key,
                    .dp_size = t->dp ? comm_size(t->dp) : 1, .n_micro = n_micro};
     const int p = pp_size(t), s = p > 1 ? comm_rank(t->pp) : 0;
-    TP_CHECK(p == 1 || grad_sync_zero(t->gs) < 2, "ZeRO-2 with pipeline stages is not supported");
     const int slots = pipeline_max_in_flight(p, s, n_micro);
     if (m->n_slots != slots) model_set_slots(m, slots);
     const double wait0 = t->pp_wait_s;
