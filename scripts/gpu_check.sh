@@ -329,7 +329,7 @@ timeout 30 "$BIN/train_mt" --help > "$out/train_mt_help.txt" 2>&1
 help_rc=$?
 if [ "$help_rc" -eq 0 ]; then
   flags=""
-  for f in --device --dtype --comm; do
+  for f in --device --dtype --comm --zero --pp --sequence-parallel --recompute; do
     grep -Eq -- "(^|[^a-z-])$f([^a-z-]|$)" "$out/train_mt_help.txt" && flags="$flags $f"
   done
   record PASS setup.train_mt 0 "train_mt --help lists:${flags:- none of --device, --dtype, --comm}"
@@ -489,6 +489,11 @@ d_layouts=("tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2")
 if has_flag --zero; then
   d_layouts+=("dp2z1 2 --tp 1 --dp 2 --zero 1 --grad-bucket-mb 0.01" "dp2z2 2 --tp 1 --dp 2 --zero 2 --grad-bucket-mb 0.01")
 fi
+# pipeline stages (send/recv of device buffers), sequence parallelism and
+# recomputation where the build has them
+has_flag --pp && d_layouts+=("pp2m2 2 --tp 1 --pp 2 --micro-batches 2" "tp2pp2m2 4 --tp 2 --pp 2 --micro-batches 2")
+has_flag --sequence-parallel && d_layouts+=("tp2sp 2 --tp 2 --sequence-parallel")
+has_flag --recompute && d_layouts+=("tp2full 2 --tp 2 --recompute full" "tp1sel 1 --tp 1 --recompute selective")
 d_names=(tp1)
 for l in "${d_layouts[@]}"; do d_names+=("${l%% *}"); done
 if [ -n "$d_why" ]; then
