@@ -40,10 +40,6 @@ void tp_vocab_xent_fwd(const TpGroup *g, Backend *be, float *losses, float *lse,
 
 int tp_seq_rows(const TpGroup *g, int N) { return (N + g->size - 1) / g->size; }
 
-void tp_seq_gather(const TpGroup *g, Backend *be, const float *shard, float *full, size_t shard_elems) {
-    tp_gather(g, be, shard, full, shard_elems);
-}
-
 void tp_seq_reduce_scatter(const TpGroup *g, Backend *be, const float *full, float *shard, size_t shard_elems) {
     if (g->size == 1) {
         op_copy(be, shard, full, shard_elems);

@@ -79,9 +79,8 @@ void tp_vocab_xent_fwd(const TpGroup *g, Backend *be, float *losses, float *lse,
  * they stay zero), finite in the activations, never read by a layer that
  * mixes rows. */
 int tp_seq_rows(const TpGroup *g, int N);
-/* shard (shard_elems = n C) of every rank into full (size n C), rank r's rows at r n C. */
-void tp_seq_gather(const TpGroup *g, Backend *be, const float *shard, float *full, size_t shard_elems);
-/* full (size n C, each rank's partial sums) summed over the group, this rank's rows into shard. */
+/* (The allgather of rows is tp_gather: rank r's n C floats at r n C.)
+ * full (size n C, each rank's partial sums) summed over the group, this rank's rows into shard. */
 void tp_seq_reduce_scatter(const TpGroup *g, Backend *be, const float *full, float *shard, size_t shard_elems);
 
 /* Every rank's shard (n_elems) into all (size * n_elems, rank r's at

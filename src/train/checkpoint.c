@@ -1107,13 +1107,6 @@ static const StFile *saved_file(SavedFiles *sf, int p, int t, int k, char *err, 
     return &sf->f[i];
 }
 
-/* The index of the tensor called name in tab, or -1. */
-static int table_find(const ParamTable *tab, const char *name) {
-    for (int i = 0; i < tab->n; i++)
-        if (strcmp(tab->t[i].name, name) == 0) return i;
-    return -1;
-}
-
 /* Reads the saved tensor (kind 0: weights, 1: exp_avg, 2: exp_avg_sq) of
  * saved stage p's tensor i, every tp shard of it that is needed, into whole
  * (global layout): in the same tp layout only this rank's shard, otherwise
@@ -1196,10 +1189,14 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
     bool staged_ok = false;
     for (int j = 0; j < m->tab.n; j++) {
         const ParamInfo *np = &m->tab.t[j];
-        int p = own, i = own >= 0 ? table_find(&old[own], np->name) : -1;
-        for (p = i >= 0 ? own : 0; i < 0 && p < old_pp; p += i < 0) i = table_find(&old[p], np->name);
+        /* the saved stage holding it, this model's own first */
+        int p = own;
+        const ParamInfo *op = own >= 0 ? param_table_find(&old[own], np->name) : NULL;
+        for (int q = 0; !op && q < old_pp; q++)
+            if ((op = param_table_find(&old[q], np->name))) p = q;
         /* every tensor of a model of this config is on some stage of any valid layout */
-        TP_CHECK(i >= 0, "tensor '%s' is on none of the saved stages", np->name);
+        TP_CHECK(op, "tensor '%s' is on none of the saved stages", np->name);
+        const int i = (int)(op - old[p].t);
         for (int kind = 0; kind < (opt ? 3 : 1); kind++) {  // 0: weights, 1: exp_avg, 2: exp_avg_sq
             if (read_saved(&sf, p, i, kind, pieces, my_tp, whole, loc, err, err_len)) goto unstage;
             if (kind == 0) {

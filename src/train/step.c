@@ -201,9 +201,9 @@ static void send_prev(void *ctx, int i) {
 static void finish_stage_grads(Trainer *t) {
     Model *m = t->m;
     size_t n = (size_t)m->vocab_local * (size_t)m->cfg.d_model;
-    const bool has = model_stage_has_embed(&m->stage);
+    const bool has = model_stage_has_embed(&m->stage), zero2 = grad_sync_zero(t->gs) >= 2;
     float *g = has ? m->g.embed : t->embed_zeros;
-    if (grad_sync_zero(t->gs) >= 2) {
+    if (zero2) {
         /* reduced into the shards already: the embedding is a bucket of its
          * own on every stage holding it, so rank r's piece is the same
          * ceil(n / dp) elements everywhere: sum those */
@@ -221,7 +221,7 @@ static void finish_stage_grads(Trainer *t) {
     const double t0 = tp_now_s();
     comm_ok(comm_allreduce(t->pp, g, n, COMM_SUM), t->pp);
     t->pp_wait_s += tp_now_s() - t0;
-    if (grad_sync_zero(t->gs) >= 2) return;
+    if (zero2) return;
     grad_sync_ready(t->gs, 0);
     grad_sync_finish(t->gs);
 }

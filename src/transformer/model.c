@@ -141,26 +141,44 @@ static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl) 
     f->a = take(c, N * Fl);
 }
 
+/* One encoder layer's activations for backward (beside its input), and its
+ * stream between attention and FFN into *mid. */
+static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, int B, int S, bool keep_P) {
+    const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
+    const size_t ns = (size_t)seq_rows(m, B * S);
+    *mid = take(c, ns * C);
+    carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns);
+    carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl);
+}
+
+/* The same for a decoder layer: its streams after self- and cross-attention. */
+static void carve_dec_layer(Carver *c, const Model *m, DecActs *a, float **mid1, float **mid2, int B, int S, int T,
+                            bool keep_P) {
+    const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
+    const size_t nt = (size_t)seq_rows(m, B * T);
+    *mid1 = take(c, nt * C);
+    *mid2 = take(c, nt * C);
+    carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt);
+    carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt);
+    carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl);
+}
+
 /* One walk both sizes (base NULL) and binds what the current stage keeps
  * for backward, for (B, S, T): its layers' activations, the streams at its
  * boundaries, the encoder output where the decoder needs it, the head's. */
 static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S, int T) {
     const ModelConfig *cfg = &m->cfg;
     const ModelStage *st = &m->stage;
-    const int C = cfg->d_model, tp = m->tp.size;
-    const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
-    const size_t Ns = (size_t)B * S, Nt = (size_t)B * T;
+    const int C = cfg->d_model, Vl = m->vocab_local;
+    const size_t Nt = (size_t)B * T;
     const size_t ns = (size_t)seq_rows(m, B * S), nt = (size_t)seq_rows(m, B * T);  // this rank's stream rows
     const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
     Carver c = {base, 0};
     const bool full = m->recompute == MODEL_RECOMPUTE_FULL, keep_P = m->recompute == MODEL_RECOMPUTE_NONE;
     if (has_enc)
         for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, ns * C);
-    for (int l = st->enc_lo; l < st->enc_hi && !full; l++) {  // full: only the layer inputs (enc_res)
-        A->enc_mid[l] = take(&c, ns * C);
-        carve_attn(&c, &A->enc[l].self, B, Hl, S, S, C, Cl, keep_P, ns);
-        carve_ffn(&c, &A->enc[l].ffn, Ns, ns, C, Fl);
-    }
+    for (int l = st->enc_lo; l < st->enc_hi && !full; l++)  // full: only the layer inputs (enc_res)
+        carve_enc_layer(&c, m, &A->enc[l], &A->enc_mid[l], B, S, keep_P);
     if (st->enc_ln || has_dec) A->enc_out = take(&c, (size_t)seq_full(m, B * S) * C);  // gathered
     if (st->enc_ln) {
         A->enc_m = take(&c, ns);
@@ -168,13 +186,8 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     }
     if (has_dec)
         for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, nt * C);
-    for (int l = st->dec_lo; l < st->dec_hi && !full; l++) {
-        A->dec_mid1[l] = take(&c, nt * C);
-        A->dec_mid2[l] = take(&c, nt * C);
-        carve_attn(&c, &A->dec[l].self, B, Hl, T, T, C, Cl, keep_P, nt);
-        carve_attn(&c, &A->dec[l].cross, B, Hl, T, S, C, Cl, keep_P, nt);
-        carve_ffn(&c, &A->dec[l].ffn, Nt, nt, C, Fl);
-    }
+    for (int l = st->dec_lo; l < st->dec_hi && !full; l++)
+        carve_dec_layer(&c, m, &A->dec[l], &A->dec_mid1[l], &A->dec_mid2[l], B, S, T, keep_P);
     if (st->head) {
         A->dec_out = take(&c, (size_t)seq_full(m, B * T) * C);  // gathered: the output layer's input
         A->dec_m = take(&c, nt);
@@ -220,22 +233,13 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->sp_grads = m->seq_par ? take(&c, (size_t)9 * C) : NULL;
     A->P_shared = m->recompute != MODEL_RECOMPUTE_NONE ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
     if (m->recompute == MODEL_RECOMPUTE_FULL) {
-        if (st->enc_hi > st->enc_lo) {
-            A->enc_mid_shared = take(&c, ns * C);
-            carve_attn(&c, &A->enc_shared.self, B, Hl, S, S, C, Cl, false, ns);
-            carve_ffn(&c, &A->enc_shared.ffn, Ns, ns, C, Fl);
-        }
+        if (st->enc_hi > st->enc_lo) carve_enc_layer(&c, m, &A->enc_shared, &A->enc_mid_shared, B, S, false);
         for (int l = st->enc_lo; l < st->enc_hi; l++) {
             A->enc[l] = A->enc_shared;
             A->enc_mid[l] = A->enc_mid_shared;
         }
-        if (st->dec_hi > st->dec_lo) {
-            A->dec_mid1_shared = take(&c, nt * C);
-            A->dec_mid2_shared = take(&c, nt * C);
-            carve_attn(&c, &A->dec_shared.self, B, Hl, T, T, C, Cl, false, nt);
-            carve_attn(&c, &A->dec_shared.cross, B, Hl, T, S, C, Cl, false, nt);
-            carve_ffn(&c, &A->dec_shared.ffn, Nt, nt, C, Fl);
-        }
+        if (st->dec_hi > st->dec_lo)
+            carve_dec_layer(&c, m, &A->dec_shared, &A->dec_mid1_shared, &A->dec_mid2_shared, B, S, T, false);
         for (int l = st->dec_lo; l < st->dec_hi; l++) {
             A->dec[l] = A->dec_shared;
             A->dec_mid1[l] = A->dec_mid1_shared;
@@ -304,6 +308,7 @@ static void acts_free(Backend *be, ModelActs *A) {
     free(A);
 }
 
+
 void model_set_slots(Model *m, int n) {
     TP_CHECK(n >= 1, "model_set_slots: %d slots", n);
     for (int i = n; i < m->n_slots; i++) acts_free(m->be, m->slots[i]);
@@ -314,10 +319,15 @@ void model_set_slots(Model *m, int n) {
     model_use_slot(m, 0);
 }
 
+/* Every slot is carved again at its next use (the layout changed). */
+static void slots_recarve(Model *m) {
+    for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;
+}
+
 void model_set_recompute(Model *m, ModelRecompute mode) {
     if (m->recompute == mode) return;
     m->recompute = mode;
-    for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;  // carve every slot again at its next use
+    slots_recarve(m);
 }
 
 int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len) {
@@ -328,7 +338,7 @@ int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len) {
     on = on && m->tp.size > 1;  // one rank holds every row anyway
     if (m->seq_par == on) return 0;
     m->seq_par = on;
-    for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;  // carve every slot again at its next use
+    slots_recarve(m);
     return 0;
 }
 
@@ -606,7 +616,7 @@ static uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site) {
  * layer: itself, or with sequence parallelism gathered into sp_full (f). */
 static const float *col_input(const Model *m, const float *ln, int N) {
     if (!m->seq_par) return ln;
-    tp_seq_gather(&m->tp, m->be, ln, m->acts->sp_full, (size_t)seq_rows(m, N) * m->cfg.d_model);
+    tp_gather(&m->tp, m->be, ln, m->acts->sp_full, (size_t)seq_rows(m, N) * m->cfg.d_model);
     return m->acts->sp_full;
 }
 
@@ -693,7 +703,7 @@ static void final_ln_fwd(const Model *m, float *out, float *mean, float *rstd, c
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     float *y = m->seq_par ? m->acts->sp_part : out;
     op_layernorm_fwd(m->be, y, mean, rstd, x, g, b, n, C, m->cfg.ln_eps);
-    if (m->seq_par) tp_seq_gather(&m->tp, m->be, y, out, (size_t)n * C);
+    if (m->seq_par) tp_gather(&m->tp, m->be, y, out, (size_t)n * C);
 }
 
 /* The stage's encoder layers (the source embedding first on the first
@@ -844,7 +854,7 @@ static const float *residual_bwd(const Model *m, float *d_bias, const float *d_x
     op_zero(m->be, out, (size_t)n * C);
     op_dropout_bwd_at(m->be, out, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
     op_bias_bwd(m->be, d_bias, out, n, C);
-    if (m->seq_par) tp_seq_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
+    if (m->seq_par) tp_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
     return A->d_tmp;
 }
 
@@ -894,6 +904,22 @@ static void side_ffn(const Model *m, SideGrads *s, FfnW *g) {
     side_add(m, s, &g->ln_g);
     side_add(m, s, &g->ln_b);
     side_add(m, s, &g->b2);
+}
+
+/* Backward of final_ln_fwd: d_out holds this rank's partial gradient of
+ * the gathered output (summed over tp here, col_input_bwd); d_x (this
+ * rank's rows of the LayerNorm's input x) is zeroed and receives the input
+ * gradient; the weights' gradients g_g, g_b (of w_g) are accumulated. */
+static void final_ln_bwd(const Model *m, float *d_x, float *d_out, const float *x, const float *mean,
+                         const float *rstd, const float *w_g, float *g_g, float *g_b, int N) {
+    const int C = m->cfg.d_model, n = seq_rows(m, N);
+    const float *d_y = col_input_bwd(m, d_out, N);
+    op_zero(m->be, d_x, (size_t)n * C);
+    SideGrads side = {0};
+    side_add(m, &side, &g_g);
+    side_add(m, &side, &g_b);
+    op_layernorm_bwd(m->be, d_x, g_g, g_b, d_y, x, mean, rstd, w_g, n, C);
+    side_sum(m, &side);
 }
 
 /* d_x holds dL/dx_out on entry and dL/dx_in on return (this rank's rows).
@@ -955,7 +981,7 @@ static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, flo
     float *tmp = m->seq_par ? A->sp_part : A->d_tmp;
     op_zero(m->be, tmp, (size_t)n * C);
     op_dropout_bwd_at(m->be, tmp, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
-    if (m->seq_par) tp_seq_gather(&m->tp, m->be, tmp, A->d_tmp, (size_t)n * C);  // every row, for this rank's ids
+    if (m->seq_par) tp_gather(&m->tp, m->be, tmp, A->d_tmp, (size_t)n * C);  // every row, for this rank's ids
     op_embedding_bwd(m->be, m->g.embed, A->d_tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
 
@@ -997,15 +1023,8 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
         grads_needed_at(m, m->w.dec_ln_g, 0);
         op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
-        const float *d_dec_out = col_input_bwd(m, A->d_ln, Nt);
-        op_zero(m->be, A->d_res_t, (size_t)seq_rows(m, Nt) * C);
-        SideGrads side = {0};
-        float *g_ln = m->g.dec_ln_g, *b_ln = m->g.dec_ln_b;
-        side_add(m, &side, &g_ln);
-        side_add(m, &side, &b_ln);
-        op_layernorm_bwd(m->be, A->d_res_t, g_ln, b_ln, d_dec_out, A->dec_res[c->dec_layers], A->dec_m, A->dec_r,
-                         m->w.dec_ln_g, seq_rows(m, Nt), C);
-        side_sum(m, &side);
+        final_ln_bwd(m, A->d_res_t, A->d_ln, A->dec_res[c->dec_layers], A->dec_m, A->dec_r, m->w.dec_ln_g,
+                     m->g.dec_ln_g, m->g.dec_ln_b, Nt);
         grads_final_from(m, m->w.dec_ln_g);
         /* the encoder output's gradient starts here (a later stage's partial arrives otherwise) */
         op_zero(m->be, A->d_enc_out, (size_t)seq_full(m, Ns) * C);
@@ -1034,18 +1053,10 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     }
     if (st->dec_embed) embed_bwd(m, A->d_res_t, A->dev_tgt_in, Nt, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
 
-    if (st->enc_ln) {
-        /* the cross-attention k/v of every decoder layer */
-        const float *d_enc_out = col_input_bwd(m, A->d_enc_out, Ns);
-        op_zero(m->be, A->d_res_s, (size_t)seq_rows(m, Ns) * C);
+    if (st->enc_ln) {  // d_enc_out: from the cross-attention k/v of every decoder layer
         grads_needed_at(m, m->w.enc_ln_g, 0);
-        SideGrads side = {0};
-        float *g_ln = m->g.enc_ln_g, *b_ln = m->g.enc_ln_b;
-        side_add(m, &side, &g_ln);
-        side_add(m, &side, &b_ln);
-        op_layernorm_bwd(m->be, A->d_res_s, g_ln, b_ln, d_enc_out, A->enc_res[c->enc_layers], A->enc_m, A->enc_r,
-                         m->w.enc_ln_g, seq_rows(m, Ns), C);
-        side_sum(m, &side);
+        final_ln_bwd(m, A->d_res_s, A->d_enc_out, A->enc_res[c->enc_layers], A->enc_m, A->enc_r, m->w.enc_ln_g,
+                     m->g.enc_ln_g, m->g.enc_ln_b, Ns);
         grads_final_from(m, m->w.enc_ln_g);
     }
     for (int l = st->enc_hi - 1; l >= st->enc_lo; l--) {
