@@ -29,12 +29,14 @@
 #include "err.h"
 #include "mt.h"
 #include "parse.h"
+#include "tp/comm_shm.h"
 #include "tp/runtime.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/step.h"
 #include "transformer/export.h"
 #include "train/pipeline.h"
+#include "train/planner.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
@@ -68,6 +70,10 @@ typedef struct {
     Dtype dtype;
     bool dtype_given;
     GradSyncConfig grad;      // --zero, --grad-bucket-mb, --grad-comm-dtype, --grad-overlap
+    bool plan;                // --plan: predict memory and step time, train nothing
+    double memory_limit;      // --memory-limit in bytes (0: the device's)
+    const char *plan_cache;   // --plan-cache FILE: the machine's calibration
+    bool layout_auto;         // --layout auto
 } TrainArgs;
 
 static void usage(FILE *f) {
@@ -118,6 +124,17 @@ static void usage(FILE *f) {
             "  --sequence-parallel    with tp > 1: LayerNorms, dropout and residual streams hold 1/tp of the\n"
             "                         tokens per rank (allgather and reduce-scatter in place of the tp\n"
             "                         allreduces; stage messages carry a rank's rows)\n"
+            "planning:\n"
+            "  --plan                 print the predicted peak memory per rank (by tag) and step time (compute,\n"
+            "                         exposed communication, pipeline bubble) of this layout and exit: 0 if it\n"
+            "                         fits, 3 if a rank does not (through tprun the ranks also calibrate the\n"
+            "                         collectives; alone, the layout is --tp x --dp x --pp)\n"
+            "  --memory-limit MIB     what a rank may use (default: the GPU's memory, or on a CPU the machine's\n"
+            "                         memory shared by its ranks)\n"
+            "  --layout auto          search tp, dp, pp, micro-batches, ZeRO, sequence parallelism and\n"
+            "                         recomputation for the world size, keep those that fit, train with the\n"
+            "                         predicted fastest (with --plan: print the candidates)\n"
+            "  --plan-cache FILE      the machine's calibration (default cache/plan_calibration.json)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
             "                         LOCAL_RANK picks the GPU)\n"
@@ -194,7 +211,7 @@ enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
     O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
-    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_HELP,
+    O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_PLAN, O_MEMLIMIT, O_PLANCACHE, O_LAYOUT, O_HELP,
 };
 
 static DeviceChoice parse_device(const char *s) {
@@ -240,6 +257,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"micro-batches", required_argument, 0, O_MICRO},
         {"pp", required_argument, 0, O_PP},           {"pp-layout", required_argument, 0, O_PPLAYOUT},
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"sequence-parallel", no_argument, 0, O_SEQPAR},
+        {"plan", no_argument, 0, O_PLAN},            {"memory-limit", required_argument, 0, O_MEMLIMIT},
+        {"plan-cache", required_argument, 0, O_PLANCACHE}, {"layout", required_argument, 0, O_LAYOUT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -414,6 +433,16 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 fprintf(stderr, "train_mt: --grad-overlap must be on or off, got '%s'\n", optarg);
                 exit(2);
             }
+            break;
+        case O_PLAN: a->plan = true; break;
+        case O_MEMLIMIT: a->memory_limit = flag_real("--memory-limit", optarg, 0.0, 1e12, PARSE_LO_OPEN) * 1048576.0; break;
+        case O_PLANCACHE: a->plan_cache = optarg; break;
+        case O_LAYOUT:
+            if (strcmp(optarg, "auto") != 0) {
+                fprintf(stderr, "train_mt: --layout: '%s' is not a layout choice (auto; or give --tp, --dp, --pp)\n", optarg);
+                exit(2);
+            }
+            a->layout_auto = true;
             break;
         case O_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
@@ -905,9 +934,305 @@ static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const Ad
     if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, tp_now_s() - t0);
 }
 
+/* ---- --plan: memory per rank and step time before launch ---------------- */
+
+enum { PLAN_MAX_STEPS = 5000 };  // steps whose batch shapes are read (the largest shapes recur every epoch)
+
+static int env_int(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+/* The shapes the run would see: every dp rank's micro-batches of the first
+ * n_steps steps, the evaluation batches and the decode batch. */
+typedef struct {
+    PlanShape *train, *eval;
+    int n_steps, n_eval;
+    int decode_n, decode_S;
+} PlanShapes;
+
+static void plan_shapes(const TrainArgs *a, Source *src, int dp, int n_steps, PlanShapes *ps) {
+    const int M = a->micro_batches;
+    memset(ps, 0, sizeof *ps);
+    ps->n_steps = n_steps;
+    ps->train = TP_MALLOC((size_t)n_steps * dp * M * sizeof *ps->train);
+    OwnedBatch *b = TP_MALLOC((size_t)M * sizeof *b);
+    if (a->synthetic) {
+        for (int g = 0; g < n_steps; g++) {
+            OwnedBatch whole;
+            synth_batch(&whole, a->task, config_tokens(src->cfg), a->batch_size, a->min_len, a->max_len, a->seed,
+                        (uint64_t)g + 1);
+            for (int r = 0; r < dp; r++)
+                for (int i = 0; i < M; i++) {
+                    OwnedBatch part;
+                    owned_batch_rows(&whole, r + i * dp, dp * M, &part);
+                    ps->train[((size_t)g * dp + r) * M + i] = (PlanShape){part.view.B, part.view.S, part.view.T};
+                    owned_batch_free(&part);
+                }
+            owned_batch_free(&whole);
+        }
+        ps->n_eval = 4;
+        ps->eval = TP_MALLOC(4 * sizeof *ps->eval);
+        for (int i = 0; i < 4; i++) {
+            OwnedBatch e;
+            synth_batch(&e, a->task, config_tokens(src->cfg), a->batch_size, a->min_len, a->max_len,
+                        a->seed ^ 0xE7A1ULL, (uint64_t)i);
+            ps->eval[i] = (PlanShape){e.view.B, e.view.S, e.view.T};
+            owned_batch_free(&e);
+        }
+        free(b);
+        return;
+    }
+    const ModelConfig *cfg = src->cfg;
+    char why[512];
+    for (int r = 0; r < dp; r++) {
+        Dataset ds;
+        TP_CHECK(dataset_init(&ds, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, r, dp * M, a->seed, cfg->pad_id,
+                              cfg->bos_id, cfg->eos_id, why, sizeof why) == 0, "train split: %s", why);
+        for (int g = 0; g < n_steps; g++) {
+            dataset_next_micro(&ds, M, b, NULL);
+            for (int i = 0; i < M; i++) {
+                ps->train[((size_t)g * dp + r) * M + i] = (PlanShape){b[i].view.B, b[i].view.S, b[i].view.T};
+                owned_batch_free(&b[i]);
+            }
+        }
+        dataset_free(&ds);
+    }
+    free(b);
+    Dataset *dev = &src->dev;
+    ps->n_eval = dataset_eval_batches(dev);
+    ps->eval = TP_MALLOC((size_t)(ps->n_eval ? ps->n_eval : 1) * sizeof *ps->eval);
+    int32_t *index = TP_MALLOC((size_t)(dev->n_usable ? dev->n_usable : 1) * sizeof(int32_t));
+    int longest = 0;
+    for (int i = 0; i < ps->n_eval; i++) {
+        OwnedBatch e;
+        dataset_eval_batch(dev, i, &e, index);
+        ps->eval[i] = (PlanShape){e.view.B, e.view.S, e.view.T};
+        for (int row = 0; row < e.view.B; row++) longest = e.src_len[row] - 1 > longest ? e.src_len[row] - 1 : longest;
+        owned_batch_free(&e);
+    }
+    free(index);
+    /* evaluate() decodes every dev sentence, 64 at a time, longest first */
+    ps->decode_n = dev->n_usable < 64 ? dev->n_usable : 64;
+    ps->decode_S = (longest < cfg->max_len - 1 ? longest : cfg->max_len - 1) + 1;
+}
+
+static void plan_shapes_free(PlanShapes *ps) {
+    free(ps->train);
+    free(ps->eval);
+}
+
+static PlanInput plan_input(const TrainArgs *a, const ModelConfig *cfg, const ModelStage *stages, int tp, int dp, int pp,
+                            bool gpu, const PlanShapes *ps) {
+    PlanInput in = {.cfg = *cfg, .tp = tp, .dp = dp, .pp = pp, .micro = a->micro_batches, .stages = stages,
+                    .recompute = a->recompute, .seq_par = a->seq_par && tp > 1, .grad = a->grad, .gpu = gpu,
+                    .dtype = a->dtype, .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
+                    .n_eval = ps->n_eval, .beam = a->beam};
+    in.gather_at_eval = !a->synthetic;  // the decoding rank, or a corpus with tp > 1 (a tp 1 group gathers on rank 0 only)
+    in.decode = !a->synthetic;
+    in.decode_n = ps->decode_n;
+    in.decode_S = ps->decode_S;
+    return in;
+}
+
+static void calib_key(const Backend *be, char *key, size_t len) {
+    char host[128] = "host";
+    gethostname(host, sizeof host - 1);
+    char cpu[128] = "cpu";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f))
+            if (strncmp(line, "model name", 10) == 0) {
+                const char *v = strchr(line, ':');
+                if (v) snprintf(cpu, sizeof cpu, "%s", v + 2);
+                cpu[strcspn(cpu, "\n")] = 0;
+                break;
+            }
+        fclose(f);
+    }
+    snprintf(key, len, "%s | %s | %s %s | %ld cores", host, cpu, be->device_name, dtype_name(be->dtype),
+             sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+/* The ranks' rates were measured c->ranks at a time; `world` ranks share the machine in the run. */
+static PlanCalib calib_for_world(const PlanCalib *c, int world) {
+    PlanCalib k = *c;
+    const double s = (double)(c->ranks > 0 ? c->ranks : 1) / (double)world;
+    for (int i = 0; i < k.n_gemm; i++) k.gemm[i].flops_per_s *= s;
+    k.mem_bw *= s;
+    k.attn_flops_per_s *= s;
+    return k;
+}
+
+/* Prints the plan of one layout; returns the largest rank's predicted
+ * allocator peak and its step time in *peak and *step. */
+static void plan_print(const PlanInput *in, const PlanCalib *c, double limit, const char *layout, FILE *json,
+                       double *peak, int *worst, double *step) {
+    const int W = in->tp * in->dp * in->pp;
+    const double mib = 1.0 / (1024.0 * 1024.0);
+    printf("predicted peak memory per rank (MiB; limit %.0f MiB per rank) and step time (s), %s:\n", limit * mib,
+           layout);
+    printf("  rank (tp,dp,pp) |");
+    for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11s", mem_tag_name((MemTag)t));
+    printf(" | allocator |  step  compute    comm  bubble\n");
+    *peak = 0.0, *step = 0.0, *worst = 0;
+    if (json) fprintf(json, "{\"plan\": \"%s\", \"limit\": %.0f, \"ranks\": [", layout, limit);
+    for (int r = 0; r < W; r++) {
+        PlanRank pr;
+        planner_memory(in, r, &pr);
+        planner_time(in, c, r, &pr);
+        pr.tag[MEM_LIBRARY] = c->library_bytes;
+        printf("  %4d (%d,%d,%d)    |", r, pr.tp, pr.dp, pr.pp);  // the run's memory table, predicted
+        for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11.2f", pr.tag[t] * mib);
+        printf(" | %9.2f | %6.3f %7.3f %7.3f %7.3f\n", pr.allocator_peak * mib, pr.t_step, pr.t_compute, pr.t_comm,
+               pr.t_bubble);
+        if (json) {
+            fprintf(json, "%s{\"rank\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d", r ? ", " : "", r, pr.tp, pr.dp, pr.pp);
+            for (int t = 0; t < MEM_N_TAGS; t++) fprintf(json, ", \"%s\": %.0f", mem_tag_name((MemTag)t), pr.tag[t]);
+            fprintf(json, ", \"allocator_peak\": %.0f, \"step_s\": %.6f, \"compute_s\": %.6f, \"comm_s\": %.6f, "
+                    "\"bubble_s\": %.6f}", pr.allocator_peak, pr.t_step, pr.t_compute, pr.t_comm, pr.t_bubble);
+        }
+        if (pr.allocator_peak + c->library_bytes > *peak) *peak = pr.allocator_peak + c->library_bytes, *worst = r;
+        if (pr.t_step > *step) *step = pr.t_step;
+    }
+    if (json) fprintf(json, "]}\n");
+    fflush(stdout);
+}
+
+static int plan_main(TrainArgs *a) {
+    char err[1024];
+    if (!a->dtype_given) a->dtype = device_is_gpu(a->device) ? DTYPE_BF16 : DTYPE_F32;
+    Backend *be = rank_backend_create(a->device, a->dtype, err, sizeof err);
+    if (!be) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 2;
+    }
+    const int world = env_int("WORLD_SIZE", 1), local_world = env_int("LOCAL_WORLD_SIZE", world);
+    /* through tprun the ranks meet to measure the collectives; alone, the layout's size is planned */
+    Runtime rt;
+    RuntimeOptions ro = {.tp = 1, .dp = 0, .pp = 1, .n_heads = a->cfg.n_heads, .d_ff = a->cfg.d_ff,
+                         .timeout_s = a->comm_timeout, .comm = RUNTIME_COMM_SHM};
+    CommDeviceCopy hooks;
+    rank_device_options(be, &ro, &hooks);
+    if (runtime_init(&rt, &ro, err, sizeof err)) {
+        fprintf(stderr, "train_mt: --plan: %s\n", err);
+        return 2;
+    }
+    const bool lead = rt.mesh.rank == 0;
+    int tp = a->tp, dp = a->dp, pp = a->pp;
+    const int W = world > 1 ? world : (tp ? tp : 1) * (dp ? dp : 1) * pp;
+    if (W % pp) {
+        fprintf(stderr, "train_mt: --plan: --pp %d does not divide the world size %d\n", pp, W);
+        return 2;
+    }
+    if (!tp && !dp) tp = runtime_auto_tp(W / pp, world > 1 ? local_world : W, a->cfg.n_heads, a->cfg.d_ff);
+    if (!tp) tp = W / pp / dp;
+    if (!dp) dp = W / pp / tp;
+    if (tp * dp * pp != W || a->cfg.n_heads % tp || a->cfg.d_ff % tp) {
+        fprintf(stderr, "train_mt: --plan: tp %d x dp %d x pp %d does not fit %d ranks and the model (heads %d, "
+                        "ffn %d)\n", tp, dp, pp, W, a->cfg.n_heads, a->cfg.d_ff);
+        return 2;
+    }
+    static ModelStage stages[MAX_PP];
+    if (model_stages_make(&a->cfg, pp, a->pp_layout, stages, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 2;
+    }
+    Source src;
+    if (source_open(&src, a, &a->cfg, &rt, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 1;
+    }
+    int total = run_steps(a, a->synthetic ? 0 : src.train.n_batches);
+    PlanShapes ps;
+    plan_shapes(a, &src, dp, total < PLAN_MAX_STEPS ? total : PLAN_MAX_STEPS, &ps);
+    const bool gpu = !be->host_visible;
+    PlanInput in = plan_input(a, &a->cfg, stages, tp, dp, pp, gpu, &ps);
+    /* the calibration: loaded for this machine, completed, saved */
+    const char *cache = a->plan_cache ? a->plan_cache : "cache/plan_calibration.json";
+    PlanCalib cal;
+    memset(&cal, 0, sizeof cal);
+    calib_key(be, cal.key, sizeof cal.key);
+    const bool had = planner_calib_load(cache, &cal) == 0;
+    const int measured_by = cal.ranks;
+    if (!had || cal.ranks != world) {  // the rates at this contention: measured again
+        char key[256];
+        snprintf(key, sizeof key, "%s", cal.key);
+        const PlanCalib old = cal;
+        memset(&cal, 0, sizeof cal);
+        snprintf(cal.key, sizeof cal.key, "%s", key);
+        if (had && world == 1) memcpy(cal.ar_lat, old.ar_lat, sizeof cal.ar_lat), memcpy(cal.ar_bw, old.ar_bw, sizeof cal.ar_bw),
+                               cal.p2p_lat = old.p2p_lat, cal.p2p_bw = old.p2p_bw;
+    }
+    cal.ranks = world;
+    planner_calibrate_compute(be, &in, &cal);
+    if (world > 1) {
+        comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
+        for (int g = 2; g <= world && g <= PLAN_MAX_GROUP; g++) {  // groups of g consecutive ranks, all at once
+            if (world % g) continue;
+            char name[64];
+            snprintf(name, sizeof name, "plan.g%d.k%d", g, rt.mesh.rank / g);
+            Comm *c = comm_shm_create(rt.job_id, name, rt.mesh.rank % g, g, a->comm_timeout, err, sizeof err);
+            TP_CHECK(c, "%s", err);
+            planner_calibrate_comm(be, c, &cal);
+            comm_free(c);
+        }
+    }
+    if (backend_device_used(be, NULL)) cal.library_bytes = (double)be->mem.cur[MEM_LIBRARY];
+    int rc = 0;
+    if (lead) {
+        char why[512];
+        mkdir("cache", 0755);
+        if (planner_calib_save(cache, &cal, why, sizeof why))
+            fprintf(stderr, "train_mt: --plan: the calibration was not saved: %s\n", why);
+        const PlanCalib run = calib_for_world(&cal, W);
+        double limit = a->memory_limit;
+        if (limit <= 0.0) limit = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (gpu ? 1 : W);
+        char layout[600], stage_text[400];
+        model_stages_format(stages, pp, stage_text, sizeof stage_text);
+        snprintf(layout, sizeof layout, "tp %d x dp %d x pp %d, %d micro-batch%s, ZeRO %d, recompute %s%s%s%s", tp, dp, pp,
+                 in.micro, in.micro > 1 ? "es" : "", in.grad.zero, model_recompute_name(in.recompute),
+                 in.seq_par ? ", sequence parallel" : "", pp > 1 ? ", stages " : "", pp > 1 ? stage_text : "");
+        printf("train_mt: plan for preset %s (%d+%d layers, d_model %d, vocab %d) on %s; batch shapes of %d steps; "
+               "calibration %s (%d rank%s at once%s)\n", a->preset, a->cfg.enc_layers, a->cfg.dec_layers, a->cfg.d_model,
+               a->cfg.vocab_size, be->device_name, ps.n_steps, cache, world, world > 1 ? "s" : "",
+               world == 1 && W > 1 ? (cal.ar_bw[2] > 0 ? "; collectives from an earlier run through tprun"
+                                                       : "; collectives not measured: run --plan through tprun once")
+                                   : "");
+        (void)measured_by;
+        double peak, step;
+        int worst;
+        FILE *json = NULL;
+        if (a->metrics_path && !(json = fopen(a->metrics_path, "w"))) {
+            fprintf(stderr, "train_mt: --metrics %s: %s\n", a->metrics_path, strerror(errno));
+            return 2;
+        }
+        plan_print(&in, &run, limit, layout, json, &peak, &worst, &step);
+        if (json && fclose(json) != 0) {
+            fprintf(stderr, "train_mt: --metrics %s: writing the file failed\n", a->metrics_path);
+            rc = 1;
+        }
+        if (peak > limit) {
+            printf("train_mt: does not fit: rank %d needs %.1f MiB, the limit is %.1f MiB\n", worst, peak / 1048576.0,
+                   limit / 1048576.0);
+            rc = 3;
+        } else {
+            printf("train_mt: fits: the largest rank (%d) needs %.1f MiB of %.1f MiB; predicted step %.3f s\n", worst,
+                   peak / 1048576.0, limit / 1048576.0, step);
+        }
+    }
+    plan_shapes_free(&ps);
+    source_close(&src);
+    runtime_free(&rt);
+    backend_destroy(be);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     TrainArgs a;
     parse_args(argc, argv, &a);
+    if (a.plan) return plan_main(&a);
     char err[1024];
     /* The backend first: where the model's buffers live decides the data
      * groups' communicator (NCCL on its stream, or shm staged through its

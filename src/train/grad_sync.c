@@ -212,6 +212,56 @@ static void *comm_thread(void *arg) {
 
 /* ---- the step -------------------------------------------------------------------- */
 
+/* The staging buffer's bytes: a bf16 copy of the longest bucket, or (ZeRO,
+ * fp32) the padded bucket at the buffer's start; ZeRO's allgather of that
+ * bucket too. */
+static size_t staging_bytes(const BucketLayout *L, const GradSyncConfig *cfg) {
+    size_t bytes = 0;
+    for (int k = 0; k < L->n; k++) {
+        const GradBucket *b = &L->b[k];
+        const size_t padded = b->q * (size_t)L->dp;
+        const bool uneven = padded != b->hi - b->lo;
+        size_t need = 0;
+        if (cfg->dtype == COMM_BF16) need = padded * sizeof(uint16_t);
+        if (cfg->zero >= 1 && uneven && padded * sizeof(float) > need) need = padded * sizeof(float);
+        if (need > bytes) bytes = need;
+    }
+    return bytes;
+}
+
+void grad_sync_plan(const ParamTable *tab, const GradSyncConfig *cfg_in, int dp, GradSyncPlan *out) {
+    GradSyncConfig cfg = *cfg_in;
+    if (dp == 1) cfg.dtype = COMM_F32;  // as grad_sync_create: nothing is sent
+    BucketLayout L;
+    bucket_layout_for_stage(&L, tab, cfg.zero, cfg.bucket_elems, dp, cfg.staged);
+    memset(out, 0, sizeof *out);
+    const size_t f = sizeof(float);
+    out->grad_bytes = (cfg.zero >= 2 ? (L.shard_elems ? L.shard_elems : 1) : L.n_elems) * f;
+    out->optim_bytes = 2 * (cfg.zero >= 1 ? L.shard_elems : L.n_elems) * f;
+    if (dp > 1) {
+        const size_t st = staging_bytes(&L, &cfg);
+        if (st) out->comm_bytes = st + (cfg.dtype == COMM_BF16 ? (size_t)dp * f : 0);
+    }
+    if (cfg.zero >= 2) {
+        /* storage alive at once while backward runs: the bucket holding the
+         * tied embedding (the output layer's gradient comes first, the
+         * lookup's last), the bucket being filled and the one being reduced */
+        size_t first = 0, second = 0;
+        for (int k = 0; k < L.n; k++) {
+            const size_t b = L.b[k].q * (size_t)dp * f;
+            if (L.b[k].lo == 0) {
+                out->grad_live_bytes += b;
+                continue;
+            }
+            if (b > first) second = first, first = b;
+            else if (b > second) second = b;
+        }
+        out->grad_live_bytes += first + second;
+    }
+    out->n_buckets = L.n;
+    bucket_layout_free(&L);
+}
+
 GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig *cfg) {
     TP_CHECK(cfg->zero >= 0 && cfg->zero <= 2, "ZeRO stage %d is not built (0, 1 or 2)", cfg->zero);
     TP_CHECK(cfg->dtype == COMM_F32 || cfg->dtype == COMM_BF16, "gradient dtype %d", (int)cfg->dtype);
@@ -225,18 +275,7 @@ GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig
     if (g->dp_size == 1) g->cfg.dtype = COMM_F32;  // nothing is sent: a cast would only lose bits
     cfg = &g->cfg;
     bucket_layout_for_stage(&g->L, &m->tab, cfg->zero, cfg->bucket_elems, g->dp_size, cfg->staged);
-    /* staging: a bf16 copy of the longest bucket, or (ZeRO, fp32) the padded
-     * bucket at the buffer's start; ZeRO's allgather of that bucket too */
-    size_t stage_bytes = 0;
-    for (int k = 0; k < g->L.n; k++) {
-        const GradBucket *b = &g->L.b[k];
-        const size_t padded = b->q * (size_t)g->dp_size;
-        const bool uneven = padded != b->hi - b->lo;
-        size_t need = 0;
-        if (cfg->dtype == COMM_BF16) need = padded * sizeof(uint16_t);
-        if (cfg->zero >= 1 && uneven && padded * sizeof(float) > need) need = padded * sizeof(float);
-        if (need > stage_bytes) stage_bytes = need;
-    }
+    const size_t stage_bytes = staging_bytes(&g->L, cfg);
     if (cfg->zero >= 2) {
         g->m = m;
         model_release_grads(m);  // first: the whole buffer and the shard never coexist

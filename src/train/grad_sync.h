@@ -75,6 +75,14 @@ int bucket_ranges(const BucketLayout *L, int r, OptRange *out);
 typedef struct GradSync GradSync;
 
 typedef struct {
+    size_t grad_bytes;       // MEM_GRAD held for the whole run: the buffer, or ZeRO-2's shard
+    size_t grad_live_bytes;  // ZeRO-2: bucket storage alive at once during backward (an estimate)
+    size_t optim_bytes;      // MEM_OPTIM: AdamW's m and v
+    size_t comm_bytes;       // MEM_COMM: the staging buffer
+    int n_buckets;
+} GradSyncPlan;
+
+typedef struct {
     int zero;             // 0: allreduce in place; 1: reduce-scatter in place; 2: into a shard, no full buffer
     CommDtype dtype;      // of the reduction (bf16: cast, reduced with fp32 sums, cast back)
     size_t bucket_elems;  // nominal bucket length
@@ -87,6 +95,9 @@ typedef struct {
  * and released as backward runs. */
 GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig *cfg);
 void grad_sync_free(GradSync *g);
+/* What grad_sync_create and grad_sync_adamw_init (step.h) would allocate for
+ * a stage of parameter table tab over dp ranks, without allocating. */
+void grad_sync_plan(const ParamTable *tab, const GradSyncConfig *cfg, int dp, GradSyncPlan *out);
 const BucketLayout *grad_sync_layout(const GradSync *g);
 int grad_sync_rank(const GradSync *g);  // this rank in the dp group
 int grad_sync_zero(const GradSync *g);  // the ZeRO stage

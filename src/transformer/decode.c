@@ -54,6 +54,19 @@ int decode_max_len(const ModelConfig *cfg, int src_len) {
 static float *fbuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(float), MEM_WORKSPACE); }
 static int32_t *ibuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(int32_t), MEM_WORKSPACE); }
 
+size_t decode_workspace_bytes(const ModelConfig *c, int n, int beam, int S) {
+    const size_t C = (size_t)c->d_model, F = (size_t)c->d_ff, H = (size_t)c->n_heads, L = (size_t)c->dec_layers;
+    const size_t R = (size_t)n * (size_t)(beam > 0 ? beam : 1), T = (size_t)c->max_len, Sz = (size_t)S;
+    const size_t N = (size_t)n;
+    /* state_init's allocations in order: the row ids, the encoder output and
+     * the cross keys/values it is projected into (gone once every layer's
+     * caches are made), then the per-step buffers */
+    const size_t kept = 3 * R + L * (4 * R * T * C + 2 * R * Sz * C);
+    const size_t during = 2 * N * Sz * C;
+    const size_t after = T * C + 7 * R * C + 2 * R * F + 2 * R + R * H * (Sz > T ? Sz : T) + R * (size_t)c->vocab_size;
+    return (kept + (during > after ? during : after)) * sizeof(float);
+}
+
 /* Encodes the n sentences once and gives each of them `beam` rows. */
 static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
     const ModelConfig *c = &m->cfg;

@@ -29,6 +29,11 @@ typedef struct {
 
 void hypotheses_free(Hypotheses *h);
 
+/* The most MEM_WORKSPACE bytes decoding n sentences of source length S
+ * (eos included) holds at once, beam 0 (greedy) or K: the decode state's
+ * caches and buffers (the planner, train/planner.h). */
+size_t decode_workspace_bytes(const ModelConfig *cfg, int n, int beam, int S);
+
 /* Longest output for a source of src_len tokens: min(max_len - 1, 2*src_len + 10). */
 int decode_max_len(const ModelConfig *cfg, int src_len);
 

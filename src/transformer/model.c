@@ -308,6 +308,23 @@ static void acts_free(Backend *be, ModelActs *A) {
     free(A);
 }
 
+/* The floats one slot and the shared scratch take for (B, S, T), from the
+ * same walks that carve them, on a model shell: nothing is allocated. */
+void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *stage, ModelRecompute recompute,
+                            bool seq_par, int B, int S, int T, size_t *slot_elems, size_t *scratch_elems) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    m.tp = (TpGroup){.size = tp, .rank = 0, .comm = NULL};
+    m.stage = stage ? *stage : model_stage_whole(cfg);
+    m.vocab_local = vocab_padded(cfg, tp) / tp;
+    m.recompute = recompute;
+    m.seq_par = seq_par && tp > 1;
+    ModelActs *A = acts_new(cfg);
+    *slot_elems = carve_acts(A, &m, NULL, B, S, T);
+    *scratch_elems = carve_scratch(A, &m, NULL, B, S, T);
+    acts_free(NULL, A);
+}
 
 void model_set_slots(Model *m, int n) {
     TP_CHECK(n >= 1, "model_set_slots: %d slots", n);

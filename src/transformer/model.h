@@ -199,6 +199,14 @@ const float *model_logits(const Model *m);
 /* The device copy of the last batch's target ids (B*T). */
 const int32_t *model_targets(const Model *m);
 
+/* The floats one activation slot (*slot_elems) and the shared backward
+ * scratch (*scratch_elems) take for a batch of (B, S, T) on tp rank shards
+ * of `stage` (NULL: the whole stack) with this recomputation and sequence
+ * parallelism: the same walks the model carves them with, nothing
+ * allocated (the planner, train/planner.h). */
+void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *stage, ModelRecompute recompute,
+                            bool seq_par, int B, int S, int T, size_t *slot_elems, size_t *scratch_elems);
+
 /* Bytes held by the activation buffer now (for memory reports). */
 size_t model_activation_bytes(const Model *m);
 

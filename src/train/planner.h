@@ -1,0 +1,106 @@
+/* planner.h: memory per rank and step time of a layout, before launch.
+ *
+ * Memory: every buffer the run would allocate, by the memory report's tags,
+ * from the same size functions the run allocates with (the parameter
+ * tables, the activation walks on a model shell, the gradient buckets, the
+ * decode state), for the batch shapes the run will see. Nothing is
+ * allocated. The allocator's peak is the buffers held for the whole run
+ * plus the largest of the transient ones (ZeRO-2's live gradient buckets in
+ * backward, the tp gather and the decode state at evaluation).
+ *
+ * Time: FLOPs and bytes per op from the config and the shapes, priced with
+ * a calibration of the machine (planner_calibrate: GEMM rates at the
+ * model's shapes, memory bandwidth, collective latency and bandwidth),
+ * split into compute, exposed communication and pipeline bubble.
+ * docs/planner.md gives the formulas.
+ */
+#ifndef TPTRAIN_PLANNER_H
+#define TPTRAIN_PLANNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "kernels/backend.h"
+#include "tp/comm.h"
+#include "train/grad_sync.h"
+#include "transformer/config.h"
+#include "transformer/model.h"
+#include "transformer/stage.h"
+
+typedef struct {
+    int B, S, T;
+} PlanShape;
+
+/* A layout and what the run feeds it. */
+typedef struct {
+    ModelConfig cfg;
+    int tp, dp, pp, micro;      // the mesh and micro-batches per dp rank and step
+    const ModelStage *stages;   // [pp]
+    ModelRecompute recompute;
+    bool seq_par;
+    GradSyncConfig grad;        // zero, bucket_elems, dtype, overlap (staged is set from pp)
+    bool gpu;                   // a CUDA backend (batch ids uploaded, bf16 compute copies)
+    Dtype dtype;
+    /* training micro-batches: train[(g dp + r) micro + i] is dp rank r's
+     * micro-batch i of step g, for g < n_steps */
+    const PlanShape *train;
+    int n_steps;
+    /* evaluation on dp rank 0's tp group (dev loss): the batches' shapes */
+    const PlanShape *eval;
+    int n_eval;
+    bool gather_at_eval;        // model_gather before evaluation (a corpus with tp > 1, or a decoding rank)
+    bool decode;                // rank 0 holds the whole model and decodes dev sentences
+    int decode_n, decode_S, beam;  // the largest decode batch: sentences, source length (eos included)
+} PlanInput;
+
+typedef struct {
+    int rank, tp, dp, pp;
+    double tag[MEM_N_TAGS];     // predicted peak bytes per tag (MEM_LIBRARY: the calibrated overhead)
+    double allocator_peak;      // predicted peak of the allocator's total (all tags but the library)
+    /* seconds per step */
+    double t_compute, t_comm, t_bubble, t_step;
+    size_t n_params;            // this rank's parameters (its stage's table)
+} PlanRank;
+
+/* Rank r's (the mesh order: tp fastest, then dp, then pp) predicted memory
+ * into out (the time fields are left 0). */
+void planner_memory(const PlanInput *in, int rank, PlanRank *out);
+
+/* ---- time ------------------------------------------------------------------ */
+
+enum { PLAN_MAX_GEMMS = 96, PLAN_MAX_GROUP = 16 };
+
+/* What the machine does, measured by the planner_calibrate functions. */
+typedef struct {
+    char key[256];              // the machine: host, processor or GPU, dtype, ranks per node, threads per rank
+    int n_gemm;
+    struct { int M, N, K; double flops_per_s; } gemm[PLAN_MAX_GEMMS];  // linear-layer rates at the shapes measured
+    double mem_bw;              // bytes/s of a streaming element-wise op (read 2, write 1)
+    double attn_flops_per_s;    // the attention op's rate (forward)
+    /* allreduce of n bytes in a group of g ranks: ar_lat[g] + n / ar_bw[g]
+     * seconds (0: not measured); a stage message: p2p_lat + n / p2p_bw */
+    double ar_lat[PLAN_MAX_GROUP + 1], ar_bw[PLAN_MAX_GROUP + 1];
+    double p2p_lat, p2p_bw;
+    int ranks;                  // ranks that measured at once (contention included in the rates)
+    double library_bytes;       // the device's library overhead (CUDA context, cuBLASLt, NCCL)
+} PlanCalib;
+
+/* The linear layers' (M, N, K) of a micro-batch of shape s on one tp rank
+ * of a stage, each once, into out (room for PLAN_MAX_GEMMS); returns the count. */
+int planner_gemm_shapes(const PlanInput *in, int tp, const ModelStage *st, PlanShape s, int (*out)[3]);
+/* Measures the GEMM rates at the shapes not yet in c, the memory bandwidth
+ * and the attention rate on backend be (about a second). */
+void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c);
+/* Measures allreduce latency and bandwidth in group comm (every member
+ * calls it at once) and, with two or more members, a stage message's
+ * between members 0 and 1. */
+void planner_calibrate_comm(Backend *be, Comm *comm, PlanCalib *c);
+/* Reads the calibration for c->key from path: 0, or -1 when absent or unreadable. */
+int planner_calib_load(const char *path, PlanCalib *c);
+/* Writes it (atomically; other machines' entries kept). Returns 0 or -1 with err. */
+int planner_calib_save(const char *path, const PlanCalib *c, char *err, size_t err_len);
+
+/* Rank r's predicted step time (the t_ fields of out, memory left as is). */
+void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *out);
+
+#endif

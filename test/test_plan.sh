@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# train_mt --plan against the runs it predicts: for layouts mixing tp, dp,
+# pp, micro-batches, ZeRO, sequence parallelism and recomputation, on the
+# copy task and on the corpus (dev BLEU: rank 0 holds and decodes the whole
+# model), every rank's predicted allocator peak must lie within 5% of the
+# peak the run's memory report measures, and each tag within 5% (or 64 KiB).
+# Step times are compared by scripts/bench_plan_cpu.sh, not here.
+#   test_plan.sh BUILD_DIR CORPUS_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd)
+corpus=$(cd "$2" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+copy=(--task copy --preset tiny --vocab-size 64 --max-steps 4 --eval-interval 100)
+data=(--data "$corpus" --preset tiny --max-steps 3 --eval-interval 3 --batch-tokens 512)
+layouts=(
+  "1|tp1|${copy[*]}"
+  "2|tp2sp-sel|${copy[*]} --tp 2 --sequence-parallel --recompute selective"
+  "4|tp2dp2-z1|${copy[*]} --tp 2 --dp 2 --zero 1 --micro-batches 2"
+  "4|dp4-z2|${copy[*]} --dp 4 --zero 2 --grad-bucket-mb 0.01"
+  "2|pp2m3-full|${copy[*]} --pp 2 --micro-batches 3 --recompute full"
+  "4|tp2pp2m2sp|${copy[*]} --tp 2 --pp 2 --micro-batches 2 --sequence-parallel"
+  "4|pp4m4|${copy[*]} --pp 4 --micro-batches 4"
+  "2|corpus-tp2|${data[*]} --tp 2"
+  "2|corpus-dp2m2-z1|${data[*]} --dp 2 --micro-batches 2 --zero 1"
+  "4|corpus-tp2pp2-full|${data[*]} --tp 2 --pp 2 --micro-batches 2 --recompute full"
+)
+for l in "${layouts[@]}"; do
+  IFS='|' read -r n name flags <<< "$l"
+  # shellcheck disable=SC2086
+  "$build/tprun" --nproc_per_node="$n" "$build/train_mt" $flags --log-interval 1 --metrics "$name.run.jsonl" \
+    > "$name.run.log" 2>&1 || { cat "$name.run.log"; echo "FAIL: $name: the run failed"; exit 1; }
+  # shellcheck disable=SC2086
+  "$build/train_mt" --plan $flags --metrics "$name.plan.json" > "$name.plan.log" 2>&1 ||
+    { cat "$name.plan.log"; echo "FAIL: $name: --plan failed"; exit 1; }
+  grep -q "^train_mt: fits" "$name.plan.log" || { cat "$name.plan.log"; echo "FAIL: $name: no verdict"; exit 1; }
+done
+# Too little memory: exit status 3 and the largest rank named.
+rc=0
+"$build/train_mt" --plan ${copy[*]} --tp 2 --memory-limit 1 > small.log 2>&1 || rc=$?
+[ "$rc" = 3 ] && grep -q "does not fit: rank [01] needs" small.log || { cat small.log; echo "FAIL: --memory-limit 1: rc $rc"; exit 1; }
+/usr/bin/python3 - "${layouts[@]}" <<'PY'
+import json, sys
+bad, rows = [], []
+tags = ["master", "compute", "grads", "optimizer", "activations", "workspace", "comm"]
+for l in sys.argv[1:]:
+    n, name, _ = l.split("|", 2)
+    run = [json.loads(x) for x in open(f"{name}.run.jsonl") if '"memory"' in x][-1]["memory"]
+    plan = json.load(open(f"{name}.plan.json"))["ranks"]
+    if len(plan) != len(run):
+        bad.append(f"{name}: {len(plan)} ranks planned, {len(run)} ran"); continue
+    worst = 0.0
+    for p, r in zip(plan, run):
+        if (p["tp"], p["dp"], p["pp"]) != (r["tp"], r["dp"], r["pp"]):
+            bad.append(f"{name} rank {r['rank']}: coordinates"); continue
+        err = (p["allocator_peak"] - r["allocator_peak"]) / r["allocator_peak"]
+        worst = max(worst, abs(err), key=abs)
+        if abs(err) > 0.05:
+            bad.append(f"{name} rank {r['rank']}: allocator peak predicted {p['allocator_peak']:.0f}, measured {r['allocator_peak']:.0f} ({err:+.1%})")
+        for t in tags:
+            d = p[t] - r[t]
+            if abs(d) > max(0.05 * r[t], 65536):
+                bad.append(f"{name} rank {r['rank']}: {t} predicted {p[t]:.0f}, measured {r[t]:.0f}")
+    rows.append((name, len(run), max(x["allocator_peak"] for x in run), max(x["allocator_peak"] for x in plan), worst))
+print("layout                 ranks  measured MiB  predicted MiB  worst rank error")
+for name, n, m, p, w in rows:
+    print(f"{name:22} {n:5}  {m / 2**20:12.2f}  {p / 2**20:13.2f}  {w:+.2%}")
+print("\n".join(bad) if bad else f"test_plan: {len(rows)} layouts, every rank's predicted peak within 5% of the measured one")
+raise SystemExit(1 if bad else 0)
+PY
