@@ -74,6 +74,7 @@ typedef struct {
     double memory_limit;      // --memory-limit in bytes (0: the device's)
     const char *plan_cache;   // --plan-cache FILE: the machine's calibration
     bool layout_auto;         // --layout auto
+    const char *layout_flag;  // a layout flag given (--tp, --dp, ...), which --layout auto refuses
 } TrainArgs;
 
 static void usage(FILE *f) {
@@ -129,11 +130,12 @@ static void usage(FILE *f) {
             "                         exposed communication, pipeline bubble) of this layout and exit: 0 if it\n"
             "                         fits, 3 if a rank does not (through tprun the ranks also calibrate the\n"
             "                         collectives; alone, the layout is --tp x --dp x --pp)\n"
-            "  --memory-limit MIB     what a rank may use (default: the GPU's memory, or on a CPU the machine's\n"
-            "                         memory shared by its ranks)\n"
+            "  --memory-limit MIB     what a rank may use (default: the machine's memory, on a CPU shared by\n"
+            "                         its ranks; on a GPU give the device's)\n"
             "  --layout auto          search tp, dp, pp, micro-batches, ZeRO, sequence parallelism and\n"
-            "                         recomputation for the world size, keep those that fit, train with the\n"
-            "                         predicted fastest (with --plan: print the candidates)\n"
+            "                         recomputation for the world size at the global batch of --batch-tokens x\n"
+            "                         ranks, keep those that fit, train the predicted fastest (with --plan:\n"
+            "                         print the ranking and why the others were dropped)\n"
             "  --plan-cache FILE      the machine's calibration (default cache/plan_calibration.json)\n"
             "device:\n"
             "  --device auto|cpu|cuda where the model runs (default auto: cuda when a GPU is visible;\n"
@@ -305,7 +307,11 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     a->comm_timeout = 300.0;
     bool vocab_given = false;
     int c;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int opt_index = 0;
+    while ((c = getopt_long(argc, argv, "", opts, &opt_index)) != -1) {
+        if (c == O_TP || c == O_DP || c == O_PP || c == O_PPLAYOUT || c == O_MICRO || c == O_ZERO || c == O_RECOMPUTE ||
+            c == O_SEQPAR)
+            a->layout_flag = opts[opt_index].name;
         switch (c) {
         case O_PRESET: break;
         case O_DMODEL: a->cfg.d_model = (int)flag_int("--d-model", optarg, 1, 65536); break;
@@ -479,6 +485,11 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     }
     if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
         fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->layout_auto && a->layout_flag) {
+        fprintf(stderr, "train_mt: --layout auto chooses tp, dp, pp, micro-batches, ZeRO, sequence parallelism and "
+                        "recomputation; drop --%s (or drop --layout auto)\n", a->layout_flag);
         exit(2);
     }
     if (a->pp_layout && a->pp == 1) {
@@ -934,30 +945,43 @@ static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const Ad
     if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, tp_now_s() - t0);
 }
 
-/* ---- --plan: memory per rank and step time before launch ---------------- */
+/* ---- --plan and --layout auto: memory per rank and step time before launch */
 
-enum { PLAN_MAX_STEPS = 5000 };  // steps whose batch shapes are read (the largest shapes recur every epoch)
+enum { PLAN_MAX_STEPS = 5000, PLAN_TOP = 10 };  // steps whose batch shapes are read (the largest recur every epoch)
 
 static int env_int(const char *name, int dflt) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : dflt;
 }
 
-/* The shapes the run would see: every dp rank's micro-batches of the first
- * n_steps steps, the evaluation batches and the decode batch. */
+/* The shapes a layout's run would see: every dp rank's micro-batches of the
+ * first steps, the evaluation batches and the decode batch. */
 typedef struct {
     PlanShape *train, *eval;
     int n_steps, n_eval;
     int decode_n, decode_S;
 } PlanShapes;
 
-static void plan_shapes(const TrainArgs *a, Source *src, int dp, int n_steps, PlanShapes *ps) {
-    const int M = a->micro_batches;
+static void plan_shapes_free(PlanShapes *ps) {
+    free(ps->train);
+    free(ps->eval);
     memset(ps, 0, sizeof *ps);
-    ps->n_steps = n_steps;
-    ps->train = TP_MALLOC((size_t)n_steps * dp * M * sizeof *ps->train);
-    OwnedBatch *b = TP_MALLOC((size_t)M * sizeof *b);
+}
+
+/* For dp ranks of M micro-batches of <= btok tokens (the copy task: the
+ * --batch-size sentences of a step split into dp x M). 0, or -1 with err. */
+static int plan_shapes(const TrainArgs *a, Source *src, int dp, int M, int btok, PlanShapes *ps, char *err,
+                       size_t err_len) {
+    memset(ps, 0, sizeof *ps);
     if (a->synthetic) {
+        if (a->batch_size < dp * M) {
+            tp_error_set(err, err_len, "the copy task's %d sentences per step do not split into dp %d x %d micro-batches",
+                         a->batch_size, dp, M);
+            return -1;
+        }
+        const int n_steps = run_steps(a, 0) < PLAN_MAX_STEPS ? run_steps(a, 0) : PLAN_MAX_STEPS;
+        ps->n_steps = n_steps;
+        ps->train = TP_MALLOC((size_t)n_steps * dp * M * sizeof *ps->train);
         for (int g = 0; g < n_steps; g++) {
             OwnedBatch whole;
             synth_batch(&whole, a->task, config_tokens(src->cfg), a->batch_size, a->min_len, a->max_len, a->seed,
@@ -980,16 +1004,26 @@ static void plan_shapes(const TrainArgs *a, Source *src, int dp, int n_steps, Pl
             ps->eval[i] = (PlanShape){e.view.B, e.view.S, e.view.T};
             owned_batch_free(&e);
         }
-        free(b);
-        return;
+        return 0;
     }
     const ModelConfig *cfg = src->cfg;
     char why[512];
+    OwnedBatch *b = TP_MALLOC((size_t)M * sizeof *b);
     for (int r = 0; r < dp; r++) {
         Dataset ds;
-        TP_CHECK(dataset_init(&ds, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, r, dp * M, a->seed, cfg->pad_id,
-                              cfg->bos_id, cfg->eos_id, why, sizeof why) == 0, "train split: %s", why);
-        for (int g = 0; g < n_steps; g++) {
+        if (dataset_init(&ds, &src->train_tf, a->dir, cfg->max_len, btok, r, dp * M, a->seed, cfg->pad_id,
+                         cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+            tp_error_set(err, err_len, "train split: %s", why);
+            free(b);
+            plan_shapes_free(ps);
+            return -1;
+        }
+        if (r == 0) {
+            const int total = run_steps(a, ds.n_batches);
+            ps->n_steps = total < PLAN_MAX_STEPS ? total : PLAN_MAX_STEPS;
+            ps->train = TP_MALLOC((size_t)ps->n_steps * dp * M * sizeof *ps->train);
+        }
+        for (int g = 0; g < ps->n_steps; g++) {
             dataset_next_micro(&ds, M, b, NULL);
             for (int i = 0; i < M; i++) {
                 ps->train[((size_t)g * dp + r) * M + i] = (PlanShape){b[i].view.B, b[i].view.S, b[i].view.T};
@@ -999,34 +1033,93 @@ static void plan_shapes(const TrainArgs *a, Source *src, int dp, int n_steps, Pl
         dataset_free(&ds);
     }
     free(b);
-    Dataset *dev = &src->dev;
-    ps->n_eval = dataset_eval_batches(dev);
+    Dataset dev;  // evaluation batches are cut with the same token budget
+    if (dataset_init(&dev, &src->dev_tf, a->dir, cfg->max_len, btok, 0, 1, a->seed, cfg->pad_id, cfg->bos_id,
+                     cfg->eos_id, why, sizeof why)) {
+        tp_error_set(err, err_len, "dev split: %s", why);
+        plan_shapes_free(ps);
+        return -1;
+    }
+    ps->n_eval = dataset_eval_batches(&dev);
     ps->eval = TP_MALLOC((size_t)(ps->n_eval ? ps->n_eval : 1) * sizeof *ps->eval);
-    int32_t *index = TP_MALLOC((size_t)(dev->n_usable ? dev->n_usable : 1) * sizeof(int32_t));
+    int32_t *index = TP_MALLOC((size_t)(dev.n_usable ? dev.n_usable : 1) * sizeof(int32_t));
     int longest = 0;
     for (int i = 0; i < ps->n_eval; i++) {
         OwnedBatch e;
-        dataset_eval_batch(dev, i, &e, index);
+        dataset_eval_batch(&dev, i, &e, index);
         ps->eval[i] = (PlanShape){e.view.B, e.view.S, e.view.T};
         for (int row = 0; row < e.view.B; row++) longest = e.src_len[row] - 1 > longest ? e.src_len[row] - 1 : longest;
         owned_batch_free(&e);
     }
     free(index);
     /* evaluate() decodes every dev sentence, 64 at a time, longest first */
-    ps->decode_n = dev->n_usable < 64 ? dev->n_usable : 64;
+    ps->decode_n = dev.n_usable < 64 ? dev.n_usable : 64;
     ps->decode_S = (longest < cfg->max_len - 1 ? longest : cfg->max_len - 1) + 1;
+    dataset_free(&dev);
+    return 0;
 }
 
-static void plan_shapes_free(PlanShapes *ps) {
-    free(ps->train);
-    free(ps->eval);
+/* One layout of the world's ranks, and its plan. */
+typedef struct {
+    int tp, dp, pp, micro, zero, batch_tokens;
+    bool sp;
+    ModelRecompute rc;
+    const ModelStage *stages;  // [pp]
+    int set;                   // its batch shapes: shape_sets[set]
+    char why[256];             // why it was dropped; "" while it stands
+    double peak, step, compute, comm, bubble;  // the largest rank's peak (library included) and the slowest step
+    int worst;                 // the rank with that peak
+} Layout;
+
+typedef struct {
+    int pp;
+    ModelStage *st;
+    char err[256];  // "": made
+} StageSet;
+
+typedef struct {
+    int dp, micro, batch_tokens;
+    PlanShapes ps;
+    char err[256];  // "": read
+} ShapeSet;
+
+static void layout_text(const Layout *l, const TrainArgs *a, char *buf, size_t len) {
+    char stages[400] = "", micro[64];
+    if (l->pp > 1 && l->stages) {
+        char st[380];
+        model_stages_format(l->stages, l->pp, st, sizeof st);
+        snprintf(stages, sizeof stages, ", stages %s", st);
+    }
+    if (a->synthetic) snprintf(micro, sizeof micro, "%d micro-batch%s", l->micro, l->micro > 1 ? "es" : "");
+    else snprintf(micro, sizeof micro, "%d micro-batch%s of <= %d tokens", l->micro, l->micro > 1 ? "es" : "",
+                  l->batch_tokens);
+    snprintf(buf, len, "tp %d x dp %d x pp %d, %s, ZeRO %d, recompute %s%s%s", l->tp, l->dp, l->pp, micro, l->zero,
+             model_recompute_name(l->rc), l->sp ? ", sequence parallel" : "", stages);
 }
 
-static PlanInput plan_input(const TrainArgs *a, const ModelConfig *cfg, const ModelStage *stages, int tp, int dp, int pp,
-                            bool gpu, const PlanShapes *ps) {
-    PlanInput in = {.cfg = *cfg, .tp = tp, .dp = dp, .pp = pp, .micro = a->micro_batches, .stages = stages,
-                    .recompute = a->recompute, .seq_par = a->seq_par && tp > 1, .grad = a->grad, .gpu = gpu,
-                    .dtype = a->dtype, .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
+/* The train_mt flags that run the layout. */
+static void layout_flags(const Layout *l, const TrainArgs *a, char *buf, size_t len) {
+    char btok[48] = "";
+    if (!a->synthetic) snprintf(btok, sizeof btok, " --batch-tokens %d", l->batch_tokens);
+    snprintf(buf, len, "--tp %d --dp %d --pp %d --micro-batches %d --zero %d --recompute %s%s%s", l->tp, l->dp, l->pp,
+             l->micro, l->zero, model_recompute_name(l->rc), l->sp ? " --sequence-parallel" : "", btok);
+}
+
+/* Ranks that compute at once without slowing each other: the GPUs, or
+ * the cores over each rank's threads. */
+static int plan_slots(bool gpu, int threads) {
+    int n_gpus = 0;
+    if (gpu) backend_cuda_available(&n_gpus);
+    const int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return gpu ? n_gpus : (cores / threads > 1 ? cores / threads : 1);
+}
+
+static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int threads, const PlanShapes *ps) {
+    GradSyncConfig grad = a->grad;
+    grad.zero = l->zero;
+    PlanInput in = {.cfg = a->cfg, .tp = l->tp, .dp = l->dp, .pp = l->pp, .micro = l->micro, .stages = l->stages,
+                    .recompute = l->rc, .seq_par = l->sp && l->tp > 1, .grad = grad, .gpu = gpu, .dtype = a->dtype,
+                    .slots = plan_slots(gpu, threads), .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
                     .n_eval = ps->n_eval, .beam = a->beam};
     in.gather_at_eval = !a->synthetic;  // the decoding rank, or a corpus with tp > 1 (a tp 1 group gathers on rank 0 only)
     in.decode = !a->synthetic;
@@ -1035,7 +1128,14 @@ static PlanInput plan_input(const TrainArgs *a, const ModelConfig *cfg, const Mo
     return in;
 }
 
-static void calib_key(const Backend *be, char *key, size_t len) {
+/* Threads per rank: what OpenBLAS is told (OMP_NUM_THREADS; tprun sets it
+ * to cores / ranks), else every core. */
+static int env_threads(void) {
+    const int t = env_int("OMP_NUM_THREADS", 0);
+    return t > 0 ? t : (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+static void calib_key(const Backend *be, int threads, char *key, size_t len) {
     char host[128] = "host";
     gethostname(host, sizeof host - 1);
     char cpu[128] = "cpu";
@@ -1051,56 +1151,163 @@ static void calib_key(const Backend *be, char *key, size_t len) {
             }
         fclose(f);
     }
-    snprintf(key, len, "%s | %s | %s %s | %ld cores", host, cpu, be->device_name, dtype_name(be->dtype),
-             sysconf(_SC_NPROCESSORS_ONLN));
+    snprintf(key, len, "%s | %s | %s %s | %ld cores | %d threads per rank", host, cpu, be->device_name,
+             dtype_name(be->dtype), sysconf(_SC_NPROCESSORS_ONLN), be->host_visible ? threads : 1);
 }
 
-/* The ranks' rates were measured c->ranks at a time; `world` ranks share the machine in the run. */
-static PlanCalib calib_for_world(const PlanCalib *c, int world) {
+/* The rates were measured with c->ranks ranks computing at once; in the
+ * run `world` ranks share the machine. A rank's share: on CPU 1 / ranks
+ * (tprun gives each rank cores / ranks threads, so the ranks fill the
+ * cores), on GPUs a whole device while there are as many as ranks. */
+static double rank_share(bool gpu, int slots, int n) {
+    n = n > 0 ? n : 1;
+    return gpu ? (slots >= n ? 1.0 : (double)(slots > 0 ? slots : 1) / n) : 1.0 / n;
+}
+
+static PlanCalib calib_for_run(const PlanCalib *c, int world, bool gpu, int slots) {
     PlanCalib k = *c;
-    const double s = (double)(c->ranks > 0 ? c->ranks : 1) / (double)world;
+    const double s = rank_share(gpu, slots, world) / rank_share(gpu, slots, c->ranks);
     for (int i = 0; i < k.n_gemm; i++) k.gemm[i].flops_per_s *= s;
     k.mem_bw *= s;
     k.attn_flops_per_s *= s;
+    for (int i = 0; i < k.n_elem; i++) k.elem[i].per_float /= s, k.elem[i].fixed_per_layer /= s;
     return k;
 }
 
-/* Prints the plan of one layout; returns the largest rank's predicted
- * allocator peak and its step time in *peak and *step. */
-static void plan_print(const PlanInput *in, const PlanCalib *c, double limit, const char *layout, FILE *json,
-                       double *peak, int *worst, double *step) {
+/* Every rank's plan of layout l: the largest peak and the slowest step into
+ * l; the per-rank table printed when print, and written to json. */
+static void plan_layout(const TrainArgs *a, const PlanInput *in, const PlanCalib *c, Layout *l, bool print,
+                        const char *text, double limit, FILE *json) {
     const int W = in->tp * in->dp * in->pp;
     const double mib = 1.0 / (1024.0 * 1024.0);
-    printf("predicted peak memory per rank (MiB; limit %.0f MiB per rank) and step time (s), %s:\n", limit * mib,
-           layout);
-    printf("  rank (tp,dp,pp) |");
-    for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11s", mem_tag_name((MemTag)t));
-    printf(" | allocator |  step  compute    comm  bubble\n");
-    *peak = 0.0, *step = 0.0, *worst = 0;
-    if (json) fprintf(json, "{\"plan\": \"%s\", \"limit\": %.0f, \"ranks\": [", layout, limit);
+    if (print) {
+        printf("predicted peak memory per rank (MiB; limit %.0f MiB per rank) and step time (s), %s:\n", limit * mib,
+               text);
+        printf("  rank (tp,dp,pp) |");
+        for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11s", mem_tag_name((MemTag)t));
+        printf(" | allocator |  step  compute    comm  bubble\n");
+    }
+    l->peak = l->step = 0.0, l->worst = 0;
+    if (json) {
+        char flags[256];
+        layout_flags(l, a, flags, sizeof flags);
+        fprintf(json, "{\"plan\": \"%s\", \"flags\": \"%s\", \"limit\": %.0f, \"ranks\": [", text, flags, limit);
+    }
     for (int r = 0; r < W; r++) {
         PlanRank pr;
         planner_memory(in, r, &pr);
         planner_time(in, c, r, &pr);
         pr.tag[MEM_LIBRARY] = c->library_bytes;
-        printf("  %4d (%d,%d,%d)    |", r, pr.tp, pr.dp, pr.pp);  // the run's memory table, predicted
-        for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11.2f", pr.tag[t] * mib);
-        printf(" | %9.2f | %6.3f %7.3f %7.3f %7.3f\n", pr.allocator_peak * mib, pr.t_step, pr.t_compute, pr.t_comm,
-               pr.t_bubble);
+        if (print) {
+            printf("  %4d (%d,%d,%d)    |", r, pr.tp, pr.dp, pr.pp);  // the run's memory table, predicted
+            for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11.2f", pr.tag[t] * mib);
+            printf(" | %9.2f | %6.3f %7.3f %7.3f %7.3f\n", pr.allocator_peak * mib, pr.t_step, pr.t_compute, pr.t_comm,
+                   pr.t_bubble);
+        }
         if (json) {
             fprintf(json, "%s{\"rank\": %d, \"tp\": %d, \"dp\": %d, \"pp\": %d", r ? ", " : "", r, pr.tp, pr.dp, pr.pp);
             for (int t = 0; t < MEM_N_TAGS; t++) fprintf(json, ", \"%s\": %.0f", mem_tag_name((MemTag)t), pr.tag[t]);
             fprintf(json, ", \"allocator_peak\": %.0f, \"step_s\": %.6f, \"compute_s\": %.6f, \"comm_s\": %.6f, "
                     "\"bubble_s\": %.6f}", pr.allocator_peak, pr.t_step, pr.t_compute, pr.t_comm, pr.t_bubble);
         }
-        if (pr.allocator_peak + c->library_bytes > *peak) *peak = pr.allocator_peak + c->library_bytes, *worst = r;
-        if (pr.t_step > *step) *step = pr.t_step;
+        if (pr.allocator_peak + c->library_bytes > l->peak) l->peak = pr.allocator_peak + c->library_bytes, l->worst = r;
+        if (pr.t_step >= l->step) l->step = pr.t_step, l->compute = pr.t_compute, l->comm = pr.t_comm, l->bubble = pr.t_bubble;
     }
-    if (json) fprintf(json, "]}\n");
-    fflush(stdout);
+    if (json) fprintf(json, "]");
+    if (print) fflush(stdout);
 }
 
-static int plan_main(TrainArgs *a) {
+static int by_step(const void *x, const void *y) {
+    const Layout *a = *(Layout *const *)x, *b = *(Layout *const *)y;
+    if (!!a->why[0] != !!b->why[0]) return a->why[0] ? 1 : -1;  // the layouts that stand first
+    if (a->why[0]) return (a->peak > b->peak) - (a->peak < b->peak);
+    if (fabs(a->step - b->step) > 1e-3 * fmax(a->step, b->step)) return (a->step > b->step) - (a->step < b->step);
+    return (a->peak > b->peak) - (a->peak < b->peak);  // as fast: the leaner
+}
+
+/* The layouts --layout auto weighs for W ranks: every tp that divides the
+ * heads and the ffn, pp up to the layers, dp the rest; micro-batches 1 to
+ * 8 (the global batch kept: --batch-tokens x W tokens, or --batch-size
+ * sentences on the copy task), ZeRO 0-2 where dp > 1, sequence
+ * parallelism where tp > 1, and each recomputation. */
+static int layouts_enumerate(const TrainArgs *a, int W, Layout **out) {
+    int n = 0, cap = 64;
+    Layout *ls = TP_MALLOC((size_t)cap * sizeof *ls);
+    const ModelRecompute rcs[3] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL};
+    for (int pp = 1; pp <= W; pp++) {
+        if (W % pp) continue;
+        for (int tp = 1; tp <= W / pp; tp++) {
+            if ((W / pp) % tp) continue;
+            const int dp = W / pp / tp;
+            for (int M = 1; M <= 8; M *= 2)
+                for (int zero = 0; zero <= (dp > 1 ? 2 : 0); zero++)
+                    for (int sp = 0; sp <= (tp > 1); sp++)
+                        for (int r = 0; r < 3; r++) {
+                            if (n == cap) ls = realloc(ls, (size_t)(cap *= 2) * sizeof *ls);
+                            TP_CHECK(ls, "out of memory");
+                            ls[n++] = (Layout){.tp = tp, .dp = dp, .pp = pp, .micro = M, .zero = zero, .sp = sp,
+                                               .rc = rcs[r], .batch_tokens = a->batch_tokens * W / (dp * M), .set = -1};
+                        }
+        }
+    }
+    *out = ls;
+    return n;
+}
+
+/* The choice among the layouts that stand (order: fastest predicted
+ * first): of those within PLAN_TIE of the fastest, the one with the least
+ * predicted communication and bubble (the least certain parts of a
+ * prediction: on CPU ranks sharing cores they carry the scheduler's noise),
+ * then the leaner. */
+#define PLAN_TIE 0.05
+static int layout_pick(Layout **order, int n) {
+    int pick = 0;
+    for (int i = 1; i < n && !order[i]->why[0] && order[i]->step <= (1.0 + PLAN_TIE) * order[0]->step; i++) {
+        const double wait_i = order[i]->comm + order[i]->bubble, wait_p = order[pick]->comm + order[pick]->bubble;
+        if (wait_i < wait_p - 1e-3 * order[0]->step || (fabs(wait_i - wait_p) <= 1e-3 * order[0]->step &&
+                                                        order[i]->peak < order[pick]->peak))
+            pick = i;
+    }
+    return pick;
+}
+
+static void print_ranking(Layout **order, int n, const TrainArgs *a, int W, int top, int pick) {
+    int standing = 0;
+    for (int i = 0; i < n; i++) standing += !order[i]->why[0];
+    printf("train_mt: --layout auto: %d layouts of %d rank%s weighed (global batch %d %s per step), %d fit:\n", n, W,
+           W > 1 ? "s" : "", a->synthetic ? a->batch_size : a->batch_tokens * W, a->synthetic ? "sentences" : "tokens",
+           standing);
+    printf("     # | step (s) compute    comm  bubble | peak MiB (rank) | layout\n");
+    char text[600];
+    for (int i = 0; i < standing && i < top; i++) {
+        const Layout *l = order[i];
+        layout_text(l, a, text, sizeof text);
+        printf("  %c%3d | %8.3f %7.3f %7.3f %7.3f | %9.1f (%2d)  | %s\n", i == pick ? '*' : ' ', i + 1, l->step,
+               l->compute, l->comm, l->bubble,
+               l->peak / 1048576.0, l->worst, text);
+    }
+    if (standing > top) printf("  ... and %d more that fit, slower\n", standing - top);
+    /* the dropped, each reason once with how many layouts it struck */
+    int shown = 0;
+    for (int i = standing; i < n; i++) {
+        bool seen = false;
+        for (int j = standing; j < i && !seen; j++) seen = strcmp(order[j]->why, order[i]->why) == 0;
+        if (seen) continue;
+        int count = 0;
+        for (int j = i; j < n; j++) count += strcmp(order[j]->why, order[i]->why) == 0;
+        if (shown++ == top) {
+            printf("  ... more dropped\n");
+            break;
+        }
+        layout_text(order[i], a, text, sizeof text);
+        printf("  dropped %d like %s: %s\n", count, text, order[i]->why);
+    }
+}
+
+/* --plan, and --layout auto's choice. choose: pick the fastest layout that
+ * fits, set it in a and return 0 for the run to go on (every rank learns
+ * rank 0's choice); else print and return the exit status. */
+static int plan_main(TrainArgs *a, bool choose) {
     char err[1024];
     if (!a->dtype_given) a->dtype = device_is_gpu(a->device) ? DTYPE_BF16 : DTYPE_F32;
     Backend *be = rank_backend_create(a->device, a->dtype, err, sizeof err);
@@ -1117,56 +1324,127 @@ static int plan_main(TrainArgs *a) {
     rank_device_options(be, &ro, &hooks);
     if (runtime_init(&rt, &ro, err, sizeof err)) {
         fprintf(stderr, "train_mt: --plan: %s\n", err);
+        backend_destroy(be);
         return 2;
     }
     const bool lead = rt.mesh.rank == 0;
-    int tp = a->tp, dp = a->dp, pp = a->pp;
-    const int W = world > 1 ? world : (tp ? tp : 1) * (dp ? dp : 1) * pp;
-    if (W % pp) {
-        fprintf(stderr, "train_mt: --plan: --pp %d does not divide the world size %d\n", pp, W);
-        return 2;
+    Layout *ls = NULL;
+    int n = 0, W = world;
+    if (a->layout_auto) {
+        n = layouts_enumerate(a, W, &ls);
+    } else {
+        int tp = a->tp, dp = a->dp;
+        const int pp = a->pp;
+        W = world > 1 ? world : (tp ? tp : 1) * (dp ? dp : 1) * pp;
+        if (W % pp) {
+            fprintf(stderr, "train_mt: --plan: --pp %d does not divide the world size %d\n", pp, W);
+            runtime_free(&rt);
+            backend_destroy(be);
+            return 2;
+        }
+        if (!tp && !dp) tp = runtime_auto_tp(W / pp, world > 1 ? local_world : W, a->cfg.n_heads, a->cfg.d_ff);
+        if (!tp) tp = W / pp / dp;
+        if (!dp) dp = W / pp / tp;
+        if (tp * dp * pp != W || a->cfg.n_heads % tp || a->cfg.d_ff % tp) {
+            fprintf(stderr, "train_mt: --plan: tp %d x dp %d x pp %d does not fit %d ranks and the model (heads %d, "
+                            "ffn %d)\n", tp, dp, pp, W, a->cfg.n_heads, a->cfg.d_ff);
+            runtime_free(&rt);
+            backend_destroy(be);
+            return 2;
+        }
+        n = 1;
+        ls = TP_MALLOC(sizeof *ls);
+        ls[0] = (Layout){.tp = tp, .dp = dp, .pp = pp, .micro = a->micro_batches, .zero = a->grad.zero,
+                         .sp = a->seq_par && tp > 1, .rc = a->recompute, .batch_tokens = a->batch_tokens, .set = -1};
     }
-    if (!tp && !dp) tp = runtime_auto_tp(W / pp, world > 1 ? local_world : W, a->cfg.n_heads, a->cfg.d_ff);
-    if (!tp) tp = W / pp / dp;
-    if (!dp) dp = W / pp / tp;
-    if (tp * dp * pp != W || a->cfg.n_heads % tp || a->cfg.d_ff % tp) {
-        fprintf(stderr, "train_mt: --plan: tp %d x dp %d x pp %d does not fit %d ranks and the model (heads %d, "
-                        "ffn %d)\n", tp, dp, pp, W, a->cfg.n_heads, a->cfg.d_ff);
-        return 2;
+    /* the stages of each pp (balanced by cost, or --pp-layout), made once */
+    StageSet *stage_sets = TP_CALLOC((size_t)n, sizeof *stage_sets);
+    int n_stage_sets = 0;
+    for (int i = 0; i < n; i++) {
+        Layout *l = &ls[i];
+        if (a->cfg.n_heads % l->tp || a->cfg.d_ff % l->tp) {
+            snprintf(l->why, sizeof l->why, "tp %d does not divide the heads (%d) and the ffn (%d)", l->tp,
+                     a->cfg.n_heads, a->cfg.d_ff);
+            continue;
+        }
+        int k = 0;
+        while (k < n_stage_sets && stage_sets[k].pp != l->pp) k++;
+        if (k == n_stage_sets) {
+            StageSet *s = &stage_sets[n_stage_sets++];
+            s->pp = l->pp;
+            s->st = TP_MALLOC((size_t)l->pp * sizeof *s->st);
+            if (model_stages_make(&a->cfg, l->pp, a->layout_auto ? NULL : a->pp_layout, s->st, s->err, sizeof s->err) &&
+                !s->err[0])
+                snprintf(s->err, sizeof s->err, "%d stages cannot be made", l->pp);
+        }
+        if (stage_sets[k].err[0]) snprintf(l->why, sizeof l->why, "%s", stage_sets[k].err);
+        l->stages = stage_sets[k].st;
     }
-    static ModelStage stages[MAX_PP];
-    if (model_stages_make(&a->cfg, pp, a->pp_layout, stages, err, sizeof err)) {
-        fprintf(stderr, "train_mt: %s\n", err);
-        return 2;
-    }
+    int rc = 0;
     Source src;
+    ShapeSet *sets = TP_CALLOC((size_t)n, sizeof *sets);
+    int n_sets = 0;
+    if (!a->layout_auto && ls[0].why[0]) {
+        fprintf(stderr, "train_mt: %s\n", ls[0].why);
+        rc = 2;
+        goto done;
+    }
     if (source_open(&src, a, &a->cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
-        return 1;
+        source_close(&src);
+        rc = 1;
+        goto done;
     }
-    int total = run_steps(a, a->synthetic ? 0 : src.train.n_batches);
-    PlanShapes ps;
-    plan_shapes(a, &src, dp, total < PLAN_MAX_STEPS ? total : PLAN_MAX_STEPS, &ps);
+    /* the batch shapes, read once per (dp, micro-batches, tokens) */
+    for (int i = 0; i < n; i++) {
+        Layout *l = &ls[i];
+        if (l->why[0]) continue;
+        int k = 0;
+        while (k < n_sets && !(sets[k].dp == l->dp && sets[k].micro == l->micro && sets[k].batch_tokens == l->batch_tokens))
+            k++;
+        if (k == n_sets) {
+            sets[k] = (ShapeSet){.dp = l->dp, .micro = l->micro, .batch_tokens = l->batch_tokens};
+            if (plan_shapes(a, &src, l->dp, l->micro, l->batch_tokens, &sets[k].ps, sets[k].err, sizeof sets[k].err) &&
+                !sets[k].err[0])
+                snprintf(sets[k].err, sizeof sets[k].err, "its batches cannot be read");
+            n_sets++;
+        }
+        l->set = k;
+        if (sets[k].err[0]) snprintf(l->why, sizeof l->why, "%s", sets[k].err);
+    }
+    if (!a->layout_auto && ls[0].why[0]) {
+        fprintf(stderr, "train_mt: %s\n", ls[0].why);
+        source_close(&src);
+        rc = 1;
+        goto done;
+    }
     const bool gpu = !be->host_visible;
-    PlanInput in = plan_input(a, &a->cfg, stages, tp, dp, pp, gpu, &ps);
-    /* the calibration: loaded for this machine, completed, saved */
+    const int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const int t_cal = env_threads();
+    const int t_run = world > 1 || getenv("OMP_NUM_THREADS") ? t_cal : (W > 1 ? (cores / W > 1 ? cores / W : 1) : cores);
+    /* The calibration: every rank measures the rates the layouts need at
+     * once, in step (the contention of the run; rank 0's figures count),
+     * then the collectives; the cache keeps what was measured on this
+     * machine with this many ranks. */
     const char *cache = a->plan_cache ? a->plan_cache : "cache/plan_calibration.json";
     PlanCalib cal;
     memset(&cal, 0, sizeof cal);
-    calib_key(be, cal.key, sizeof cal.key);
+    calib_key(be, t_cal, cal.key, sizeof cal.key);
     const bool had = planner_calib_load(cache, &cal) == 0;
-    const int measured_by = cal.ranks;
-    if (!had || cal.ranks != world) {  // the rates at this contention: measured again
-        char key[256];
-        snprintf(key, sizeof key, "%s", cal.key);
-        const PlanCalib old = cal;
+    if (had && cal.ranks != world) {  // other contention: the compute rates again, the collectives kept
+        PlanCalib keep = cal;
         memset(&cal, 0, sizeof cal);
-        snprintf(cal.key, sizeof cal.key, "%s", key);
-        if (had && world == 1) memcpy(cal.ar_lat, old.ar_lat, sizeof cal.ar_lat), memcpy(cal.ar_bw, old.ar_bw, sizeof cal.ar_bw),
-                               cal.p2p_lat = old.p2p_lat, cal.p2p_bw = old.p2p_bw;
+        memcpy(cal.key, keep.key, sizeof cal.key);
+        memcpy(cal.ar_lat, keep.ar_lat, sizeof cal.ar_lat), memcpy(cal.ar_bw, keep.ar_bw, sizeof cal.ar_bw);
+        memcpy(cal.ar_loaded, keep.ar_loaded, sizeof cal.ar_loaded);
+        cal.p2p_lat = keep.p2p_lat, cal.p2p_bw = keep.p2p_bw;
     }
     cal.ranks = world;
-    planner_calibrate_compute(be, &in, &cal);
+    for (int i = 0; i < n; i++)
+        if (!ls[i].why[0]) {
+            const PlanInput in = plan_input(a, &ls[i], gpu, t_run, &sets[ls[i].set].ps);
+            planner_calibrate_compute(be, &in, &cal, world > 1 ? rt.ctrl : NULL);
+        }
     if (world > 1) {
         comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
         for (int g = 2; g <= world && g <= PLAN_MAX_GROUP; g++) {  // groups of g consecutive ranks, all at once
@@ -1180,50 +1458,108 @@ static int plan_main(TrainArgs *a) {
         }
     }
     if (backend_device_used(be, NULL)) cal.library_bytes = (double)be->mem.cur[MEM_LIBRARY];
-    int rc = 0;
+    int32_t choice[9] = {0};  // ok, tp, dp, pp, micro, zero, sp, recompute, batch tokens
     if (lead) {
-        char why[512];
+        char why[512], text[600];
         mkdir("cache", 0755);
         if (planner_calib_save(cache, &cal, why, sizeof why))
             fprintf(stderr, "train_mt: --plan: the calibration was not saved: %s\n", why);
-        const PlanCalib run = calib_for_world(&cal, W);
+        const PlanCalib run = calib_for_run(&cal, W, gpu, plan_slots(gpu, t_run));
         double limit = a->memory_limit;
         if (limit <= 0.0) limit = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (gpu ? 1 : W);
-        char layout[600], stage_text[400];
-        model_stages_format(stages, pp, stage_text, sizeof stage_text);
-        snprintf(layout, sizeof layout, "tp %d x dp %d x pp %d, %d micro-batch%s, ZeRO %d, recompute %s%s%s%s", tp, dp, pp,
-                 in.micro, in.micro > 1 ? "es" : "", in.grad.zero, model_recompute_name(in.recompute),
-                 in.seq_par ? ", sequence parallel" : "", pp > 1 ? ", stages " : "", pp > 1 ? stage_text : "");
-        printf("train_mt: plan for preset %s (%d+%d layers, d_model %d, vocab %d) on %s; batch shapes of %d steps; "
-               "calibration %s (%d rank%s at once%s)\n", a->preset, a->cfg.enc_layers, a->cfg.dec_layers, a->cfg.d_model,
-               a->cfg.vocab_size, be->device_name, ps.n_steps, cache, world, world > 1 ? "s" : "",
+        printf("train_mt: plan for preset %s (%d+%d layers, d_model %d, vocab %d) on %s, %d rank%s of %d thread%s; "
+               "calibration %s%s%s\n", a->preset, a->cfg.enc_layers, a->cfg.dec_layers, a->cfg.d_model,
+               a->cfg.vocab_size, be->device_name, W, W > 1 ? "s" : "", t_run, t_run > 1 ? "s" : "", cache,
+               had ? " (completed)" : " (new)",
                world == 1 && W > 1 ? (cal.ar_bw[2] > 0 ? "; collectives from an earlier run through tprun"
                                                        : "; collectives not measured: run --plan through tprun once")
                                    : "");
-        (void)measured_by;
-        double peak, step;
-        int worst;
+        fflush(stdout);
+        for (int i = 0; i < n; i++) {
+            Layout *l = &ls[i];
+            if (l->why[0]) continue;
+            const PlanInput in = plan_input(a, l, gpu, t_run, &sets[l->set].ps);
+            plan_layout(a, &in, &run, l, false, NULL, limit, NULL);
+            if (l->peak > limit)
+                snprintf(l->why, sizeof l->why, "does not fit: rank %d needs %.1f MiB, the limit is %.1f MiB", l->worst,
+                         l->peak / 1048576.0, limit / 1048576.0);
+        }
+        Layout **order = TP_MALLOC((size_t)n * sizeof *order);
+        for (int i = 0; i < n; i++) order[i] = &ls[i];
+        qsort(order, (size_t)n, sizeof *order, by_step);
+        const int pick = layout_pick(order, n);
+        if (a->layout_auto) print_ranking(order, n, a, W, choose ? 5 : PLAN_TOP, pick);
+        /* the chosen (or the only) layout: its table and verdict */
+        Layout *best = order[pick];
+        layout_text(best, a, text, sizeof text);
         FILE *json = NULL;
-        if (a->metrics_path && !(json = fopen(a->metrics_path, "w"))) {
+        if (!choose && a->metrics_path && !(json = fopen(a->metrics_path, "w"))) {
             fprintf(stderr, "train_mt: --metrics %s: %s\n", a->metrics_path, strerror(errno));
-            return 2;
+            rc = 2;
         }
-        plan_print(&in, &run, limit, layout, json, &peak, &worst, &step);
-        if (json && fclose(json) != 0) {
-            fprintf(stderr, "train_mt: --metrics %s: writing the file failed\n", a->metrics_path);
-            rc = 1;
+        if (rc == 0 && (!best->why[0] || !a->layout_auto)) {
+            const PlanInput in = plan_input(a, best, gpu, t_run, &sets[best->set].ps);
+            plan_layout(a, &in, &run, best, true, text, limit, json);
         }
-        if (peak > limit) {
-            printf("train_mt: does not fit: rank %d needs %.1f MiB, the limit is %.1f MiB\n", worst, peak / 1048576.0,
-                   limit / 1048576.0);
+        if (json) {
+            if (a->layout_auto) {
+                fprintf(json, "%s\"candidates\": [", best->why[0] ? "{" : ", ");
+                for (int i = 0; i < n; i++) {
+                    char flags[256], desc[600];
+                    layout_text(order[i], a, desc, sizeof desc);
+                    layout_flags(order[i], a, flags, sizeof flags);
+                    fprintf(json, "%s{\"layout\": \"%s\", \"flags\": \"%s\", \"tp\": %d, \"dp\": %d, \"pp\": %d, "
+                            "\"micro\": %d, \"zero\": %d, \"sp\": %s, \"recompute\": \"%s\", \"batch_tokens\": %d, "
+                            "\"fits\": %s, \"chosen\": %s, \"why\": \"%s\", \"step_s\": %.6f, \"comm_s\": %.6f, "
+                            "\"bubble_s\": %.6f, \"peak\": %.0f}", i ? ", " : "", desc, flags,
+                            order[i]->tp, order[i]->dp, order[i]->pp, order[i]->micro, order[i]->zero,
+                            order[i]->sp ? "true" : "false", model_recompute_name(order[i]->rc), order[i]->batch_tokens,
+                            order[i]->why[0] ? "false" : "true", i == pick && !best->why[0] ? "true" : "false",
+                            order[i]->why, order[i]->step, order[i]->comm, order[i]->bubble, order[i]->peak);
+                }
+                fprintf(json, "]");
+            }
+            fprintf(json, "}\n");
+            if (fclose(json) != 0) {
+                fprintf(stderr, "train_mt: --metrics %s: writing the file failed\n", a->metrics_path);
+                rc = 1;
+            }
+        }
+        if (rc == 0 && best->why[0]) {
+            if (a->layout_auto) printf("train_mt: no layout of %d ranks fits: the smallest, %s, %s\n", W, text, best->why);
+            else printf("train_mt: %s\n", best->why);
             rc = 3;
-        } else {
-            printf("train_mt: fits: the largest rank (%d) needs %.1f MiB of %.1f MiB; predicted step %.3f s\n", worst,
-                   peak / 1048576.0, limit / 1048576.0, step);
+        } else if (rc == 0) {
+            printf("train_mt: fits: the largest rank (%d) needs %.1f MiB of %.1f MiB; predicted step %.3f s\n",
+                   best->worst, best->peak / 1048576.0, limit / 1048576.0, best->step);
+            if (a->layout_auto) {
+                char flags[256];
+                layout_flags(best, a, flags, sizeof flags);
+                printf("train_mt: --layout auto: %s %s (%s)\n", choose ? "training" : "would train", text, flags);
+            }
+            choice[0] = 1, choice[1] = best->tp, choice[2] = best->dp, choice[3] = best->pp, choice[4] = best->micro;
+            choice[5] = best->zero, choice[6] = best->sp, choice[7] = (int32_t)best->rc, choice[8] = best->batch_tokens;
+        }
+        fflush(stdout);
+        free(order);
+    }
+    if (choose) {  // every rank trains what rank 0 chose
+        comm_ok(comm_broadcast(rt.ctrl, choice, sizeof choice, 0), rt.ctrl);
+        if (choice[0]) {
+            a->tp = choice[1], a->dp = choice[2], a->pp = choice[3], a->micro_batches = choice[4], a->grad.zero = choice[5];
+            a->seq_par = choice[6], a->recompute = (ModelRecompute)choice[7], a->batch_tokens = choice[8];
+            rc = 0;
+        } else if (rc == 0) {
+            rc = 3;
         }
     }
-    plan_shapes_free(&ps);
     source_close(&src);
+done:
+    for (int k = 0; k < n_sets; k++) plan_shapes_free(&sets[k].ps);
+    free(sets);
+    for (int k = 0; k < n_stage_sets; k++) free(stage_sets[k].st);
+    free(stage_sets);
+    free(ls);
     runtime_free(&rt);
     backend_destroy(be);
     return rc;
@@ -1232,7 +1568,11 @@ static int plan_main(TrainArgs *a) {
 int main(int argc, char **argv) {
     TrainArgs a;
     parse_args(argc, argv, &a);
-    if (a.plan) return plan_main(&a);
+    if (a.plan) return plan_main(&a, false);
+    if (a.layout_auto) {  // choose the layout, then train it
+        const int rc = plan_main(&a, true);
+        if (rc) return rc;
+    }
     char err[1024];
     /* The backend first: where the model's buffers live decides the data
      * groups' communicator (NCCL on its stream, or shm staged through its

@@ -4,7 +4,9 @@
 # copy task and on the corpus (dev BLEU: rank 0 holds and decodes the whole
 # model), every rank's predicted allocator peak must lie within 5% of the
 # peak the run's memory report measures, and each tag within 5% (or 64 KiB).
-# Step times are compared by scripts/bench_plan_cpu.sh, not here.
+# --layout auto: a ranking of every layout of 4 ranks, a limit that drops
+# some, and a run of its choice. Step times are compared by
+# scripts/bench_plan_cpu.sh, not here.
 #   test_plan.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -40,6 +42,54 @@ done
 rc=0
 "$build/train_mt" --plan ${copy[*]} --tp 2 --memory-limit 1 > small.log 2>&1 || rc=$?
 [ "$rc" = 3 ] && grep -q "does not fit: rank [01] needs" small.log || { cat small.log; echo "FAIL: --memory-limit 1: rc $rc"; exit 1; }
+# --layout auto on 4 ranks: a ranking that stands and, under a limit that
+# drops the larger layouts, a choice that fits; then a run of the choice
+# (its memory within 5% of what the ranking predicted for it).
+"$build/tprun" --nproc_per_node=4 "$build/train_mt" --plan --layout auto ${copy[*]} --metrics auto.json \
+  > auto.log 2>&1 || { cat auto.log; echo "FAIL: --plan --layout auto"; exit 1; }
+limit=$(/usr/bin/python3 -c '
+import json, statistics
+c = json.load(open("auto.json"))["candidates"]
+print(round(statistics.median(x["peak"] for x in c) / 2**20, 3))')
+"$build/tprun" --nproc_per_node=4 "$build/train_mt" --plan --layout auto ${copy[*]} --memory-limit "$limit" \
+  --metrics auto-limit.json > auto-limit.log 2>&1 || { cat auto-limit.log; echo "FAIL: --layout auto --memory-limit"; exit 1; }
+grep -q "dropped [0-9]* like .*: does not fit: rank" auto-limit.log || { cat auto-limit.log; echo "FAIL: no dropped layout named"; exit 1; }
+"$build/tprun" --nproc_per_node=4 "$build/train_mt" --layout auto ${copy[*]} --memory-limit "$limit" --log-interval 1 \
+  --metrics auto-run.jsonl > auto-run.log 2>&1 || { cat auto-run.log; echo "FAIL: --layout auto training"; exit 1; }
+grep -q "^\[rank 0\] train_mt: --layout auto: training tp" auto-run.log || { cat auto-run.log; echo "FAIL: no choice printed"; exit 1; }
+rc=0
+"$build/train_mt" --layout auto --tp 2 ${copy[*]} > refused.log 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "drop --tp" refused.log || { cat refused.log; echo "FAIL: --layout auto --tp 2: rc $rc"; exit 1; }
+/usr/bin/python3 - "$limit" <<'PY'
+import json, sys
+limit = float(sys.argv[1]) * 2**20
+for f in ("auto.json", "auto-limit.json"):
+    c = json.load(open(f))["candidates"]
+    fit = [x for x in c if x["fits"]]
+    assert fit, f"{f}: no layout fits"
+    assert all(x["why"] == "" for x in fit) and all(x["why"] for x in c if not x["fits"]), f"{f}: a verdict without a reason"
+    assert c[:len(fit)] == fit, f"{f}: the layouts that fit are not listed first"
+    steps = [x["step_s"] for x in fit]
+    assert all(a <= b * 1.001 for a, b in zip(steps, steps[1:])), f"{f}: not ranked by predicted step time"
+    assert all(x["tp"] * x["dp"] * x["pp"] == 4 for x in c), f"{f}: a layout not of 4 ranks"
+    meshes = {(x["tp"], x["dp"], x["pp"]) for x in c}
+    assert {(1, 4, 1), (2, 2, 1), (4, 1, 1), (1, 2, 2), (1, 1, 4)} <= meshes, f"{f}: meshes missing: {meshes}"
+c = json.load(open("auto-limit.json"))["candidates"]
+assert any(not x["fits"] and "does not fit" in x["why"] for x in c), "the limit dropped nothing"
+assert all(x["peak"] <= limit for x in c if x["fits"]), "a layout over the limit was kept"
+chosen = [x for x in c if x["chosen"]]
+assert len(chosen) == 1, f"{len(chosen)} layouts chosen"
+best = chosen[0]
+assert best["fits"] and best["step_s"] <= 1.05 * c[0]["step_s"], "the choice is not among the fastest predicted"
+run = [json.loads(x) for x in open("auto-run.jsonl") if '"memory"' in x][-1]["memory"]
+assert len(run) == 4 and max(r["tp"] for r in run) + 1 == best["tp"] and max(r["pp"] for r in run) + 1 == best["pp"], \
+    f"the run's mesh is not the chosen {best['layout']}"
+peak = max(r["allocator_peak"] for r in run)
+assert abs(best["peak"] - peak) <= 0.05 * peak, f"chosen layout: predicted {best['peak']:.0f}, measured {peak:.0f}"
+print(f"test_plan: --layout auto: {len(c)} layouts ranked; under {limit / 2**20:.2f} MiB "
+      f"{sum(not x['fits'] for x in c)} dropped; chose {best['layout']}, measured peak {peak / 2**20:.2f} MiB "
+      f"(predicted {best['peak'] / 2**20:.2f})")
+PY
 /usr/bin/python3 - "${layouts[@]}" <<'PY'
 import json, sys
 bad, rows = [], []

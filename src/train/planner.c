@@ -13,6 +13,7 @@
 #include "err.h"
 #include "fileio.h"
 #include "train/pipeline.h"
+#include "data/batch.h"
 #include "transformer/decode.h"
 #include "transformer/params.h"
 
@@ -203,10 +204,18 @@ static double gemm_rate(const PlanCalib *c, int M, int N, int K) {
     return near > 0.0 ? near : best > 0.0 ? best : 1e9;  // the nearest size measured
 }
 
-/* Seconds of f() repeated until at least min_s passed (after one warm-up call), per call. */
-static double time_per_call(Backend *be, void (*f)(void *), void *ctx, double min_s) {
+/* Every rank of sync at once (NULL: alone), so that each measures with
+ * the others as busy as in the run. */
+static void sync_ranks(Comm *sync) {
+    if (sync) TP_CHECK(comm_barrier(sync) == 0, "%s", comm_error(sync));
+}
+
+/* Seconds of f() repeated until at least min_s passed (after one warm-up
+ * call and the ranks' meeting), per call. */
+static double time_per_call(Backend *be, void (*f)(void *), void *ctx, double min_s, Comm *sync) {
     f(ctx);
     backend_sync(be);
+    sync_ranks(sync);
     int n = 0;
     const double t0 = tp_now_s();
     double t;
@@ -243,7 +252,90 @@ static void bench_attn(void *p) {
 
 static float *zeros(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(float), MEM_WORKSPACE); }
 
-void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c) {
+static void layer_costs(const PlanInput *in, const PlanCalib *c, int tp, const ModelStage *st, PlanShape s,
+                        double *layers_fwd, double *head_fwd, double *attn_fwd);
+
+/* Seconds of one training micro-batch (forward and backward) of model m
+ * on a batch of shape s: the mean of eight after a warm-up. */
+static double model_step_s(Backend *be, Model *m, PlanShape s, Comm *sync) {
+    OwnedBatch b;
+    owned_batch_alloc(&b, s.B, s.S, s.T, m->cfg.pad_id);
+    const int tok = m->cfg.vocab_size > 5 ? 5 : m->cfg.vocab_size - 1;
+    for (int r = 0; r < s.B; r++) {
+        b.src_len[r] = s.S, b.tgt_len[r] = s.T;
+        for (int t = 0; t < s.S; t++) b.src[(size_t)r * s.S + t] = tok;
+        for (int t = 0; t < s.T; t++) b.tgt_in[(size_t)r * s.T + t] = b.tgt_out[(size_t)r * s.T + t] = tok;
+    }
+    const DropoutKey key = {.seed = 1};
+    enum { REPS = 8 };
+    double t0 = 0.0;
+    for (int rep = 0; rep <= REPS; rep++) {  // the first warms the allocator and caches
+        if (rep == 1) {
+            sync_ranks(sync);
+            t0 = tp_now_s();
+        }
+        model_zero_grad(m);
+        int n_tok = 0;
+        model_forward(m, &b.view, true, key, &n_tok);
+        model_backward(m, &b.view, true, key, 1.0f / (float)(n_tok ? n_tok : 1));
+        backend_sync(be);
+    }
+    const double mean = (tp_now_s() - t0) / REPS;
+    owned_batch_free(&b);
+    return mean;
+}
+
+/* The shape an eighth as many rows: the fixed cost's lever. */
+static PlanShape small_shape(PlanShape s) { return (PlanShape){s.B / 8 > 0 ? s.B / 8 : 1, s.S, s.T}; }
+
+/* A 1+1-layer model of the config (tp 1, dropout as configured) trains a
+ * micro-batch of the largest shape and one of an eighth its rows; what
+ * each takes beyond the GEMMs and attention the calibration prices is the
+ * rest (LayerNorm, softmax, dropout, loss, embeddings, the calls
+ * themselves): a fixed cost per layer and micro-batch, and a cost per
+ * activation float its slot keeps (the two solved from the two shapes). */
+static void elem_calibrate(Backend *be, const PlanInput *in, PlanShape big, PlanCalib *c, Comm *sync) {
+    ModelConfig one = in->cfg;
+    one.enc_layers = one.dec_layers = 1;
+    Model m;
+    char err[256];
+    TP_CHECK(model_create_ex(&m, be, &one, NULL, 1, 0, err, sizeof err) == 0, "%s", err);
+    PlanInput in1 = *in;
+    in1.cfg = one;
+    const ModelStage whole = model_stage_whole(&one);
+    const PlanShape shapes[2] = {big, small_shape(big)};
+    double rest[2], floats[2];
+    for (int k = 0; k < 2; k++) {
+        const double t = model_step_s(be, &m, shapes[k], sync);
+        double layers, head, attn;
+        layer_costs(&in1, c, 1, &whole, shapes[k], &layers, &head, &attn);
+        size_t slot, scratch;
+        model_plan_activations(&one, 1, &whole, MODEL_RECOMPUTE_NONE, false, shapes[k].B, shapes[k].S, shapes[k].T,
+                               &slot, &scratch);
+        rest[k] = t - 3.0 * (layers + head);
+        if (rest[k] < 0.05 * t) rest[k] = 0.05 * t;
+        floats[k] = (double)slot;
+    }
+    model_free(&m);
+    double per_float = floats[0] > floats[1] ? (rest[0] - rest[1]) / (floats[0] - floats[1]) : 0.0;
+    if (per_float <= 0.0) per_float = rest[0] / floats[0];  // no lever (one row): all per float
+    double fixed = (rest[0] - per_float * floats[0]) / 2.0;
+    if (fixed < 0.0) fixed = 0.0, per_float = rest[0] / floats[0];
+    if (c->n_elem == PLAN_MAX_ELEM) return;
+    c->elem[c->n_elem].tokens = (double)big.B * (big.S + big.T);
+    c->elem[c->n_elem].per_float = per_float;
+    c->elem[c->n_elem++].fixed_per_layer = fixed;
+}
+
+/* The element-wise calibration nearest in size to micro-batches of `tokens` (-1: none). */
+static int elem_nearest(const PlanCalib *c, double tokens) {
+    int best = -1;
+    for (int i = 0; i < c->n_elem; i++)
+        if (best < 0 || fabs(log(c->elem[i].tokens / tokens)) < fabs(log(c->elem[best].tokens / tokens))) best = i;
+    return best;
+}
+
+void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c, Comm *sync) {
     /* the largest training shape: the GEMMs of every stage at every tp the input allows */
     PlanShape big = {1, 1, 1};
     const size_t n_train = (size_t)in->n_steps * in->dp * in->micro;
@@ -252,7 +344,12 @@ void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c) {
             big = in->train[i];
     const ModelStage whole = model_stage_whole(&in->cfg);
     int shapes[PLAN_MAX_GEMMS][3];
-    const int n = planner_gemm_shapes(in, in->tp, &whole, big, shapes);
+    int n = planner_gemm_shapes(in, in->tp, &whole, big, shapes);
+    for (int k2 = 0; k2 < 2; k2++) {  // and at tp 1: the element-wise calibration's model at its two shapes
+        int one[PLAN_MAX_GEMMS][3];
+        const int k = planner_gemm_shapes(in, 1, &whole, k2 ? small_shape(big) : big, one);
+        for (int i = 0; i < k; i++) n = add_shape(shapes, n, one[i][0], one[i][1], one[i][2]);
+    }
     Bench b = {.be = be};
     for (int i = 0; i < n && c->n_gemm < PLAN_MAX_GEMMS; i++) {
         bool have = false;
@@ -263,7 +360,7 @@ void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c) {
         b.x = zeros(be, (size_t)b.M * b.K);
         b.w = zeros(be, (size_t)b.N * b.K);
         b.y = zeros(be, (size_t)b.M * b.N);
-        const double s = time_per_call(be, bench_gemm, &b, 0.05);
+        const double s = time_per_call(be, bench_gemm, &b, 0.05, sync);
         c->gemm[c->n_gemm].M = b.M, c->gemm[c->n_gemm].N = b.N, c->gemm[c->n_gemm].K = b.K;
         c->gemm[c->n_gemm++].flops_per_s = 2.0 * b.M * b.N * (double)b.K / s;
         backend_free(be, b.x), backend_free(be, b.w), backend_free(be, b.y);
@@ -271,7 +368,7 @@ void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c) {
     if (c->mem_bw <= 0.0) {
         b.M = 1 << 22;  // 16 MiB per operand: past the caches
         b.x = zeros(be, (size_t)b.M), b.w = zeros(be, (size_t)b.M), b.y = zeros(be, (size_t)b.M);
-        c->mem_bw = 3.0 * sizeof(float) * b.M / time_per_call(be, bench_add, &b, 0.05);
+        c->mem_bw = 3.0 * sizeof(float) * b.M / time_per_call(be, bench_add, &b, 0.05, sync);
         backend_free(be, b.x), backend_free(be, b.w), backend_free(be, b.y);
     }
     if (c->attn_flops_per_s <= 0.0) {
@@ -284,10 +381,14 @@ void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c) {
         b.len = backend_alloc(be, (size_t)b.B * sizeof(int32_t), MEM_WORKSPACE);
         backend_upload(be, b.len, len, (size_t)b.B * sizeof(int32_t));
         free(len);
-        c->attn_flops_per_s = 4.0 * b.B * b.H * (double)b.T * b.T * b.D / time_per_call(be, bench_attn, &b, 0.05);
+        c->attn_flops_per_s = 4.0 * b.B * b.H * (double)b.T * b.T * b.D / time_per_call(be, bench_attn, &b, 0.05, sync);
         backend_free(be, b.q), backend_free(be, b.k), backend_free(be, b.v), backend_free(be, b.y);
         backend_free(be, b.P), backend_free(be, b.len);
     }
+    /* after the rates it subtracts; once per size of micro-batch (within 2x) */
+    const double tokens = (double)big.B * (big.S + big.T);
+    const int near = elem_nearest(c, tokens);
+    if (near < 0 || fabs(log(c->elem[near].tokens / tokens)) > log(2.0)) elem_calibrate(be, in, big, c, sync);
 }
 
 void planner_calibrate_comm(Backend *be, Comm *comm, PlanCalib *c) {
@@ -306,11 +407,33 @@ void planner_calibrate_comm(Backend *be, Comm *comm, PlanCalib *c) {
         for (int i = 0; i < reps; i++) TP_CHECK(comm_allreduce(comm, buf, sizes[k], COMM_SUM) == 0, "%s", comm_error(comm));
         t[k] = (tp_now_s() - t0) / reps;
     }
+    /* Under load: in a run the members reach a collective from compute,
+     * and where ranks share cores one may be descheduled; its latency then
+     * is what a small allreduce adds to a loop of ~1 ms GEMMs, every group
+     * of the size at once. */
+    Bench w = {.be = be, .M = 256, .N = 256, .K = 256};
+    w.x = zeros(be, 256 * 256), w.w = zeros(be, 256 * 256), w.y = zeros(be, 256 * 256);
+    double loaded[2];
+    for (int k = 0; k < 2; k++) {
+        enum { REPS = 100 };
+        bench_gemm(&w);
+        backend_sync(be);
+        TP_CHECK(comm_barrier(comm) == 0, "%s", comm_error(comm));
+        const double t0 = tp_now_s();
+        for (int i = 0; i < REPS; i++) {
+            bench_gemm(&w);
+            backend_sync(be);
+            if (k == 1) TP_CHECK(comm_allreduce(comm, buf, small, COMM_SUM) == 0, "%s", comm_error(comm));
+        }
+        loaded[k] = (tp_now_s() - t0) / REPS;
+    }
+    backend_free(be, w.x), backend_free(be, w.w), backend_free(be, w.y);
     /* every member adopts member 0's figures (they must agree for the plan to be one) */
-    float fig[2] = {(float)t[0], (float)t[1]};
+    float fig[3] = {(float)t[0], (float)t[1], (float)(loaded[1] > loaded[0] ? loaded[1] - loaded[0] : 0.0)};
     TP_CHECK(comm_broadcast(comm, fig, sizeof fig, 0) == 0, "%s", comm_error(comm));
     c->ar_lat[g] = fig[0];
     c->ar_bw[g] = fig[1] > fig[0] ? (double)(large - small) * sizeof(float) / (fig[1] - fig[0]) : 1e12;
+    c->ar_loaded[g] = fig[2];
     /* a stage message: ping-pong between members 0 and 1 */
     float p2p[2] = {0.0f, 0.0f};
     if (r < 2) {
@@ -341,13 +464,13 @@ void planner_calibrate_comm(Backend *be, Comm *comm, PlanCalib *c) {
  * from the memory bandwidth. */
 static double allreduce_s(const PlanCalib *c, int g, double n) {
     if (g < 2) return 0.0;
-    if (g <= PLAN_MAX_GROUP && c->ar_bw[g] > 0.0) return c->ar_lat[g] + n / c->ar_bw[g];
+    if (g <= PLAN_MAX_GROUP && c->ar_bw[g] > 0.0) return fmax(c->ar_lat[g], c->ar_loaded[g]) + n / c->ar_bw[g];
     int best = 0;
     for (int h = 2; h <= PLAN_MAX_GROUP; h++)
         if (c->ar_bw[h] > 0.0 && (best == 0 || abs(h - g) < abs(best - g))) best = h;
     if (best) {
         const double scale = (2.0 * (g - 1) / g) / (2.0 * (best - 1) / best);
-        return c->ar_lat[best] * g / best + n * scale / c->ar_bw[best];
+        return fmax(c->ar_lat[best], c->ar_loaded[best]) * g / best + n * scale / c->ar_bw[best];
     }
     return 20e-6 * g + 2.0 * n / (c->mem_bw > 0.0 ? c->mem_bw : 1e10);
 }
@@ -357,32 +480,46 @@ static double p2p_s(const PlanCalib *c, double n) {
     return 20e-6 + n / (c->mem_bw > 0.0 ? c->mem_bw : 1e10);
 }
 
-/* One micro-batch of shape s on a tp rank of stage st: seconds of compute
- * (forward, backward, recomputation) and of tp communication. */
-static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage *st, PlanShape s, double *compute,
-                       double *tp_comm) {
+/* Forward seconds of a micro-batch of shape s on a tp rank of stage st:
+ * its layers' GEMMs and attention, the output layer's GEMM, and of it the
+ * attention alone. */
+static void layer_costs(const PlanInput *in, const PlanCalib *c, int tp, const ModelStage *st, PlanShape s,
+                        double *layers_fwd, double *head_fwd, double *attn_fwd) {
     const ModelConfig *cfg = &in->cfg;
-    const int tp = in->tp, C = cfg->d_model, Cl = C / tp, Fl = cfg->d_ff / tp, Vl = vocab_padded(cfg, tp) / tp;
+    const int C = cfg->d_model, Cl = C / tp, Fl = cfg->d_ff / tp, Vl = vocab_padded(cfg, tp) / tp;
     const double Ns = (double)s.B * s.S, Nt = (double)s.B * s.T, Hl = cfg->n_heads / tp, dh = C / cfg->n_heads;
     const int n_enc = st->enc_hi - st->enc_lo, n_dec = st->dec_hi - st->dec_lo;
 #define GEMM(M, N, K) (2.0 * (double)(M) * (N) * (K) / gemm_rate(c, (int)(M), (N), (K)))
     const double enc_gemm = 3 * GEMM(Ns, Cl, C) + GEMM(Ns, C, Cl) + GEMM(Ns, Fl, C) + GEMM(Ns, C, Fl);
     const double dec_gemm = 4 * GEMM(Nt, Cl, C) + 2 * GEMM(Nt, C, Cl) + 2 * GEMM(Ns, Cl, C) + GEMM(Nt, Fl, C) +
                             GEMM(Nt, C, Fl);
-    const double head_gemm = st->head ? GEMM(Nt, Vl, C) : 0.0;
+    *head_fwd = st->head ? GEMM(Nt, Vl, C) : 0.0;
 #undef GEMM
     const double ar = c->attn_flops_per_s > 0.0 ? c->attn_flops_per_s : 1e9;
     const double enc_attn = 4.0 * s.B * Hl * (double)s.S * s.S * dh / ar;
     const double dec_attn = 4.0 * s.B * Hl * ((double)s.T * s.T + (double)s.T * s.S) * dh / ar;
-    /* element-wise work: the activations a micro-batch writes in forward,
-     * read in backward and their gradients written and read: ~6 passes */
+    *attn_fwd = n_enc * enc_attn + n_dec * dec_attn;
+    *layers_fwd = n_enc * enc_gemm + n_dec * dec_gemm + *attn_fwd;
+}
+
+/* One micro-batch of shape s on a tp rank of stage st: seconds of compute
+ * (forward, backward, recomputation) and of tp communication. */
+static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage *st, PlanShape s, double *compute,
+                       double *tp_comm) {
+    const ModelConfig *cfg = &in->cfg;
+    const int tp = in->tp, C = cfg->d_model;
+    const double Ns = (double)s.B * s.S, Nt = (double)s.B * s.T;
+    const int n_enc = st->enc_hi - st->enc_lo, n_dec = st->dec_hi - st->dec_lo;
+    double layers_fwd, head_gemm, attn;
+    layer_costs(in, c, tp, st, s, &layers_fwd, &head_gemm, &attn);
+    /* element-wise work: in proportion to the activations a slot keeps */
     size_t slot, scratch;
     model_plan_activations(cfg, tp, st, MODEL_RECOMPUTE_NONE, in->seq_par, s.B, s.S, s.T, &slot, &scratch);
-    const double elem = 6.0 * sizeof(float) * (double)slot / (c->mem_bw > 0.0 ? c->mem_bw : 1e10);
-    const double layers_fwd = n_enc * (enc_gemm + enc_attn) + n_dec * (dec_gemm + dec_attn);
+    const int e = elem_nearest(c, (double)s.B * (s.S + s.T));
+    const double elem = e < 0 ? 0.0 : c->elem[e].per_float * (double)slot + c->elem[e].fixed_per_layer * (n_enc + n_dec);
     double t = 3.0 * (layers_fwd + head_gemm) + elem;  // forward, and backward's two GEMMs per GEMM
-    if (in->recompute == MODEL_RECOMPUTE_SELECTIVE) t += 0.5 * (n_enc * enc_attn + n_dec * dec_attn);
-    if (in->recompute == MODEL_RECOMPUTE_FULL) t += layers_fwd + elem / 6.0;
+    if (in->recompute == MODEL_RECOMPUTE_SELECTIVE) t += 0.5 * attn;
+    if (in->recompute == MODEL_RECOMPUTE_FULL) t += layers_fwd + elem / 3.0;
     *compute = t;
     /* tp: per sub-block one allreduce forward and one backward of (N, C);
      * with sequence parallelism a reduce-scatter and an allgather each (half
@@ -402,38 +539,83 @@ static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage
     *tp_comm = comm;
 }
 
+/* micro_cost by (stage, shape), remembered: a plan prices the same shapes
+ * many times (every step of every dp rank) */
+enum { MEMO_SIZE = 1 << 14 };
+typedef struct {
+    int k, B, S, T;  // B 0: empty
+    double comp, comm;
+} CostMemo;
+
+static void micro_cost_memo(const PlanInput *in, const PlanCalib *c, CostMemo *memo, int *n_memo, int k, PlanShape s,
+                            double *comp, double *comm) {
+    unsigned h = ((unsigned)s.B * 73856093u ^ (unsigned)s.S * 19349663u ^ (unsigned)s.T * 83492791u ^
+                  (unsigned)k * 2654435761u) & (MEMO_SIZE - 1);
+    for (; memo[h].B; h = (h + 1) & (MEMO_SIZE - 1))
+        if (memo[h].k == k && memo[h].B == s.B && memo[h].S == s.S && memo[h].T == s.T) {
+            *comp = memo[h].comp, *comm = memo[h].comm;
+            return;
+        }
+    micro_cost(in, c, &in->stages[k], s, comp, comm);
+    if (in->pp > 1) {  // the stage's messages: its input's gradient back, its output on
+        const int tp = in->tp;
+        const double rows_s = in->seq_par ? ceil((double)s.B * s.S / tp) : (double)s.B * s.S;
+        const double rows_t = in->seq_par ? ceil((double)s.B * s.T / tp) : (double)s.B * s.T;
+        const double bytes = (rows_s + rows_t) * in->cfg.d_model * sizeof(float);
+        *comm += ((k > 0) + (k < in->pp - 1)) * p2p_s(c, bytes);
+    }
+    if (*n_memo < MEMO_SIZE / 2 && s.B > 0) {
+        memo[h] = (CostMemo){k, s.B, s.S, s.T, *comp, *comm};
+        ++*n_memo;
+    }
+}
+
 void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *out) {
     const int tp = in->tp, dp = in->dp, pp = in->pp, M = in->micro;
     const int s = rank / (tp * dp), d = (rank / tp) % dp;
-    /* the average micro-batch of this dp rank over the steps planned, per stage */
-    double t_micro_max = 0.0, t_micro_mine = 0.0, comm_mine = 0.0, bwd_mine = 0.0;
     const int n_steps = in->n_steps > 0 ? in->n_steps : 1;
-    for (int k = 0; k < pp; k++) {
-        double comp = 0.0, comm = 0.0;
-        for (int g = 0; g < in->n_steps; g++)
-            for (int i = 0; i < M; i++) {
-                double a, b;
-                micro_cost(in, c, &in->stages[k], in->train[((size_t)g * dp + d) * M + i], &a, &b);
-                comp += a, comm += b;
+    CostMemo *memo = TP_CALLOC(MEMO_SIZE, sizeof *memo);
+    int n_memo = 0;
+    /* Every step: each dp rank's pipeline (1F1B) takes one micro-batch's
+     * way through every stage and back, then the other M - 1 at the pace of
+     * its slowest stage: sum_k t_k + (M - 1) max_k t_k, with t_k a stage's
+     * average micro-batch; the step waits for the slowest dp rank (the
+     * gradients' allreduce). The rates were measured with every rank busy;
+     * where ranks share the compute (more ranks than cores, or than GPUs),
+     * a rank waiting in a bubble gives its share to the others, so the step
+     * is the larger of that critical path at a rank's own pace (x relief)
+     * and the machine's total work (the mean busy time over the ranks). */
+    const double relief = in->slots > 0 && in->slots < tp * dp * pp ? (double)in->slots / (tp * dp * pp) : 1.0;
+    double pipe = 0.0, comp_mine = 0.0, comm_mine = 0.0;
+    double *t_k = TP_MALLOC((size_t)pp * sizeof *t_k);
+    for (int g = 0; g < n_steps && g < in->n_steps; g++) {
+        double slowest = 0.0, busy = 0.0;
+        for (int r = 0; r < dp; r++) {
+            double t_max = 0.0, t_sum = 0.0;
+            for (int k = 0; k < pp; k++) {
+                double t = 0.0;
+                for (int i = 0; i < M; i++) {
+                    double a, b;
+                    micro_cost_memo(in, c, memo, &n_memo, k, in->train[((size_t)g * dp + r) * M + i], &a, &b);
+                    t += a + b;
+                    if (r == d && k == s) comp_mine += a, comm_mine += b;
+                }
+                busy += tp * t;
+                t_k[k] = t / M;
+                t_sum += t_k[k];
+                if (t_k[k] > t_max) t_max = t_k[k];
             }
-        comp /= (double)n_steps * M;
-        comm /= (double)n_steps * M;
-        double msg = 0.0;  // the stage's messages per micro-batch: its input's gradient back, its output on
-        if (pp > 1) {
-            const PlanShape sh = in->train[(size_t)d * M];
-            const double rows_s = in->seq_par ? ceil((double)sh.B * sh.S / tp) : (double)sh.B * sh.S;
-            const double rows_t = in->seq_par ? ceil((double)sh.B * sh.T / tp) : (double)sh.B * sh.T;
-            const double bytes = (rows_s + rows_t) * in->cfg.d_model * sizeof(float);
-            msg = ((k > 0) + (k < pp - 1)) * p2p_s(c, bytes);
+            const double p = t_sum + (M - 1) * t_max;
+            if (p > slowest) slowest = p;
         }
-        const double t = comp + comm + msg;
-        if (t > t_micro_max) t_micro_max = t;
-        if (k == s) t_micro_mine = t, comm_mine = comm + msg, bwd_mine = 2.0 / 3.0 * comp;
+        busy /= (double)tp * dp * pp;
+        pipe += relief * slowest > busy ? relief * slowest : busy;
     }
-    /* the step: 1F1B takes (M + p - 1) slowest-stage micro-batches; this
-     * stage computes M of its own, the rest is bubble */
-    const double pipe = (M + pp - 1) * t_micro_max;
-    out->t_bubble = pipe - M * t_micro_mine;
+    free(t_k);
+    free(memo);
+    pipe /= n_steps, comp_mine /= n_steps, comm_mine /= n_steps;
+    const double bwd_mine = 2.0 / 3.0 * comp_mine / M;  // the last micro-batch's backward
+    out->t_bubble = pipe > comp_mine + comm_mine ? pipe - comp_mine - comm_mine : 0.0;
     /* dp: the stage's gradients (bf16: half the bytes) per bucket, hidden
      * behind the last micro-batch's backward when overlapped; ZeRO-2 every
      * micro-batch; ZeRO 1/2 allgather the weights after the update */
@@ -456,8 +638,8 @@ void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *o
     const double state = in->grad.zero >= 1 ? n_params / dp : n_params;
     const double bw = c->mem_bw > 0.0 ? c->mem_bw : 1e10;
     const double opt = (7.0 * state + 2.0 * n_params) * sizeof(float) / bw;
-    out->t_comm = M * comm_mine + exposed;
-    out->t_compute = M * (t_micro_mine - comm_mine) + opt;
+    out->t_comm = comm_mine + exposed;
+    out->t_compute = comp_mine + opt;
     out->t_step = pipe + exposed + opt;
 }
 
@@ -479,10 +661,19 @@ static cJSON *calib_json(const PlanCalib *c) {
         cJSON_AddItemToArray(e, cJSON_CreateNumber(k));
         cJSON_AddItemToArray(e, cJSON_CreateNumber(c->ar_lat[k]));
         cJSON_AddItemToArray(e, cJSON_CreateNumber(c->ar_bw[k]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(c->ar_loaded[k]));
         cJSON_AddItemToArray(ar, e);
     }
     cJSON_AddNumberToObject(o, "mem_bw", c->mem_bw);
     cJSON_AddNumberToObject(o, "attn_flops_per_s", c->attn_flops_per_s);
+    cJSON *el = cJSON_AddArrayToObject(o, "elem");  // [tokens, seconds per float, seconds per layer]
+    for (int i = 0; i < c->n_elem; i++) {
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(c->elem[i].tokens));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(c->elem[i].per_float));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(c->elem[i].fixed_per_layer));
+        cJSON_AddItemToArray(el, e);
+    }
     cJSON_AddNumberToObject(o, "p2p_lat", c->p2p_lat);
     cJSON_AddNumberToObject(o, "p2p_bw", c->p2p_bw);
     cJSON_AddNumberToObject(o, "ranks", c->ranks);
@@ -514,13 +705,23 @@ int planner_calib_load(const char *path, PlanCalib *c) {
             c->gemm[c->n_gemm++].flops_per_s = cJSON_GetArrayItem(e, 3)->valuedouble;
         }
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(o, "allreduce")) {
-            const int g = cJSON_GetArraySize(e) == 3 ? cJSON_GetArrayItem(e, 0)->valueint : 0;
+            const int g = cJSON_GetArraySize(e) == 4 ? cJSON_GetArrayItem(e, 0)->valueint : 0;
             if (g < 2 || g > PLAN_MAX_GROUP) continue;
             c->ar_lat[g] = cJSON_GetArrayItem(e, 1)->valuedouble;
             c->ar_bw[g] = cJSON_GetArrayItem(e, 2)->valuedouble;
+            c->ar_loaded[g] = cJSON_GetArrayItem(e, 3)->valuedouble;
         }
         c->mem_bw = num(o, "mem_bw");
         c->attn_flops_per_s = num(o, "attn_flops_per_s");
+        c->n_elem = 0;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(o, "elem")) {
+            if (cJSON_GetArraySize(e) != 3 || c->n_elem >= PLAN_MAX_ELEM) continue;
+            const double t = cJSON_GetArrayItem(e, 0)->valuedouble;
+            if (!(t > 0.0)) continue;  // a size of nothing prices nothing
+            c->elem[c->n_elem].tokens = t;
+            c->elem[c->n_elem].per_float = cJSON_GetArrayItem(e, 1)->valuedouble;
+            c->elem[c->n_elem++].fixed_per_layer = cJSON_GetArrayItem(e, 2)->valuedouble;
+        }
         c->p2p_lat = num(o, "p2p_lat");
         c->p2p_bw = num(o, "p2p_bw");
         c->ranks = (int)num(o, "ranks");

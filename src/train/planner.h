@@ -41,6 +41,8 @@ typedef struct {
     GradSyncConfig grad;        // zero, bucket_elems, dtype, overlap (staged is set from pp)
     bool gpu;                   // a CUDA backend (batch ids uploaded, bf16 compute copies)
     Dtype dtype;
+    int slots;                  // ranks that compute at once without slowing each other: the cores on
+                                // CPU, the GPUs on a GPU machine (0: as many as ranks)
     /* training micro-batches: train[(g dp + r) micro + i] is dp rank r's
      * micro-batch i of step g, for g < n_steps */
     const PlanShape *train;
@@ -68,7 +70,7 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out);
 
 /* ---- time ------------------------------------------------------------------ */
 
-enum { PLAN_MAX_GEMMS = 96, PLAN_MAX_GROUP = 16 };
+enum { PLAN_MAX_GEMMS = 256, PLAN_MAX_GROUP = 16, PLAN_MAX_ELEM = 16 };
 
 /* What the machine does, measured by the planner_calibrate functions. */
 typedef struct {
@@ -76,21 +78,34 @@ typedef struct {
     int n_gemm;
     struct { int M, N, K; double flops_per_s; } gemm[PLAN_MAX_GEMMS];  // linear-layer rates at the shapes measured
     double mem_bw;              // bytes/s of a streaming element-wise op (read 2, write 1)
+    /* the ops that are not GEMMs or attention (LayerNorm, softmax, dropout,
+     * loss, embeddings, the calls): seconds per activation float kept and
+     * per layer and micro-batch, forward and backward, from a 1+1-layer
+     * model's steps at two shapes less their GEMMs and attention */
+    int n_elem;
+    struct {
+        double tokens;          // the micro-batch measured: rows x (source + target length)
+        double per_float, fixed_per_layer;
+    } elem[PLAN_MAX_ELEM];      // one per micro-batch size (within 2x), the nearest prices a shape
     double attn_flops_per_s;    // the attention op's rate (forward)
     /* allreduce of n bytes in a group of g ranks: ar_lat[g] + n / ar_bw[g]
      * seconds (0: not measured); a stage message: p2p_lat + n / p2p_bw */
     double ar_lat[PLAN_MAX_GROUP + 1], ar_bw[PLAN_MAX_GROUP + 1];
+    double ar_loaded[PLAN_MAX_GROUP + 1];  // the latency between compute on a loaded machine (the larger counts)
     double p2p_lat, p2p_bw;
-    int ranks;                  // ranks that measured at once (contention included in the rates)
+    int ranks;                  // ranks that measured at once, each with the key's threads: the rates
+                                // are those of a rank while that many compute (docs/planner.md)
     double library_bytes;       // the device's library overhead (CUDA context, cuBLASLt, NCCL)
 } PlanCalib;
 
 /* The linear layers' (M, N, K) of a micro-batch of shape s on one tp rank
  * of a stage, each once, into out (room for PLAN_MAX_GEMMS); returns the count. */
 int planner_gemm_shapes(const PlanInput *in, int tp, const ModelStage *st, PlanShape s, int (*out)[3]);
-/* Measures the GEMM rates at the shapes not yet in c, the memory bandwidth
- * and the attention rate on backend be (about a second). */
-void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c);
+/* Measures the GEMM rates at the shapes not yet in c, the memory bandwidth,
+ * the attention rate and the element-wise cost on backend be (seconds).
+ * With sync, every member calls it at once with the same c and in and
+ * each measurement starts together (contention as in the run). */
+void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c, Comm *sync);
 /* Measures allreduce latency and bandwidth in group comm (every member
  * calls it at once) and, with two or more members, a stage message's
  * between members 0 and 1. */
