@@ -1221,7 +1221,7 @@ static int by_step(const void *x, const void *y) {
     const Layout *a = *(Layout *const *)x, *b = *(Layout *const *)y;
     if (!!a->why[0] != !!b->why[0]) return a->why[0] ? 1 : -1;  // the layouts that stand first
     if (a->why[0]) return (a->peak > b->peak) - (a->peak < b->peak);
-    if (fabs(a->step - b->step) > 1e-3 * fmax(a->step, b->step)) return (a->step > b->step) - (a->step < b->step);
+    if (a->step != b->step) return (a->step > b->step) - (a->step < b->step);
     return (a->peak > b->peak) - (a->peak < b->peak);  // as fast: the leaner
 }
 
@@ -1258,16 +1258,13 @@ static int layouts_enumerate(const TrainArgs *a, int W, Layout **out) {
  * first): of those within PLAN_TIE of the fastest, the one with the least
  * predicted communication and bubble (the least certain parts of a
  * prediction: on CPU ranks sharing cores they carry the scheduler's noise),
- * then the leaner. */
+ * of equal ones (within 0.1% of a step) the faster. */
 #define PLAN_TIE 0.05
 static int layout_pick(Layout **order, int n) {
     int pick = 0;
-    for (int i = 1; i < n && !order[i]->why[0] && order[i]->step <= (1.0 + PLAN_TIE) * order[0]->step; i++) {
-        const double wait_i = order[i]->comm + order[i]->bubble, wait_p = order[pick]->comm + order[pick]->bubble;
-        if (wait_i < wait_p - 1e-3 * order[0]->step || (fabs(wait_i - wait_p) <= 1e-3 * order[0]->step &&
-                                                        order[i]->peak < order[pick]->peak))
+    for (int i = 1; i < n && !order[i]->why[0] && order[i]->step <= (1.0 + PLAN_TIE) * order[0]->step; i++)
+        if (order[i]->comm + order[i]->bubble < order[pick]->comm + order[pick]->bubble - 1e-3 * order[0]->step)
             pick = i;
-    }
     return pick;
 }
 
@@ -1287,6 +1284,15 @@ static void print_ranking(Layout **order, int n, const TrainArgs *a, int W, int 
                l->peak / 1048576.0, l->worst, text);
     }
     if (standing > top) printf("  ... and %d more that fit, slower\n", standing - top);
+    if (pick >= top && pick < standing) {
+        const Layout *l = order[pick];
+        layout_text(l, a, text, sizeof text);
+        printf("  *%3d | %8.3f %7.3f %7.3f %7.3f | %9.1f (%2d)  | %s\n", pick + 1, l->step, l->compute, l->comm,
+               l->bubble, l->peak / 1048576.0, l->worst, text);
+    }
+    if (pick < standing)
+        printf("  (*: the choice: of the layouts within %.0f%% of the fastest, the least communication and bubble)\n",
+               100.0 * PLAN_TIE);
     /* the dropped, each reason once with how many layouts it struck */
     int shown = 0;
     for (int i = standing; i < n; i++) {
