@@ -1454,7 +1454,7 @@ static int plan_main(TrainArgs *a, bool choose) {
     if (world > 1) {
         comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
         for (int g = 2; g <= world && g <= PLAN_MAX_GROUP; g++) {  // groups of g consecutive ranks, all at once
-            if (world % g) continue;
+            if (world % g || cal.ar_bw[g] > 0.0) continue;  // measured once per machine (every rank read the same cache)
             char name[64];
             snprintf(name, sizeof name, "plan.g%d.k%d", g, rt.mesh.rank / g);
             Comm *c = comm_shm_create(rt.job_id, name, rt.mesh.rank % g, g, a->comm_timeout, err, sizeof err);

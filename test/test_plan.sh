@@ -79,8 +79,12 @@ assert any(not x["fits"] and "does not fit" in x["why"] for x in c), "the limit 
 assert all(x["peak"] <= limit for x in c if x["fits"]), "a layout over the limit was kept"
 chosen = [x for x in c if x["chosen"]]
 assert len(chosen) == 1, f"{len(chosen)} layouts chosen"
-best = chosen[0]
-assert best["fits"] and best["step_s"] <= 1.05 * c[0]["step_s"], "the choice is not among the fastest predicted"
+assert chosen[0]["fits"] and chosen[0]["step_s"] <= 1.05 * c[0]["step_s"], "the choice is not among the fastest predicted"
+# the training run chose again (the same cache): the layout it names must be one that fits
+import re
+flags = re.search(r"--layout auto: training .* \((--tp [^)]*)\)", open("auto-run.log").read()).group(1)
+best = next(x for x in c if x["flags"] == flags)
+assert best["fits"], f"the run trains {best['layout']}, which does not fit"
 run = [json.loads(x) for x in open("auto-run.jsonl") if '"memory"' in x][-1]["memory"]
 assert len(run) == 4 and max(r["tp"] for r in run) + 1 == best["tp"] and max(r["pp"] for r in run) + 1 == best["pp"], \
     f"the run's mesh is not the chosen {best['layout']}"
