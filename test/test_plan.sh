@@ -42,6 +42,11 @@ done
 rc=0
 "$build/train_mt" --plan ${copy[*]} --tp 2 --memory-limit 1 > small.log 2>&1 || rc=$?
 [ "$rc" = 3 ] && grep -q "does not fit: rank [01] needs" small.log || { cat small.log; echo "FAIL: --memory-limit 1: rc $rc"; exit 1; }
+# A --plan-cache that is not a calibration file is left as it is, and said.
+printf 'my notes\n' > notes.txt
+"$build/train_mt" --plan ${copy[*]} --plan-cache notes.txt > notes.log 2>&1 || { cat notes.log; echo "FAIL: --plan with a foreign cache"; exit 1; }
+[ "$(cat notes.txt)" = "my notes" ] && grep -q "not saved: notes.txt is not a calibration file" notes.log ||
+  { cat notes.log; echo "FAIL: a foreign --plan-cache was overwritten or not named"; exit 1; }
 # --layout auto on 4 ranks: a ranking that stands and, under a limit that
 # drops the larger layouts, a choice that fits; then a run of the choice
 # (its memory within 5% of what the ranking predicted for it).

@@ -699,6 +699,9 @@ int planner_calib_load(const char *path, PlanCalib *c) {
         c->n_gemm = 0;
         cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(o, "gemm")) {
             if (cJSON_GetArraySize(e) != 4 || c->n_gemm >= PLAN_MAX_GEMMS) continue;
+            bool positive = true;  // an edited entry that is not a size and a rate is measured again
+            for (int k = 0; k < 4; k++) positive = positive && cJSON_GetArrayItem(e, k)->valuedouble > 0.0;
+            if (!positive) continue;
             c->gemm[c->n_gemm].M = cJSON_GetArrayItem(e, 0)->valueint;
             c->gemm[c->n_gemm].N = cJSON_GetArrayItem(e, 1)->valueint;
             c->gemm[c->n_gemm].K = cJSON_GetArrayItem(e, 2)->valueint;
@@ -735,15 +738,18 @@ int planner_calib_load(const char *path, PlanCalib *c) {
 int planner_calib_save(const char *path, const PlanCalib *c, char *err, size_t err_len) {
     char why[256];
     char *text = read_text_file(path, why, sizeof why);
+    const bool existed = text != NULL;
     cJSON *root = text ? cJSON_Parse(text) : NULL;
     free(text);
-    if (!cJSON_IsObject(root)) {  // absent or unreadable: started afresh
-        cJSON_Delete(root);
-        root = cJSON_CreateObject();
-    }
     cJSON *machines = cJSON_GetObjectItemCaseSensitive(root, "machines");
-    if (!cJSON_IsObject(machines)) {
-        cJSON_DeleteItemFromObjectCaseSensitive(root, "machines");
+    if (existed && !cJSON_IsObject(machines)) {  // a file that is not ours is left as it is
+        cJSON_Delete(root);
+        tp_error_set(err, err_len, "%s is not a calibration file (no \"machines\" object): left as it is; give "
+                                   "--plan-cache another path", path);
+        return -1;
+    }
+    if (!root) {  // absent: started afresh
+        root = cJSON_CreateObject();
         machines = cJSON_AddObjectToObject(root, "machines");
     }
     cJSON_DeleteItemFromObjectCaseSensitive(machines, c->key);
