@@ -31,6 +31,7 @@
 #include "parse.h"
 #include "tp/comm_shm.h"
 #include "tp/runtime.h"
+#include "tp/threads.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/step.h"
@@ -979,7 +980,7 @@ static int plan_shapes(const TrainArgs *a, Source *src, int dp, int M, int btok,
                          a->batch_size, dp, M);
             return -1;
         }
-        const int n_steps = run_steps(a, 0) < PLAN_MAX_STEPS ? run_steps(a, 0) : PLAN_MAX_STEPS;
+        const int total = run_steps(a, 0), n_steps = total < PLAN_MAX_STEPS ? total : PLAN_MAX_STEPS;
         ps->n_steps = n_steps;
         ps->train = TP_MALLOC((size_t)n_steps * dp * M * sizeof *ps->train);
         for (int g = 0; g < n_steps; g++) {
@@ -1193,10 +1194,11 @@ static void plan_layout(const TrainArgs *a, const PlanInput *in, const PlanCalib
         layout_flags(l, a, flags, sizeof flags);
         fprintf(json, "{\"plan\": \"%s\", \"flags\": \"%s\", \"limit\": %.0f, \"ranks\": [", text, flags, limit);
     }
+    PlanRank *ranks = TP_MALLOC((size_t)W * sizeof *ranks);
+    for (int r = 0; r < W; r++) planner_memory(in, r, &ranks[r]);
+    planner_time(in, c, ranks);
     for (int r = 0; r < W; r++) {
-        PlanRank pr;
-        planner_memory(in, r, &pr);
-        planner_time(in, c, r, &pr);
+        PlanRank pr = ranks[r];
         pr.tag[MEM_LIBRARY] = c->library_bytes;
         if (print) {
             printf("  %4d (%d,%d,%d)    |", r, pr.tp, pr.dp, pr.pp);  // the run's memory table, predicted
@@ -1213,6 +1215,7 @@ static void plan_layout(const TrainArgs *a, const PlanInput *in, const PlanCalib
         if (pr.allocator_peak + c->library_bytes > l->peak) l->peak = pr.allocator_peak + c->library_bytes, l->worst = r;
         if (pr.t_step >= l->step) l->step = pr.t_step, l->compute = pr.t_compute, l->comm = pr.t_comm, l->bubble = pr.t_bubble;
     }
+    free(ranks);
     if (json) fprintf(json, "]");
     if (print) fflush(stdout);
 }
@@ -1427,7 +1430,8 @@ static int plan_main(TrainArgs *a, bool choose) {
     const bool gpu = !be->host_visible;
     const int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     const int t_cal = env_threads();
-    const int t_run = world > 1 || getenv("OMP_NUM_THREADS") ? t_cal : (W > 1 ? (cores / W > 1 ? cores / W : 1) : cores);
+    /* the run's threads per rank: this process's (through tprun, or OMP_NUM_THREADS given), else tprun's share */
+    const int t_run = world > 1 || getenv("OMP_NUM_THREADS") ? t_cal : (W > 1 ? (int)tp_threads_per_worker(W) : cores);
     /* The calibration: every rank measures the rates the layouts need at
      * once, in step (the contention of the run; rank 0's figures count),
      * then the collectives; the cache keeps what was measured on this

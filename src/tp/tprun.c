@@ -61,6 +61,7 @@
 #include "err.h"
 #include "fileio.h"
 #include "parse.h"
+#include "tp/threads.h"
 #include "tp/shm_reclaim.h"
 #include "tp/store.h"
 
@@ -475,11 +476,8 @@ static char **build_env(const Agent *a, const Worker *w, int restart, const char
     envp[k++] = env_pair("TPRUN_JOB_ID", "%s", job_id);
     /* Like torchrun: several workers on one node must not each start a
      * thread per core (OpenBLAS, OpenMP). The cores are shared out instead. */
-    if (o->nproc > 1 && !getenv("OMP_NUM_THREADS")) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        long per = cores > o->nproc ? cores / o->nproc : 1;
-        envp[k++] = env_pair("OMP_NUM_THREADS", "%ld", per);
-    }
+    if (o->nproc > 1 && !getenv("OMP_NUM_THREADS"))
+        envp[k++] = env_pair("OMP_NUM_THREADS", "%ld", tp_threads_per_worker(o->nproc));
     envp[k] = NULL;
     for (size_t i = 0; i < k; i++) TP_CHECK(envp[i] != NULL, "out of memory building the environment");
     return envp;
@@ -998,11 +996,9 @@ int main(int argc, char **argv) {
     if (gethostname(a.host, sizeof a.host - 1) != 0) snprintf(a.host, sizeof a.host, "localhost");
     a.program = resolve_program(o->prog_argv[0]);
     if (!a.program) return 1;
-    if (o->nproc > 1 && !getenv("OMP_NUM_THREADS")) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (o->nproc > 1 && !getenv("OMP_NUM_THREADS"))
         fprintf(stderr, "tprun: OMP_NUM_THREADS is not set; each of the %d workers gets %ld thread(s) "
-                        "(cores / nproc_per_node)\n", o->nproc, cores > o->nproc ? cores / o->nproc : 1);
-    }
+                        "(cores / nproc_per_node)\n", o->nproc, tp_threads_per_worker(o->nproc));
     /* Shared memory of jobs killed while their groups formed (a SIGKILLed
      * tprun takes its ranks along): removed by their recorded owner pid. */
     size_t stale_bytes = 0;

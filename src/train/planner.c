@@ -321,7 +321,6 @@ static void elem_calibrate(Backend *be, const PlanInput *in, PlanShape big, Plan
     if (per_float <= 0.0) per_float = rest[0] / floats[0];  // no lever (one row): all per float
     double fixed = (rest[0] - per_float * floats[0]) / 2.0;
     if (fixed < 0.0) fixed = 0.0, per_float = rest[0] / floats[0];
-    if (c->n_elem == PLAN_MAX_ELEM) return;
     c->elem[c->n_elem].tokens = (double)big.B * (big.S + big.T);
     c->elem[c->n_elem].per_float = per_float;
     c->elem[c->n_elem++].fixed_per_layer = fixed;
@@ -388,7 +387,8 @@ void planner_calibrate_compute(Backend *be, const PlanInput *in, PlanCalib *c, C
     /* after the rates it subtracts; once per size of micro-batch (within 2x) */
     const double tokens = (double)big.B * (big.S + big.T);
     const int near = elem_nearest(c, tokens);
-    if (near < 0 || fabs(log(c->elem[near].tokens / tokens)) > log(2.0)) elem_calibrate(be, in, big, c, sync);
+    if (c->n_elem < PLAN_MAX_ELEM && (near < 0 || fabs(log(c->elem[near].tokens / tokens)) > log(2.0)))
+        elem_calibrate(be, in, big, c, sync);  // a full table: the nearest prices it
 }
 
 void planner_calibrate_comm(Backend *be, Comm *comm, PlanCalib *c) {
@@ -570,9 +570,8 @@ static void micro_cost_memo(const PlanInput *in, const PlanCalib *c, CostMemo *m
     }
 }
 
-void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *out) {
-    const int tp = in->tp, dp = in->dp, pp = in->pp, M = in->micro;
-    const int s = rank / (tp * dp), d = (rank / tp) % dp;
+void planner_time(const PlanInput *in, const PlanCalib *c, PlanRank *ranks) {
+    const int tp = in->tp, dp = in->dp, pp = in->pp, M = in->micro, W = tp * dp * pp;
     const int n_steps = in->n_steps > 0 ? in->n_steps : 1;
     CostMemo *memo = TP_CALLOC(MEMO_SIZE, sizeof *memo);
     int n_memo = 0;
@@ -585,10 +584,10 @@ void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *o
      * a rank waiting in a bubble gives its share to the others, so the step
      * is the larger of that critical path at a rank's own pace (x relief)
      * and the machine's total work (the mean busy time over the ranks). */
-    const double relief = in->slots > 0 && in->slots < tp * dp * pp ? (double)in->slots / (tp * dp * pp) : 1.0;
-    double pipe = 0.0, comp_mine = 0.0, comm_mine = 0.0;
-    double *t_k = TP_MALLOC((size_t)pp * sizeof *t_k);
-    for (int g = 0; g < n_steps && g < in->n_steps; g++) {
+    const double relief = in->slots > 0 && in->slots < W ? (double)in->slots / W : 1.0;
+    double pipe = 0.0;
+    double *comp = TP_CALLOC((size_t)dp * pp, sizeof *comp), *comm = TP_CALLOC((size_t)dp * pp, sizeof *comm);
+    for (int g = 0; g < in->n_steps; g++) {
         double slowest = 0.0, busy = 0.0;
         for (int r = 0; r < dp; r++) {
             double t_max = 0.0, t_sum = 0.0;
@@ -598,49 +597,54 @@ void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *o
                     double a, b;
                     micro_cost_memo(in, c, memo, &n_memo, k, in->train[((size_t)g * dp + r) * M + i], &a, &b);
                     t += a + b;
-                    if (r == d && k == s) comp_mine += a, comm_mine += b;
+                    comp[r * pp + k] += a, comm[r * pp + k] += b;
                 }
                 busy += tp * t;
-                t_k[k] = t / M;
-                t_sum += t_k[k];
-                if (t_k[k] > t_max) t_max = t_k[k];
+                t_sum += t / M;
+                if (t / M > t_max) t_max = t / M;
             }
             const double p = t_sum + (M - 1) * t_max;
             if (p > slowest) slowest = p;
         }
-        busy /= (double)tp * dp * pp;
+        busy /= (double)W;
         pipe += relief * slowest > busy ? relief * slowest : busy;
     }
-    free(t_k);
     free(memo);
-    pipe /= n_steps, comp_mine /= n_steps, comm_mine /= n_steps;
-    const double bwd_mine = 2.0 / 3.0 * comp_mine / M;  // the last micro-batch's backward
-    out->t_bubble = pipe > comp_mine + comm_mine ? pipe - comp_mine - comm_mine : 0.0;
-    /* dp: the stage's gradients (bf16: half the bytes) per bucket, hidden
-     * behind the last micro-batch's backward when overlapped; ZeRO-2 every
-     * micro-batch; ZeRO 1/2 allgather the weights after the update */
-    ParamTable tab;
-    param_table_build_stage(&in->cfg, tp, &in->stages[s], &tab);
-    const double n_params = (double)tab.n_elems;
-    param_table_free(&tab);
-    double dp_comm = 0.0, exposed = 0.0;
-    if (dp > 1) {
-        const double bytes = n_params * (in->grad.dtype == COMM_BF16 ? 2.0 : 4.0);
-        const double n_buckets = ceil(n_params / (double)(in->grad.bucket_elems ? in->grad.bucket_elems : 1));
-        const double per_bucket = allreduce_s(c, dp, bytes / n_buckets);
-        dp_comm = n_buckets * per_bucket * (in->grad.zero >= 2 ? M : 1);
-        const double hidden = in->grad.overlap ? bwd_mine * (in->grad.zero >= 2 ? M : 1) : 0.0;
-        exposed = dp_comm - hidden > per_bucket ? dp_comm - hidden : per_bucket;
-        if (in->grad.zero >= 1) exposed += 0.5 * allreduce_s(c, dp, n_params * 4.0);
+    pipe /= n_steps;
+    for (int rank = 0; rank < W; rank++) {
+        PlanRank *out = &ranks[rank];
+        const int s = rank / (tp * dp), d = (rank / tp) % dp;
+        const double comp_mine = comp[d * pp + s] / n_steps, comm_mine = comm[d * pp + s] / n_steps;
+        const double bwd_mine = 2.0 / 3.0 * comp_mine / M;  // the last micro-batch's backward
+        /* dp: the stage's gradients (bf16: half the bytes) per bucket, hidden
+         * behind the last micro-batch's backward when overlapped; ZeRO-2 every
+         * micro-batch; ZeRO 1/2 allgather the weights after the update */
+        ParamTable tab;
+        param_table_build_stage(&in->cfg, tp, &in->stages[s], &tab);
+        const double n_params = (double)tab.n_elems;
+        param_table_free(&tab);
+        double exposed = 0.0;
+        if (dp > 1) {
+            const double bytes = n_params * (in->grad.dtype == COMM_BF16 ? 2.0 : 4.0);
+            const double n_buckets = ceil(n_params / (double)(in->grad.bucket_elems ? in->grad.bucket_elems : 1));
+            const double per_bucket = allreduce_s(c, dp, bytes / n_buckets);
+            const double dp_comm = n_buckets * per_bucket * (in->grad.zero >= 2 ? M : 1);
+            const double hidden = in->grad.overlap ? bwd_mine * (in->grad.zero >= 2 ? M : 1) : 0.0;
+            exposed = dp_comm - hidden > per_bucket ? dp_comm - hidden : per_bucket;
+            if (in->grad.zero >= 1) exposed += 0.5 * allreduce_s(c, dp, n_params * 4.0);
+        }
+        /* the optimizer and the gradient norm stream the stage's buffers: AdamW
+         * reads 4 and writes 3 per element of its state, zeroing and the norm 2 */
+        const double state = in->grad.zero >= 1 ? n_params / dp : n_params;
+        const double bw = c->mem_bw > 0.0 ? c->mem_bw : 1e10;
+        const double opt = (7.0 * state + 2.0 * n_params) * sizeof(float) / bw;
+        out->t_bubble = pipe > comp_mine + comm_mine ? pipe - comp_mine - comm_mine : 0.0;
+        out->t_comm = comm_mine + exposed;
+        out->t_compute = comp_mine + opt;
+        out->t_step = pipe + exposed + opt;
     }
-    /* the optimizer and the gradient norm stream the stage's buffers: AdamW
-     * reads 4 and writes 3 per element of its state, zeroing and the norm 2 */
-    const double state = in->grad.zero >= 1 ? n_params / dp : n_params;
-    const double bw = c->mem_bw > 0.0 ? c->mem_bw : 1e10;
-    const double opt = (7.0 * state + 2.0 * n_params) * sizeof(float) / bw;
-    out->t_comm = comm_mine + exposed;
-    out->t_compute = comp_mine + opt;
-    out->t_step = pipe + exposed + opt;
+    free(comp);
+    free(comm);
 }
 
 /* ---- the calibration file: {"machines": {key: {...}}} ---------------------------- */

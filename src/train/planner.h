@@ -115,7 +115,8 @@ int planner_calib_load(const char *path, PlanCalib *c);
 /* Writes it (atomically; other machines' entries kept). Returns 0 or -1 with err. */
 int planner_calib_save(const char *path, const PlanCalib *c, char *err, size_t err_len);
 
-/* Rank r's predicted step time (the t_ fields of out, memory left as is). */
-void planner_time(const PlanInput *in, const PlanCalib *c, int rank, PlanRank *out);
+/* Every rank's predicted step time: the t_ fields of ranks[tp dp pp] (the
+ * mesh order), memory left as is; the pipeline of every step is priced once. */
+void planner_time(const PlanInput *in, const PlanCalib *c, PlanRank *ranks);
 
 #endif
