@@ -26,7 +26,8 @@
 #          final memory record checked (every rank's device_used covers its
 #          persistent buffers and library overhead; staged runs hold their
 #          staging buffer under comm)
-#   e      scripts/bench_gpu.sh CORPUS_DIR, when the script exists
+#   e      scripts/bench_gpu.sh CORPUS_DIR (tptrain against PyTorch eager and
+#          torch.compile), the configurations that fit in the time left
 # Output under $OUT (else ./gpu_report): report.md (environment, one line
 # per step with its time, totals), logs/STEP.log, the metrics files, and
 # nvidia-smi.txt, libraries.txt. Exit status 0 when no step failed.
@@ -531,8 +532,12 @@ if [ ! -f "$root/scripts/bench_gpu.sh" ]; then
   skip e.bench_gpu "scripts/bench_gpu.sh is not in this tree"
 elif [ "$have_gpu" != 1 ]; then
   skip e.bench_gpu "no GPU (see setup.gpu)"
+elif [ -z "${CORPUS:-}" ]; then
+  skip e.bench_gpu "no corpus"
 else
-  step e.bench_gpu 600 env TPTRAIN_BIN="$BIN" BENCH_DIR="$out/bench" bash "$root/scripts/bench_gpu.sh" "${CORPUS:-}"
+  # the benchmark skips the configurations that would not end inside what is left
+  step e.bench_gpu 600 env TPTRAIN_BIN="$BIN" BENCH_DIR="$out/bench" BENCH_BUDGET=$((phase_deadline - SECONDS - 20)) \
+    bash "$root/scripts/bench_gpu.sh" "${CORPUS:-}"
 fi
 
 total=$((SECONDS - t_start))

@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include "data/batch_dump.h"
 #include "data/bleu.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
@@ -59,6 +60,7 @@ typedef struct {
     bool steps_given;        // --max-steps on the command line (not the preset's)
     unsigned long long seed;
     const char *save_dir, *metrics_path, *resume, *export_dir;
+    const char *dump_batches; // --dump-batches FILE, or NULL
     int save_interval, keep_last;
     int tp, dp;               // 0: automatic
     int pp;                   // pipeline stages (1: none)
@@ -146,7 +148,8 @@ static void usage(FILE *f) {
             "run:\n"
             "  --max-steps N | --epochs N   length of the run (default from the preset)\n"
             "  --log-interval N       (default 50)\n"
-            "  --eval-interval N      dev loss and dev BLEU every N steps (default from the preset) and at the end\n"
+            "  --eval-interval N      dev loss and dev BLEU every N steps (default from the preset) and at the end;\n"
+            "                         0: never\n"
             "  --beam K               beam for dev BLEU (default 0 = greedy)\n"
             "  --seed N               (default 1)\n"
             "  --save DIR             checkpoints: DIR/step_N (sharded; see docs/checkpoints.md), at the end\n"
@@ -154,7 +157,9 @@ static void usage(FILE *f) {
             "  --resume DIR|auto      continue from a checkpoint (auto: the newest in --save), any layout\n"
             "  --export DIR           the final model as one file: config.json, model.safetensors, spm.model\n"
             "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s, elapsed_s; step, dev_loss,\n"
-            "                         dev_bleu, elapsed_s\n");
+            "                         dev_bleu, elapsed_s\n"
+            "  --dump-batches FILE    the training batches of the run, as it read them, written to FILE at the end\n"
+            "                         (safetensors; one rank only) for replaying them in another framework\n");
 }
 
 /* Flag values through the project's strict parser (common/parse.h): a
@@ -213,7 +218,7 @@ static const RunDefaults *run_defaults(const char *preset) {
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
-    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
+    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
     O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_PLAN, O_MEMLIMIT, O_PLANCACHE, O_LAYOUT, O_HELP,
 };
 
@@ -262,6 +267,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"sequence-parallel", no_argument, 0, O_SEQPAR},
         {"plan", no_argument, 0, O_PLAN},            {"memory-limit", required_argument, 0, O_MEMLIMIT},
         {"plan-cache", required_argument, 0, O_PLANCACHE}, {"layout", required_argument, 0, O_LAYOUT},
+        {"dump-batches", required_argument, 0, O_DUMPB},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -365,13 +371,14 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
             break;
         case O_EPOCHS: a->epochs = (int)flag_int("--epochs", optarg, 1, MAX_EPOCHS); break;
         case O_LOGI: a->log_interval = (int)flag_int("--log-interval", optarg, 1, 1 << 30); break;
-        case O_EVALI: a->eval_interval = (int)flag_int("--eval-interval", optarg, 1, 1 << 30); break;
+        case O_EVALI: a->eval_interval = (int)flag_int("--eval-interval", optarg, 0, 1 << 30); break;
         case O_SEED: a->seed = (unsigned long long)flag_int("--seed", optarg, 0, 0x7fffffffL); break;
         case O_SAVE: a->save_dir = optarg; break;
         case O_SAVEI: a->save_interval = (int)flag_int("--save-interval", optarg, 1, 1 << 30); break;
         case O_KEEP: a->keep_last = (int)flag_int("--keep-last", optarg, 1, 1 << 20); break;
         case O_RESUME: a->resume = optarg; break;
         case O_EXPORT: a->export_dir = optarg; break;
+        case O_DUMPB: a->dump_batches = optarg; break;
         case O_METRICS: a->metrics_path = optarg; break;
         case O_DATA: a->data_dir = optarg; break;
         case O_CACHE: a->cache_dir = optarg; break;
@@ -1616,6 +1623,13 @@ int main(int argc, char **argv) {
     const Mesh *mesh = &rt.mesh;
     const bool lead = mesh->rank == 0;  // prints, writes metrics and saves
     if (mesh->world > 1) tp_set_log_rank(mesh->rank);
+    if (a.dump_batches && mesh->world > 1) {  // each rank reads other batches: one file would be one rank's
+        if (lead) fprintf(stderr, "train_mt: --dump-batches writes the batches of a one-rank run; this run has %d ranks\n",
+                          mesh->world);
+        runtime_free(&rt);
+        backend_destroy(be);
+        return 2;
+    }
     Source src;
     if (source_open(&src, &a, &a.cfg, &rt, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
@@ -1711,6 +1725,7 @@ int main(int argc, char **argv) {
     double *mem_last = NULL;  // the memory figures last reported
     long tok_window = 0;
     int saved_step = first_step - 1;
+    BatchDump *dump = a.dump_batches ? batch_dump_new(first_step, a.micro_batches) : NULL;
     for (int step = first_step; step <= total; step++) {
         OwnedBatch *b = TP_MALLOC((size_t)a.micro_batches * sizeof *b);
         Batch *views = TP_MALLOC((size_t)a.micro_batches * sizeof *views);
@@ -1730,7 +1745,10 @@ int main(int argc, char **argv) {
             tp_steps.allgather += tp1.allgather - tp0.allgather;
         }
         t_pp_wait += sr.pp_wait_s;
-        for (int i = 0; i < a.micro_batches; i++) owned_batch_free(&b[i]);
+        for (int i = 0; i < a.micro_batches; i++) {
+            if (dump) batch_dump_take(dump, step, i, &b[i]);
+            owned_batch_free(&b[i]);  // (emptied by the dump)
+        }
         free(b);
         free(views);
         t_comm += sr.comm_s;
@@ -1772,7 +1790,7 @@ int main(int argc, char **argv) {
             t_window = tp_now_s();
             tok_window = 0;
         }
-        if (step % a.eval_interval == 0 || step == total) {
+        if (a.eval_interval && (step % a.eval_interval == 0 || step == total)) {
             double t0 = tp_now_s();
             if (mesh->dp_rank == 0 && pp > 1) model_stage_collect(&m, rt.pp, stages, pp, evm);
             if (mesh->dp_rank == 0 && evm) {  // one tp group evaluates; the others wait at the barrier
@@ -1837,6 +1855,17 @@ int main(int argc, char **argv) {
         free(mem_last);
     }
     int rc = 0;
+    if (dump) {
+        char *json = config_to_json(&m.cfg);
+        if (batch_dump_write(dump, a.dump_batches, json, err, sizeof err)) {
+            fprintf(stderr, "train_mt: --dump-batches: %s\n", err);
+            rc = 1;
+        } else {
+            printf("train_mt: %d steps' batches written to %s\n", total - first_step + 1, a.dump_batches);
+        }
+        free(json);
+        batch_dump_free(dump);
+    }
     if (a.export_dir) {
         Model full;
         bool writer = lead;

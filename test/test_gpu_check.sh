@@ -7,7 +7,7 @@
 #  - tests.tsv holds a passing "GPU" op test (test_backend_ops_gpu), one that hangs
 #    (timeout), a CPU canary, and a test that needs the corpus.
 # Scenarios:
-#  1. a fake GPU and every flag: each step runs; c (corpus given) and d
+#  1. a fake GPU and every flag: each step runs; c and e (corpus given) and d
 #     (tp 2, tp 4, dp 2 vs tp 1) compare their curves and PASS; the hang is
 #     a FAIL "timed out"; no compute-sanitizer step fails; d's memory checks
 #     FAIL on the CPU records (no device_used, no staging buffer);
@@ -117,8 +117,11 @@ max_steps=3
 # ---- 1. a fake GPU, every flag ----------------------------------------------------------
 c_args=()
 [ -z "$corpus" ] || c_args=(TPTRAIN_CORPUS_DIR="$corpus")
+# the benchmark at the tiny size on the CPU (its flags for that, passed through)
+bench_env=(BENCH_DEVICE=cpu BENCH_PRESETS=tiny BENCH_TOKENS=256 BENCH_STEPS=3 BENCH_WARMUP=1 BENCH_MODES=eager
+           BENCH_PYTHON=/usr/bin/python3)
 check_run full GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" \
-  GPU_CHECK_TRAIN_STEPS=$max_steps "${c_args[@]}"
+  GPU_CHECK_TRAIN_STEPS=$max_steps "${bench_env[@]}" "${c_args[@]}"
 row full PASS setup.gpu "Fake H100"
 row full PASS setup.train_mt "--device --dtype --comm"
 row full PASS a.test_backend_ops_gpu "7 checks, 0 failed"
@@ -148,7 +151,12 @@ for l in tp2 tp4 dp2; do
   row full PASS "d.compare_$l" "PASS fp32"
   row full FAIL "d.memory_$l" "holds no 4 MiB staging buffer"
 done
-row full SKIP e.bench_gpu "bench_gpu.sh"
+if [ -n "$corpus" ]; then
+  row full PASS e.bench_gpu "results in"
+  check "full: the benchmark's table" grep -q '^| tiny | 256 | pytorch eager |' "$work/full/out/bench/bench.md"
+else
+  row full SKIP e.bench_gpu "no corpus"
+fi
 check "full: exit 1 (a step failed; got $(cat "$work/full/rc"))" [ "$(cat "$work/full/rc")" = 1 ]
 check "full: step logs" test -s "$work/full/out/logs/d.tp4.log"
 check "full: nvidia-smi printed" grep -q 'CUDA Version: 13.0' "$work/full/stdout.txt"

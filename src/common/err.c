@@ -42,6 +42,12 @@ void *tp_xcalloc(size_t n, size_t size, const char *file, int line) {
     return p;
 }
 
+void *tp_xrealloc(void *p, size_t n_bytes, const char *file, int line) {
+    void *q = realloc(p, n_bytes ? n_bytes : 1);
+    if (!q) tp_die(file, line, "out of memory reallocating to %zu bytes", n_bytes);
+    return q;
+}
+
 void tp_error_set(char *buf, size_t n_bytes, const char *fmt, ...) {
     if (!buf || n_bytes == 0) return;
     va_list ap;

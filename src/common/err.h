@@ -33,8 +33,10 @@ void tp_die(const char *file, int line, const char *fmt, ...)
 /* Allocation that never returns NULL. */
 #define TP_MALLOC(n_bytes) tp_xmalloc((n_bytes), __FILE__, __LINE__)
 #define TP_CALLOC(n, size) tp_xcalloc((n), (size), __FILE__, __LINE__)
+#define TP_REALLOC(p, n_bytes) tp_xrealloc((p), (n_bytes), __FILE__, __LINE__)
 void *tp_xmalloc(size_t n_bytes, const char *file, int line);
 void *tp_xcalloc(size_t n, size_t size, const char *file, int line);
+void *tp_xrealloc(void *p, size_t n_bytes, const char *file, int line);
 
 /* File calls: FILE_CHECK(fwrite(...) == n, path) prints errno text. */
 #define TP_FILE_CHECK(cond, path)                                          \

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# tptrain against PyTorch on one GPU: the same model, the same batches, the
+# same precision, side by side in one run.
+#
+#   bash scripts/bench_gpu.sh CORPUS_DIR
+#
+# For each preset (base, big) and batch size (16k, 4k tokens), in that order:
+#   1. train_mt --device cuda --dtype bf16 trains BENCH_STEPS steps on the
+#      corpus (no evaluation, a metrics record per step) and writes the
+#      batches it read (--dump-batches);
+#   2. scripts/bench_torch_mt.py trains the PyTorch version of the model on
+#      those batches, eager and then torch.compile (bf16 autocast, fused
+#      AdamW; see its header for how it is written and timed);
+#   3. each run's row: target tokens/s, step time, TFLOP/s and MFU (FLOPs
+#      formula in docs/gpu-benchmark.md), peak memory (tptrain's allocator
+#      peak beside torch.cuda.max_memory_allocated), and ratios to eager.
+# The first BENCH_WARMUP steps of every run are not timed. Output in
+# BENCH_DIR (default ./bench_gpu): results.jsonl (one JSON line per run),
+# bench.md (the table), logs/. A configuration that would not finish inside
+# BENCH_BUDGET seconds is skipped with a row saying so; a run that fails
+# gets a row with its error, and the script exits 1.
+#
+# Environment: TPTRAIN_BIN (folder of train_mt; default build-gpu or build),
+# BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_STEPS (40),
+# BENCH_WARMUP (10), BENCH_MODES ("eager compile"), BENCH_BUDGET (seconds,
+# default 1500), BENCH_DEVICE (cuda; cpu runs the harness on a CPU in fp32),
+# BENCH_PYTHON (a python3 with torch; default the first of python3 and
+# /usr/bin/python3 that imports it), BENCH_PEAK_TFLOPS (MFU's peak, for a
+# device bench_torch_mt.py does not know).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+corpus=${1:-${TPTRAIN_CORPUS_DIR:-}}
+[ -n "$corpus" ] && [ -d "$corpus" ] || { echo "bench_gpu: usage: bench_gpu.sh CORPUS_DIR (got '${corpus}')" >&2; exit 2; }
+corpus=$(cd "$corpus" && pwd)
+bin=${TPTRAIN_BIN:-}
+if [ -z "$bin" ]; then
+  for d in "$root/build-gpu" "$root/build"; do [ -x "$d/train_mt" ] && { bin=$d; break; }; done
+fi
+[ -x "${bin:-}/train_mt" ] || { echo "bench_gpu: no train_mt (set TPTRAIN_BIN to its folder)" >&2; exit 2; }
+out=${BENCH_DIR:-$PWD/bench_gpu}
+presets=${BENCH_PRESETS:-base big}
+tokens=${BENCH_TOKENS:-16384 4096}
+steps=${BENCH_STEPS:-40}
+warmup=${BENCH_WARMUP:-10}
+modes=${BENCH_MODES:-eager compile}
+budget=${BENCH_BUDGET:-1500}
+device=${BENCH_DEVICE:-cuda}
+dtype=bf16
+[ "$device" = cuda ] || dtype=fp32
+py=${BENCH_PYTHON:-}
+if [ -z "$py" ]; then
+  for p in python3 /usr/bin/python3; do
+    if command -v "$p" > /dev/null && "$p" -c 'import torch' 2> /dev/null; then py=$p; break; fi
+  done
+fi
+[ -n "$py" ] || { echo "bench_gpu: no python3 with torch (set BENCH_PYTHON)" >&2; exit 2; }
+bench_py=$root/scripts/bench_torch_mt.py
+mkdir -p "$out/logs" || exit 2
+out=$(cd "$out" && pwd)
+results=$out/results.jsonl
+: > "$results"
+t_end=$((SECONDS + budget))
+failed=0
+
+# row PRESET TOKENS JSON: the JSON line with the configuration added, appended to results.
+row() {
+  "$py" -c 'import json, sys; r = json.loads(sys.argv[3]); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2])); print(json.dumps(r))' \
+    "$1" "$2" "$3" >> "$results"
+}
+# fail_row PRESET TOKENS RUN MODE LOG: a row naming the failure and its log's last line.
+fail_row() {
+  local why
+  why=$(grep -v '^[[:space:]]*$' "$5" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
+  row "$1" "$2" "{\"framework\": \"$3\", \"mode\": \"$4\", \"error\": \"failed (logs/$(basename "$5")): $why\"}"
+  failed=1
+}
+
+echo "bench_gpu: train_mt from $bin, $py ($("$py" -c 'import torch; print(torch.__version__)')), device $device, $dtype"
+echo "bench_gpu: presets $presets; tokens per batch $tokens; $steps steps, $warmup of warmup; budget $budget s"
+est=0  # the last configuration's time: the next is skipped when it would not fit
+for preset in $presets; do
+  for btok in $tokens; do
+    name=$preset-$btok
+    if [ $((SECONDS + est)) -gt "$t_end" ]; then
+      row "$preset" "$btok" '{"framework": "all", "mode": "", "skipped": "time budget (BENCH_BUDGET)"}'
+      echo "bench_gpu: $name skipped: the budget would run out"
+      continue
+    fi
+    t0=$SECONDS
+    log=$out/logs/$name.tptrain.log
+    echo "bench_gpu: $name: tptrain"
+    if "$bin/train_mt" --data "$corpus" --preset "$preset" --device "$device" --dtype "$dtype" \
+         --batch-tokens "$btok" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
+         --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
+       r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
+             --dtype "$dtype" 2>> "$log"); then
+      row "$preset" "$btok" "$r"
+    else
+      fail_row "$preset" "$btok" tptrain "" "$log"
+      est=$((SECONDS - t0))
+      continue  # no batches to replay
+    fi
+    for mode in $modes; do
+      log=$out/logs/$name.torch-$mode.log
+      echo "bench_gpu: $name: pytorch $mode"
+      if r=$("$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" --dtype "$dtype" \
+               --warmup "$warmup" 2> "$log") && [ -n "$r" ]; then
+        row "$preset" "$btok" "$r"
+      else
+        fail_row "$preset" "$btok" pytorch "$mode" "$log"
+      fi
+    done
+    rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay
+    est=$((SECONDS - t0))
+  done
+done
+"$py" "$bench_py" table "$results" > "$out/bench.md" || failed=1
+cat "$out/bench.md"
+echo "bench_gpu: results in $out (results.jsonl, bench.md, logs/)"
+exit "$failed"
