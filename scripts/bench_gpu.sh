@@ -17,8 +17,9 @@
 # The first BENCH_WARMUP steps of every run are not timed. Output in
 # BENCH_DIR (default ./bench_gpu): results.jsonl (one JSON line per run),
 # bench.md (the table), logs/. A configuration that would not finish inside
-# BENCH_BUDGET seconds is skipped with a row saying so; a run that fails
-# gets a row with its error, and the script exits 1.
+# BENCH_BUDGET seconds is skipped with a row saying so, and a run still going
+# when the budget ends is stopped; a run that fails or is stopped gets a row
+# with its error (exit status 124: the budget), and the script exits 1.
 #
 # Environment: TPTRAIN_BIN (folder of train_mt; default build-gpu or build),
 # BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_STEPS (40),
@@ -62,15 +63,18 @@ results=$out/results.jsonl
 t_end=$((SECONDS + budget))
 failed=0
 
+# left: the seconds of the budget still to run (a command's timeout).
+left() { local l=$((t_end - SECONDS)); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 # row PRESET TOKENS JSON: the JSON line with the configuration added, appended to results.
 row() {
   "$py" -c 'import json, sys; r = json.loads(sys.argv[3]); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2])); print(json.dumps(r))' \
     "$1" "$2" "$3" >> "$results"
 }
-# fail_row PRESET TOKENS RUN MODE LOG: a row naming the failure and its log's last line.
+# fail_row PRESET TOKENS RUN MODE LOG STATUS: a row naming the failure and its log's last line.
 fail_row() {
   local why
   why=$(grep -v '^[[:space:]]*$' "$5" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
+  [ "$6" != 124 ] || why="stopped at the end of the budget (BENCH_BUDGET); $why"
   row "$1" "$2" "{\"framework\": \"$3\", \"mode\": \"$4\", \"error\": \"failed (logs/$(basename "$5")): $why\"}"
   failed=1
 }
@@ -81,7 +85,7 @@ est=0  # the last configuration's time: the next is skipped when it would not fi
 for preset in $presets; do
   for btok in $tokens; do
     name=$preset-$btok
-    if [ $((SECONDS + est)) -gt "$t_end" ]; then
+    if [ $((SECONDS + est)) -ge "$t_end" ]; then
       row "$preset" "$btok" '{"framework": "all", "mode": "", "skipped": "time budget (BENCH_BUDGET)"}'
       echo "bench_gpu: $name skipped: the budget would run out"
       continue
@@ -89,25 +93,25 @@ for preset in $presets; do
     t0=$SECONDS
     log=$out/logs/$name.tptrain.log
     echo "bench_gpu: $name: tptrain"
-    if "$bin/train_mt" --data "$corpus" --preset "$preset" --device "$device" --dtype "$dtype" \
+    if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --preset "$preset" --device "$device" --dtype "$dtype" \
          --batch-tokens "$btok" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
          --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
        r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
              --dtype "$dtype" 2>> "$log"); then
       row "$preset" "$btok" "$r"
     else
-      fail_row "$preset" "$btok" tptrain "" "$log"
+      fail_row "$preset" "$btok" tptrain "" "$log" "$?"
       est=$((SECONDS - t0))
       continue  # no batches to replay
     fi
     for mode in $modes; do
       log=$out/logs/$name.torch-$mode.log
       echo "bench_gpu: $name: pytorch $mode"
-      if r=$("$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" --dtype "$dtype" \
+      if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" --dtype "$dtype" \
                --warmup "$warmup" 2> "$log") && [ -n "$r" ]; then
         row "$preset" "$btok" "$r"
       else
-        fail_row "$preset" "$btok" pytorch "$mode" "$log"
+        fail_row "$preset" "$btok" pytorch "$mode" "$log" "$?"
       fi
     done
     rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay

@@ -363,7 +363,8 @@ def cmd_table(a):
         for r in rs:
             name = r["framework"] + (f" {r['mode']}" if r.get("mode") else "")
             if "skipped" in r or "error" in r:
-                out.append(f"| {preset} | {btok} | {name} | {r.get('skipped') or r.get('error')} |||||||")
+                why = str(r.get("skipped") or r.get("error")).replace("|", "/")
+                out.append(f"| {preset} | {btok} | {name} | {why} |||||||")
                 continue
             speed = f"{r['tokens_per_s'] / eager['tokens_per_s']:.2f}x" if eager else "-"
             mem = (f"{r['peak_allocated_mib'] / eager['peak_allocated_mib']:.2f}x"
