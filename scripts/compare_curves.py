@@ -7,10 +7,12 @@ Prints the per-step losses side by side, the max absolute and relative
 difference, and PASS or FAIL against a named band; exits 0 on PASS, 1 on
 FAIL, 2 on unusable input (missing file, no common steps, non-finite loss).
 
-    compare_curves.py [--band fp32|bf16] [--names REF,RUN] REF.jsonl RUN.jsonl
+    compare_curves.py [--band fp32|bf16|exact] [--names REF,RUN] [--from STEP] REF.jsonl RUN.jsonl
 
 Only rows with "step" and "loss" count (evaluation rows are ignored); the
-two files must log the same steps. Relative difference = |run - ref| / |ref|.
+two files must log the same steps, from STEP on with --from (a run resumed
+at STEP - 1 against the straight one). The band exact asks for the same
+loss, digit for digit, at every step (a resumed run in the same layout). Relative difference = |run - ref| / |ref|.
 Standard library only: runs on any python3.
 """
 import json
@@ -28,6 +30,7 @@ import sys
 BANDS = {
     "fp32": (1e-4, 1e-2),
     "bf16": (5e-2, 5e-2),
+    "exact": (0.0, 0.0),
 }
 REL_FLOOR = 1e-12  # denominator floor: a loss is never near 0 in these runs
 
@@ -73,17 +76,22 @@ def compare(ref, run, band):
     first_rel = abs(run[first] - ref[first]) / max(abs(ref[first]), REL_FLOOR)
     stats = {"steps": len(steps), "first_step": first, "first_rel": first_rel, "max_abs": max_abs,
              "max_rel": max_rel, "worst_step": worst, "only_in_one": only}
-    ok = first_rel < first_tol and max_rel < curve_tol and not only
+    if curve_tol == 0.0:  # exact: equal, not merely below a tolerance
+        ok = max_abs == 0.0 and not only
+    else:
+        ok = first_rel < first_tol and max_rel < curve_tol and not only
     return ok, lines, stats
 
 
 def main(argv):
-    band, names, files = "fp32", ("ref", "run"), []
+    band, names, files, start = "fp32", ("ref", "run"), [], None
     i = 0
     while i < len(argv):
         a = argv[i]
         if a == "--band" and i + 1 < len(argv):
             band, i = argv[i + 1], i + 2
+        elif a == "--from" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            start, i = int(argv[i + 1]), i + 2
         elif a == "--names" and i + 1 < len(argv):
             names, i = (argv[i + 1].split(",") + ["run"])[:2], i + 2
         elif a in ("-h", "--help"):
@@ -93,11 +101,14 @@ def main(argv):
             files.append(a)
             i += 1
     if band not in BANDS or len(files) != 2:
-        print(f"usage: compare_curves.py [--band {'|'.join(BANDS)}] [--names REF,RUN] REF.jsonl RUN.jsonl",
+        print(f"usage: compare_curves.py [--band {'|'.join(BANDS)}] [--names REF,RUN] [--from STEP] REF.jsonl RUN.jsonl",
               file=sys.stderr)
         return 2
     try:
         ref, run = load_losses(files[0]), load_losses(files[1])
+        if start is not None:
+            ref = {k: v for k, v in ref.items() if k >= start}
+            run = {k: v for k, v in run.items() if k >= start}
     except (OSError, ValueError) as e:
         print(f"compare_curves: {e}", file=sys.stderr)
         return 2

@@ -26,14 +26,30 @@
 #          final memory record checked (every rank's device_used covers its
 #          persistent buffers and library overhead; staged runs hold their
 #          staging buffer under comm)
+#   f      checkpoints: 10 steps + save + resume to 20 on the GPU equals the
+#          straight 20 steps digit for digit (dropout on) and in the exported
+#          weights byte for byte; a GPU checkpoint resumed on the CPU, and a
+#          CPU tp = 2 checkpoint resumed on the GPU as tp = 1 (resharded),
+#          within the fp32 band of the run they continue
 #   e      scripts/bench_gpu.sh CORPUS_DIR (tptrain against PyTorch eager and
 #          torch.compile), the configurations that fit in the time left
+#   g      (only when GPU_CHECK_STEPS names it: it takes a budget of its own)
+#          the main job: the base preset on the corpus through tprun with one
+#          rank, ended by --max-minutes inside the budget, dev BLEU every
+#          GPU_CHECK_MAIN_EVAL steps and a checkpoint beside it, the test BLEU of the newest checkpoint, the curves over
+#          wall time (plot_metrics.py, where matplotlib is); then four ranks
+#          on the one GPU (tp = 4, shm staged) for their memory table
 # Output under $OUT (else ./gpu_report): report.md (environment, one line
 # per step with its time, totals), logs/STEP.log, the metrics files, and
 # nvidia-smi.txt, libraries.txt. Exit status 0 when no step failed.
 # Steps needing a train_mt flag (--device, --dtype, --comm) SKIP when
 # train_mt --help does not list it. Environment: GPU_CHECK_BUDGET (seconds),
 # GPU_CHECK_FORCE=1 (run the GPU steps even when no GPU is seen),
+# GPU_CHECK_STEPS (the sections to run, default "a b c d f e"; "g" for the
+# main job), GPU_CHECK_MAIN_STEPS (4000), GPU_CHECK_MAIN_WARMUP (1000),
+# GPU_CHECK_MAIN_EVAL (500), GPU_CHECK_MAIN_ARGS (more train_mt flags for g's
+# runs), GPU_CHECK_PACK=1 (pack logs/ and the metrics
+# into report.tar.gz beside report.md: for a machine that returns few files),
 # GPU_CHECK_CPU_TESTS, GPU_CHECK_TRAIN_STEPS (50), TPTRAIN_CORPUS_DIR,
 # CUDA_HOME, and for tests of this script GPU_CHECK_SMI (an nvidia-smi to
 # use, or none) and GPU_CHECK_SANITIZER (a compute-sanitizer, or none).
@@ -44,6 +60,7 @@ corpus_arg=${2:-${TPTRAIN_CORPUS_DIR:-}}
 out=${OUT:-$PWD/gpu_report}
 budget=${GPU_CHECK_BUDGET:-540}
 cpu_tests_re=${GPU_CHECK_CPU_TESTS-^(test_ops|compare_curves)$}
+sections=" ${GPU_CHECK_STEPS:-a b c d f e} "
 MIN_STEP_S=5          # a step with less time left than this is skipped
 SAN_TOOLS=(memcheck racecheck synccheck initcheck)
 SAN_TARGETS_RE='^(test_backend_ops_gpu)$'
@@ -83,6 +100,12 @@ last_line() {
   l=$( { [ -z "${2:-}" ] || grep -E -- "$2" "$1"; } 2>/dev/null | tail -n 1)
   [ -n "$l" ] || l=$(grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1)
   echo "$l" | tr -s ' \t' ' ' | cut -c1-240
+}
+# section X: whether GPU_CHECK_STEPS names section X (else one SKIP row for it).
+section() {
+  [[ $sections == *" $1 "* ]] && return 0
+  skip "$1" "not in GPU_CHECK_STEPS ($sections)"
+  return 1
 }
 # phase SECONDS: steps from here on end by now + SECONDS (and by the global deadline).
 phase() {
@@ -373,6 +396,7 @@ compare=$root/scripts/compare_curves.py
 
 # ---- a: GPU tests (and CPU canaries) --------------------------------------------------------
 cd "$work" || exit 2   # the training runs' scratch folder (tests.tsv tests run in their own)
+if section a; then  # (sections are not indented)
 phase 180
 mapfile -t tsv < <(grep -v '^#' "$bundle/tests.tsv")
 n_gpu_tests=0
@@ -390,8 +414,10 @@ for line in "${tsv[@]}"; do
   fi
 done
 [ "$n_gpu_tests" -gt 0 ] || record FAIL a.gpu_tests 0 "tests.tsv has no test labelled gpu (built without CUDA?)"
+fi
 
 # ---- b: compute-sanitizer -------------------------------------------------------------------
+if section b; then
 phase 200
 san=${GPU_CHECK_SANITIZER:-}
 [ "$san" != none ] || san=""
@@ -427,12 +453,14 @@ else
   done
 fi
 
+fi
+
 # ---- c: CPU vs GPU on the corpus ------------------------------------------------------------
-phase 200
-# judge NAME BAND REF RUN REFNAME RUNNAME: the curve comparison as a step.
-judge() {
-  step "$1" 30 "$py" "$compare" --band "$2" --names "$5,$6" "$3" "$4"
+judge() {  # judge NAME BAND REF RUN REFNAME RUNNAME [--from STEP]: the curve comparison as a step.
+  step "$1" 30 "$py" "$compare" --band "$2" --names "$5,$6" "${@:7}" "$3" "$4"
 }
+if section c; then
+phase 200
 c_why=$(why_not --device --dtype)
 [ -n "$CORPUS" ] || c_why=${c_why:-no corpus}
 if [ -n "$c_why" ]; then
@@ -453,7 +481,10 @@ else
   done
 fi
 
+fi
+
 # ---- d: tensor and data parallel on one GPU ---------------------------------------------------
+if section d; then
 phase 180
 # The final memory record of a GPU run (argv: metrics file, 1 when the data
 # groups were staged): every rank reports device_used (cudaMemGetInfo, the
@@ -526,7 +557,56 @@ else
   fi
 fi
 
+fi
+
+# ---- f: checkpoints on the GPU ----------------------------------------------------------------
+if section f; then
+phase 200
+f_why=$(why_not --device --dtype)
+f_names=(straight resume compare_resume straight0 gpu_to_cpu compare_gpu_to_cpu cpu_tp2 cpu_to_gpu compare_cpu_to_gpu)
+if [ -n "$f_why" ]; then
+  for s in "${f_names[@]}"; do skip "f.$s" "$f_why"; done
+else
+  # fp32: the cross-device resumes are judged in the fp32 band; 20 steps, saved at 10 and 20
+  f_args=(--task copy --preset tiny --batch-size 32 --lr 2e-3 --warmup 10 --log-interval 1 --eval-interval 10
+          --seed 1 --dtype fp32 --max-steps 20)
+  # the same device and layout: dropout on (its keys must resume too), digit for digit
+  if STEP_NOTE_RE=$TRAIN_NOTE_RE step f.straight 90 "$BIN/train_mt" --device cuda "${f_args[@]}" --dropout 0.1 \
+       --save "$work/f_ck" --save-interval 10 --metrics "$out/f_straight.jsonl" --export "$work/f_straight" &&
+     STEP_NOTE_RE=$TRAIN_NOTE_RE step f.resume 90 "$BIN/train_mt" --device cuda "${f_args[@]}" --dropout 0.1 \
+       --resume "$work/f_ck/step_00000010" --metrics "$out/f_resume.jsonl" --export "$work/f_resume"; then
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    step f.compare_resume 30 bash -c '"$1" "$2" --band exact --from 11 --names straight,resumed "$3" "$4" | tail -n 1 &&
+        cmp "$5" "$6" && echo "steps 11..20 equal the straight run; exported weights identical"' _ \
+      "$py" "$compare" "$out/f_straight.jsonl" "$out/f_resume.jsonl" \
+      "$work/f_straight/model.safetensors" "$work/f_resume/model.safetensors"
+  else
+    skip f.compare_resume "needs f.straight and f.resume to pass"
+  fi
+  # across devices: dropout off and GELU, so the two arithmetics are all that differ
+  x_args=("${f_args[@]}" --dropout 0 --activation gelu)
+  if STEP_NOTE_RE=$TRAIN_NOTE_RE step f.straight0 90 "$BIN/train_mt" --device cuda "${x_args[@]}" \
+       --save "$work/f_ck0" --save-interval 10 --metrics "$out/f_straight0.jsonl" &&
+     STEP_NOTE_RE=$TRAIN_NOTE_RE step f.gpu_to_cpu 90 "$BIN/train_mt" --device cpu "${x_args[@]}" \
+       --resume "$work/f_ck0/step_00000010" --metrics "$out/f_gpu_to_cpu.jsonl"; then
+    judge f.compare_gpu_to_cpu fp32 "$out/f_straight0.jsonl" "$out/f_gpu_to_cpu.jsonl" gpu cpu_resumed --from 11
+  else
+    skip f.compare_gpu_to_cpu "needs f.straight0 and f.gpu_to_cpu to pass"
+  fi
+  if STEP_NOTE_RE=$TRAIN_NOTE_RE step f.cpu_tp2 120 "$BIN/tprun" --standalone --nproc_per_node 2 "$BIN/train_mt" \
+       --device cpu "${x_args[@]}" --tp 2 --comm-timeout 60 --save "$work/f_ck_cpu" --save-interval 10 \
+       --metrics "$out/f_cpu_tp2.jsonl" &&
+     STEP_NOTE_RE='loaded as|steps in|error|refus' step f.cpu_to_gpu 90 "$BIN/train_mt" --device cuda "${x_args[@]}" \
+       --resume "$work/f_ck_cpu/step_00000010" --metrics "$out/f_cpu_to_gpu.jsonl"; then
+    judge f.compare_cpu_to_gpu fp32 "$out/f_cpu_tp2.jsonl" "$out/f_cpu_to_gpu.jsonl" cpu_tp2 gpu_tp1_resumed --from 11
+  else
+    skip f.compare_cpu_to_gpu "needs f.cpu_tp2 and f.cpu_to_gpu to pass"
+  fi
+fi
+fi
+
 # ---- e: benchmark --------------------------------------------------------------------------------
+if section e; then
 phase "$budget"
 if [ ! -f "$root/scripts/bench_gpu.sh" ]; then
   skip e.bench_gpu "scripts/bench_gpu.sh is not in this tree"
@@ -539,7 +619,72 @@ else
   step e.bench_gpu 600 env TPTRAIN_BIN="$BIN" BENCH_DIR="$out/bench" BENCH_BUDGET=$((phase_deadline - SECONDS - 20)) \
     bash "$root/scripts/bench_gpu.sh" "${CORPUS:-}"
 fi
+fi
 
+# The ranks in the last memory table of a run's output (argv: log, ranks
+# expected): rows "N (tp,dp,pp) |", maybe behind tprun's "[rank K] ".
+TABLE_CHECK_PY='
+import re, sys
+path, want = sys.argv[1], int(sys.argv[2])
+lines = open(path, errors="replace").read().splitlines()
+starts = [i for i, l in enumerate(lines) if "peak memory per rank" in l]
+if not starts:
+    sys.exit(path + ": no memory table")
+row = re.compile(r"^(\[rank \d+\] )?\s*(\d+) \(\d+,\d+,\d+\)\s*\|")
+ranks = sorted({int(m.group(2)) for l in lines[starts[-1] + 1:] for m in [row.match(l)] if m})
+print(f"the last memory table has rows for ranks {ranks}; {want} expected")
+sys.exit(0 if ranks == list(range(want)) else 1)
+'
+# ---- g: the main job on one GPU, and four ranks on it ---------------------------------------------
+if [[ $sections == *" g "* ]]; then
+phase "$budget"
+g_why=$(why_not --device --comm)
+[ -n "$CORPUS" ] || g_why=${g_why:-no corpus}
+if [ -n "$g_why" ]; then
+  for s in main test_bleu plot tp4 tp4_table; do skip "g.$s" "$g_why"; done
+else
+  # The run gets what the test BLEU and the four ranks leave; it ends itself
+  # (--max-minutes) 90 s before its cap, for its last evaluation and save.
+  read -r -a main_extra <<< "${GPU_CHECK_MAIN_ARGS:-}"
+  g_cap=$((phase_deadline - SECONDS - 150))
+  [ "$g_cap" -ge 120 ] || g_cap=120
+  g_min=$(awk -v s="$g_cap" 'BEGIN { printf "%.2f", (s - 90) / 60 }')
+  STEP_NOTE_RE=$TRAIN_NOTE_RE step g.main "$g_cap" \
+    "$BIN/tprun" --standalone --nproc_per_node 1 "$BIN/train_mt" --data "$CORPUS" --cache-dir "$work/cache" \
+    --max-minutes "$g_min" \
+    --max-steps "${GPU_CHECK_MAIN_STEPS:-4000}" --warmup "${GPU_CHECK_MAIN_WARMUP:-1000}" \
+    --eval-interval "${GPU_CHECK_MAIN_EVAL:-500}" --save-interval "${GPU_CHECK_MAIN_EVAL:-500}" --keep-last 1 \
+    --log-interval 50 --save "$work/g_ck" --metrics "$out/g_main.jsonl" "${main_extra[@]}"
+  if [ -f "$work/g_ck/latest" ]; then
+    STEP_NOTE_RE='BLEU' step g.test_bleu 90 bash -c '"$1" --model "$2" --src "$3/test.en" --ref "$3/test.ja" > "$4"' _ \
+      "$BIN/translate_mt" "$work/g_ck" "$CORPUS" "$out/g_test.ja"
+  else
+    skip g.test_bleu "g.main saved no checkpoint"
+  fi
+  plot_py=""
+  for p in "$py" python3; do "$p" -c 'import matplotlib' 2> /dev/null && { plot_py=$p; break; }; done
+  if [ -z "$plot_py" ]; then
+    skip g.plot "no python3 with matplotlib"
+  elif [ -s "$out/g_main.jsonl" ]; then
+    step g.plot 60 "$plot_py" "$root/scripts/plot_metrics.py" --x time "$out/g_main.jsonl" -o "$out/g_main.png"
+  else
+    skip g.plot "g.main wrote no metrics"
+  fi
+  # four ranks on the one GPU: every rank's row in the memory table
+  if STEP_NOTE_RE=$TRAIN_NOTE_RE step g.tp4 120 \
+    "$BIN/tprun" --standalone --nproc_per_node 4 "$BIN/train_mt" --data "$CORPUS" --cache-dir "$work/cache" \
+    --tp 4 --comm shm --comm-timeout 120 --max-steps 50 --log-interval 10 --eval-interval 0 \
+    --metrics "$out/g_tp4.jsonl" "${main_extra[@]}"; then
+    step g.tp4_table 30 "$py" -c "$TABLE_CHECK_PY" "$out/logs/g.tp4.log" 4
+  fi
+fi
+fi
+
+if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then  # report.md stays; the rest goes into one archive
+  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name report.md ! -name report.tar.gz -printf '%P\n' |
+     tar -czf report.tar.gz -T - && find . -mindepth 1 -maxdepth 1 ! -name report.md ! -name report.tar.gz \
+     -exec rm -rf {} +) || say "packing $out failed"
+fi
 total=$((SECONDS - t_start))
 note
 note "**$n_pass passed, $n_fail failed, $n_skip skipped** in $total s. Logs: logs/STEP.log."

@@ -61,6 +61,7 @@ typedef struct {
     unsigned long long seed;
     const char *save_dir, *metrics_path, *resume, *export_dir;
     const char *dump_batches; // --dump-batches FILE, or NULL
+    double max_minutes;       // --max-minutes: wall time after which the run ends (0: none)
     int save_interval, keep_last;
     int tp, dp;               // 0: automatic
     int pp;                   // pipeline stages (1: none)
@@ -147,6 +148,8 @@ static void usage(FILE *f) {
             "                         weights and optimizer (default bf16 on cuda, fp32 on cpu)\n"
             "run:\n"
             "  --max-steps N | --epochs N   length of the run (default from the preset)\n"
+            "  --max-minutes M        end the run at the first log step after M minutes of wall time (its last\n"
+            "                         evaluation, save and export as at --max-steps; the schedule is unchanged)\n"
             "  --log-interval N       (default 50)\n"
             "  --eval-interval N      dev loss and dev BLEU every N steps (default from the preset) and at the end;\n"
             "                         0: never\n"
@@ -218,7 +221,7 @@ static const RunDefaults *run_defaults(const char *preset) {
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
-    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
+    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_MAXMIN, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
     O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_PLAN, O_MEMLIMIT, O_PLANCACHE, O_LAYOUT, O_HELP,
 };
 
@@ -267,7 +270,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"recompute", required_argument, 0, O_RECOMPUTE}, {"sequence-parallel", no_argument, 0, O_SEQPAR},
         {"plan", no_argument, 0, O_PLAN},            {"memory-limit", required_argument, 0, O_MEMLIMIT},
         {"plan-cache", required_argument, 0, O_PLANCACHE}, {"layout", required_argument, 0, O_LAYOUT},
-        {"dump-batches", required_argument, 0, O_DUMPB},
+        {"dump-batches", required_argument, 0, O_DUMPB}, {"max-minutes", required_argument, 0, O_MAXMIN},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -379,6 +382,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_RESUME: a->resume = optarg; break;
         case O_EXPORT: a->export_dir = optarg; break;
         case O_DUMPB: a->dump_batches = optarg; break;
+        case O_MAXMIN: a->max_minutes = flag_real("--max-minutes", optarg, 0.0, 1e7, PARSE_LO_OPEN); break;
         case O_METRICS: a->metrics_path = optarg; break;
         case O_DATA: a->data_dir = optarg; break;
         case O_CACHE: a->cache_dir = optarg; break;
@@ -1760,6 +1764,16 @@ int main(int argc, char **argv) {
             return 1;
         }
         tok_window += n_global;
+        if (a.max_minutes > 0.0 && step < total && step % a.log_interval == 0) {  // rank 0's clock decides for all
+            int stop = lead && tp_now_s() - t_start >= 60.0 * a.max_minutes;
+            comm_ok(comm_broadcast(rt.ctrl, &stop, sizeof stop, 0), rt.ctrl);
+            if (stop) {
+                if (lead)
+                    printf("%strain_mt: --max-minutes %g reached at step %d of %d: ending the run here\n",
+                           tty ? "\r\033[K" : "", a.max_minutes, step, total);
+                total = step;
+            }
+        }
 
         double t = tp_now_s();
         if (tty) {

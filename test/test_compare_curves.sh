@@ -5,6 +5,7 @@
 #                   --lr 5e-3 --warmup 4 --log-interval 1 --eval-interval 6)
 #   gpu_fp32.jsonl  its losses moved by ~1e-6 relative (another summation order)
 #   gpu_bf16.jsonl  its losses moved by 1.5e-3 at step 1, up to 1.6e-2 later
+# The band exact and --from (a resumed run) on cuts of cpu.jsonl.
 # Within a band it must say PASS (exit 0), outside it FAIL (exit 1), and
 # unusable input must exit 2 rather than pass.
 # Usage: test_compare_curves.sh SCRIPTS_DIR CURVES_DIR
@@ -62,6 +63,17 @@ expect 2 "missing file" --band fp32 "$curves/cpu.jsonl" "$work/absent.jsonl"
 echo '{"step": 1, "loss": 4.8' > "$work/cut.jsonl"
 expect 2 "truncated line" --band fp32 "$curves/cpu.jsonl" "$work/cut.jsonl"
 expect 2 "unknown band" --band fp16 "$curves/cpu.jsonl" "$curves/cpu.jsonl"
+
+# exact: a resumed run against the straight one, from the step it resumed at.
+expect 0 "identical curves, exact band" --band exact "$curves/cpu.jsonl" "$curves/cpu.jsonl"
+expect 1 "fp32-like run (1e-6 off) outside the exact band" --band exact "$curves/cpu.jsonl" "$curves/gpu_fp32.jsonl"
+grep -E '"step": (7|8|9|10|11|12),' "$curves/cpu.jsonl" > "$work/resumed.jsonl"
+expect 0 "resumed at 7, exact from 7" --band exact --from 7 "$curves/cpu.jsonl" "$work/resumed.jsonl"
+expect 1 "resumed at 7, compared from 1 (steps missing)" --band exact "$curves/cpu.jsonl" "$work/resumed.jsonl"
+sed 's/"step": 12, "loss": 4.03923464/"step": 12, "loss": 4.03923465/' "$work/resumed.jsonl" > "$work/resumed_off.jsonl"
+grep -q '"loss": 4.03923465' "$work/resumed_off.jsonl"
+expect 1 "resumed, last digit off at step 12, exact" --band exact --from 7 "$curves/cpu.jsonl" "$work/resumed_off.jsonl"
+expect 2 "--from past the last step" --band exact --from 99 "$curves/cpu.jsonl" "$work/resumed.jsonl"
 
 # The side-by-side table: one row per common step, with both losses.
 "$py" "$scripts/compare_curves.py" --band bf16 --names cpu,bf16 "$curves/cpu.jsonl" "$curves/gpu_bf16.jsonl" \

@@ -12,14 +12,18 @@
 #     a FAIL "timed out"; no compute-sanitizer step fails; d's memory checks
 #     FAIL on the CPU records (no device_used, no staging buffer);
 #  2. no GPU: every GPU step SKIPs, setup.gpu FAILs, nothing else runs long;
-#  3. train_mt without --dtype and --comm, and a 6 s budget: c and d SKIP
-#     naming the flag, later steps SKIP for lack of time, the run stays short.
+#  3. train_mt without --dtype and --comm, and a 6 s budget: c, d and f SKIP
+#     naming the flag, later steps SKIP for lack of time, the run stays short;
+#  4. no bundle: setup.bundle FAILs;
+#  5. (with the corpus) GPU_CHECK_STEPS=g: every other section SKIPs; the
+#     main job, its test BLEU, its plot, four ranks and their memory table
+#     PASS; GPU_CHECK_PACK=1 leaves report.md and report.tar.gz.
 # Usage: test_gpu_check.sh GPU_CHECK_SH BUILD_DIR [CORPUS_DIR]
 set -euo pipefail
 script=$1 build=$2 corpus=${3:-}
 if [ -s "$corpus/train.en" ]; then corpus=$(cd "$corpus" && pwd -P); else corpus=""; fi
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$work"' EXIT
 fails=0
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }
@@ -47,6 +51,7 @@ done
 exec "$build/train_mt" "\${args[@]}"
 EOF
 ln -s "$build/tprun" "$b/bin/tprun"
+ln -s "$build/translate_mt" "$b/bin/translate_mt"
 printf '#!/bin/sh\necho "test_backend_ops_gpu (stand-in): 7 checks, 0 failed"\n' > "$b/bin/test/test_backend_ops_gpu"
 printf '#!/bin/sh\necho "hanging"\nsleep 600\n' > "$b/bin/test/test_hang"
 # shellcheck disable=SC2016  # expanded by the stand-in, not here
@@ -151,6 +156,12 @@ for l in tp2 tp4 dp2; do
   row full PASS "d.compare_$l" "PASS fp32"
   row full FAIL "d.memory_$l" "holds no 4 MiB staging buffer"
 done
+# f: the checkpoint resumes (on the CPU stand-in: exact, and within fp32)
+for s in straight resume straight0 gpu_to_cpu cpu_tp2 cpu_to_gpu; do row full PASS "f.$s"; done
+row full PASS f.compare_resume "exported weights identical"
+row full PASS f.compare_gpu_to_cpu "PASS fp32"
+row full PASS f.compare_cpu_to_gpu "PASS fp32"
+norow full g.main
 if [ -n "$corpus" ]; then
   row full PASS e.bench_gpu "results in"
   check "full: the benchmark's table" grep -q '^| tiny | 256 | pytorch eager |' "$work/full/out/bench/bench.md"
@@ -173,6 +184,7 @@ row nogpu SKIP b.sanitizer "no GPU"
 for s in c.cpu c.cuda_fp32 c.cuda_bf16 d.tp1 d.tp2 d.tp4 d.dp2; do row nogpu SKIP "$s" "no GPU"; done
 norow nogpu d.memory_tp1
 row nogpu SKIP e.bench_gpu
+for s in straight compare_resume cpu_to_gpu; do row nogpu SKIP "f.$s" "no GPU"; done
 n=$(grep -c '^| FAIL' "$work/nogpu/out/report.md")
 check "nogpu: setup.gpu is the only FAIL ($n FAIL rows)" [ "$n" -eq 1 ]
 check "nogpu: short run ($(cat "$work/nogpu/secs") s)" [ "$(cat "$work/nogpu/secs")" -lt 30 ]
@@ -183,8 +195,29 @@ check_run tight GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device" FAKE_HIDE
 row tight PASS setup.train_mt "--device"
 for s in c.cpu c.cuda_fp32 c.cuda_bf16; do row tight SKIP "$s" "does not list --dtype"; done
 for s in d.tp1 d.tp2 d.tp4 d.dp2; do row tight SKIP "$s" "does not list --comm"; done
+row tight SKIP f.straight "does not list --dtype"
 check "tight: steps skipped for lack of time" grep -q '^| SKIP | [^|]* | 0 | time budget spent' "$work/tight/out/report.md"
 check "tight: ended in $(cat "$work/tight/secs") s with a 6 s budget" [ "$(cat "$work/tight/secs")" -lt 20 ]
+
+# ---- 5. the main job alone (GPU_CHECK_STEPS=g), packed ----------------------------------------
+if [ -n "$corpus" ]; then
+  check_run main GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" GPU_CHECK_STEPS=g \
+    GPU_CHECK_MAIN_STEPS=20 GPU_CHECK_MAIN_WARMUP=5 GPU_CHECK_MAIN_EVAL=10 GPU_CHECK_PACK=1 \
+    GPU_CHECK_MAIN_ARGS="--preset tiny --batch-tokens 1024" "${c_args[@]}"
+  for s in a b c d f e; do row main SKIP "$s" "not in GPU_CHECK_STEPS"; done
+  row main PASS g.main "20 steps in"
+  row main PASS g.test_bleu "BLEU"
+  if /usr/bin/python3 -c 'import matplotlib' 2> /dev/null; then row main PASS g.plot; else row main SKIP g.plot; fi
+  row main PASS g.tp4
+  row main PASS g.tp4_table "ranks [0, 1, 2, 3]"
+  # (the fake GPU has no driver library: setup.libs is the one FAIL)
+  n=$(grep -c '^| FAIL' "$work/main/out/report.md")
+  check "main: setup.libs is the only FAIL ($n FAIL rows)" [ "$n" -eq 1 ]
+  check "main: only report.md and report.tar.gz left" \
+    [ "$(cd "$work/main/out" && find . -mindepth 1 -maxdepth 1 | sort | tr '\n' ' ')" = "./report.md ./report.tar.gz " ]
+  check "main: the archive holds the logs and metrics" \
+    bash -c 'tar -tzf "$1" | grep -q "logs/g.main.log" && tar -tzf "$1" | grep -q "g_main.jsonl"' _ "$work/main/out/report.tar.gz"
+fi
 
 # ---- 4. no bundle ---------------------------------------------------------------------------------
 rc=0

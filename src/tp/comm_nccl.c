@@ -344,7 +344,7 @@ static NcclComm *new_comm(const char *group, int device, double timeout_s, cudaS
  * (every member has met the others), the memory figure, fresh stats. */
 static int finish_setup(NcclComm *c, size_t used_before) {
     cudaError_t e = cudaMalloc((void **)&c->barrier_buf, sizeof(float));
-    if (e == cudaSuccess) e = cudaMemset(c->barrier_buf, 0, sizeof(float));
+    if (e == cudaSuccess) e = cudaMemsetAsync(c->barrier_buf, 0, sizeof(float), c->stream);  // ordered before the barrier
     if (e != cudaSuccess)
         return nccl_fail(c, "comm %s (nccl): cannot allocate its barrier buffer on device %d (%s)", c->group, c->device,
                          cudaGetErrorString(e));
