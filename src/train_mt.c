@@ -75,7 +75,7 @@ typedef struct {
     bool dtype_given;
     GradSyncConfig grad;      // --zero, --grad-bucket-mb, --grad-comm-dtype, --grad-overlap
     bool plan;                // --plan: predict memory and step time, train nothing
-    double memory_limit;      // --memory-limit in bytes (0: the device's)
+    double memory_limit;      // --memory-limit in bytes (0: default_memory_limit)
     const char *plan_cache;   // --plan-cache FILE: the machine's calibration
     bool layout_auto;         // --layout auto
     const char *layout_flag;  // a layout flag given (--tp, --dp, ...), which --layout auto refuses
@@ -134,8 +134,8 @@ static void usage(FILE *f) {
             "                         exposed communication, pipeline bubble) of this layout and exit: 0 if it\n"
             "                         fits, 3 if a rank does not (through tprun the ranks also calibrate the\n"
             "                         collectives; alone, the layout is --tp x --dp x --pp)\n"
-            "  --memory-limit MIB     what a rank may use (default: the machine's memory, on a CPU shared by\n"
-            "                         its ranks; on a GPU give the device's)\n"
+            "  --memory-limit MIB     what a rank may use (default: on a CPU the machine's memory, on a GPU the\n"
+            "                         device's, shared by the ranks on it)\n"
             "  --layout auto          search tp, dp, pp, micro-batches, ZeRO, sequence parallelism and\n"
             "                         recomputation for the world size at the global batch of --batch-tokens x\n"
             "                         ranks, keep those that fit, train the predicted fastest (with --plan:\n"
@@ -1176,6 +1176,19 @@ static double rank_share(bool gpu, int slots, int n) {
     return gpu ? (slots >= n ? 1.0 : (double)(slots > 0 ? slots : 1) / n) : 1.0 / n;
 }
 
+/* What a rank may use when --memory-limit is not given: on a GPU its
+ * device's memory, shared by the ranks on it (ranks go to the visible GPUs
+ * by LOCAL_RANK modulo their count, so ceil(W / GPUs) share the fullest);
+ * on a CPU the machine's RAM over its ranks. */
+static double default_memory_limit(const Backend *be, int W) {
+    if (!be->host_visible && be->device_total_bytes > 0) {
+        int n_gpus = 0;
+        if (!backend_cuda_available(&n_gpus) || n_gpus < 1) n_gpus = 1;
+        return (double)be->device_total_bytes / ((W + n_gpus - 1) / n_gpus);
+    }
+    return (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / W;
+}
+
 static PlanCalib calib_for_run(const PlanCalib *c, int world, bool gpu, int slots) {
     PlanCalib k = *c;
     const double s = rank_share(gpu, slots, world) / rank_share(gpu, slots, c->ranks);
@@ -1487,7 +1500,7 @@ static int plan_main(TrainArgs *a, bool choose) {
             fprintf(stderr, "train_mt: --plan: the calibration was not saved: %s\n", why);
         const PlanCalib run = calib_for_run(&cal, W, gpu, plan_slots(gpu, t_run));
         double limit = a->memory_limit;
-        if (limit <= 0.0) limit = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / (gpu ? 1 : W);
+        if (limit <= 0.0) limit = default_memory_limit(be, W);
         printf("train_mt: plan for preset %s (%d+%d layers, d_model %d, vocab %d) on %s, %d rank%s of %d thread%s; "
                "calibration %s%s%s\n", a->preset, a->cfg.enc_layers, a->cfg.dec_layers, a->cfg.d_model,
                a->cfg.vocab_size, be->device_name, W, W > 1 ? "s" : "", t_run, t_run > 1 ? "s" : "", cache,
