@@ -31,6 +31,10 @@
 #          weights byte for byte; a GPU checkpoint resumed on the CPU, and a
 #          CPU tp = 2 checkpoint resumed on the GPU as tp = 1 (resharded),
 #          within the fp32 band of the run they continue
+#   p      the planner on the GPU: test/test_plan.sh's ten layouts (tp, dp, pp,
+#          ZeRO, sequence parallelism, recomputation; the ranks sharing the
+#          GPU) run with --device cuda, every rank's predicted memory by tag
+#          within 5% of the measured (PLAN_DEVICE=cuda PLAN_MEMORY_ONLY=1)
 #   e      scripts/bench_gpu.sh CORPUS_DIR (tptrain against PyTorch eager and
 #          torch.compile), the configurations that fit in the time left
 #   g      (only when GPU_CHECK_STEPS names it: it takes a budget of its own)
@@ -45,7 +49,7 @@
 # Steps needing a train_mt flag (--device, --dtype, --comm) SKIP when
 # train_mt --help does not list it. Environment: GPU_CHECK_BUDGET (seconds),
 # GPU_CHECK_FORCE=1 (run the GPU steps even when no GPU is seen),
-# GPU_CHECK_STEPS (the sections to run, default "a b c d f e"; "g" for the
+# GPU_CHECK_STEPS (the sections to run, default "a b c d f p e"; "g" for the
 # main job), GPU_CHECK_MAIN_STEPS (4000), GPU_CHECK_MAIN_WARMUP (1000),
 # GPU_CHECK_MAIN_EVAL (500), GPU_CHECK_MAIN_ARGS (more train_mt flags for g's
 # runs), GPU_CHECK_PACK=1 (pack logs/ and the metrics
@@ -60,7 +64,7 @@ corpus_arg=${2:-${TPTRAIN_CORPUS_DIR:-}}
 out=${OUT:-$PWD/gpu_report}
 budget=${GPU_CHECK_BUDGET:-540}
 cpu_tests_re=${GPU_CHECK_CPU_TESTS-^(test_ops|compare_curves)$}
-sections=" ${GPU_CHECK_STEPS:-a b c d f e} "
+sections=" ${GPU_CHECK_STEPS:-a b c d f p e} "
 MIN_STEP_S=5          # a step with less time left than this is skipped
 SAN_TOOLS=(memcheck racecheck synccheck initcheck)
 SAN_TARGETS_RE='^(test_backend_ops_gpu)$'
@@ -602,6 +606,21 @@ else
   else
     skip f.compare_cpu_to_gpu "needs f.cpu_tp2 and f.cpu_to_gpu to pass"
   fi
+fi
+fi
+
+# ---- p: the planner's memory on the GPU ------------------------------------------------------
+if section p; then
+phase 240
+p_why=$(why_not --device --comm --pp)
+[ -n "$CORPUS" ] || p_why=${p_why:-no corpus}
+if [ -n "$p_why" ]; then
+  skip p.plan_memory "$p_why"
+elif [ ! -f "$root/test/test_plan.sh" ]; then
+  skip p.plan_memory "test/test_plan.sh is not in this tree"
+else
+  STEP_NOTE_RE='test_plan:|FAIL' step p.plan_memory 240 env PLAN_DEVICE=cuda PLAN_MEMORY_ONLY=1 PYTHON="$py" \
+    bash "$root/test/test_plan.sh" "$BIN" "$CORPUS"
 fi
 fi
 

@@ -163,9 +163,11 @@ row full PASS f.compare_gpu_to_cpu "PASS fp32"
 row full PASS f.compare_cpu_to_gpu "PASS fp32"
 norow full g.main
 if [ -n "$corpus" ]; then
+  row full PASS p.plan_memory "every rank's predicted peak within 5%"
   row full PASS e.bench_gpu "results in"
   check "full: the benchmark's table" grep -q '^| tiny | 256 | pytorch eager |' "$work/full/out/bench/bench.md"
 else
+  row full SKIP p.plan_memory "no corpus"
   row full SKIP e.bench_gpu "no corpus"
 fi
 check "full: exit 1 (a step failed; got $(cat "$work/full/rc"))" [ "$(cat "$work/full/rc")" = 1 ]
@@ -184,6 +186,7 @@ row nogpu SKIP b.sanitizer "no GPU"
 for s in c.cpu c.cuda_fp32 c.cuda_bf16 d.tp1 d.tp2 d.tp4 d.dp2; do row nogpu SKIP "$s" "no GPU"; done
 norow nogpu d.memory_tp1
 row nogpu SKIP e.bench_gpu
+row nogpu SKIP p.plan_memory "no GPU"
 for s in straight compare_resume cpu_to_gpu; do row nogpu SKIP "f.$s" "no GPU"; done
 n=$(grep -c '^| FAIL' "$work/nogpu/out/report.md")
 check "nogpu: setup.gpu is the only FAIL ($n FAIL rows)" [ "$n" -eq 1 ]
@@ -196,6 +199,7 @@ row tight PASS setup.train_mt "--device"
 for s in c.cpu c.cuda_fp32 c.cuda_bf16; do row tight SKIP "$s" "does not list --dtype"; done
 for s in d.tp1 d.tp2 d.tp4 d.dp2; do row tight SKIP "$s" "does not list --comm"; done
 row tight SKIP f.straight "does not list --dtype"
+row tight SKIP p.plan_memory "does not list --comm"
 check "tight: steps skipped for lack of time" grep -q '^| SKIP | [^|]* | 0 | time budget spent' "$work/tight/out/report.md"
 check "tight: ended in $(cat "$work/tight/secs") s with a 6 s budget" [ "$(cat "$work/tight/secs")" -lt 20 ]
 
@@ -204,7 +208,7 @@ if [ -n "$corpus" ]; then
   check_run main GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" GPU_CHECK_STEPS=g \
     GPU_CHECK_MAIN_STEPS=20 GPU_CHECK_MAIN_WARMUP=5 GPU_CHECK_MAIN_EVAL=10 GPU_CHECK_PACK=1 \
     GPU_CHECK_MAIN_ARGS="--preset tiny --batch-tokens 1024" "${c_args[@]}"
-  for s in a b c d f e; do row main SKIP "$s" "not in GPU_CHECK_STEPS"; done
+  for s in a b c d f p e; do row main SKIP "$s" "not in GPU_CHECK_STEPS"; done
   row main PASS g.main "20 steps in"
   row main PASS g.test_bleu "BLEU"
   if /usr/bin/python3 -c 'import matplotlib' 2> /dev/null; then row main PASS g.plot; else row main SKIP g.plot; fi

@@ -8,12 +8,19 @@
 # some, and a run of its choice. Step times are compared by
 # scripts/bench_plan_cpu.sh, not here.
 #   test_plan.sh BUILD_DIR CORPUS_DIR
+# Environment: PLAN_DEVICE=cuda runs every layout on the GPU (the ranks
+# sharing it, --comm shm) and plans for it; PLAN_MEMORY_ONLY=1 keeps the
+# layouts' memory check alone (no limits, cache or --layout auto); PYTHON (a
+# python3, default /usr/bin/python3; the standard library is enough).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
+py=${PYTHON:-/usr/bin/python3}
+dev=()
+[ -z "${PLAN_DEVICE:-}" ] || dev=(--device "$PLAN_DEVICE" --comm shm)
 copy=(--task copy --preset tiny --vocab-size 64 --max-steps 4 --eval-interval 100)
 data=(--data "$corpus" --preset tiny --max-steps 3 --eval-interval 3 --batch-tokens 512)
 layouts=(
@@ -31,13 +38,14 @@ layouts=(
 for l in "${layouts[@]}"; do
   IFS='|' read -r n name flags <<< "$l"
   # shellcheck disable=SC2086
-  "$build/tprun" --nproc_per_node="$n" "$build/train_mt" $flags --log-interval 1 --metrics "$name.run.jsonl" \
+  "$build/tprun" --nproc_per_node="$n" "$build/train_mt" $flags "${dev[@]}" --log-interval 1 --metrics "$name.run.jsonl" \
     > "$name.run.log" 2>&1 || { cat "$name.run.log"; echo "FAIL: $name: the run failed"; exit 1; }
   # shellcheck disable=SC2086
-  "$build/train_mt" --plan $flags --metrics "$name.plan.json" > "$name.plan.log" 2>&1 ||
+  "$build/train_mt" --plan $flags "${dev[@]}" --metrics "$name.plan.json" > "$name.plan.log" 2>&1 ||
     { cat "$name.plan.log"; echo "FAIL: $name: --plan failed"; exit 1; }
   grep -q "^train_mt: fits" "$name.plan.log" || { cat "$name.plan.log"; echo "FAIL: $name: no verdict"; exit 1; }
 done
+if [ "${PLAN_MEMORY_ONLY:-0}" != 1 ]; then
 # Too little memory: exit status 3 and the largest rank named.
 rc=0
 "$build/train_mt" --plan ${copy[*]} --tp 2 --memory-limit 1 > small.log 2>&1 || rc=$?
@@ -52,7 +60,7 @@ printf 'my notes\n' > notes.txt
 # (its memory within 5% of what the ranking predicted for it).
 "$build/tprun" --nproc_per_node=4 "$build/train_mt" --plan --layout auto ${copy[*]} --metrics auto.json \
   > auto.log 2>&1 || { cat auto.log; echo "FAIL: --plan --layout auto"; exit 1; }
-limit=$(/usr/bin/python3 -c '
+limit=$("$py" -c '
 import json, statistics
 c = json.load(open("auto.json"))["candidates"]
 print(round(statistics.median(x["peak"] for x in c) / 2**20, 3))')
@@ -65,7 +73,7 @@ grep -q "^\[rank 0\] train_mt: --layout auto: training tp" auto-run.log || { cat
 rc=0
 "$build/train_mt" --layout auto --tp 2 ${copy[*]} > refused.log 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "drop --tp" refused.log || { cat refused.log; echo "FAIL: --layout auto --tp 2: rc $rc"; exit 1; }
-/usr/bin/python3 - "$limit" <<'PY'
+"$py" - "$limit" <<'PY'
 import json, sys
 limit = float(sys.argv[1]) * 2**20
 for f in ("auto.json", "auto-limit.json"):
@@ -99,7 +107,8 @@ print(f"test_plan: --layout auto: {len(c)} layouts ranked; under {limit / 2**20:
       f"{sum(not x['fits'] for x in c)} dropped; chose {best['layout']}, measured peak {peak / 2**20:.2f} MiB "
       f"(predicted {best['peak'] / 2**20:.2f})")
 PY
-/usr/bin/python3 - "${layouts[@]}" <<'PY'
+fi
+"$py" - "${layouts[@]}" <<'PY'
 import json, sys
 bad, rows = [], []
 tags = ["master", "compute", "grads", "optimizer", "activations", "workspace", "comm"]
