@@ -14,7 +14,10 @@
 #   3. each run's row: target tokens/s, step time, TFLOP/s and MFU (FLOPs
 #      formula in docs/gpu-benchmark.md), peak memory (tptrain's allocator
 #      peak beside torch.cuda.max_memory_allocated), and ratios to eager.
-# The first BENCH_WARMUP steps of every run are not timed. Output in
+# The first BENCH_WARMUP steps of every run are not timed. Before the runs,
+# the PyTorch model is checked against the float64 reference model on this
+# machine's PyTorch (test/check_bench_model.py; a failure is reported under
+# the table and makes the exit status 1). Output in
 # BENCH_DIR (default ./bench_gpu): results.jsonl (one JSON line per run),
 # bench.md (the table), logs/. A configuration that would not finish inside
 # BENCH_BUDGET seconds is skipped with a row saying so, and a run still going
@@ -81,6 +84,22 @@ fail_row() {
 
 echo "bench_gpu: train_mt from $bin, $py ($("$py" -c 'import torch; print(torch.__version__)')), device $device, $dtype"
 echo "bench_gpu: presets $presets; tokens per batch $tokens; $steps steps, $warmup of warmup; budget $budget s"
+# The PyTorch model on this machine's PyTorch (its attention path may differ
+# from the one the tests saw) against the float64 reference, on the CPU:
+# a one-step tiny export and its batch (test/check_bench_model.py).
+check_log=$out/logs/model_check.log
+check="FAIL (logs/model_check.log)"
+if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$out/check_cache" --device cpu --preset tiny \
+     --max-steps 1 --batch-tokens 512 --eval-interval 0 --export "$out/check_model" \
+     --dump-batches "$out/check_batches.st" > "$check_log" 2>&1 &&
+   timeout -k 5 "$(left)" "$py" "$root/test/check_bench_model.py" "$out/check_model" "$out/check_batches.st" \
+     >> "$check_log" 2>&1; then
+  check="PASS ($(grep -E '^[0-9]+ gradients' "$check_log" | tail -n 1))"
+else
+  failed=1
+fi
+rm -rf "$out/check_cache" "$out/check_model" "$out/check_batches.st"
+echo "bench_gpu: the PyTorch model against the float64 reference: $check"
 est=0  # the last configuration's time: the next is skipped when it would not fit
 for preset in $presets; do
   for btok in $tokens; do
@@ -119,6 +138,8 @@ for preset in $presets; do
   done
 done
 "$py" "$bench_py" table "$results" > "$out/bench.md" || failed=1
+printf '\nThe PyTorch model against the float64 reference (PyTorch %s, loss and every gradient): %s\n' \
+  "$("$py" -c 'import torch; print(torch.__version__)')" "$check" >> "$out/bench.md"
 cat "$out/bench.md"
 echo "bench_gpu: results in $out (results.jsonl, bench.md, logs/)"
 exit "$failed"
