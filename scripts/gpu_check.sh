@@ -22,7 +22,8 @@
 #          curves judged by scripts/compare_curves.py (its bands)
 #   d      tp = 2, tp = 4 and dp = 2 on the one GPU through tprun (--comm shm:
 #          device buffers staged through page-locked host memory), each against
-#          tp = 1 on the synthetic copy task, judged the same way; each run's
+#          tp = 1 on the synthetic copy task, judged the same way (and one
+#          rank with --comm nccl, NCCL's world of one); each run's
 #          final memory record checked (every rank's device_used covers its
 #          persistent buffers and library overhead; staged runs hold their
 #          staging buffer under comm)
@@ -521,7 +522,8 @@ memory_check() {  # STEP METRICS STAGED
 }
 d_why=$(why_not --device --comm)
 # the layouts against tp1; the data-parallel reduction's stages where the build has them
-d_layouts=("tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2")
+# (nccl1: one rank with NCCL collectives, the world of one GPU; its flag comes after --comm shm)
+d_layouts=("tp2 2 --tp 2" "tp4 4 --tp 4" "dp2 2 --tp 1 --dp 2" "nccl1 1 --tp 1 --comm nccl")
 if has_flag --zero; then
   d_layouts+=("dp2z1 2 --tp 1 --dp 2 --zero 1 --grad-bucket-mb 0.01" "dp2z2 2 --tp 1 --dp 2 --zero 2 --grad-bucket-mb 0.01")
 fi
@@ -553,7 +555,9 @@ else
            "$BIN/tprun" --standalone --nproc_per_node "$nproc" "$BIN/train_mt" "${d_args[@]}" --comm shm $lflags \
            --comm-timeout 60 --metrics "$out/d_$lname.jsonl"; then
         judge "d.compare_$lname" "$band" "$out/d_tp1.jsonl" "$out/d_$lname.jsonl" tp1 "$lname"
-        memory_check "d.memory_$lname" "$out/d_$lname.jsonl" 1
+        staged=1
+        [[ " $lflags " != *" --comm nccl "* ]] || staged=0
+        memory_check "d.memory_$lname" "$out/d_$lname.jsonl" "$staged"
       fi
     done
   else

@@ -156,6 +156,9 @@ for l in tp2 tp4 dp2; do
   row full PASS "d.compare_$l" "PASS fp32"
   row full FAIL "d.memory_$l" "holds no 4 MiB staging buffer"
 done
+row full PASS d.nccl1
+row full PASS d.compare_nccl1 "PASS fp32"
+row full FAIL d.memory_nccl1 "no device_used"  # not staged: no staging buffer asked for
 # f: the checkpoint resumes (on the CPU stand-in: exact, and within fp32)
 for s in straight resume straight0 gpu_to_cpu cpu_tp2 cpu_to_gpu; do row full PASS "f.$s"; done
 row full PASS f.compare_resume "exported weights identical"
