@@ -28,6 +28,7 @@
 #include "data/synthetic.h"
 #include "clock.h"
 #include "err.h"
+#include "fileio.h"
 #include "mt.h"
 #include "parse.h"
 #include "tp/comm_shm.h"
@@ -1640,9 +1641,12 @@ int main(int argc, char **argv) {
     const Mesh *mesh = &rt.mesh;
     const bool lead = mesh->rank == 0;  // prints, writes metrics and saves
     if (mesh->world > 1) tp_set_log_rank(mesh->rank);
-    if (a.dump_batches && mesh->world > 1) {  // each rank reads other batches: one file would be one rank's
-        if (lead) fprintf(stderr, "train_mt: --dump-batches writes the batches of a one-rank run; this run has %d ranks\n",
-                          mesh->world);
+    if (a.dump_batches && (mesh->world > 1 || check_writable_path(a.dump_batches, err, sizeof err))) {
+        if (lead && mesh->world > 1)  // each rank reads other batches: one file would hold one rank's
+            fprintf(stderr, "train_mt: --dump-batches writes the batches of a one-rank run; this run has %d ranks\n",
+                    mesh->world);
+        else if (lead)  // refused now, not after the run
+            fprintf(stderr, "train_mt: --dump-batches: %s\n", err);
         runtime_free(&rt);
         backend_destroy(be);
         return 2;

@@ -76,6 +76,16 @@ if "$build/train_mt" "${common[@]}" --max-steps 1 --dump-batches /nonexistent/di
   fail "an unwritable --dump-batches path was accepted"
 fi
 grep -q "dump-batches: .*/nonexistent/dir/b.st" bad.log || fail "the error does not name the file: $(cat bad.log)"
+grep -q "step " bad.log && fail "an unwritable --dump-batches path was refused only after training"
+if "$build/train_mt" "${common[@]}" --max-steps 1 --dump-batches "$work" > bad2.log 2>&1; then
+  fail "a folder as --dump-batches was accepted"
+fi
+grep -q "is a folder, not a file" bad2.log || fail "a folder as --dump-batches: $(cat bad2.log)"
+if "$build/tprun" --standalone --nproc_per_node 2 "$build/train_mt" --preset tiny --task copy --max-steps 1 --tp 2 \
+     --dump-batches b2.st > bad3.log 2>&1; then
+  fail "--dump-batches with two ranks was accepted"
+fi
+grep -q "batches of a one-rank run; this run has 2 ranks" bad3.log || fail "two ranks: $(cat bad3.log)"
 printf 'not safetensors' > junk.st
 if $py "$root/scripts/bench_torch_mt.py" run junk.st --device cpu > junk.log 2>&1; then fail "a junk batch file was read"; fi
 grep -q "junk.st" junk.log || fail "the error does not name the file: $(cat junk.log)"

@@ -213,17 +213,40 @@ int fsync_path(const char *path) {
     return rc;
 }
 
-int fsync_parent_dir(const char *path) {
+/* The folder that holds path ("." for a bare name), malloc'd. */
+static char *parent_dir(const char *path) {
     const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) {
-        dir = str_concat(".", "");
-    } else {
-        size_t n = slash == path ? 1 : (size_t)(slash - path);
-        dir = TP_MALLOC(n + 1);
-        memcpy(dir, path, n);
-        dir[n] = '\0';
+    if (!slash) return str_concat(".", "");
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char *dir = TP_MALLOC(n + 1);
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return dir;
+}
+
+int check_writable_path(const char *path, char *err, size_t err_len) {
+    char *dir = parent_dir(path);
+    struct stat sb;
+    int rc = 0;
+    if (stat(dir, &sb) != 0) {
+        tp_error_set(err, err_len, "%s: its folder %s cannot be used (%s)", path, dir, strerror(errno));
+        rc = -1;
+    } else if (!S_ISDIR(sb.st_mode)) {
+        tp_error_set(err, err_len, "%s: %s is not a folder", path, dir);
+        rc = -1;
+    } else if (access(dir, W_OK | X_OK) != 0) {
+        tp_error_set(err, err_len, "%s: its folder %s is not writable (%s)", path, dir, strerror(errno));
+        rc = -1;
+    } else if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        tp_error_set(err, err_len, "%s is a folder, not a file", path);
+        rc = -1;
     }
+    free(dir);
+    return rc;
+}
+
+int fsync_parent_dir(const char *path) {
+    char *dir = parent_dir(path);
     int rc = fsync_path(dir);
     int saved = errno;
     free(dir);

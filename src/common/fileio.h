@@ -60,6 +60,11 @@ int write_file_atomic(const char *path, const void *data, size_t n_bytes, char *
 /* Copies a file, writing the copy atomically. 0 or -1 + err. */
 int copy_file_atomic(const char *from, const char *to, char *err, size_t err_len);
 
+/* Whether a file could be written at path before the work that makes it:
+ * its folder exists and is writable, and path is not a folder. 0, or -1
+ * with err naming the path. */
+int check_writable_path(const char *path, char *err, size_t err_len);
+
 /* fsync of a file or a folder by name: 0, or -1 with errno set. */
 int fsync_path(const char *path);
 /* fsync_path of the folder holding path, so that a rename into it is
