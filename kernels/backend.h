@@ -148,6 +148,9 @@ typedef struct BackendOps {
     void (*xent_vp_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse,
                         const int32_t *targets, float dloss, int N, int V_local, int V_valid, int vocab_start,
                         int V, float eps, int32_t ignore_id);
+    void (*xent_vp_grad_inplace)(Backend *be, float *logits, const float *lse, const int32_t *targets, float dloss,
+                                 int N, int V_local, int V_valid, int vocab_start, int V, float eps,
+                                 int32_t ignore_id);
     void (*adamw)(Backend *be, float *p, const float *g, float *m, float *v, size_t n_elems, float lr,
                   float beta1, float beta2, float eps, float wd, int t);
 } BackendOps;

@@ -335,6 +335,18 @@ static inline void op_xent_vp_bwd(Backend *be, float *dlogits,         // (N, V_
                     int32_t ignore_id) {
     be->ops->xent_vp_bwd(be, dlogits, logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id);
 }
+/* The same gradient written over the logits, which the loss no longer
+ * needs: no (N, V_local) gradient buffer, no pass to zero one. Padding
+ * columns and ignored rows become 0. The one backward op that overwrites
+ * rather than accumulates: each element equals op_xent_vp_bwd's into zeros. */
+static inline void op_xent_vp_grad_inplace(Backend *be, float *logits, // (N, V_local) in: logits; out: gradient
+                    const float *lse,       // (N)
+                    const int32_t *targets, // (N)
+                    float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps,
+                    int32_t ignore_id) {
+    be->ops->xent_vp_grad_inplace(be, logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps,
+                                  ignore_id);
+}
 
 /* ---- AdamW (decoupled weight decay, as torch.optim.AdamW) ------------------
  * p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

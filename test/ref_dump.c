@@ -75,6 +75,9 @@ int main(int argc, char **argv) {
     int n_tok = 0;
     model_zero_grad(&m);
     float loss = model_forward(&m, &b, false, (DropoutKey){0}, &n_tok);
+    const size_t n_logits = (size_t)b.B * b.T * cfg.vocab_size;  // kept: backward writes their gradient over them
+    float *logits = TP_MALLOC(n_logits * sizeof *logits);
+    memcpy(logits, model_logits(&m), n_logits * sizeof *logits);
     model_backward(&m, &b, false, (DropoutKey){0}, 1.0f / (float)n_tok);
     float gnorm = grad_global_norm(m.be, &m.tab, m.grads, NULL);
 
@@ -98,7 +101,7 @@ int main(int argc, char **argv) {
     st_writer_add(w, "tgt_in", ST_I32, 2, sh_tgt, TGT_IN);
     st_writer_add(w, "tgt_out", ST_I32, 2, sh_tgt, TGT_OUT);
     st_writer_add(w, "tgt_len", ST_I32, 1, sh_b, TGT_LEN);
-    st_writer_add(w, "logits", ST_F32, 3, sh_logits, model_logits(&m));
+    st_writer_add(w, "logits", ST_F32, 3, sh_logits, logits);
     st_writer_add(w, "loss", ST_F32, 1, sh_one, &loss);
     st_writer_add(w, "grad_norm", ST_F32, 1, sh_one, &gnorm);
     char (*names)[128] = TP_MALLOC((size_t)m.tab.n * 2 * sizeof *names);
@@ -130,6 +133,7 @@ int main(int argc, char **argv) {
     free(names);
     free(grads_clipped);
     free(updated);
+    free(logits);
     adamw_free(&opt);
     model_free(&m);
     return 0;

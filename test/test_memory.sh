@@ -114,7 +114,7 @@ def formula(tp, sp, rc, B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
         dec = nt * (6 * C + 6) + Nt * (6 * Cl + 2 * Fl) + 2 * Ns * Cl + (B * Hl * (T * T + T * S) if rc == "none" else 0)
     slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
     slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (Vl + 6)   # final LayerNorms, logits, loss
-    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * (4 * Cl + 2 * Fl) + B * Hl * maxL ** 2 + Nt * Vl
+    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * (4 * Cl + 2 * Fl) + B * Hl * maxL ** 2  # (the logits' gradient: over them)
     if sp:
         scratch += maxNf * C + maxn * C + 9 * C
     if rc != "none":

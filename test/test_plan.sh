@@ -22,7 +22,9 @@ py=${PYTHON:-/usr/bin/python3}
 dev=()
 [ -z "${PLAN_DEVICE:-}" ] || dev=(--device "$PLAN_DEVICE" --comm shm)
 copy=(--task copy --preset tiny --vocab-size 64 --max-steps 4 --eval-interval 100)
-data=(--data "$corpus" --preset tiny --max-steps 3 --eval-interval 3 --batch-tokens 512)
+# Two evaluations: the second meets the evaluation copy's activations, kept
+# from the first, with the gather buffer; that is the peak a run keeps to.
+data=(--data "$corpus" --preset tiny --max-steps 4 --eval-interval 2 --batch-tokens 512)
 layouts=(
   "1|tp1|${copy[*]}"
   "2|tp2sp-sel|${copy[*]} --tp 2 --sequence-parallel --recompute selective"

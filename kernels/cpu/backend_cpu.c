@@ -195,6 +195,11 @@ static void t_xent_vp_bwd(Backend *be, float *dl, const float *logits, const flo
     (void)be;
     cpu_xent_vp_bwd(dl, logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
 }
+static void t_xent_vp_grad_inplace(Backend *be, float *logits, const float *lse, const int32_t *t, float dloss, int N,
+                                   int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
+    (void)be;
+    cpu_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
+}
 static void t_adamw(Backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                     float eps, float wd, int t) {
     (void)be;
@@ -216,7 +221,7 @@ static const BackendOps CPU_OPS = {
     .softmax_bwd = t_softmax_bwd, .attention_fwd = t_attention_fwd, .attention_bwd = t_attention_bwd,
     .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
     .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,
-    .xent_vp_bwd = t_xent_vp_bwd, .adamw = t_adamw,
+    .xent_vp_bwd = t_xent_vp_bwd, .xent_vp_grad_inplace = t_xent_vp_grad_inplace, .adamw = t_adamw,
 };
 
 Backend *backend_cpu_create(Dtype dtype) {

@@ -207,6 +207,12 @@ void cpu_xent_vp_bwd(float *dlogits,         // (N, V_local)
                     const int32_t *targets, // (N)
                     float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps,
                     int32_t ignore_id);
+/* op_xent_vp_grad_inplace's reference (ops.h). */
+void cpu_xent_vp_grad_inplace(float *logits,        // (N, V_local) in: logits; out: their gradient
+                             const float *lse,      // (N)
+                             const int32_t *targets, // (N)
+                             float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps,
+                             int32_t ignore_id);
 
 /* ---- AdamW (decoupled weight decay, as torch.optim.AdamW) ------------------
  * p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

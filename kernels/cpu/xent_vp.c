@@ -59,6 +59,23 @@ int cpu_xent_vp_loss(float *losses, float *lse, const float *row_max, const floa
     return n_valid;
 }
 
+void cpu_xent_vp_grad_inplace(float *logits, const float *lse, const int32_t *targets, float dloss, int N, int V_local,
+                              int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
+    const float smooth = eps / (float)V;
+    for (int n = 0; n < N; n++) {
+        float *row = logits + (size_t)n * V_local;
+        const int32_t y = targets[n];
+        const int valid = y == ignore_id ? 0 : V_valid;  // an ignored row: all zero
+        const int local = y - vocab_start;
+        for (int v = 0; v < valid; v++) {  // op_xent_vp_bwd's expression, written instead of added to 0
+            float p = expf(row[v] - lse[n]);
+            float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
+            row[v] = dloss * (p - target);
+        }
+        for (int v = valid; v < V_local; v++) row[v] = 0.0f;
+    }
+}
+
 void cpu_xent_vp_bwd(float *dlogits, const float *logits, const float *lse, const int32_t *targets, float dloss,
                     int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
     const float smooth = eps / (float)V;

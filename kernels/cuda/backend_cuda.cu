@@ -334,6 +334,10 @@ static void cu_xent_vp_loss(Backend *be, float *losses, float *lse, const float 
                             const int32_t *t, int N, int V, float eps, int32_t ig) {
     cuda_op_xent_vp_loss(losses, lse, rm, st, t, N, V, eps, ig, impl_of(be)->status_dev, stream_of(be));
 }
+static void cu_xent_vp_grad_inplace(Backend *be, float *logits, const float *lse, const int32_t *t, float dloss,
+                                    int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
+    cuda_op_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, stream_of(be));
+}
 static void cu_xent_vp_bwd(Backend *be, float *dl, const float *logits, const float *lse, const int32_t *t,
                            float dloss, int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
     cuda_op_xent_vp_bwd(dl, logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, stream_of(be));
@@ -362,6 +366,7 @@ static BackendOps cuda_ops_table(void) {
     o.attention_bwd = cu_attention_bwd, o.dropout_fwd = cu_dropout_fwd, o.dropout_bwd = cu_dropout_bwd;
     o.xent_fwd = cu_xent_fwd, o.xent_bwd = cu_xent_bwd, o.xent_vp_max = cu_xent_vp_max;
     o.xent_vp_sums = cu_xent_vp_sums, o.xent_vp_loss = cu_xent_vp_loss, o.xent_vp_bwd = cu_xent_vp_bwd;
+    o.xent_vp_grad_inplace = cu_xent_vp_grad_inplace;
     o.adamw = cu_adamw;
     return o;
 }

@@ -247,6 +247,11 @@ void cuda_op_xent_vp_bwd(float *dlogits,           // (N, V_local)
                          const int32_t *targets,   // (N)
                          float dloss, int N, int V_local, int V_valid, int vocab_start, int V,
                          float eps, int32_t ignore_id, cudaStream_t stream);
+void cuda_op_xent_vp_grad_inplace(float *logits,           // (N, V_local) in: logits; out: gradient
+                                  const float *lse,        // (N)
+                                  const int32_t *targets,  // (N)
+                                  float dloss, int N, int V_local, int V_valid, int vocab_start,
+                                  int V, float eps, int32_t ignore_id, cudaStream_t stream);
 
 /* ---- AdamW -------------------------------------------------------------------- */
 void cuda_op_adamw(float *p, const float *g, float *m, float *v, size_t n_elems, float lr,

@@ -115,6 +115,32 @@ __global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local) accumul
     }
 }
 
+// op_xent_vp_grad_inplace: xent_bwd_kernel's value written over the logit it
+// is computed from (each element read and written by one thread); every
+// column of an ignored row and the padding columns are zeroed.
+__global__ void xent_grad_inplace_kernel(float *logits,           // (N, V_local) in: logits; out: gradient
+                                         const float *lse,        // (N)
+                                         const int32_t *targets,  // (N)
+                                         float dloss, float smooth, int N, int V_local, int V_valid,
+                                         int vocab_start, float eps, int32_t ignore_id) {
+    for (int n = blockIdx.y; n < N; n += gridDim.y) {
+        const int32_t y = targets[n];
+        const int valid = y == ignore_id ? 0 : V_valid;
+        const long long local = (long long)y - vocab_start;
+        const float row_lse = lse[n];
+        float *row = logits + (size_t)n * V_local;
+        for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < V_local; v += gridDim.x * blockDim.x) {
+            float g = 0.0f;
+            if (v < valid) {
+                const float p = expf(row[v] - row_lse);
+                const float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
+                g = dloss * (p - target);
+            }
+            row[v] = g;
+        }
+    }
+}
+
 // One block per row: the shard's max over its V_valid real columns.
 __global__ void xent_vp_max_kernel(float *row_max,       // (N)
                                    const float *logits,  // (N, V_local)
@@ -213,6 +239,17 @@ static void xent_bwd_launch(float *dlogits, const float *logits, const float *ls
     xent_bwd_kernel<<<grid, XENT_THREADS, 0, stream>>>(dlogits, logits, lse, targets, dloss,
                                                       smooth, N, V_local, V_valid, vocab_start,
                                                       eps, ignore_id);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void xent_grad_inplace_launch(float *logits, const float *lse, const int32_t *targets,
+                                     float dloss, int N, int V_local, int V_valid, int vocab_start,
+                                     int V, float eps, int32_t ignore_id, cudaStream_t stream) {
+    const float smooth = eps / (float)V;  // the CPU's expression
+    dim3 grid(tp_grid_1d((size_t)V_local, XENT_THREADS), row_grid(N));
+    xent_grad_inplace_kernel<<<grid, XENT_THREADS, 0, stream>>>(logits, lse, targets, dloss, smooth,
+                                                               N, V_local, V_valid, vocab_start, eps,
+                                                               ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -349,4 +386,21 @@ extern "C" void cuda_op_xent_vp_bwd(float *dlogits, const float *logits, const f
     TP_NEED_PTR(op, targets);
     xent_bwd_launch(dlogits, logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps,
                     ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_vp_grad_inplace(float *logits, const float *lse,
+                                             const int32_t *targets, float dloss, int N,
+                                             int V_local, int V_valid, int vocab_start, int V,
+                                             float eps, int32_t ignore_id, cudaStream_t stream) {
+    const char *op = "cuda_op_xent_vp_grad_inplace";
+    check_vp(op, N, V_local, V_valid);
+    TP_NEED_SIZE(op, vocab_start);
+    TP_NEED_SIZE(op, V);
+    if (N == 0) return;
+    TP_CHECK(V > 0 || V_valid == 0, "%s: V = 0 with real columns in the shard", op);
+    TP_NEED_PTR(op, logits);
+    TP_NEED_PTR(op, lse);
+    TP_NEED_PTR(op, targets);
+    xent_grad_inplace_launch(logits, lse, targets, dloss, N, V_local, V_valid, vocab_start,
+                             V > 0 ? V : 1, eps, ignore_id, stream);
 }

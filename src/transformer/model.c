@@ -76,7 +76,7 @@ struct ModelActs {
     float **dec_mid1, **dec_mid2;  // [dec_layers] (Nt, C) after self / cross blocks
     float *enc_out, *enc_m, *enc_r;  // (Ns, C) final encoder LayerNorm
     float *dec_out, *dec_m, *dec_r;  // (Nt, C) final decoder LayerNorm
-    float *logits;               // (Nt, V/tp)
+    float *logits;               // (Nt, V/tp); after model_backward, their gradient
     float *losses, *lse;         // (Nt)
     float *row_max, *xstats;     // (Nt), (Nt, 3) vocab-parallel loss statistics
     /* scratch, in the shared buffer */
@@ -86,7 +86,6 @@ struct ModelActs {
     float *d_att, *d_q, *d_k, *d_v;  // (maxN, C/tp)
     float *d_h, *d_a;            // (maxN, F/tp)
     float *d_scratch;            // (B, H/tp, maxL, maxL)
-    float *d_logits;             // (Nt, V/tp)
     /* recomputation (model_set_recompute), in the shared buffer too */
     float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer
     EncActs enc_shared;          // full: one encoder layer's activations, rebuilt per layer
@@ -205,7 +204,7 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
 static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, int S, int T) {
     const ModelConfig *cfg = &m->cfg;
     const int C = cfg->d_model, tp = m->tp.size;
-    const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp, Vl = m->vocab_local;
+    const int Cl = C / tp, Fl = cfg->d_ff / tp, Hl = cfg->n_heads / tp;
     const size_t Ns = (size_t)B * S, Nt = (size_t)B * T, maxN = Ns > Nt ? Ns : Nt;
     const size_t ns = (size_t)seq_rows(m, B * S), nt = (size_t)seq_rows(m, B * T), maxn = ns > nt ? ns : nt;
     const size_t maxNf = (size_t)seq_full(m, (int)maxN);  // maxN, or rounded up to tp shares
@@ -223,7 +222,6 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->d_h = take(&c, maxN * Fl);
     A->d_a = take(&c, maxN * Fl);
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
-    A->d_logits = m->stage.head ? take(&c, Nt * Vl) : NULL;
     /* Recomputation: the probabilities of the attention being computed or
      * differentiated; with full, one layer's activations of each stack, the
      * views of every layer pointing at them. */
@@ -1031,15 +1029,16 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     const bool full = m->recompute == MODEL_RECOMPUTE_FULL;
 
     if (st->head) {
-        /* loss -> logits -> decoder output (tied embedding gets the output-layer part) */
+        /* loss -> logits -> decoder output (tied embedding gets the output-layer part);
+         * the logits' gradient is written over them (they are not needed again) */
         const int Vl = m->vocab_local;
-        op_zero(m->be, A->d_logits, (size_t)Nt * Vl);
-        op_xent_vp_bwd(m->be, A->d_logits, A->logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
-                       m->vocab_start, V, c->label_smoothing, c->pad_id);
+        float *d_logits = A->logits;
+        op_xent_vp_grad_inplace(m->be, d_logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
+                                m->vocab_start, V, c->label_smoothing, c->pad_id);
         op_zero(m->be, A->d_ln, (size_t)seq_full(m, Nt) * C);
         grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
         grads_needed_at(m, m->w.dec_ln_g, 0);
-        op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, A->d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+        op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
         final_ln_bwd(m, A->d_res_t, A->d_ln, A->dec_res[c->dec_layers], A->dec_m, A->dec_r, m->w.dec_ln_g,
                      m->g.dec_ln_g, m->g.dec_ln_b, Nt);
         grads_final_from(m, m->w.dec_ln_g);

@@ -194,7 +194,8 @@ void model_gather(const Model *m, Model *whole);
 void model_stage_collect(const Model *m, Comm *pp, const ModelStage *stages, int p, Model *full);
 
 /* Logits of the last forward pass: (B*T, vocab_local), row b*T + t (the
- * whole vocabulary when tp = 1); a device pointer. */
+ * whole vocabulary when tp = 1); a device pointer. model_backward writes
+ * the logits' gradient over them: read them before it. */
 const float *model_logits(const Model *m);
 /* The device copy of the last batch's target ids (B*T). */
 const int32_t *model_targets(const Model *m);

@@ -319,6 +319,26 @@ static void test_xent_vp(const Target *t, Rng *rng) {
         free(dl0), free(dl), free(got);
         dev_free(t, d_dl), dev_free(t, d_lse_cpu);
     }
+    /* The gradient written over the logits: op_xent_vp_bwd's into zeros
+     * (padding columns, NaN before, and ignored rows become 0). */
+    for (int s = 0; s < TP; s++) {
+        const size_t nl = (size_t)N * V_LOCAL;
+        float *want = host_alloc(nl);
+        cpu_xent_vp_bwd(want, shard[s], lse, targets, dloss, N, V_LOCAL, v_valid[s], s * V_LOCAL, V, eps, ignore_id);
+        float *d_x = dev_from(t, shard[s], nl), *d_lse_cpu = dev_from(t, lse, N);
+        op_xent_vp_grad_inplace(be, d_x, d_lse_cpu, d_t, dloss, N, V_LOCAL, v_valid[s], s * V_LOCAL, V, eps,
+                                ignore_id);
+        float *got = dev_fetch(t, d_x, nl);
+        snprintf(what, sizeof what, "xent_vp_grad_inplace shard %d", s);
+        check_rel(t, what, got, want, NULL, nl, tol(t, SUM_RTOL));
+        unsigned char zero[N * V_LOCAL];  // exactly 0 where op_xent_vp_bwd adds nothing
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < V_LOCAL; j++) zero[n * V_LOCAL + j] = j >= v_valid[s] || targets[n] == ignore_id;
+        snprintf(what, sizeof what, "xent_vp_grad_inplace shard %d zeros", s);
+        check_exact_where(t, what, got, want, zero, nl);
+        free(want), free(got);
+        dev_free(t, d_x), dev_free(t, d_lse_cpu);
+    }
     for (int s = 0; s < TP; s++) {
         free(shard[s]);
         dev_free(t, d_shard[s]);
