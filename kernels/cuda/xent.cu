@@ -89,11 +89,17 @@ __global__ void xent_fwd_kernel(float *losses,           // (N)
     }
 }
 
-// dlogits[n, v] += dloss * (exp(x - lse) - (1-eps)[v == local] - smooth) for
+// g[n, v] = dloss * (exp(x - lse) - (1-eps)[v == local] - smooth) for
 // v < V_valid; local = targets[n] - vocab_start. The full-row backward is the
 // one-shard case (V_local = V_valid = V, vocab_start = 0).
-// grid (column blocks, row blocks); rows of ignored targets are skipped.
-__global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local) accumulated
+// grid (column blocks, row blocks).
+//   IN_PLACE false (op_xent_vp_bwd): dlogits += g; ignored rows and padding
+//     columns are left as they are.
+//   IN_PLACE true (op_xent_vp_grad_inplace): dlogits is logits, and g is
+//     written over the logit it is computed from (each element read and
+//     written by one thread); ignored rows and padding columns become 0.
+template <bool IN_PLACE>
+__global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local)
                                 const float *logits,     // (N, V_local)
                                 const float *lse,        // (N)
                                 const int32_t *targets,  // (N)
@@ -101,42 +107,22 @@ __global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local) accumul
                                 int vocab_start, float eps, int32_t ignore_id) {
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
         const int32_t y = targets[n];
-        if (y == ignore_id) continue;
+        if (!IN_PLACE && y == ignore_id) continue;
+        const int valid = y == ignore_id ? 0 : V_valid;
         const long long local = (long long)y - vocab_start;
         const float row_lse = lse[n];
         const float *row = logits + (size_t)n * V_local;
         float *drow = dlogits + (size_t)n * V_local;
-        for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < V_valid;
-             v += gridDim.x * blockDim.x) {
-            const float p = expf(row[v] - row_lse);
-            const float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
-            drow[v] += dloss * (p - target);
-        }
-    }
-}
-
-// op_xent_vp_grad_inplace: xent_bwd_kernel's value written over the logit it
-// is computed from (each element read and written by one thread); every
-// column of an ignored row and the padding columns are zeroed.
-__global__ void xent_grad_inplace_kernel(float *logits,           // (N, V_local) in: logits; out: gradient
-                                         const float *lse,        // (N)
-                                         const int32_t *targets,  // (N)
-                                         float dloss, float smooth, int N, int V_local, int V_valid,
-                                         int vocab_start, float eps, int32_t ignore_id) {
-    for (int n = blockIdx.y; n < N; n += gridDim.y) {
-        const int32_t y = targets[n];
-        const int valid = y == ignore_id ? 0 : V_valid;
-        const long long local = (long long)y - vocab_start;
-        const float row_lse = lse[n];
-        float *row = logits + (size_t)n * V_local;
-        for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < V_local; v += gridDim.x * blockDim.x) {
+        const int end = IN_PLACE ? V_local : V_valid;
+        for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < end; v += gridDim.x * blockDim.x) {
             float g = 0.0f;
             if (v < valid) {
                 const float p = expf(row[v] - row_lse);
                 const float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
                 g = dloss * (p - target);
             }
-            row[v] = g;
+            if (IN_PLACE) drow[v] = g;
+            else drow[v] += g;
         }
     }
 }
@@ -236,9 +222,9 @@ static void xent_bwd_launch(float *dlogits, const float *logits, const float *ls
                             cudaStream_t stream) {
     const float smooth = eps / (float)V;  // the CPU's expression
     dim3 grid(tp_grid_1d((size_t)V_valid, XENT_THREADS), row_grid(N));
-    xent_bwd_kernel<<<grid, XENT_THREADS, 0, stream>>>(dlogits, logits, lse, targets, dloss,
-                                                      smooth, N, V_local, V_valid, vocab_start,
-                                                      eps, ignore_id);
+    xent_bwd_kernel<false><<<grid, XENT_THREADS, 0, stream>>>(dlogits, logits, lse, targets, dloss,
+                                                             smooth, N, V_local, V_valid,
+                                                             vocab_start, eps, ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -247,9 +233,9 @@ static void xent_grad_inplace_launch(float *logits, const float *lse, const int3
                                      int V, float eps, int32_t ignore_id, cudaStream_t stream) {
     const float smooth = eps / (float)V;  // the CPU's expression
     dim3 grid(tp_grid_1d((size_t)V_local, XENT_THREADS), row_grid(N));
-    xent_grad_inplace_kernel<<<grid, XENT_THREADS, 0, stream>>>(logits, lse, targets, dloss, smooth,
-                                                               N, V_local, V_valid, vocab_start, eps,
-                                                               ignore_id);
+    xent_bwd_kernel<true><<<grid, XENT_THREADS, 0, stream>>>(logits, logits, lse, targets, dloss,
+                                                            smooth, N, V_local, V_valid, vocab_start,
+                                                            eps, ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
 
