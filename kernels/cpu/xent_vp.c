@@ -3,6 +3,7 @@
  * the protocol). Sums are accumulated in double; padding columns past
  * V_valid are never read. */
 #include <math.h>
+#include <stdbool.h>
 
 #include "err.h"
 #include "cpu_ops.h"
@@ -59,19 +60,26 @@ int cpu_xent_vp_loss(float *losses, float *lse, const float *row_max, const floa
     return n_valid;
 }
 
+/* One row's gradient over its V_valid real columns, dloss * (softmax -
+ * smoothed target): added to drow, or with in_place (drow == row) written
+ * over the logits it is computed from. */
+static void grad_row(float *drow, const float *row, float lse, int local, int V_valid, float dloss, float eps,
+                     float smooth, bool in_place) {
+    for (int v = 0; v < V_valid; v++) {
+        float p = expf(row[v] - lse);
+        float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
+        float g = dloss * (p - target);
+        drow[v] = in_place ? g : drow[v] + g;
+    }
+}
+
 void cpu_xent_vp_grad_inplace(float *logits, const float *lse, const int32_t *targets, float dloss, int N, int V_local,
                               int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
     const float smooth = eps / (float)V;
     for (int n = 0; n < N; n++) {
         float *row = logits + (size_t)n * V_local;
-        const int32_t y = targets[n];
-        const int valid = y == ignore_id ? 0 : V_valid;  // an ignored row: all zero
-        const int local = y - vocab_start;
-        for (int v = 0; v < valid; v++) {  // op_xent_vp_bwd's expression, written instead of added to 0
-            float p = expf(row[v] - lse[n]);
-            float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
-            row[v] = dloss * (p - target);
-        }
+        const int valid = targets[n] == ignore_id ? 0 : V_valid;  // an ignored row: all zero
+        grad_row(row, row, lse[n], targets[n] - vocab_start, valid, dloss, eps, smooth, true);
         for (int v = valid; v < V_local; v++) row[v] = 0.0f;
     }
 }
@@ -80,15 +88,8 @@ void cpu_xent_vp_bwd(float *dlogits, const float *logits, const float *lse, cons
                     int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
     const float smooth = eps / (float)V;
     for (int n = 0; n < N; n++) {
-        int32_t y = targets[n];
-        if (y == ignore_id) continue;
-        const float *row = logits + (size_t)n * V_local;
-        float *drow = dlogits + (size_t)n * V_local;
-        int local = y - vocab_start;
-        for (int v = 0; v < V_valid; v++) {
-            float p = expf(row[v] - lse[n]);
-            float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
-            drow[v] += dloss * (p - target);
-        }
+        if (targets[n] == ignore_id) continue;
+        grad_row(dlogits + (size_t)n * V_local, logits + (size_t)n * V_local, lse[n], targets[n] - vocab_start,
+                 V_valid, dloss, eps, smooth, false);
     }
 }

@@ -41,12 +41,12 @@ int batch_dump_write(const BatchDump *d, const char *path, const char *config_js
     for (int k = 0; k < d->n; k++) {
         const Batch *v = &d->b[k].view;
         const void *data[FIELDS] = {v->src, v->src_len, v->tgt_in, v->tgt_out, v->tgt_len};
-        const int64_t rows[FIELDS] = {v->B, v->B, v->B, v->B, v->B}, cols[FIELDS] = {v->S, 1, v->T, v->T, 1};
+        const int64_t cols[FIELDS] = {v->S, 1, v->T, v->T, 1};  // 1: a vector of B
         for (int f = 0; f < FIELDS; f++) {
             const int j = k * FIELDS + f;
             snprintf(names[j], sizeof names[j], "step%d.%d.%s", d->first_step + k / d->micro_batches,
                      k % d->micro_batches, field[f]);
-            shapes[j][0] = rows[f];
+            shapes[j][0] = v->B;
             shapes[j][1] = cols[f];
             st_writer_add(w, names[j], ST_I32, cols[f] == 1 ? 1 : 2, shapes[j], data[f]);
         }
