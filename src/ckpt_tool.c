@@ -1,15 +1,17 @@
 /* ckpt_tool.c: the `ckpt` command, for checkpoints written by train_mt --save.
  *
  *   ckpt inspect PATH            what a checkpoint holds, then a full integrity check
- *   ckpt export PATH OUT_DIR     one consolidated model (config.json, model.safetensors, spm.model)
+ *   ckpt export [--strict] PATH OUT_DIR
+ *                                one consolidated model (config.json, model.safetensors, spm.model);
+ *                                damaged optimizer shards warned about (--strict: an error)
  *
  * PATH is what --resume accepts: a checkpoint directory or a folder of them
  * (its latest). Both commands sit on the library's own readers
  * (ckpt_resolve, ckpt_read_manifest, ckpt_load, mt_save), so the tool can
- * never disagree with a resume about what a checkpoint means. inspect reads
- * every listed file in full and streams it through CRC-32C rather than
- * loading tensors, so it checks any layout in constant memory and also covers
- * the optimizer shards, which an export never reads.
+ * never disagree with a resume about what a checkpoint means. inspect streams
+ * every listed file through CRC-32C, then runs every check a load runs
+ * (ckpt_verify: headers, names, labels, shapes, the optimizer's tensors),
+ * one shard group in memory at a time.
  * Exit status: 0 ok, 1 a problem with the checkpoint or the output, 2 usage.
  */
 #include <cjson/cJSON.h>
@@ -30,14 +32,15 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ckpt inspect PATH\n"
-               "       ckpt export PATH OUT_DIR\n"
+               "       ckpt export [--strict] PATH OUT_DIR\n"
                "  PATH     a checkpoint directory (step_N, with manifest.json) or a folder of checkpoints\n"
                "           (train_mt --save DIR: its latest, or else its newest complete step)\n"
                "  inspect  prints step, model, saved layout, data cursor, optimizer and every file, then\n"
                "           checks each file's size and CRC-32C against the manifest (exit 1 on a problem)\n"
                "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
                "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
-               "           the format of docs/model-and-export.md\n");
+               "           the format of docs/model-and-export.md; a damaged optimizer shard (which the export\n"
+               "           does not need) is a warning naming the file, an error (exit 1) with --strict\n");
 }
 
 /* PATH -> the checkpoint directory in out; 0, or -1 after printing why. */
@@ -95,52 +98,6 @@ static int entry_fields(const cJSON *e, const char *dir, double *n_bytes, const 
     }
     *n_bytes = b->valuedouble;
     *crc = c->valuestring;
-    return 0;
-}
-
-/* Reads dir/NAME in full and compares its size and CRC-32C with the manifest
- * entry e. 0, or -1 with one sentence in err. */
-static int verify_file(const char *dir, const cJSON *e, char *err, size_t err_len) {
-    double want_bytes;
-    const char *want_crc;
-    if (entry_fields(e, dir, &want_bytes, &want_crc, err, err_len)) return -1;
-    char path[4096];
-    pathf(path, sizeof path, "%s/%s", dir, e->string);
-    char why[1024];
-    int fd = tp_open_regular(path, NULL, why, sizeof why);
-    if (fd < 0) {
-        tp_error_set(err, err_len, "%s; the manifest lists it", why);
-        return -1;
-    }
-    enum { CHUNK = 1 << 20 };
-    uint8_t *buf = TP_MALLOC(CHUNK);
-    uint32_t crc = 0;
-    size_t n_bytes = 0;
-    ssize_t got;
-    while ((got = read(fd, buf, CHUNK)) != 0) {
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) break;
-        crc = crc32c(crc, buf, (size_t)got);
-        n_bytes += (size_t)got;
-    }
-    int bad_read = got < 0 ? errno : 0;
-    close(fd);
-    free(buf);
-    if (bad_read) {
-        tp_error_set(err, err_len, "%s: read error (%s)", path, strerror(bad_read));
-        return -1;
-    }
-    if ((double)n_bytes != want_bytes) {
-        tp_error_set(err, err_len, "%s: %zu bytes, the manifest says %.0f (truncated or replaced)", path, n_bytes,
-                     want_bytes);
-        return -1;
-    }
-    char have[16];
-    snprintf(have, sizeof have, "%08x", crc);
-    if (strcmp(have, want_crc) != 0) {
-        tp_error_set(err, err_len, "%s: CRC-32C %s, the manifest says %s (corrupted)", path, have, want_crc);
-        return -1;
-    }
     return 0;
 }
 
@@ -218,15 +175,18 @@ static int cmd_inspect(const char *arg) {
     }
     cJSON_ArrayForEach(e, files) {
         if (rc) break;
-        if (verify_file(dir, e, err, sizeof err)) rc = 1;
+        if (ckpt_verify_file(dir, files, e->string, err, sizeof err)) rc = 1;
     }
     cJSON_Delete(root);
+    /* then what a load checks inside the files (headers, names, labels, shapes, ZeRO pieces) */
+    if (rc == 0 && ckpt_verify(dir, CKPT_VERIFY_ALL, err, sizeof err)) rc = 1;
     if (rc) {
         printf("verify     FAILED: %s\n", err);
         fprintf(stderr, "ckpt: %s\n", err);
         return 1;
     }
-    printf("verify     ok (%d files read in full: sizes and CRC-32C match the manifest)\n", n_files);
+    printf("verify     ok (%d files read in full: sizes and CRC-32C match the manifest; every shard loads: headers, "
+           "labels, shapes, optimizer state)\n", n_files);
     return 0;
 }
 
@@ -236,7 +196,18 @@ static int same_dir(const char *a, const char *b) {
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-static int cmd_export(const char *arg, const char *out_dir) {
+/* The optimizer shards an export does not read, checked as a resume would
+ * read them: a damaged one is a warning naming the file (the exported model
+ * is right, but the checkpoint cannot be resumed), an error with --strict. */
+static int check_optimizer(const char *dir, bool strict) {
+    char err[1024];
+    if (ckpt_verify(dir, CKPT_VERIFY_OPTIM, err, sizeof err) == 0) return 0;
+    fprintf(stderr, "ckpt: %s: %s; the model is exported from the weights, but this checkpoint cannot be resumed%s\n",
+            strict ? "error (--strict)" : "warning", err, strict ? "" : " (--strict makes this an error)");
+    return strict ? -1 : 0;
+}
+
+static int cmd_export(const char *arg, const char *out_dir, bool strict) {
     char dir[4096], err[1024], path[4096];
     if (resolve(arg, dir, sizeof dir)) return 1;
     if (same_dir(dir, out_dir)) {
@@ -256,7 +227,7 @@ static int cmd_export(const char *arg, const char *out_dir) {
     const cJSON *files = manifest_files(dir, &root);
     if (!files) return 1;
     const cJSON *spm_entry = cJSON_GetObjectItemCaseSensitive(files, "spm.model");
-    int rc = spm_entry ? verify_file(dir, spm_entry, err, sizeof err) : 0;
+    int rc = spm_entry ? ckpt_verify_file(dir, files, "spm.model", err, sizeof err) : 0;
     cJSON_Delete(root);
     if (rc) {
         fprintf(stderr, "ckpt: %s\n", err);
@@ -297,6 +268,7 @@ static int cmd_export(const char *arg, const char *out_dir) {
     if (rc == 0)
         rc = spm_entry ? mt_save(&m, spm_path, out_dir, err, sizeof err) : model_export(&m, out_dir, err, sizeof err);
     if (rc) fprintf(stderr, "ckpt: %s\n", err);
+    else if (check_optimizer(dir, strict)) rc = 1;
     else
         printf("ckpt: step %lld (saved as tp %d x dp %d) exported to %s: config.json, model.safetensors%s\n",
                (long long)st.step, tp, dp, out_dir,
@@ -311,7 +283,11 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
-    if (argc == 4 && strcmp(argv[1], "export") == 0) return cmd_export(argv[2], argv[3]);
+    if (argc == 4 && strcmp(argv[1], "export") == 0) return cmd_export(argv[2], argv[3], false);
+    if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[2], "--strict") == 0)
+        return cmd_export(argv[3], argv[4], true);
+    if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[4], "--strict") == 0)
+        return cmd_export(argv[2], argv[3], true);
     if (argc >= 2 && strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "export") != 0)
         fprintf(stderr, "ckpt: unknown command '%s'\n", argv[1]);
     else if (argc >= 2)

@@ -949,6 +949,65 @@ done:
     return rc;
 }
 
+/* Streams dir/NAME (a regular file: a FIFO or device is refused at open)
+ * through CRC-32C in constant memory and compares size and CRC with the
+ * manifest entry e (named NAME). */
+static int verify_entry(const char *dir, const cJSON *e, char *err, size_t err_len) {
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(e, "bytes");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "crc32c");
+    if (!cJSON_IsNumber(b) || !cJSON_IsString(c)) {
+        tp_error_set(err, err_len, "%s/manifest.json: file '%s' is not listed with its bytes and crc32c", dir,
+                     e->string);
+        return -1;
+    }
+    char path[4096], why[1024];
+    pathf(path, sizeof path, "%s/%s", dir, e->string);
+    int fd = tp_open_regular(path, NULL, why, sizeof why);
+    if (fd < 0) {
+        tp_error_set(err, err_len, "%s; the manifest lists it", why);
+        return -1;
+    }
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = TP_MALLOC(CHUNK);
+    uint32_t crc = 0;
+    size_t n_bytes = 0;
+    ssize_t got;
+    while ((got = read(fd, buf, CHUNK)) != 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        crc = crc32c(crc, buf, (size_t)got);
+        n_bytes += (size_t)got;
+    }
+    const int bad_read = got < 0 ? errno : 0;
+    close(fd);
+    free(buf);
+    if (bad_read) {
+        tp_error_set(err, err_len, "%s: read error (%s)", path, strerror(bad_read));
+        return -1;
+    }
+    if ((double)n_bytes != b->valuedouble) {
+        tp_error_set(err, err_len, "%s: %zu bytes, the manifest says %.0f (truncated or replaced)", path, n_bytes,
+                     b->valuedouble);
+        return -1;
+    }
+    char have[16];
+    snprintf(have, sizeof have, "%08x", crc);
+    if (strcmp(have, c->valuestring) != 0) {
+        tp_error_set(err, err_len, "%s: CRC-32C %s, the manifest says %s (corrupted)", path, have, c->valuestring);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_verify_file(const char *dir, const struct cJSON *files, const char *name, char *err, size_t err_len) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(files, name);
+    if (!e) {
+        tp_error_set(err, err_len, "%s/manifest.json: '%s' is not listed", dir, name);
+        return -1;
+    }
+    return verify_entry(dir, e, err, err_len);
+}
+
 int ckpt_check_tokenizer(const char *dir, const char *spm_path, char *err, size_t err_len) {
     char path[4096];
     cJSON *o = load_manifest(dir, path, sizeof path, err, err_len);
@@ -963,6 +1022,8 @@ int ckpt_check_tokenizer(const char *dir, const char *spm_path, char *err, size_
                      path);
         goto done;
     }
+    /* the checkpoint's own copy, as a load checks every file it relies on */
+    if (verify_entry(dir, e, err, err_len)) goto done;
     size_t n = 0;
     uint8_t *mine = read_file_bytes(spm_path, &n, err, err_len);
     if (!mine) goto done;
@@ -1234,6 +1295,105 @@ done:
     for (int p = 0; old && p < saved->pp; p++) param_table_free(&old[p]);
     free(old);
     free(old_st);
+    free(saved);
+    cJSON_Delete(man);
+    return rc;
+}
+
+/* ---- verify: every check a load runs, without a model ------------------------------ */
+
+/* The model shard (p, t) and its tensors, as read_saved checks them. */
+static int verify_model_shard(SavedFiles *sf, int p, int t, char *err, size_t err_len) {
+    const StFile *f = saved_file(sf, p, t, 0, err, err_len);
+    if (!f) return -1;
+    const ParamTable *tab = &sf->tabs[p];
+    for (int i = 0; i < tab->n; i++)
+        if (!shard_tensor(f, tab->t[i].name, &tab->t[i], sf->path[saved_slot(sf, p, t, 0)], err, err_len)) return -1;
+    return 0;
+}
+
+/* The optimizer shards of (p, t): whole moments of the tensors dealt to
+ * each dp file, or ZeRO pieces covering every tensor exactly once. */
+static int verify_optim_shards(SavedFiles *sf, int p, int t, bool pieces, float *loc, char *err, size_t err_len) {
+    const ParamTable *tab = &sf->tabs[p];
+    for (int d = 0; d < sf->dp; d++)
+        if (!saved_file(sf, p, t, 1 + d, err, err_len)) return -1;
+    const int f0 = saved_slot(sf, p, t, 1);
+    for (int i = 0; i < tab->n; i++) {
+        for (int kind = 1; kind <= 2; kind++) {
+            const char *kname = kind == 1 ? "exp_avg" : "exp_avg_sq";
+            if (pieces) {
+                if (opt_pieces_read(&sf->f[f0], &sf->path[f0], sf->dp, &tab->t[i], kname, loc, err, err_len)) return -1;
+                continue;
+            }
+            char name[160];
+            snprintf(name, sizeof name, "%s.%s", kname, tab->t[i].name);
+            const int k = f0 + i % sf->dp;
+            if (!shard_tensor(&sf->f[k], name, &tab->t[i], sf->path[k], err, err_len)) return -1;
+        }
+    }
+    return 0;
+}
+
+/* Frees the files of (p, t): one shard group in memory at a time. */
+static void release_shards(SavedFiles *sf, int p, int t) {
+    for (int k = 0; k < sf->per; k++) {
+        const int i = saved_slot(sf, p, t, k);
+        if (sf->loaded[i]) st_free(&sf->f[i]);
+        sf->loaded[i] = false;
+    }
+}
+
+int ckpt_verify(const char *dir, int what, char *err, size_t err_len) {
+    ModelConfig cfg;
+    int old_tp, old_dp;
+    char path[4096], why[512];
+    TrainState *saved = TP_MALLOC(sizeof *saved);
+    cJSON *man = NULL;
+    ModelStage *st = NULL;
+    ParamTable *tabs = NULL;
+    SavedFiles sf = {0};
+    float *loc = NULL;
+    int rc = -1;
+    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, saved, err, err_len)) goto done;
+    man = load_manifest(dir, path, sizeof path, err, err_len);
+    if (!man) goto done;
+    const int pp = saved->pp;
+    st = TP_MALLOC((size_t)pp * sizeof *st);
+    TP_CHECK(model_stages_make(&cfg, pp, saved->pp_layout, st, why, sizeof why) == 0, "%s", why);
+    tabs = TP_CALLOC((size_t)pp, sizeof *tabs);
+    size_t max_local = 1;
+    for (int p = 0; p < pp; p++) {
+        param_table_build_stage(&cfg, old_tp, &st[p], &tabs[p]);
+        for (int i = 0; i < tabs[p].n; i++) max_local = tabs[p].t[i].n_elems > max_local ? tabs[p].t[i].n_elems : max_local;
+    }
+    const int per = 1 + old_dp, n_files = pp * old_tp * per;
+    sf = (SavedFiles){.dir = dir, .files = cJSON_GetObjectItemCaseSensitive(man, "files"), .tp = old_tp,
+                      .dp = old_dp, .pp = pp, .per = per, .tabs = tabs, .f = TP_CALLOC((size_t)n_files, sizeof *sf.f),
+                      .loaded = TP_CALLOC((size_t)n_files, sizeof *sf.loaded),
+                      .path = TP_CALLOC((size_t)n_files, sizeof *sf.path)};
+    loc = TP_MALLOC(max_local * sizeof(float));
+    for (int p = 0; p < pp; p++)
+        for (int t = 0; t < old_tp; t++) {
+            if ((what & CKPT_VERIFY_MODEL) && verify_model_shard(&sf, p, t, err, err_len)) goto done;
+            if ((what & CKPT_VERIFY_OPTIM) &&
+                verify_optim_shards(&sf, p, t, saved->zero_stage > 0, loc, err, err_len))
+                goto done;
+            release_shards(&sf, p, t);
+        }
+    if ((what & CKPT_VERIFY_MODEL) && saved->corpus && ckpt_verify_file(dir, sf.files, "spm.model", err, err_len))
+        goto done;
+    rc = 0;
+done:
+    for (int i = 0; sf.loaded && i < sf.pp * sf.tp * sf.per; i++)
+        if (sf.loaded[i]) st_free(&sf.f[i]);
+    free(sf.f);
+    free(sf.loaded);
+    free(sf.path);
+    free(loc);
+    for (int p = 0; tabs && p < saved->pp; p++) param_table_free(&tabs[p]);
+    free(tabs);
+    free(st);
     free(saved);
     cJSON_Delete(man);
     return rc;

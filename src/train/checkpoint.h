@@ -89,6 +89,22 @@ struct cJSON *ckpt_manifest(const char *ckpt_dir, char *err, size_t err_len);
  * has the same bytes as spm_path, else -1 with one sentence. */
 int ckpt_check_tokenizer(const char *ckpt_dir, const char *spm_path, char *err, size_t err_len);
 
+/* Streams DIR/NAME (a regular file; a named pipe or device is refused)
+ * through CRC-32C in constant memory and compares its size and CRC with
+ * the entry `files` (the manifest's "files" object) lists. 0 or -1 + err. */
+int ckpt_verify_file(const char *dir, const struct cJSON *files, const char *name, char *err, size_t err_len);
+
+/* Every check a load runs, for every file of the saved layout, without a
+ * model: the manifest, then each shard read as ckpt_load reads it (size and
+ * CRC-32C, the safetensors header: duplicate names, offsets; the metadata's
+ * labels and global shapes; every tensor present as an F32 shard of its
+ * shape: weights, AdamW moments or ZeRO pieces covering each tensor exactly
+ * once) and the tokenizer. One (stage, tp rank)'s files in memory at a time.
+ * what: CKPT_VERIFY_MODEL (model shards, spm.model) and/or CKPT_VERIFY_OPTIM
+ * (optimizer shards). 0, or -1 + err naming the file. */
+enum { CKPT_VERIFY_MODEL = 1, CKPT_VERIFY_OPTIM = 2, CKPT_VERIFY_ALL = 3 };
+int ckpt_verify(const char *dir, int what, char *err, size_t err_len);
+
 /* Loads weights (and, when opt is non-NULL, the optimizer state) into a
  * model of any tp layout and any pipeline stage (m->stage, the whole model
  * by default) whose config equals the checkpoint's, whatever stages it was
