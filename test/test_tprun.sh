@@ -333,9 +333,19 @@ if seg_ready "$d/dead" && seg_ready "$d/live"; then
     else
         bad "the killed job's segment vanished by itself: nothing to reclaim"
     fi
+    # The live job ends by SIGTERM to tprun while rank 0 still forms its group:
+    # tprun removes its own job's segment as it ends (not the next tprun), and
+    # only its own (a decoy of another job id stays).
+    decoy=/dev/shm/tpt-0000000000000000-$marker-dp.0
+    printf 'decoy' > "$decoy"
     kill -TERM $tlive
     wait $tlive 2> /dev/null
-    rm -f "$live_seg" "$dead_seg"
+    if [ ! -e "$live_seg" ] && [ -e "$decoy" ]; then
+        ok "tprun ended by SIGTERM while rank 0 formed its group removed its own segment $(basename "$live_seg"), not another job's"
+    else
+        bad "after SIGTERM to tprun: its segment $(ls "$live_seg" 2>&1), the decoy $(ls "$decoy" 2>&1)"
+    fi
+    rm -f "$live_seg" "$dead_seg" "$decoy"
 else
     bad "shm-form workers did not create their segments"
     kill -KILL $tdead $tlive 2> /dev/null

@@ -108,6 +108,38 @@ int shm_reclaim_stale(const char *dir, size_t *n_bytes) {
     return n_removed;
 }
 
+int shm_reclaim_job(const char *dir, const char *job_id, size_t *n_bytes) {
+    if (n_bytes) *n_bytes = 0;
+    char prefix[128];
+    if (!job_id || !job_id[0] || strchr(job_id, '/') ||
+        snprintf(prefix, sizeof prefix, "%s%s-", SHM_NAME_PREFIX + 1, job_id) >= (int)sizeof prefix)
+        return 0;
+    DIR *d = opendir(dir ? dir : SHM_DIR);
+    if (!d) return 0;
+    const size_t prefix_len = strlen(prefix);
+    const uid_t me = geteuid();
+    int n_removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, prefix_len) != 0) continue;
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat st;
+        ShmOwner o;
+        const int ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me;
+        /* a live creator can only be a rank of another node of this job on the same host */
+        const int live = pread(fd, &o, sizeof o, 0) == (ssize_t)sizeof o && o.magic == SHM_OWNER_MAGIC &&
+                         !owner_dead(&o);
+        close(fd);
+        if (ours && !live && unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            n_removed++;
+            if (n_bytes) *n_bytes += (size_t)st.st_size;
+        }
+    }
+    closedir(d);
+    return n_removed;
+}
+
 int shm_owned_create(const char *name) {
     if (!name || strncmp(name, SHM_NAME_PREFIX, strlen(SHM_NAME_PREFIX)) != 0) {
         errno = EINVAL;

@@ -9,7 +9,8 @@
  * is even sized, and whoever creates the next one (a rank 0 forming a group;
  * tprun at start) first removes every segment whose name has the project's
  * prefix, whose record is ours, and whose creator is gone: no such pid, a
- * zombie, or a pid reused by a process started at another time. A segment
+ * zombie, or a pid reused by a process started at another time; and tprun
+ * removes its own job's segments when the job ends, however it ends. A segment
  * without a record, of another user, of another pid namespace (its pids
  * cannot be judged from here) or outside the prefix is never touched.
  */
@@ -41,6 +42,15 @@ int shm_owned_create(const char *name);
 /* Removes every stale segment under dir (NULL = /dev/shm). Returns how many
  * were removed; *n_bytes (may be NULL) receives their total size. */
 int shm_reclaim_stale(const char *dir, size_t *n_bytes);
+
+/* Removes every segment of job job_id (names "tpt-<job_id>-...", this
+ * user's regular files) under dir (NULL = /dev/shm) but those whose owner
+ * record names a live process (a rank of another node of the job on the
+ * same host): tprun calls it once every rank of its attempt is reaped, and
+ * the job id is tprun's own random one. A
+ * rank killed before it sized its segment leaves only the 32-byte record.
+ * Returns how many were removed; *n_bytes (may be NULL) their total size. */
+int shm_reclaim_job(const char *dir, const char *job_id, size_t *n_bytes);
 
 /* Fills the owner record for process pid (the caller's own, in practice). */
 void shm_owner_of(int pid, ShmOwner *out);

@@ -902,6 +902,9 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
     }
     while (waitpid(-1, NULL, WNOHANG) > 0) {
     }
+    /* Every rank of this attempt is reaped: its shared memory is nobody's now
+     * (a rank killed while its group formed leaves the segment behind). */
+    shm_reclaim_job(NULL, job_id, NULL);
 }
 
 /* ---- multi-node coordination ------------------------------------------------ */
