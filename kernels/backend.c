@@ -7,10 +7,12 @@
  * raw allocation and copies. */
 #include "backend.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "err.h"
+#include "parse.h"
 
 /* One live allocation. A list: a rank holds a few dozen buffers at most. */
 typedef struct BackendAlloc {
@@ -63,7 +65,34 @@ bool backend_cuda_available(int *n_gpus) {
     return n > 0;
 }
 
+/* TPTRAIN_DEVICE_MEMORY_LIMIT: bytes, a whole number (unset or empty: no limit). */
+#define MEMORY_LIMIT_ENV "TPTRAIN_DEVICE_MEMORY_LIMIT"
+static int memory_limit_env(size_t *out, char *err, size_t err_len) {
+    const char *v = getenv(MEMORY_LIMIT_ENV);
+    *out = 0;
+    if (!v || !*v) return 0;
+    long n;
+    char why[256];
+    if (parse_int(MEMORY_LIMIT_ENV, v, 1, LONG_MAX, &n, why, sizeof why)) {
+        tp_error_set(err, err_len, "%s (bytes of device memory the allocator may hand out, e.g. 1073741824 for "
+                     "1 GiB)", why);
+        return -1;
+    }
+    *out = (size_t)n;
+    return 0;
+}
+
+static Backend *backend_create_kind(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len);
+
 Backend *backend_create(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len) {
+    size_t limit;
+    if (memory_limit_env(&limit, err, err_len)) return NULL;
+    Backend *be = backend_create_kind(choice, dtype, local_rank, err, err_len);
+    if (be) be->mem_limit = limit;
+    return be;
+}
+
+static Backend *backend_create_kind(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len) {
     if (choice == DEVICE_CPU) return backend_cpu_create(dtype);
 #ifdef TPTRAIN_HAVE_CUDA
     int n = backend_cuda_device_count();
@@ -90,13 +119,43 @@ void backend_destroy(Backend *be) {
     be->ops->destroy(be);  // frees be itself
 }
 
+/* What to change when a buffer of this tag does not fit: the planner's
+ * levers for it (train_mt --plan predicts every rank's peak by tag). */
+static const char *oom_advice(MemTag tag) {
+    switch (tag) {
+    case MEM_ACT:
+    case MEM_WORKSPACE:
+        return "lower --batch-tokens, add --recompute selective or full (or --sequence-parallel with --tp > 1), or "
+               "spread the model over more ranks (--tp, --pp)";
+    case MEM_COMM: return "lower --grad-bucket-mb or --batch-tokens, or use --comm nccl where every rank has a GPU";
+    default:
+        return "shard the state with --zero 1 (optimizer) or --zero 2 (gradients too), spread the model over more "
+               "ranks (--tp, --pp), or lower --batch-tokens to leave it room";
+    }
+}
+
+/* The end of a run that asked for more memory than there is: one sentence. */
+__attribute__((noreturn)) static void out_of_memory(const Backend *be, size_t n_bytes, MemTag tag, bool host) {
+    const double mib = 1.0 / 1048576.0;
+    const size_t used = host ? be->mem.host_cur : be->mem.total_cur;
+    char limit[160] = "";
+    if (!host && be->mem_limit)
+        snprintf(limit, sizeof limit, " of the %.1f MiB (%zu bytes) " MEMORY_LIMIT_ENV " allows", be->mem_limit * mib,
+                 be->mem_limit);
+    else if (!host && be->device_total_bytes)
+        snprintf(limit, sizeof limit, " of the device's %.1f MiB", be->device_total_bytes * mib);
+    fprintf(stderr, "rank %d is out of %s memory on %s: %s asked for %.1f MiB (%zu bytes) with %.1f MiB (%zu bytes) "
+            "in use%s; to fit, %s (train_mt --plan predicts each rank's peak)\n",
+            tp_log_rank() > 0 ? tp_log_rank() : 0,
+            host ? "page-locked host" : be->kind == BACKEND_CUDA ? "GPU" : "host", be->device_name, mem_tag_name(tag),
+            n_bytes * mib, n_bytes, used * mib, used, limit, oom_advice(tag));
+    fflush(stderr);
+    exit(1);
+}
+
 /* Records a live allocation and adds it to the figures of its tag and kind. */
 static void *track(Backend *be, void *p, size_t n_bytes, MemTag tag, bool host) {
-    if (!p)
-        tp_die(__FILE__, __LINE__,
-               "out of %s memory: %.1f MiB for %s could not be allocated (%.1f MiB held: %s)",
-               host ? "page-locked host" : be->kind == BACKEND_CUDA ? "GPU" : "host", n_bytes / 1048576.0,
-               mem_tag_name(tag), (host ? be->mem.host_cur : be->mem.total_cur) / 1048576.0, be->device_name);
+    if (!p) out_of_memory(be, n_bytes, tag, host);
     BackendAlloc *a = TP_MALLOC(sizeof *a);
     *a = (BackendAlloc){.p = p, .n_bytes = n_bytes, .tag = tag, .host = host, .next = be->allocs};
     be->allocs = a;
@@ -113,6 +172,8 @@ static void *track(Backend *be, void *p, size_t n_bytes, MemTag tag, bool host) 
 void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag) {
     TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc: tag %d cannot be allocated", (int)tag);
     if (n_bytes == 0) n_bytes = 1;
+    if (be->mem_limit && n_bytes > be->mem_limit - (be->mem.total_cur < be->mem_limit ? be->mem.total_cur : be->mem_limit))
+        out_of_memory(be, n_bytes, tag, false);
     return track(be, be->ops->dev_alloc(be, n_bytes), n_bytes, tag, false);
 }
 

@@ -164,6 +164,7 @@ struct Backend {
     int device;           // GPU ordinal (-1 on the CPU)
     char device_name[128];
     size_t device_total_bytes;  // GPU memory (0 on the CPU)
+    size_t mem_limit;           // TPTRAIN_DEVICE_MEMORY_LIMIT: most device bytes the allocator hands out (0: none)
     MemStats mem;
     /* Master weights and their compute copies (backend_add_compute_weights):
      * one range per model living on this backend. */
@@ -186,7 +187,9 @@ int dtype_parse(const char *s, Dtype *out);
  * visible GPUs). auto = cuda when this build has CUDA and a GPU is
  * visible, else cpu. NULL + one sentence in err when cuda is asked for and
  * unavailable ("--device cuda: this build has no CUDA" / "no GPU is
- * visible"). */
+ * visible"), or when TPTRAIN_DEVICE_MEMORY_LIMIT (bytes of device memory
+ * the tagged allocator may hand out, on either backend: what lets the
+ * out-of-memory path run on a CPU) is not a whole number of bytes >= 1. */
 Backend *backend_create(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len);
 void backend_destroy(Backend *be);
 /* Whether this build and machine can run the CUDA backend; the number of
@@ -194,8 +197,11 @@ void backend_destroy(Backend *be);
 bool backend_cuda_available(int *n_gpus);
 const char *dtype_name(Dtype d);
 
-/* Tagged allocation of device memory, zero-filled. Dies with a message
- * naming the tag and size when the device is out of memory. */
+/* Tagged allocation of device memory, zero-filled. When the device is out
+ * of memory (cudaMalloc or the host allocation failed, or the request
+ * would pass mem_limit) the process ends (exit 1) with one sentence naming
+ * the rank, the tag, the bytes asked for, the bytes in use and the limit,
+ * and what to change (--batch-tokens, --recompute, --zero, more ranks). */
 void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag);
 void backend_free(Backend *be, void *p);  // NULL is a no-op
 /* Page-locked host memory for the tag (pinned on CUDA: copies from it run

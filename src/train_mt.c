@@ -40,6 +40,7 @@
 #include "transformer/export.h"
 #include "train/pipeline.h"
 #include "train/planner.h"
+#include "train/preempt.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
@@ -958,6 +959,31 @@ static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const Ad
     if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, tp_now_s() - t0);
 }
 
+/* After the step every rank agreed to stop at (a signal reached some rank):
+ * the checkpoint of that step, where it is and how to go on; without
+ * --save, a clear word that nothing is saved. Collective. */
+static void stop_on_signal(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src,
+                           const char *pp_layout, int step, int saved_step, int sig, int total) {
+    const bool lead = rt->mesh.rank == 0;
+    if (!a->save_dir) {
+        if (lead)
+            fprintf(stderr, "train_mt: %s received: stopping after step %d of %d; no --save DIR was given, so "
+                    "nothing is saved (exit status %d)\n", preempt_signal_name(sig), step, total, 128 + sig);
+        return;
+    }
+    if (lead) {
+        printf("train_mt: %s received: stopping after step %d of %d and saving it\n", preempt_signal_name(sig), step,
+               total);
+        fflush(stdout);
+    }
+    if (saved_step != step) save(a, rt, m, opt, src, pp_layout, step);
+    if (lead) {
+        printf("train_mt: saved on %s: %s/step_%08d; continue with --resume auto --save %s (exit status %d)\n",
+               preempt_signal_name(sig), a->save_dir, step, a->save_dir, TP_EXIT_SAVED_ON_SIGNAL);
+        fflush(stdout);
+    }
+}
+
 /* ---- --plan and --layout auto: memory per rank and step time before launch */
 
 enum { PLAN_MAX_STEPS = 5000, PLAN_TOP = 10 };  // steps whose batch shapes are read (the largest recur every epoch)
@@ -1747,6 +1773,10 @@ int main(int argc, char **argv) {
     long tok_window = 0;
     int saved_step = first_step - 1;
     BatchDump *dump = a.dump_batches ? batch_dump_new(first_step, a.micro_batches) : NULL;
+    /* From here a signal saves and stops at a step boundary (preempt.h);
+     * before it, there is nothing new to save and a signal ends the job at once. */
+    preempt_install();
+    int stop_sig = 0;
     for (int step = first_step; step <= total; step++) {
         OwnedBatch *b = TP_MALLOC((size_t)a.micro_batches * sizeof *b);
         Batch *views = TP_MALLOC((size_t)a.micro_batches * sizeof *views);
@@ -1851,6 +1881,12 @@ int main(int argc, char **argv) {
         }
         if (lead && !tty) fflush(stdout);
         if (metrics) fflush(metrics);
+        if (step < total && (stop_sig = preempt_agree(rt.ctrl)) != 0) {  // one small allreduce per step
+            comm_ok(stop_sig < 0 ? -1 : 0, rt.ctrl);
+            stop_on_signal(&a, &rt, &m, &opt, &src, pp_layout, step, saved_step, stop_sig, total);
+            saved_step = total = step;
+            break;
+        }
     }
     if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, pp_layout, total);
     if (lead) {
@@ -1897,7 +1933,10 @@ int main(int argc, char **argv) {
         free(json);
         batch_dump_free(dump);
     }
-    if (a.export_dir) {
+    if (a.export_dir && stop_sig) {
+        if (lead) printf("train_mt: --export skipped: the run stopped on %s before its last step\n",
+                         preempt_signal_name(stop_sig));
+    } else if (a.export_dir) {
         Model full;
         bool writer = lead;
         if (mesh->dp_rank == 0 && pp > 1) model_stage_collect(&m, rt.pp, stages, pp, evm);
@@ -1936,5 +1975,6 @@ int main(int argc, char **argv) {
     source_close(&src);
     runtime_free(&rt);  // before the backend: the groups' staging buffers and NCCL's stream are the backend's
     backend_destroy(be);
+    if (rc == 0 && stop_sig) rc = a.save_dir ? TP_EXIT_SAVED_ON_SIGNAL : 128 + stop_sig;
     return rc;
 }

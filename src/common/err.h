@@ -15,6 +15,12 @@
 #include <string.h>
 #include <errno.h>
 
+/* Exit status "saved on signal": a job asked to stop by a signal finished
+ * its step, saved a complete checkpoint and exited; `--resume auto`
+ * continues it bit for bit. train_mt exits with it and tprun passes it
+ * through (EX_TEMPFAIL of sysexits.h: try again later). */
+#define TP_EXIT_SAVED_ON_SIGNAL 75
+
 /* This process's rank (-1 = not parallel): set once by the program. Fatal
  * messages show it, unless the process runs under tprun, which labels
  * every line itself. */

@@ -22,7 +22,9 @@
  * exited 0 while others still ran is named first in that report: its peers
  * usually fail because it is gone. Signals sent to
  * tprun are forwarded to every worker group (a second one means SIGKILL now)
- * and tprun exits 128+signal. Should tprun itself be SIGKILLed, its workers
+ * and tprun exits 128+signal, or 75 when every worker ended without failure
+ * and some exited 75, "saved on signal" (train_mt's preemption: a worker
+ * exiting 75 is no failure). Should tprun itself be SIGKILLed, its workers
  * get SIGKILL from the kernel (PR_SET_PDEATHSIG); their own children are
  * then beyond its reach. Between the fork and the exec a child only
  * makes async-signal-safe calls (the store thread may hold locks), so each
@@ -342,7 +344,7 @@ static void on_signal(int sig) {
 
 /* The signals tprun handles (the last, SIGPIPE, it ignores: a closed stdout
  * must not kill the agent); workers get the dispositions tprun inherited. */
-static const int k_handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE};
+static const int k_handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGPIPE};
 #define N_HANDLED (sizeof k_handled / sizeof *k_handled)
 static struct sigaction g_inherited[N_HANDLED];
 
@@ -401,6 +403,7 @@ typedef enum { OUT_OK, OUT_FAILED, OUT_REMOTE } OutcomeKind;
 typedef struct {
     OutcomeKind kind;   // OUT_FAILED: a local worker failed first; OUT_REMOTE: the job failed elsewhere
     int sig;            // a terminating signal tprun received (0 = none)
+    int saved_on_signal;  // every worker exited 0 or TP_EXIT_SAVED_ON_SIGNAL, some the latter
     char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..." (or exited 0 early: ...)
 } Outcome;
 
@@ -829,7 +832,8 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
             if (!w) continue;  // an orphaned grandchild handed to us as subreaper
             w->running = 0;
             w->status = status;
-            int failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            /* "saved on signal" is no failure: the job agreed to stop and saved */
+            int failed = !(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == TP_EXIT_SAVED_ON_SIGNAL));
             if (!failed && !early && !stopping) {
                 int others = 0;
                 for (int i = 0; i < o->nproc; i++) others += a->w[i].running;
@@ -902,6 +906,13 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
     }
     while (waitpid(-1, NULL, WNOHANG) > 0) {
     }
+    int n_saved = 0, n_clean = 0;
+    for (int i = 0; i < o->nproc; i++) {
+        const int st = a->w[i].status, code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        n_clean += code == 0 || code == TP_EXIT_SAVED_ON_SIGNAL;
+        n_saved += code == TP_EXIT_SAVED_ON_SIGNAL;
+    }
+    out->saved_on_signal = n_clean == o->nproc && n_saved > 0;
     /* Every rank of this attempt is reaped: its shared memory is nobody's now
      * (a rank killed while its group formed leaves the segment behind). */
     shm_reclaim_job(NULL, job_id, NULL);
@@ -1067,9 +1078,15 @@ int main(int argc, char **argv) {
     }
     if (out.kind == OUT_FAILED) fprintf(stderr, "tprun: %s\n", out.report);
     if (out.kind == OUT_REMOTE) fprintf(stderr, "tprun: node %d stopped its workers: %s\n", o->node_rank, out.report);
-    if (out.sig) fprintf(stderr, "tprun: received %s; stopped all workers\n", signal_name(out.sig));
-    int sig = out.sig;
-    code = sig ? 128 + sig : out.kind == OUT_OK ? 0 : 1;
+    /* Every worker done without failure and some saved on a signal (sent to
+     * tprun or to a rank): the job's status is theirs. */
+    const int saved = out.kind == OUT_OK && out.saved_on_signal;
+    if (out.sig && saved)
+        fprintf(stderr, "tprun: received %s; the workers saved a checkpoint and stopped (exit status %d)\n",
+                signal_name(out.sig), TP_EXIT_SAVED_ON_SIGNAL);
+    else if (out.sig) fprintf(stderr, "tprun: received %s; stopped all workers\n", signal_name(out.sig));
+    int sig = saved ? 0 : out.sig;
+    code = saved ? TP_EXIT_SAVED_ON_SIGNAL : sig ? 128 + sig : out.kind == OUT_OK ? 0 : 1;
 
     if (a.store) {
         // This node's success still needs every node's success; then every

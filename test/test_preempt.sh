@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Preemption: a signal saves and stops, and the resume is the straight run.
+# A tp 2 x dp 2 x pp 2 job of the tiny model (30 steps, dropout on) runs
+# through tprun; at a random step boundary plus a random delay, SIGTERM,
+# SIGINT or SIGUSR1 goes to tprun or to a random rank. Each trial must exit
+# 75 ("saved on signal", through tprun) naming the checkpoint it saved, that
+# checkpoint must pass ckpt inspect, and `--resume auto` must finish with
+# the straight run's losses (every printed digit) and exported weights (byte
+# for byte). Some trials send a second signal to a rank while it saves (the
+# save completes), trial 5 sends tprun a second signal (tprun's SIGKILL: at
+# most the new checkpoint is lost, nothing is damaged, the resume is exact). Without --save the
+# job says that nothing is saved and exits 128+signal.
+# PREEMPT_TRIALS sets the number of trials (default 4, about 5 s each on two
+# cores; 20 for the full check). PREEMPT_SEED fixes the random choices.
+# Usage: test_preempt.sh BUILD_DIR
+set -euo pipefail
+build=$1
+trials=${PREEMPT_TRIALS:-4}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+train=$build/train_mt tprun=$build/tprun ckpt=$build/ckpt
+fail() { echo "FAIL: $*" >&2; exit 1; }
+flags=(--preset tiny --task copy --lr 5e-3 --warmup 5 --activation gelu --dropout 0.1 --log-interval 1
+       --eval-interval 0 --comm-timeout 60 --tp 2 --dp 2 --pp 2 --micro-batches 2 --max-steps 30)
+job() { "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" "$@"; }
+# losses FILE.jsonl FIRST: "step loss lr grad_norm" lines from step FIRST on, as printed
+losses() {
+  /usr/bin/python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line, parse_float=str)
+    if "loss" in r and r["step"] >= int(sys.argv[2]):
+        print(r["step"], r["loss"], r["lr"], r["grad_norm"])' "$1" "$2"
+}
+# wait_step METRICS N: until the metrics file (written through at every step) has step N
+wait_step() {
+  local t=0
+  until grep -q "^{\"step\": $2, \"loss\"" "$1" 2> /dev/null; do
+    sleep 0.01; t=$((t + 1))
+    ((t < 3000)) || return 1
+  done
+}
+
+job --metrics straight.jsonl --export straight > straight.log 2>&1 || { tail straight.log; fail "the straight run"; }
+sigs=(TERM INT USR1)
+RANDOM=${PREEMPT_SEED:-$$}
+echo "seed $RANDOM"
+for ((i = 1; i <= trials; i++)); do
+  d=t$i && mkdir "$d"
+  sig=${sigs[RANDOM % 3]} at=$((1 + RANDOM % 12)) delay=0.0$((RANDOM % 10))
+  target=tprun second=none
+  ((RANDOM % 2)) && target=rank
+  ((i % 3 == 0)) && second=rank
+  ((i == 5)) && target=tprun second=tprun
+  "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --metrics "$d/a.jsonl" \
+      > "$d/a.log" 2>&1 &   # tprun itself is $! (not a subshell)
+  jp=$!
+  wait_step "$d/a.jsonl" "$at" || true
+  sleep "$delay"
+  victim=$jp
+  [[ $target == rank ]] && victim=$(pgrep -P "$jp" | shuf -n 1)
+  kill -s "$sig" "$victim" 2> /dev/null || true
+  if [[ $second != none ]]; then  # while it saves: the step's .tmp folder exists only then
+    for _ in $(seq 1000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && break; sleep 0.005; done
+    victim2=$jp
+    [[ $second == rank ]] && victim2=$(pgrep -P "$jp" | shuf -n 1 || echo "$jp")
+    kill -s "$sig" "$victim2" 2> /dev/null || true
+  fi
+  rc=0
+  wait "$jp" || rc=$?
+  if [[ $second == tprun ]]; then
+    ((rc == 75 || rc > 128)) || { tail "$d/a.log"; fail "trial $i: a second signal to tprun: exit $rc"; }
+  else
+    ((rc == 75)) || { tail -20 "$d/a.log"; fail "trial $i ($sig to $target at step $at + ${delay}s): exit $rc, not 75"; }
+    saved=$(sed -n 's/.*train_mt: saved on SIG[A-Z0-9]*: \([^;]*\);.*/\1/p' "$d/a.log")
+    [[ -n $saved && -f $saved/manifest.json ]] || { tail "$d/a.log"; fail "trial $i: no 'saved on' line naming a checkpoint"; }
+    grep -q "tprun: received SIG$sig; the workers saved a checkpoint" "$d/a.log" || [[ $target == rank ]] ||
+      { tail "$d/a.log"; fail "trial $i: tprun did not say that the workers saved"; }
+  fi
+  for c in "$d"/ck/step_*; do  # every complete checkpoint left is intact
+    [[ -f $c/manifest.json ]] || continue
+    "$ckpt" inspect "$c" > "$d/inspect.log" 2>&1 || { cat "$d/inspect.log"; fail "trial $i: $c is damaged"; }
+  done
+  job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
+    { tail "$d/b.log"; fail "trial $i: the resume failed"; }
+  from=$(sed -n 's/.*resumed from [^:]*: step \([0-9]*\),.*/\1/p' "$d/b.log")
+  from=${from:-0}
+  cmp -s "$d/out/model.safetensors" straight/model.safetensors ||
+    fail "trial $i: the resumed run's weights differ from the straight run's"
+  [[ "$(losses "$d/b.jsonl" 1)" == "$(losses straight.jsonl $((from + 1)))" ]] ||
+    fail "trial $i: the resumed run's losses differ from the straight run's"
+  echo "trial $i: SIG$sig to $target at step $at + ${delay} s (second signal: $second): exit $rc, resumed from" \
+       "step $from, steps $((from + 1))..30 and the weights equal the straight run's"
+done
+
+# Without --save: said so, nothing saved, 128 + signal.
+"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --metrics nosave.jsonl > nosave.log 2>&1 &
+jp=$!
+wait_step nosave.jsonl 2 || true
+kill -TERM "$jp"
+rc=0
+wait "$jp" || rc=$?
+grep -q "no --save DIR was given, so nothing is saved" nosave.log || { tail nosave.log; fail "no --save: no word of it"; }
+((rc == 143)) || fail "no --save: exit $rc, not 143"
+echo "no --save: 'nothing is saved', exit 143"
+echo "test_preempt: ok ($trials trials)"
