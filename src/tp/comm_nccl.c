@@ -3,13 +3,13 @@
  * NCCL collectives only queue work on a stream, and a missing peer makes
  * them wait forever. comm.h promises blocking calls that fail, never hang,
  * so every communicator here is non-blocking (ncclConfig_t.blocking = 0):
- * creation, splits and collectives return at once, and this file polls
+ * creation, splits and collectives return at once, and comm_wait (the loop
+ * a CPU test drives with a stand-in communicator, tp/comm_wait.h) polls
  * ncclCommGetAsyncError and cudaStreamQuery until the work is done, an error
- * shows up, or the group's timeout passes; then the communicator is aborted
- * (ncclCommAbort also stops kernels waiting on a peer) and poisoned, and the
- * one sentence in comm_error() names the group, the operation and its
- * number. Polling spins briefly (collectives of the tensor-parallel layers
- * are short), then yields, then sleeps 50 us between looks.
+ * shows up, or the group's timeout (--comm-timeout) passes; then the
+ * communicator is aborted (ncclCommAbort also stops kernels waiting on a
+ * peer) and poisoned, and the one sentence in comm_error() names the group,
+ * this rank (global and group rank, device), the operation and its number.
  *
  * The world communicator is created from a unique id exchanged through the
  * job's store; the tp and dp groups are split from it (comm_nccl_split), so
@@ -21,7 +21,6 @@
 #define _GNU_SOURCE
 #include "tp/comm_nccl.h"
 
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,10 +30,7 @@
 #include "clock.h"
 #include "err.h"
 #include "tp/comm_nccl_impl.h"
-
-#define SPIN_POLLS 256     // polls before yielding
-#define YIELD_POLLS 4096   // polls before sleeping
-#define SLEEP_S 50e-6      // between later polls
+#include "tp/comm_wait.h"
 
 static const CommOps *nccl_ops(void);
 
@@ -42,16 +38,6 @@ const char *const NCCL_KIND_NAME[] = {"allreduce", "reduce_scatter", "allgather"
                                       "barrier",   "send",           "recv"};
 
 /* ---- small helpers ---- */
-
-static void backoff(unsigned poll_no) {
-    if (poll_no < SPIN_POLLS) return;
-    if (poll_no < YIELD_POLLS) {
-        sched_yield();
-        return;
-    }
-    struct timespec ts = {0, (long)(SLEEP_S * 1e9)};
-    nanosleep(&ts, NULL);
-}
 
 /* Device memory in use on the current device now (0 when unknown). */
 static size_t used_bytes(void) {
@@ -92,7 +78,7 @@ static ncclResult_t wait_state(ncclComm_t comm, double deadline) {
         if (r != ncclSuccess) return r;
         if (state != ncclInProgress) return state;
         if (tp_now_s() >= deadline) return ncclInProgress;
-        backoff(i);
+        comm_wait_backoff(i);
     }
 }
 
@@ -122,47 +108,55 @@ int nccl_bad_call(NcclComm *c, double t0, const char *fmt, ...) {
     return nccl_end(c, t0, -1);
 }
 
-/* Completes the collective that `queued` reports on: polls NCCL and the
- * stream until both are done, or fails (and aborts) on an error or at the
- * timeout. */
+/* "comm GROUP (nccl): rank R (group rank r of n, device d): KIND #N": who
+ * waited for what, the start of every failure sentence of a call. */
+static void call_what(const NcclComm *c, Kind kind, char *out, size_t out_len) {
+    char who[96];
+    if (tp_log_rank() >= 0)
+        snprintf(who, sizeof who, "rank %d (group rank %d of %d, device %d)", tp_log_rank(), c->rank, c->size,
+                 c->device);
+    else
+        snprintf(who, sizeof who, "group rank %d of %d (device %d)", c->rank, c->size, c->device);
+    snprintf(out, out_len, "comm %s (nccl): %s: %s #%ld", c->group, who, NCCL_KIND_NAME[kind], c->calls[kind]);
+}
+
+/* One look at the queued call: NCCL's asynchronous error, then the stream. */
+static CommWorkState poll_call(void *ctx, char *why, size_t why_len) {
+    NcclComm *c = ctx;
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t r = ncclCommGetAsyncError(c->nccl, &state);
+    if (r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+        char detail[256];
+        nccl_detail(c->nccl, detail, sizeof detail);
+        snprintf(why, why_len, "%s%s", ncclGetErrorString(state), detail);
+        return COMM_WORK_FAILED;
+    }
+    if (state == ncclInProgress) return COMM_WORK_PENDING;
+    cudaError_t e = cudaStreamQuery(c->stream);
+    if (e == cudaSuccess) return COMM_WORK_DONE;
+    if (e == cudaErrorNotReady) return COMM_WORK_PENDING;
+    snprintf(why, why_len, "%s on device %d", cudaGetErrorString(e), c->device);
+    return COMM_WORK_FAILED;
+}
+
+static void abort_call(void *ctx) { abort_nccl((NcclComm *)ctx); }
+
+/* Completes the collective that `queued` reports on: comm_wait polls NCCL
+ * and the stream until both are done, or aborts the communicator on an
+ * error or at the timeout (--comm-timeout), naming this rank. */
 int nccl_finish(NcclComm *c, Kind kind, ncclResult_t queued, double t0) {
-    const long call_no = c->calls[kind];
-    char detail[256];
+    char what[256], detail[256];
+    call_what(c, kind, what, sizeof what);
     if (queued != ncclSuccess && queued != ncclInProgress) {
         nccl_detail(c->nccl, detail, sizeof detail);
-        return nccl_end(c, t0,
-                        nccl_fail(c, "comm %s (nccl): %s #%ld could not start: %s%s; the communicator was aborted",
-                                  c->group, NCCL_KIND_NAME[kind], call_no, ncclGetErrorString(queued), detail));
+        return nccl_end(c, t0, nccl_fail(c, "%s could not start: %s%s; the communicator was aborted", what,
+                                         ncclGetErrorString(queued), detail));
     }
-    const double deadline = t0 + c->timeout_s;
-    for (unsigned i = 0;; i++) {
-        ncclResult_t state = ncclInProgress;
-        ncclResult_t r = ncclCommGetAsyncError(c->nccl, &state);
-        if (r != ncclSuccess) state = r;
-        if (state != ncclSuccess && state != ncclInProgress) {
-            nccl_detail(c->nccl, detail, sizeof detail);
-            return nccl_end(c, t0,
-                            nccl_fail(c, "comm %s (nccl): %s #%ld failed: %s%s; the communicator was aborted", c->group,
-                                      NCCL_KIND_NAME[kind], call_no, ncclGetErrorString(state), detail));
-        }
-        if (state == ncclSuccess) {
-            cudaError_t e = cudaStreamQuery(c->stream);
-            if (e == cudaSuccess) return nccl_end(c, t0, 0);
-            if (e != cudaErrorNotReady)
-                return nccl_end(
-                    c, t0,
-                    nccl_fail(c, "comm %s (nccl): %s #%ld failed on device %d: %s; the communicator was aborted",
-                              c->group, NCCL_KIND_NAME[kind], call_no, c->device, cudaGetErrorString(e)));
-        }
-        if (tp_now_s() >= deadline)
-            return nccl_end(
-                c, t0,
-                nccl_fail(c,
-                          "comm %s (nccl): %s #%ld did not complete within %g s (a peer did not make the same "
-                          "call, exited or hangs); the communicator was aborted",
-                          c->group, NCCL_KIND_NAME[kind], call_no, c->timeout_s));
-        backoff(i);
-    }
+    const CommWaiter w = {.ctx = c, .poll = poll_call, .abort = abort_call};
+    if (comm_wait(&w, t0 + c->timeout_s, c->timeout_s, what, c->err, sizeof c->err) == 0) return nccl_end(c, t0, 0);
+    c->failed = 1;  // aborted by comm_wait; comm_error() holds its sentence
+    return nccl_end(c, t0, -1);
 }
 
 /* NCCL must never receive a host pointer (its kernels would fault, or

@@ -21,9 +21,9 @@
  * the group's timeout. On an NCCL or CUDA error, or when the timeout passes
  * (a peer never joined, exited, or did not make the same call), the
  * communicator is aborted (ncclCommAbort), the call returns -1 with one
- * sentence naming the group and the operation in comm_error(), and every
- * later call fails at once. NCCL cannot say which peer is missing, unlike
- * comm_shm.
+ * sentence naming the group, this rank and the operation in comm_error(),
+ * and every later call fails at once. NCCL cannot say which peer is
+ * missing, unlike comm_shm: the sentence names the rank that waited.
  *
  * Results are identical on every rank and from run to run for a fixed
  * topology, NCCL version and environment (NCCL_ALGO, NCCL_PROTO), but the

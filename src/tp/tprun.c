@@ -95,7 +95,10 @@ static void usage(FILE *f) {
             "Starts nproc_per_node copies of PROGRAM (looked up next to tprun, then in PATH) with\n"
             "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
             "TPRUN_TOKEN and TPRUN_JOB_ID set. With --nnodes > 1, every node needs the same\n"
-            "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n");
+            "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n"
+            "SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers (a second one: SIGKILL).\n"
+            "Exit status: 0; 75 when every worker ended with 0 or 75 (\"saved on signal\") and some with\n"
+            "75; 128+signal when tprun was signalled; 1 when a worker failed.\n");
 }
 
 /* Numbers through the project's strict parser (common/parse.h). */
