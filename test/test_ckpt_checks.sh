@@ -19,9 +19,13 @@ cd "$work"
 train=$build/train_mt ckpt=$build/ckpt
 HANG_LIMIT=20
 fail() { echo "FAIL: $*" >&2; exit 1; }
+sanitizer_clean() {  # the ASan build of this test: no report in any log
+  ! grep -qE "runtime error|LeakSanitizer|AddressSanitizer" "$1" || { cat "$1"; fail "$1: sanitizer report"; }
+}
 run() {
   local log=$1; shift
   "$@" > "$log" 2>&1 || { local rc=$?; echo "FAIL: exit status $rc from: $*"; tail -n 30 "$log"; exit 1; }
+  sanitizer_clean "$log"
 }
 refuse() {  # refuse NAME EXPECTED CMD...: a plain non-zero exit within HANG_LIMIT, printing EXPECTED
   local name=$1 want=$2; shift 2
@@ -31,6 +35,7 @@ refuse() {  # refuse NAME EXPECTED CMD...: a plain non-zero exit within HANG_LIM
   ((rc != 124)) || fail "$name: still running after $HANG_LIMIT s"
   ((rc < 128)) || { tail -n 20 "refuse-$name.log"; fail "$name: died with exit status $rc"; }
   grep -qF -- "$want" "refuse-$name.log" || { cat "refuse-$name.log"; fail "$name: no '$want'"; }
+  sanitizer_clean "refuse-$name.log"
 }
 seal() { /usr/bin/python3 "$here/manifest_seal.py" "$@"; }
 copy_of() { rm -rf "$1"; cp -r "$2" "$1"; }

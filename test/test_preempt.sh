@@ -62,14 +62,14 @@ for ((i = 1; i <= trials; i++)); do
   [[ $target == rank ]] && victim=$(pgrep -P "$jp" | shuf -n 1)
   kill -s "$sig" "$victim" 2> /dev/null || true
   if [[ $second != none ]]; then  # while it saves: the step's .tmp folder exists only then
-    for _ in $(seq 1000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && break; sleep 0.005; done
+    for _ in $(seq 1000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && { second+=" during the save"; break; }; sleep 0.005; done
     victim2=$jp
-    [[ $second == rank ]] && victim2=$(pgrep -P "$jp" | shuf -n 1 || echo "$jp")
+    [[ $second == rank* ]] && victim2=$(pgrep -P "$jp" | shuf -n 1 || echo "$jp")
     kill -s "$sig" "$victim2" 2> /dev/null || true
   fi
   rc=0
   wait "$jp" || rc=$?
-  if [[ $second == tprun ]]; then
+  if [[ $second == tprun* ]]; then
     ((rc == 75 || rc > 128)) || { tail "$d/a.log"; fail "trial $i: a second signal to tprun: exit $rc"; }
   else
     ((rc == 75)) || { tail -20 "$d/a.log"; fail "trial $i ($sig to $target at step $at + ${delay}s): exit $rc, not 75"; }
