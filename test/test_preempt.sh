@@ -44,8 +44,9 @@ wait_step() {
 
 job --metrics straight.jsonl --export straight > straight.log 2>&1 || { tail straight.log; fail "the straight run"; }
 sigs=(TERM INT USR1)
-RANDOM=${PREEMPT_SEED:-$$}
-echo "seed $RANDOM"
+seed=${PREEMPT_SEED:-$$}
+RANDOM=$seed
+echo "PREEMPT_SEED=$seed"
 for ((i = 1; i <= trials; i++)); do
   d=t$i && mkdir "$d"
   sig=${sigs[RANDOM % 3]} at=$((1 + RANDOM % 12)) delay=0.0$((RANDOM % 10))
