@@ -57,7 +57,7 @@
 # GPU_CHECK_STEPS (the sections to run, default "a b c d f p e"; "g" for the
 # main job), GPU_CHECK_MAIN_STEPS (4000), GPU_CHECK_MAIN_WARMUP (1000),
 # GPU_CHECK_MAIN_EVAL (500), GPU_CHECK_MAIN_ARGS (more train_mt flags for g's
-# runs), GPU_CHECK_PACK=1 (pack logs/ and the metrics
+# runs), GPU_CHECK_TP4_STEPS (50: g's four-rank run), GPU_CHECK_PACK=1 (pack logs/ and the metrics
 # into report.tar.gz beside report.md: for a machine that returns few files),
 # GPU_CHECK_CPU_TESTS, GPU_CHECK_TRAIN_STEPS (50), TPTRAIN_CORPUS_DIR,
 # CUDA_HOME, and for tests of this script GPU_CHECK_SMI (an nvidia-smi to
@@ -708,7 +708,7 @@ else
   # four ranks on the one GPU: every rank's row in the memory table
   if STEP_NOTE_RE=$TRAIN_NOTE_RE step g.tp4 120 \
     "$BIN/tprun" --standalone --nproc_per_node 4 "$BIN/train_mt" --data "$CORPUS" --cache-dir "$work/cache" \
-    --tp 4 --comm shm --comm-timeout 120 --max-steps 50 --log-interval 10 --eval-interval 0 \
+    --tp 4 --comm shm --comm-timeout 120 --max-steps "${GPU_CHECK_TP4_STEPS:-50}" --log-interval 10 --eval-interval 0 \
     --metrics "$out/g_tp4.jsonl" "${main_extra[@]}"; then
     step g.tp4_table 30 "$py" -c "$TABLE_CHECK_PY" "$out/logs/g.tp4.log" 4
   fi

@@ -160,7 +160,11 @@ c_args=()
 # the benchmark at the tiny size on the CPU (its flags for that, passed through)
 bench_env=(BENCH_DEVICE=cpu BENCH_PRESETS=tiny BENCH_TOKENS=256 BENCH_STEPS=3 BENCH_WARMUP=1 BENCH_MODES=eager
            BENCH_PYTHON=/usr/bin/python3)
+# (p: two of test_plan.sh's layouts, one staged and one with the corpus: its plumbing, not the planner)
+# (d: without --zero and --sequence-parallel listed, the layouts that need them are left out: 3 runs fewer)
 check_run full GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" GPU_CHECK_STEPS="a c d f p e" \
+  FAKE_HIDE="--zero --sequence-parallel" \
+  PLAN_LAYOUTS="tp2sp-sel corpus-tp2" \
   GPU_CHECK_TRAIN_STEPS=$max_steps "${bench_env[@]}" "${c_args[@]}"
 row full PASS setup.gpu "Fake H100"
 row full PASS setup.train_mt "--device --dtype --comm"
@@ -272,7 +276,7 @@ check "tight: ended in $(cat "$work/tight/secs") s with a 6 s budget" [ "$(cat "
 # ---- 5. the main job alone (GPU_CHECK_STEPS=g), packed ----------------------------------------
 if [ -n "$corpus" ]; then
   check_run main GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" GPU_CHECK_STEPS=g \
-    GPU_CHECK_MAIN_STEPS=20 GPU_CHECK_MAIN_WARMUP=5 GPU_CHECK_MAIN_EVAL=10 GPU_CHECK_PACK=1 \
+    GPU_CHECK_MAIN_STEPS=20 GPU_CHECK_MAIN_WARMUP=5 GPU_CHECK_MAIN_EVAL=10 GPU_CHECK_PACK=1 GPU_CHECK_TP4_STEPS=5 \
     GPU_CHECK_MAIN_ARGS="--preset tiny --batch-tokens 1024" "${c_args[@]}"
   for s in a b c d f p e; do row main SKIP "$s" "not in GPU_CHECK_STEPS"; done
   row main PASS g.main "20 steps in"
