@@ -1,6 +1,6 @@
 /* tprun.c: the launcher, torchrun's flags and worker environment.
  *
- *   tprun [--nproc_per_node N] [--nnodes N] [--node_rank R] [--master_addr A]
+ *   tprun [--nproc_per_node N|gpu|auto] [--nnodes N] [--node_rank R] [--master_addr A]
  *         [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]
  *         [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]
  *
