@@ -237,6 +237,8 @@ bool backend_comm_copy(Backend *be, BackendCommCopy *out) {
     return true;
 }
 
+size_t backend_gemm_workspace_bytes(BackendKind kind) { return kind == BACKEND_CUDA ? (size_t)32 << 20 : 0; }
+
 void *backend_workspace(Backend *be, size_t n_bytes) {
     if (n_bytes <= be->ws_bytes && be->ws) return be->ws;
     if (be->ws) {

@@ -209,6 +209,11 @@ void backend_free(Backend *be, void *p);  // NULL is a no-op
  * the tag's figures and in mem.host_*, not in mem.total_* (not device
  * memory). Dies like backend_alloc when none is left. */
 void *backend_alloc_host(Backend *be, size_t n_bytes, MemTag tag);
+/* The GEMM library's workspace a backend of this kind allocates at creation
+ * (MEM_WORKSPACE): cuBLASLt's 32 MiB on CUDA (what cuBLAS asks for on
+ * Hopper), none on the CPU. backend_cuda_create allocates with it and the
+ * planner predicts with it. */
+size_t backend_gemm_workspace_bytes(BackendKind kind);
 /* Notes memory a library took (measured by the caller), for the report. */
 void backend_note_library(Backend *be, size_t n_bytes);
 /* Device memory in use now, by every process on this GPU (cudaMemGetInfo:

@@ -19,10 +19,17 @@
 # machine's PyTorch (test/check_bench_model.py; a failure is reported under
 # the table and makes the exit status 1). Output in
 # BENCH_DIR (default ./bench_gpu): results.jsonl (one JSON line per run),
-# bench.md (the table), logs/. A configuration that would not finish inside
+# bench.md (the table), logs/. A run that would not finish inside
 # BENCH_BUDGET seconds is skipped with a row saying so, and a run still going
 # when the budget ends is stopped; a run that fails or is stopped gets a row
 # with its error (exit status 124: the budget), and the script exits 1.
+# The estimate is made of measured parts, per framework and mode: the run's
+# fixed cost (start-up, compilation, warm-up: its wall time less its timed
+# steps) plus BENCH_STEPS steps of the configuration's FLOPs at the rate that
+# run reached. tptrain's run of a configuration measures its FLOPs per step
+# for the PyTorch runs after it; before it, a configuration is priced at the
+# last one's FLOPs per target token (a larger preset is then under-priced,
+# and its tptrain run, stopped at the budget if need be, prices the rest).
 #
 # Environment: TPTRAIN_BIN (folder of train_mt; default build-gpu or build),
 # BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_STEPS (40),
@@ -100,13 +107,16 @@ else
 fi
 rm -rf "$out/check_cache" "$out/check_model" "$out/check_batches.st"
 echo "bench_gpu: the PyTorch model against the float64 reference: $check"
-est=0  # the last configuration's time: the next is skipped when it would not fit
+# The measured parts and the estimates made of them (scripts/bench_estimate.sh).
+# shellcheck source=scripts/bench_estimate.sh
+. "$root/scripts/bench_estimate.sh"
 for preset in $presets; do
   for btok in $tokens; do
     name=$preset-$btok
-    if [ $((SECONDS + est)) -ge "$t_end" ]; then
-      row "$preset" "$btok" '{"framework": "all", "mode": "", "skipped": "time budget (BENCH_BUDGET)"}'
-      echo "bench_gpu: $name skipped: the budget would run out"
+    flops_step=$(awk -v a="$flops_per_token" -v b="$btok" 'BEGIN { printf "%.6g", a * b }')
+    if ! fits tptrain "$flops_step"; then
+      row "$preset" "$btok" "{\"framework\": \"all\", \"mode\": \"\", \"skipped\": \"time budget (BENCH_BUDGET): tptrain estimated at $(estimate tptrain "$flops_step") s, $((t_end - SECONDS)) s left\"}"
+      echo "bench_gpu: $name skipped: tptrain's run, estimated at $(estimate tptrain "$flops_step") s, would outlast the budget"
       continue
     fi
     t0=$SECONDS
@@ -118,23 +128,30 @@ for preset in $presets; do
        r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
              --dtype "$dtype" 2>> "$log"); then
       row "$preset" "$btok" "$r"
+      measure tptrain $((SECONDS - t0)) "$r"
+      flops_step=${m_flops_step:-$flops_step} flops_per_token=${m_flops_per_token:-$flops_per_token}
     else
       fail_row "$preset" "$btok" tptrain "" "$log" "$?"
-      est=$((SECONDS - t0))
       continue  # no batches to replay
     fi
     for mode in $modes; do
       log=$out/logs/$name.torch-$mode.log
+      if ! fits "$mode" "$flops_step"; then
+        row "$preset" "$btok" "{\"framework\": \"pytorch\", \"mode\": \"$mode\", \"skipped\": \"time budget (BENCH_BUDGET): estimated at $(estimate "$mode" "$flops_step") s, $((t_end - SECONDS)) s left\"}"
+        echo "bench_gpu: $name: pytorch $mode skipped: estimated at $(estimate "$mode" "$flops_step") s"
+        continue
+      fi
       echo "bench_gpu: $name: pytorch $mode"
+      t1=$SECONDS
       if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" --dtype "$dtype" \
                --warmup "$warmup" 2> "$log") && [ -n "$r" ]; then
         row "$preset" "$btok" "$r"
+        measure "$mode" $((SECONDS - t1)) "$r"
       else
         fail_row "$preset" "$btok" pytorch "$mode" "$log" "$?"
       fi
     done
     rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay
-    est=$((SECONDS - t0))
   done
 done
 "$py" "$bench_py" table "$results" > "$out/bench.md" || failed=1

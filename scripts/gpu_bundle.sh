@@ -165,7 +165,7 @@ while read -r rel; do
   else mkdir -p "$(dirname "$dest/$rel")" && cp -p "$rel" "$dest/$rel"; fi
 done < "$build_abs/bundle_src_refs.txt"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
-cp -p scripts/compare_curves.py scripts/bench_torch_mt.py scripts/bench_gpu.sh "$dest/scripts/"
+cp -p scripts/compare_curves.py scripts/sanitizer_split.py scripts/bench_torch_mt.py scripts/bench_gpu.sh scripts/bench_estimate.sh "$dest/scripts/"
 
 # Every @BUNDLE@ path in tests.tsv must now exist in the bundle.
 grep -v '^#' "$dest/tests.tsv" | tr '\t' '\n' | grep '^@BUNDLE@' | sort -u | while read -r ref; do

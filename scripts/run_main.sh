@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
 # The main job: installs what it needs, builds, fetches the corpus when it is
-# not there, and trains an en->ja model on small_parallel_enja with 4 ranks
-# (on a CPU: the `cpu` preset, data parallel, 4 x 1024 tokens a step, the
-# layout with the best BLEU for its time in docs/cpu-default.md; on a GPU:
-# the base preset, tensor parallel inside the node), saving it
+# not there, and trains an en->ja model on small_parallel_enja: on a machine
+# with GPUs one rank per visible GPU (nvidia-smi -L, CUDA_VISIBLE_DEVICES
+# honoured; tprun --nproc_per_node=gpu), the base preset in the layout the
+# planner picks (train_mt --layout auto: the fastest that fits); on a CPU 4
+# ranks (the `cpu` preset, data parallel, 4 x 1024 tokens a step, the layout
+# with the best BLEU for its time in docs/cpu-default.md). It prints what it
+# chose and why before it starts. The model is saved
 # with its tokenizer to checkpoints/enja for translate_mt, which then
 # translates the test set and prints its BLEU and chrF. The run's curves
 # (scripts/plot_metrics.py on checkpoints/enja.jsonl) go to
 # checkpoints/enja.png, beside the checkpoint; the last line names it.
 #   bash scripts/run_main.sh [CORPUS_DIR] [extra train_mt flags...]
+# RUN_MAIN_DRY_RUN=1 prints the choice and the training command, and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-data/small_parallel_enja}
 shift || true
+# The GPUs a rank would see: nvidia-smi -L's, narrowed by CUDA_VISIBLE_DEVICES
+# (tprun --nproc_per_node=gpu counts them again, as CUDA does, and says so).
+n_gpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)
+if [ "$n_gpu" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+  n_cvd=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c . || true)
+  [ "$n_cvd" -lt "$n_gpu" ] && n_gpu=$n_cvd
+fi
+if [ "$n_gpu" -gt 0 ]; then
+  nproc=(--nproc_per_node=gpu) layout=(--layout auto)
+  echo "run_main: $n_gpu GPU(s) visible (nvidia-smi -L${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}):" \
+       "one rank per GPU, the base preset, and the layout the planner picks (--layout auto: the fastest" \
+       "that fits each GPU's memory); ranks sharing one GPU would be staged through host memory, 16x slower"
+else
+  nproc=(--nproc_per_node=4) layout=(--tp 1 --dp 4 --batch-tokens 1024)
+  echo "run_main: no GPU visible (nvidia-smi -L${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}): 4 ranks on the CPU, the cpu preset, data parallel" \
+       "(tp 1 x dp 4, 1024 tokens per rank and step: the best BLEU for its time, docs/cpu-default.md)"
+fi
+cmd=(./build/tprun "${nproc[@]}" train_mt --data "$corpus" --log-interval 100 "${layout[@]}"
+     --metrics checkpoints/enja.jsonl --save checkpoints/enja "$@")
+echo "run_main: ${cmd[*]}"
+[ "${RUN_MAIN_DRY_RUN:-0}" != 1 ] || exit 0
 bash scripts/install_deps.sh --plot
 BUILD_DIR=build bash scripts/build.sh
 [ -s "$corpus/train.en" ] || bash scripts/get_data.sh "$corpus"
-layout=()
-nvidia-smi -L > /dev/null 2>&1 || layout=(--tp 1 --dp 4 --batch-tokens 1024)
-./build/tprun --nproc_per_node=4 train_mt --data "$corpus" --log-interval 100 "${layout[@]}" \
-  --metrics checkpoints/enja.jsonl --save checkpoints/enja "$@"
+"${cmd[@]}"
 ./build/translate_mt --model checkpoints/enja --src "$corpus/test.en" --ref "$corpus/test.ja" \
   > checkpoints/enja.test.ja
 /usr/bin/python3 scripts/plot_metrics.py checkpoints/enja.jsonl -o checkpoints/enja.png > /dev/null

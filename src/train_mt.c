@@ -1162,6 +1162,14 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
                     .recompute = l->rc, .seq_par = l->sp && l->tp > 1, .grad = grad, .gpu = gpu, .dtype = a->dtype,
                     .slots = plan_slots(gpu, threads), .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
                     .n_eval = ps->n_eval, .beam = a->beam};
+    /* ranks sharing a GPU stage their groups' buffers through host memory
+     * (the run's runtime_choose_comm, for one node of W ranks) */
+    const int W = l->tp * l->dp * l->pp;
+    RuntimeComm comm = RUNTIME_COMM_SHM;
+    char why[256];
+    in.staged = gpu && W > 1 &&
+                (runtime_choose_comm(a->comm, runtime_have_nccl(), true, W, W, in.slots, &comm, why, sizeof why) != 0 ||
+                 comm == RUNTIME_COMM_SHM);
     in.gather_at_eval = !a->synthetic;  // the decoding rank, or a corpus with tp > 1 (a tp 1 group gathers on rank 0 only)
     in.decode = !a->synthetic;
     in.decode_n = ps->decode_n;
@@ -1537,6 +1545,12 @@ static int plan_main(TrainArgs *a, bool choose) {
                world == 1 && W > 1 ? (cal.ar_bw[2] > 0 ? "; collectives from an earlier run through tprun"
                                                        : "; collectives not measured: run --plan through tprun once")
                                    : "");
+        if (gpu)
+            printf("train_mt: --plan: the CUDA context and libraries took %.0f MiB of the GPU at start-up (the library "
+                   "column: measured, beyond the planner's control; every process on a GPU has its own); modelled: "
+                   "cuBLASLt's %zu MiB workspace (workspace) and, for ranks sharing a GPU, %zu MiB of page-locked "
+                   "staging per group with peers (comm)\n", cal.library_bytes / 1048576.0,
+                   backend_gemm_workspace_bytes(BACKEND_CUDA) >> 20, comm_shm_stage_bytes(2) >> 20);
         fflush(stdout);
         for (int i = 0; i < n; i++) {
             Layout *l = &ls[i];
@@ -1752,7 +1766,8 @@ int main(int argc, char **argv) {
         printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s; "
                "collectives %s; recompute %s%s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp,
                mesh->pp, m.tab.n_elems, be->device_name, dtype_name(be->dtype),
-               rt.comm == RUNTIME_COMM_NCCL ? "nccl"
+               mesh->world == 1             ? "none (one rank)"
+               : rt.comm == RUNTIME_COMM_NCCL ? "nccl"
                : rt.staged                  ? "shm (device buffers staged through page-locked host memory)"
                                             : "shm",
                model_recompute_name(a.recompute), m.seq_par ? "; sequence parallel" : "");

@@ -18,7 +18,7 @@ enum { NCCL = RUNTIME_COMM_NCCL, SHM = RUNTIME_COMM_SHM, AUTO = RUNTIME_COMM_AUT
 
 typedef struct {
     bool have_nccl, gpu;
-    int local_world, visible;
+    int local_world, visible;  // the world: local_world ranks, except in the world-of-one cases below
     int request;
     int want;  // NCCL or SHM; -1 = refused
     const char *msg;  // the refusal
@@ -34,7 +34,7 @@ static const Case CASES[] = {
     {false, false, 4, 0, AUTO, SHM, NULL},
     {false, true, 2, 2, AUTO, SHM, NULL},
     {true, false, 4, 4, AUTO, SHM, NULL},
-    {true, true, 1, 1, AUTO, NCCL, NULL},
+    {true, true, 1, 1, AUTO, SHM, NULL},  // a world of one: no NCCL communicator at all
     {true, true, 4, 4, AUTO, NCCL, NULL},
     {true, true, 4, 8, AUTO, NCCL, NULL},
     {true, true, 4, 1, AUTO, SHM, NULL},  // 4 ranks share one GPU: staged shm
@@ -61,8 +61,8 @@ static void check_table(void) {
         const Case *k = &CASES[i];
         RuntimeComm out = (RuntimeComm)99;
         char err[256] = "";
-        int rc = runtime_choose_comm((RuntimeComm)k->request, k->have_nccl, k->gpu, k->local_world, k->visible, &out,
-                                     err, sizeof err);
+        int rc = runtime_choose_comm((RuntimeComm)k->request, k->have_nccl, k->gpu, k->local_world, k->local_world,
+                                     k->visible, &out, err, sizeof err);
         if (k->want < 0) {
             CHECK(rc == -1 && strcmp(err, k->msg) == 0, "case %zu: want the refusal \"%s\", got rc %d \"%s\"", i,
                   k->msg, rc, err);
@@ -71,6 +71,16 @@ static void check_table(void) {
                   runtime_comm_name((RuntimeComm)k->want), rc, runtime_comm_name(out), err);
         }
     }
+    /* one GPU per node on two nodes: the world of 2 meets through NCCL;
+     * a world of one on a GPU makes none unless asked */
+    RuntimeComm w = (RuntimeComm)99;
+    char e2[256] = "";
+    CHECK(runtime_choose_comm(RUNTIME_COMM_AUTO, true, true, 2, 1, 1, &w, e2, sizeof e2) == 0 && w == RUNTIME_COMM_NCCL,
+          "two nodes of one GPU each: nccl (%s)", e2);
+    CHECK(runtime_choose_comm(RUNTIME_COMM_AUTO, true, true, 1, 1, 8, &w, e2, sizeof e2) == 0 && w == RUNTIME_COMM_SHM,
+          "a world of one on a GPU: no NCCL communicator");
+    CHECK(runtime_choose_comm(RUNTIME_COMM_NCCL, true, true, 1, 1, 1, &w, e2, sizeof e2) == 0 && w == RUNTIME_COMM_NCCL,
+          "a world of one asking --comm nccl gets it");
     RuntimeComm c = (RuntimeComm)99;
     CHECK(runtime_comm_parse("auto", &c) == 0 && c == RUNTIME_COMM_AUTO, "parse auto");
     CHECK(runtime_comm_parse("nccl", &c) == 0 && c == RUNTIME_COMM_NCCL, "parse nccl");

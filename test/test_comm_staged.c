@@ -26,6 +26,7 @@ typedef struct {
     unsigned char *backing;  // (DEV_BYTES) the memory behind them
     size_t used;  // bump allocator over dev
     long to_host_calls, to_device_calls, alloc_calls, free_calls;
+    size_t alloc_bytes;  // what host_alloc was asked for
     double to_host_bytes, to_device_bytes;
     void *stage;  // what host_alloc returned (NULL: the communicator's own)
     long bad_dev, bad_host;  // hook calls with a pointer outside the device / not the stage
@@ -66,6 +67,7 @@ static void fake_to_device(void *ctx, void *dst_dev, const void *src_host, size_
 static void *fake_alloc(void *ctx, size_t n_bytes) {
     FakeDevice *d = ctx;
     d->alloc_calls++;
+    d->alloc_bytes += n_bytes;
     d->stage = malloc(n_bytes);
     return d->stage;
 }
@@ -245,6 +247,14 @@ static void rank_staged(int rank, int n, int fd, void *arg) {
         hooks.host_free = fake_free;
     }
     CHECK(comm_set_device_copy(cs, &hooks) == 0, "hooks: %s", comm_error(cs));
+    // The stage a group makes is comm_shm_stage_bytes(its size), the planner's
+    // figure: 4 MiB with peers, nothing for a group of one that only reduces.
+    op_allreduce(cs, cp, &dev, rank, 3, COMM_F32, COMM_SUM, 11);
+    CHECK(comm_barrier(cs) == 0, "barrier: %s", comm_error(cs));
+    if (rank % 2 == 0)
+        CHECK(dev.alloc_bytes == comm_shm_stage_bytes(n) && (n > 1) == (comm_shm_stage_bytes(n) == SLOT_BYTES_T),
+              "a group of %d staged %zu bytes; comm_shm_stage_bytes says %zu", n, dev.alloc_bytes,
+              comm_shm_stage_bytes(n));
     const size_t bf16_chunk = 2 * CHUNK_ELEMS;
     op_allreduce(cs, cp, &dev, rank, 1, COMM_F32, COMM_SUM, 1);
     op_allreduce(cs, cp, &dev, rank, 16385, COMM_F32, COMM_SUM, 2);

@@ -10,8 +10,10 @@
 #   test_plan.sh BUILD_DIR CORPUS_DIR
 # Environment: PLAN_DEVICE=cuda runs every layout on the GPU (the ranks
 # sharing it, --comm shm) and plans for it; PLAN_MEMORY_ONLY=1 keeps the
-# layouts' memory check alone (no limits, cache or --layout auto); PYTHON (a
-# python3, default /usr/bin/python3; the standard library is enough).
+# layouts' memory check alone (no limits, cache or --layout auto); PLAN_LAYOUTS
+# (names of the layouts below to keep, e.g. "tp1 corpus-tp2": a test of
+# gpu_check.sh's plumbing needs no more); PYTHON (a python3, default
+# /usr/bin/python3; the standard library is enough).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
@@ -37,6 +39,15 @@ layouts=(
   "2|corpus-dp2m2-z1|${data[*]} --dp 2 --micro-batches 2 --zero 1"
   "4|corpus-tp2pp2-full|${data[*]} --tp 2 --pp 2 --micro-batches 2 --recompute full"
 )
+if [ -n "${PLAN_LAYOUTS:-}" ]; then
+  kept=()
+  for l in "${layouts[@]}"; do
+    IFS='|' read -r _ name _ <<< "$l"
+    [[ " $PLAN_LAYOUTS " != *" $name "* ]] || kept+=("$l")
+  done
+  [ "${#kept[@]}" -gt 0 ] || { echo "FAIL: PLAN_LAYOUTS '$PLAN_LAYOUTS' names no layout"; exit 1; }
+  layouts=("${kept[@]}")
+fi
 for l in "${layouts[@]}"; do
   IFS='|' read -r n name flags <<< "$l"
   # shellcheck disable=SC2086

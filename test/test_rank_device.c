@@ -62,6 +62,9 @@ static void check_cpu_solo(void) {
     Backend *be = rank_backend_create(DEVICE_CPU, DTYPE_F32, err, sizeof err);
     CHECK(be != NULL, "cpu backend: %s", err);
     if (!be) return;
+    CHECK(be->mem.cur[MEM_WORKSPACE] == backend_gemm_workspace_bytes(BACKEND_CPU) && be->mem.cur[MEM_WORKSPACE] == 0,
+          "the CPU backend's GEMM workspace at creation: %zu bytes, the planner's figure %zu",
+          be->mem.cur[MEM_WORKSPACE], backend_gemm_workspace_bytes(BACKEND_CPU));
     RuntimeOptions ro = {.n_heads = 4, .d_ff = 8, .timeout_s = 5.0, .comm = RUNTIME_COMM_AUTO};
     CommDeviceCopy hooks;
     memset(&hooks, 0xA5, sizeof hooks);
@@ -206,6 +209,10 @@ static void rank_gpu(int rank, int n, int fd, void *arg) {
     Backend *be = rank_backend_create(DEVICE_CUDA, DTYPE_F32, err, sizeof err);
     CHECK(be != NULL, "rank %d: %s", rank, err);
     if (!be) return;
+    CHECK(be->mem.cur[MEM_WORKSPACE] == backend_gemm_workspace_bytes(BACKEND_CUDA) &&
+              be->mem.cur[MEM_WORKSPACE] == ((size_t)32 << 20),
+          "the cuBLASLt workspace the CUDA backend allocates: %zu bytes, the planner's figure %zu",
+          be->mem.cur[MEM_WORKSPACE], backend_gemm_workspace_bytes(BACKEND_CUDA));
     int n_gpus = 0;
     backend_cuda_available(&n_gpus);
     CHECK(be->device == rank % n_gpus, "LOCAL_RANK %d picks GPU %d of %d, got %d", rank, rank % n_gpus, n_gpus,
@@ -240,7 +247,8 @@ static void rank_gpu(int rank, int n, int fd, void *arg) {
     if (!plain) return;
     const MemStats before = be->mem;
     for (int op = 0; op < OP_N; op++) check_op(be, rt.tp, plain, (Op)op, rank, n);
-    CHECK(be->mem.peak[MEM_COMM] == before.peak[MEM_COMM] + STAGE_BYTES_T && be->mem.host_peak == STAGE_BYTES_T &&
+    const size_t stage = comm_shm_stage_bytes(n);  // the planner's figure for the one group called (tp)
+    CHECK(stage == STAGE_BYTES_T && be->mem.peak[MEM_COMM] == before.peak[MEM_COMM] + stage && be->mem.host_peak == stage &&
               be->mem.total_peak - before.total_peak <= (size_t)(2 * n + 1) * GPU_N_ELEMS * sizeof(float),
           "the staging buffer: %zu bytes tagged comm, %zu page-locked (want %zu each), not in the device total",
           be->mem.peak[MEM_COMM] - before.peak[MEM_COMM], be->mem.host_peak, STAGE_BYTES_T);

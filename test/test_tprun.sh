@@ -352,6 +352,74 @@ else
     wait $tdead $tlive 2> /dev/null
 fi
 
+# ---- --nproc_per_node gpu|auto: a stand-in nvidia-smi on PATH lists 3 GPUs ----
+d=$work/gpus && mkdir -p "$d/bin"
+printf '#!/bin/sh\n[ "$1" = -L ] || exit 1\nfor i in 0 1 2; do echo "GPU $i: Stand-in GPU (UUID: GPU-0000000$i)"; done\n' > "$d/bin/nvidia-smi"
+chmod +x "$d/bin/nvidia-smi"
+n_env() { ls "$1"/env_* 2> /dev/null | wc -l; }
+mkdir "$d/a" "$d/b" "$d/c" "$d/e"
+(unset CUDA_VISIBLE_DEVICES; PATH=$d/bin:$PATH "$tprun" --nproc_per_node=gpu "$worker" env "$d/a" > /dev/null 2> "$d/a.err")
+[ "$(n_env "$d/a")" = 3 ] && grep -q "3 workers, one per visible GPU" "$d/a.err" && ok "--nproc_per_node=gpu: 3 GPUs, 3 workers" ||
+    bad "--nproc_per_node=gpu: $(n_env "$d/a") workers: $(cat "$d/a.err")"
+CUDA_VISIBLE_DEVICES=2,0 PATH=$d/bin:$PATH "$tprun" --nproc_per_node gpu "$worker" env "$d/b" > /dev/null 2> "$d/b.err"
+[ "$(n_env "$d/b")" = 2 ] && ok "--nproc_per_node gpu honours CUDA_VISIBLE_DEVICES=2,0: 2 workers" ||
+    bad "CUDA_VISIBLE_DEVICES=2,0: $(n_env "$d/b") workers: $(cat "$d/b.err")"
+rc=0
+CUDA_VISIBLE_DEVICES= PATH=$d/bin:$PATH "$tprun" --nproc_per_node=gpu "$worker" env "$d/c" > /dev/null 2> "$d/c.err" || rc=$?
+[ $rc -eq 2 ] && [ "$(n_env "$d/c")" = 0 ] && grep -q "no GPU is visible" "$d/c.err" &&
+    ok "--nproc_per_node=gpu with no visible GPU: clear error, exit 2" || bad "no GPU: rc $rc: $(cat "$d/c.err")"
+printf '#!/bin/sh\necho "NVIDIA-SMI has failed" >&2\nexit 9\n' > "$d/bin/nvidia-smi"
+(unset CUDA_VISIBLE_DEVICES; PATH=$d/bin:$PATH "$tprun" --nproc_per_node=auto "$worker" env "$d/e" > /dev/null 2> "$d/e.err")
+[ "$(n_env "$d/e")" = "$(nproc --all 2> /dev/null || nproc)" ] && grep -q "one per CPU core" "$d/e.err" &&
+    ok "--nproc_per_node=auto without a GPU: one worker per core ($(n_env "$d/e"))" ||
+    bad "auto: $(n_env "$d/e") workers for $(nproc) cores: $(cat "$d/e.err")"
+
+# ---- SLURM: two "nodes" with srun's variables, against the same run through --nnodes 2 ----
+d=$work/slurm && mkdir -p "$d/flags" "$d/slurm"
+train=(--task copy --preset tiny --max-steps 3 --log-interval 1 --eval-interval 100 --tp 2 --seed 5)
+# node ENV_WORDS DIR TPRUN_FLAGS...: one node's tprun of the training run (metrics from rank 0's node)
+node() {
+    local envw=$1 dir=$2
+    shift 2
+    # shellcheck disable=SC2086  # the variables split on purpose
+    env TPRUN_TOKEN=slurm-test-token $envw "$tprun" --nproc_per_node 1 --master_port "$sport" "$@" "$build/train_mt" "${train[@]}" \
+        --metrics "$dir/m$(date +%s%N).jsonl"
+}
+sport=$("$worker" free-port)
+node "SLURM_JOB_ID=" "$d/flags" --nnodes 2 --node_rank 1 --master_addr 127.0.0.1 > "$d/flags/n1.out" 2>&1 &
+p1=$!
+node "SLURM_JOB_ID=" "$d/flags" --nnodes 2 --node_rank 0 --master_addr 127.0.0.1 > "$d/flags/n0.out" 2>&1
+f0=$?
+wait $p1
+f1=$?
+slurm_env() { echo "SLURM_JOB_ID=77 SLURM_NNODES=2 SLURM_NODEID=$1 SLURM_LOCALID=0 SLURM_JOB_NODELIST=127.0.0.[1-2]"; }
+sport=$("$worker" free-port)
+node "$(slurm_env 1)" "$d/slurm" > "$d/slurm/n1.out" 2>&1 &
+p1=$!
+node "$(slurm_env 0)" "$d/slurm" > "$d/slurm/n0.out" 2>&1
+r0=$?
+wait $p1
+r1=$?
+losses() { cat "$1"/m*.jsonl 2> /dev/null | grep -o '"loss": *[-0-9.e]*' | tr -d ' '; }
+if [ $f0 -eq 0 ] && [ $f1 -eq 0 ] && [ $r0 -eq 0 ] && [ $r1 -eq 0 ] &&
+   grep -q "SLURM job 77: node 0 of 2, master 127.0.0.1" "$d/slurm/n0.out" &&
+   grep -q "SLURM job 77: node 1 of 2, master 127.0.0.1" "$d/slurm/n1.out" &&
+   [ "$(losses "$d/slurm" | wc -l)" -ge 3 ] && [ "$(losses "$d/slurm")" = "$(losses "$d/flags")" ]; then
+    ok "SLURM: two nodes from SLURM_NNODES/SLURM_NODEID/SLURM_JOB_NODELIST train as --nnodes 2 does ($(losses "$d/slurm" | tail -n 1))"
+else
+    bad "SLURM: flags rc $f0/$f1, slurm rc $r0/$r1: $(cat "$d/slurm/n0.out" "$d/slurm/n1.out" "$d/flags/n0.out"; losses "$d/slurm"; echo vs; losses "$d/flags")"
+fi
+rc=0
+env SLURM_JOB_ID=77 SLURM_NNODES=2 SLURM_NODEID=0 SLURM_JOB_NODELIST='gpu[01-' "$tprun" --nproc_per_node 1 \
+    --master_port "$sport" "$worker" env "$d" > /dev/null 2> "$d/bad.err" || rc=$?
+[ $rc -eq 2 ] && grep -q "SLURM_JOB_NODELIST: node list 'gpu\[01-': '\[' without '\]'" "$d/bad.err" &&
+    ok "a malformed SLURM_JOB_NODELIST: clear error" || bad "bad nodelist: rc $rc: $(cat "$d/bad.err")"
+rc=0
+env SLURM_JOB_ID=77 SLURM_NNODES=2 SLURM_NODEID=0 SLURM_LOCALID=1 SLURM_JOB_NODELIST=a1 "$tprun" --nproc_per_node 1 \
+    "$worker" env "$d" > /dev/null 2> "$d/task.err" || rc=$?
+[ $rc -eq 2 ] && grep -q "one tprun per node" "$d/task.err" && ok "a second SLURM task on a node: clear error" ||
+    bad "SLURM_LOCALID=1: rc $rc: $(cat "$d/task.err")"
+
 # ---- program lookup next to tprun; bad invocations ----
 d=$work/lookup && mkdir -p "$d/bin" "$d/cwd"
 cp "$tprun" "$d/bin/tprun" && cp "$worker" "$d/bin/tprun_worker"

@@ -410,9 +410,9 @@ extern "C" Backend *backend_cuda_create(Dtype dtype, int local_rank, char *err, 
     be->device_total_bytes = info.total_bytes;
     CudaImpl *c = impl_create();
     be->impl = c;
-    void *lt_ws = backend_alloc(be, CUDA_GEMM_DEFAULT_WORKSPACE_BYTES, MEM_WORKSPACE);
-    c->gemm = cuda_gemm_ctx_create(c->stream, dtype == DTYPE_BF16 ? CUDA_GEMM_BF16 : CUDA_GEMM_FP32, lt_ws,
-                                   CUDA_GEMM_DEFAULT_WORKSPACE_BYTES);
+    const size_t lt_bytes = backend_gemm_workspace_bytes(BACKEND_CUDA);  // the planner's figure too
+    void *lt_ws = backend_alloc(be, lt_bytes, MEM_WORKSPACE);
+    c->gemm = cuda_gemm_ctx_create(c->stream, dtype == DTYPE_BF16 ? CUDA_GEMM_BF16 : CUDA_GEMM_FP32, lt_ws, lt_bytes);
     // What the device has lost beyond our allocations: the context, cuBLASLt, the stream.
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

@@ -60,7 +60,9 @@ extern "C" {
 
 typedef enum { CUDA_GEMM_FP32 = 0, CUDA_GEMM_BF16 = 1 } CudaGemmPrecision;
 
-#define CUDA_GEMM_DEFAULT_WORKSPACE_BYTES ((size_t)32 << 20)  // what cuBLAS asks for on Hopper
+/* (The cuBLASLt workspace the backend gives the context is
+ * backend_gemm_workspace_bytes(BACKEND_CUDA): one figure for it and the planner.) */
+
 #define CUDA_GEMM_PLAN_SETS 256
 #define CUDA_GEMM_PLAN_WAYS 4
 

@@ -390,6 +390,8 @@ Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size,
 
 /* ---- calls and staging ---- */
 
+size_t comm_shm_stage_bytes(int group_size) { return group_size > 1 ? STAGE_BYTES : 0; }
+
 static int make_stage(ShmComm *c) {
     c->stage = c->hooks.host_alloc ? c->hooks.host_alloc(c->hooks.ctx, STAGE_BYTES) : malloc(STAGE_BYTES);
     if (!c->stage)
@@ -412,7 +414,7 @@ int shm_begin(ShmComm *c, Kind kind, long *counter, double *t0) {
     (*counter)++;
     c->calls[kind]++;
     *t0 = tp_now_s();
-    if (c->staged && !c->stage) return make_stage(c);
+    if (c->staged && !c->stage && comm_shm_stage_bytes(c->size) > 0) return make_stage(c);
     return 0;
 }
 
@@ -449,17 +451,19 @@ void shm_copy_out(ShmComm *c, void *user_dst, const void *host_src, size_t n_byt
 
 /* Overlapping buffers are allowed unstaged (memmove); staged, the caller's
  * device buffers must not overlap. */
-void shm_copy_user(ShmComm *c, void *user_dst, const void *user_src, size_t n_bytes) {
-    if (n_bytes == 0 || user_dst == user_src) return;
+int shm_copy_user(ShmComm *c, void *user_dst, const void *user_src, size_t n_bytes) {
+    if (n_bytes == 0 || user_dst == user_src) return 0;
     if (!c->staged) {
         memmove(user_dst, user_src, n_bytes);
-        return;
+        return 0;
     }
+    if (!c->stage && make_stage(c) != 0) return -1;  // a group of one stages only here
     for (size_t k = 0; k < n_bytes; k += STAGE_BYTES) {
         const size_t piece = n_bytes - k < STAGE_BYTES ? n_bytes - k : STAGE_BYTES;
         c->hooks.to_host(c->hooks.ctx, c->stage, (const char *)user_src + k, piece);
         c->hooks.to_device(c->hooks.ctx, (char *)user_dst + k, c->stage, piece);
     }
+    return 0;
 }
 
 void *shm_result_at(ShmComm *c, void *user) { return c->staged ? c->stage : user; }

@@ -25,4 +25,11 @@
 Comm *comm_shm_create(const char *job_id, const char *group, int rank, int size, double timeout_s, char *err,
                       size_t err_len);
 
+/* The page-locked host staging buffer one member of a staged group of
+ * group_size ranks makes (on its first call; the backend's host_alloc tags
+ * it "comm"): 4 MiB with peers, none alone (a group of one only copies in
+ * place of a reduce-scatter or allgather, and stages only then). The
+ * planner predicts staging with this function, the group allocates with it. */
+size_t comm_shm_stage_bytes(int group_size);
+
 #endif

@@ -125,8 +125,7 @@ int shm_reduce_scatter(Comm *comm, const void *in, void *out, size_t n_elems, Co
     if (n_elems == 0) return shm_end(c, t0, 0);
     if (!in || !out) return shm_end(c, t0, shm_fail(c, "comm %s: reduce_scatter with a NULL buffer", c->group));
     if (c->size == 1) {
-        shm_copy_user(c, out, in, n_elems * es);
-        return shm_end(c, t0, 0);
+        return shm_end(c, t0, shm_copy_user(c, out, in, n_elems * es));
     }
     const long call_no = c->calls[K_REDUCE_SCATTER];
     const int n = c->size, r = c->rank;
@@ -154,8 +153,7 @@ int shm_allgather(Comm *comm, const void *in, void *out, size_t n_elems, CommDty
     if (n_elems == 0) return shm_end(c, t0, 0);
     if (!in || !out) return shm_end(c, t0, shm_fail(c, "comm %s: allgather with a NULL buffer", c->group));
     if (c->size == 1) {
-        shm_copy_user(c, out, in, n_elems * es);
-        return shm_end(c, t0, 0);
+        return shm_end(c, t0, shm_copy_user(c, out, in, n_elems * es));
     }
     const long call_no = c->calls[K_ALLGATHER];
     const int n = c->size, r = c->rank;

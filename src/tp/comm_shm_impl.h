@@ -106,7 +106,7 @@ int shm_end(ShmComm *c, double t0, int rc);
  * copies, or the device-copy hooks through the stage when staged. */
 void shm_copy_in(ShmComm *c, void *host_dst, const void *user_src, size_t n_bytes);
 void shm_copy_out(ShmComm *c, void *user_dst, const void *host_src, size_t n_bytes);
-void shm_copy_user(ShmComm *c, void *user_dst, const void *user_src, size_t n_bytes);
+int shm_copy_user(ShmComm *c, void *user_dst, const void *user_src, size_t n_bytes);
 /* Where a result of n_bytes <= STAGE_BYTES is computed: the caller's memory
  * itself, or the stage; shm_result_done then delivers it. */
 void *shm_result_at(ShmComm *c, void *user);

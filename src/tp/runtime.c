@@ -72,14 +72,14 @@ const char *runtime_comm_name(RuntimeComm c) {
     return "unknown";
 }
 
-int runtime_choose_comm(RuntimeComm request, bool have_nccl, bool device_is_gpu, int local_world, int visible_gpus,
-                        RuntimeComm *out, char *err, size_t err_len) {
+int runtime_choose_comm(RuntimeComm request, bool have_nccl, bool device_is_gpu, int world, int local_world,
+                        int visible_gpus, RuntimeComm *out, char *err, size_t err_len) {
     if (request != RUNTIME_COMM_AUTO && request != RUNTIME_COMM_NCCL && request != RUNTIME_COMM_SHM) {
         tp_error_set(err, err_len, "--comm must be auto, nccl or shm (got choice %d)", (int)request);
         return -1;
     }
     const bool gpu_per_rank = visible_gpus > 0 && local_world <= visible_gpus;
-    const bool nccl_possible = have_nccl && device_is_gpu && gpu_per_rank;
+    const bool nccl_possible = have_nccl && device_is_gpu && gpu_per_rank && world > 1;
     if (request == RUNTIME_COMM_SHM || (request == RUNTIME_COMM_AUTO && !nccl_possible)) {
         *out = RUNTIME_COMM_SHM;
         return 0;
@@ -248,8 +248,8 @@ int runtime_init(Runtime *rt, const RuntimeOptions *opt, char *err, size_t err_l
     memset(rt, 0, sizeof *rt);
     int world, rank;
     if (read_env(rt, &world, &rank, err, err_len) || layout(rt, opt, world, rank, err, err_len)) return -1;
-    if (runtime_choose_comm(opt->comm, runtime_have_nccl(), opt->device_is_gpu, rt->local_world, opt->n_visible_gpus,
-                            &rt->comm, err, err_len))
+    if (runtime_choose_comm(opt->comm, runtime_have_nccl(), opt->device_is_gpu, world, rt->local_world,
+                            opt->n_visible_gpus, &rt->comm, err, err_len))
         return -1;
     rt->staged = rt->comm == RUNTIME_COMM_SHM && opt->device_is_gpu;
     if (rt->staged && !opt->device_copy) {

@@ -69,8 +69,10 @@ int runtime_auto_tp(int world, int local_world, int n_heads, int d_ff);
  * (local_world <= visible_gpus); shm otherwise. nccl when impossible and
  * unknown requests are refused with one sentence. *out is
  * RUNTIME_COMM_NCCL or RUNTIME_COMM_SHM (staged when device_is_gpu). 0 or -1. */
-int runtime_choose_comm(RuntimeComm request, bool have_nccl, bool device_is_gpu, int local_world, int visible_gpus,
-                        RuntimeComm *out, char *err, size_t err_len);
+/* world: every rank of the job; a world of one needs no collectives, so
+ * auto never makes it an NCCL communicator (only an explicit --comm nccl). */
+int runtime_choose_comm(RuntimeComm request, bool have_nccl, bool device_is_gpu, int world, int local_world,
+                        int visible_gpus, RuntimeComm *out, char *err, size_t err_len);
 
 /* This rank's place on its node as the launcher gives it, before any
  * communicator exists (the backend, and so the GPU, is chosen first):

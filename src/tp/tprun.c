@@ -1,6 +1,6 @@
 /* tprun.c: the launcher, torchrun's flags and worker environment.
  *
- *   tprun [--nproc_per_node N] [--nnodes N] [--node_rank R] [--master_addr A]
+ *   tprun [--nproc_per_node N|gpu|auto] [--nnodes N] [--node_rank R] [--master_addr A]
  *         [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]
  *         [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]
  *
@@ -63,6 +63,7 @@
 #include "err.h"
 #include "fileio.h"
 #include "parse.h"
+#include "tp/launch_env.h"
 #include "tp/threads.h"
 #include "tp/shm_reclaim.h"
 #include "tp/store.h"
@@ -80,6 +81,8 @@ extern char **environ;
 
 typedef struct {
     int nproc, nnodes, node_rank, master_port;  // master_port -1 = not given
+    const char *nproc_word;  // --nproc_per_node gpu|auto, resolved after parsing; NULL = a number
+    int given_nnodes, given_node_rank;  // on the command line (SLURM's values fill the others)
     int standalone, max_restarts, tee;
     double grace;
     const char *master_addr;  // NULL = not given
@@ -89,13 +92,16 @@ typedef struct {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: tprun [--nproc_per_node N] [--nnodes N] [--node_rank R] [--master_addr A]\n"
+            "usage: tprun [--nproc_per_node N|gpu|auto] [--nnodes N] [--node_rank R] [--master_addr A]\n"
             "             [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]\n"
             "             [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]\n"
             "Starts nproc_per_node copies of PROGRAM (looked up next to tprun, then in PATH) with\n"
             "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
             "TPRUN_TOKEN and TPRUN_JOB_ID set. With --nnodes > 1, every node needs the same\n"
             "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n"
+            "--nproc_per_node gpu: one worker per visible GPU (nvidia-smi -L, CUDA_VISIBLE_DEVICES honoured);\n"
+            "auto: the GPUs if any, else the CPU cores. Inside a SLURM allocation --nnodes, --node_rank and\n"
+            "--master_addr default to SLURM_NNODES, SLURM_NODEID and the first host of SLURM_JOB_NODELIST.\n"
             "SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers (a second one: SIGKILL).\n"
             "Exit status: 0; 75 when every worker ended with 0 or 75 (\"saved on signal\") and some with\n"
             "75; 128+signal when tprun was signalled; 1 when a worker failed.\n");
@@ -110,6 +116,82 @@ static int flag_int(const char *flag, const char *v, int lo, int hi, int *out) {
         return -1;
     }
     *out = (int)x;
+    return 0;
+}
+
+/* --nproc_per_node gpu|auto into a count, said on stderr. 0 or -1 (printed). */
+static int resolve_nproc(Opts *o) {
+    if (!o->nproc_word) return 0;
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    const int n_smi = nvidia_smi_gpu_count();
+    const int n_gpu = visible_gpu_count(cvd, n_smi);
+    char seen[256];
+    snprintf(seen, sizeof seen, "nvidia-smi -L lists %d GPU%s%s%.100s%s", n_smi, n_smi == 1 ? "" : "s",
+             cvd ? ", CUDA_VISIBLE_DEVICES='" : "", cvd ? cvd : "", cvd ? "'" : "");
+    if (n_gpu > 0) {
+        o->nproc = n_gpu;
+        fprintf(stderr, "tprun: --nproc_per_node=%s: %d worker%s, one per visible GPU (%s)\n", o->nproc_word, n_gpu,
+                n_gpu == 1 ? "" : "s", seen);
+        return 0;
+    }
+    if (strcmp(o->nproc_word, "gpu") == 0) {
+        fprintf(stderr, "tprun: --nproc_per_node=gpu: no GPU is visible (%s); give a number or 'auto'\n", seen);
+        return -1;
+    }
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    o->nproc = cores > 0 ? (cores < 4096 ? (int)cores : 4096) : 1;
+    fprintf(stderr, "tprun: --nproc_per_node=auto: no GPU visible (%s): %d worker%s, one per CPU core\n", seen,
+            o->nproc, o->nproc == 1 ? "" : "s");
+    return 0;
+}
+
+/* Inside a SLURM allocation (SLURM_JOB_ID and SLURM_NNODES set): what the
+ * command line left open of --nnodes, --node_rank and --master_addr, from
+ * SLURM's variables. 0 or -1 (printed). */
+static int from_slurm(Opts *o) {
+    const char *job = getenv("SLURM_JOB_ID"), *nn = getenv("SLURM_NNODES");
+    if (!job || !*job || !nn || !*nn) return 0;
+    if (o->given_nnodes && o->given_node_rank && o->master_addr) return 0;
+    const char *id = getenv("SLURM_NODEID"), *list = getenv("SLURM_JOB_NODELIST");
+    if (!list || !*list) list = getenv("SLURM_NODELIST");
+    const char *local = getenv("SLURM_LOCALID");
+    if (local && strcmp(local, "0") != 0) {
+        fprintf(stderr, "tprun: SLURM started this tprun as task %s of its node: run one tprun per node "
+                        "(srun --ntasks-per-node=1), it starts the node's workers itself\n", local);
+        return -1;
+    }
+    int nnodes, node_rank = 0;
+    if (flag_int("SLURM_NNODES", nn, 1, 65536, &nnodes)) return -1;
+    if (id && flag_int("SLURM_NODEID", id, 0, 65535, &node_rank)) return -1;
+    if (!id && nnodes > 1 && !o->given_node_rank) {
+        fprintf(stderr, "tprun: SLURM_NNODES is %d but SLURM_NODEID is not set: start tprun with srun "
+                        "(one task per node), or give --node_rank\n", nnodes);
+        return -1;
+    }
+    static char master[HOSTNAME_MAX];
+    if (!o->master_addr) {
+        if (!list || !*list) {
+            fprintf(stderr, "tprun: inside SLURM job %s, but SLURM_JOB_NODELIST is not set: give --master_addr\n", job);
+            return -1;
+        }
+        char **hosts, err[400];
+        const int n = nodelist_expand(list, &hosts, err, sizeof err);
+        if (n < 0) {
+            fprintf(stderr, "tprun: SLURM_JOB_NODELIST: %s\n", err);
+            return -1;
+        }
+        if (n != nnodes)
+            fprintf(stderr, "tprun: warning: SLURM_JOB_NODELIST names %d host%s but SLURM_NNODES is %d\n", n,
+                    n == 1 ? "" : "s", nnodes);
+        snprintf(master, sizeof master, "%s", hosts[0]);
+        nodelist_free(hosts, n);
+        o->master_addr = master;
+    }
+    if (!o->given_nnodes) o->nnodes = nnodes;
+    if (!o->given_node_rank) o->node_rank = node_rank;
+    fprintf(stderr, "tprun: SLURM job %s: node %d of %d, master %s (from %s%s%s)\n", job, o->node_rank, o->nnodes,
+            o->master_addr, o->given_nnodes ? "" : "SLURM_NNODES ", o->given_node_rank ? "" : "SLURM_NODEID ",
+            o->master_addr == master ? "SLURM_JOB_NODELIST" : "--master_addr");
     return 0;
 }
 
@@ -162,9 +244,11 @@ static int parse_args(int argc, char **argv, Opts *o) {
             v = argv[++i];
         }
         int rc = 0;
-        if (strcmp(name, "--nproc_per_node") == 0) rc = flag_int(name, v, 1, 4096, &o->nproc);
-        else if (strcmp(name, "--nnodes") == 0) rc = flag_int(name, v, 1, 65536, &o->nnodes);
-        else if (strcmp(name, "--node_rank") == 0) rc = flag_int(name, v, 0, 65535, &o->node_rank);
+        if (strcmp(name, "--nproc_per_node") == 0) {
+            o->nproc_word = strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0 ? v : NULL;
+            if (!o->nproc_word) rc = flag_int(name, v, 1, 4096, &o->nproc);
+        } else if (strcmp(name, "--nnodes") == 0) rc = flag_int(name, v, 1, 65536, &o->nnodes), o->given_nnodes = 1;
+        else if (strcmp(name, "--node_rank") == 0) rc = flag_int(name, v, 0, 65535, &o->node_rank), o->given_node_rank = 1;
         else if (strcmp(name, "--master_port") == 0) rc = flag_int(name, v, 0, 65535, &o->master_port);
         else if (strcmp(name, "--max_restarts") == 0) rc = flag_int(name, v, 0, 1000000, &o->max_restarts);
         else if (strcmp(name, "--tee") == 0) rc = flag_int(name, v, 0, 3, &o->tee);
@@ -185,6 +269,7 @@ static int parse_args(int argc, char **argv, Opts *o) {
         return -1;
     }
     o->prog_argv = argv + i;
+    if (resolve_nproc(o) || (!o->standalone && from_slurm(o))) return -1;
     if (o->standalone) {
         if (o->nnodes != 1) {
             fprintf(stderr, "tprun: --standalone runs one node; --nnodes %d contradicts it\n", o->nnodes);

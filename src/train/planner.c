@@ -16,6 +16,7 @@
 #include "data/batch.h"
 #include "transformer/decode.h"
 #include "transformer/params.h"
+#include "tp/comm_shm.h"
 
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
@@ -102,7 +103,13 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     double comm = (double)gp.comm_bytes;
     if (pp > 1 && !model_stage_has_embed(st))  // the embedding group's zeros (train/step.c)
         comm += (double)((size_t)(vocab_padded(&in->cfg, tp) / tp) * (size_t)in->cfg.d_model * f);
-    double ws = (2 + 5) * (double)f;  // the model's loss scalars, the step's scalars
+    /* the model's loss scalars, the step's scalars, and the GEMM library's
+     * workspace the backend allocates at creation (cuBLASLt's on a GPU) */
+    double ws = (2 + 5) * (double)f + (double)backend_gemm_workspace_bytes(in->gpu ? BACKEND_CUDA : BACKEND_CPU);
+    /* staged groups (ranks sharing a GPU): each group with peers holds a
+     * page-locked host buffer, tagged comm but not device memory */
+    if (in->staged)
+        out->staging = (double)(comm_shm_stage_bytes(tp) + comm_shm_stage_bytes(dp) + comm_shm_stage_bytes(pp));
 
     /* activations: micro-batch i in slot i mod (the stage's most in flight) */
     ActPlan acts;
@@ -158,7 +165,7 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     const double tr_eval = transient_eval > transient_ws ? transient_eval : transient_ws;
     out->allocator_peak = held + (tr_train > tr_eval ? tr_train : tr_eval);
     tag[MEM_GRAD] += tr_train;
-    tag[MEM_COMM] = comm + transient_eval;
+    tag[MEM_COMM] = comm + transient_eval + out->staging;
     tag[MEM_WORKSPACE] = ws + transient_ws;
 }
 

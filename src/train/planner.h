@@ -39,7 +39,8 @@ typedef struct {
     ModelRecompute recompute;
     bool seq_par;
     GradSyncConfig grad;        // zero, bucket_elems, dtype, overlap (staged is set from pp)
-    bool gpu;                   // a CUDA backend (batch ids uploaded, bf16 compute copies)
+    bool gpu;                   // a CUDA backend (batch ids uploaded, bf16 compute copies, cuBLASLt's workspace)
+    bool staged;                // the data groups are shared memory staging device buffers (ranks share a GPU)
     Dtype dtype;
     int slots;                  // ranks that compute at once without slowing each other: the cores on
                                 // CPU, the GPUs on a GPU machine (0: as many as ranks)
@@ -58,7 +59,9 @@ typedef struct {
 typedef struct {
     int rank, tp, dp, pp;
     double tag[MEM_N_TAGS];     // predicted peak bytes per tag (MEM_LIBRARY: the calibrated overhead)
-    double allocator_peak;      // predicted peak of the allocator's total (all tags but the library)
+    double allocator_peak;      // predicted peak of the allocator's device total (all tags but the library,
+                                // less the page-locked host staging counted under comm)
+    double staging;             // of tag[MEM_COMM]: the groups' host staging buffers (comm_shm_stage_bytes)
     /* seconds per step */
     double t_compute, t_comm, t_bubble, t_step;
     size_t n_params;            // this rank's parameters (its stage's table)

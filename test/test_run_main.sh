@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# scripts/run_main.sh's choice of ranks and layout (RUN_MAIN_DRY_RUN=1: the
+# choice and the command, nothing run), with a stand-in nvidia-smi first on
+# PATH: no GPU keeps the CPU's 4 data-parallel ranks; 1 and 4 GPUs give one
+# rank per GPU (tprun --nproc_per_node=gpu) and the planner's layout
+# (--layout auto); CUDA_VISIBLE_DEVICES narrows the count.
+# Usage: test_run_main.sh RUN_MAIN_SH
+set -uo pipefail
+script=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+smi() {  # smi N: a stand-in nvidia-smi listing N GPUs (0: failing, as without a driver)
+  mkdir -p "$work/bin$1"
+  if [ "$1" = 0 ]; then
+    printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver"\nexit 9\n'
+  else
+    printf '#!/bin/sh\ni=0\nwhile [ $i -lt %s ]; do echo "GPU $i: Stand-in H100 (UUID: GPU-$i)"; i=$((i+1)); done\n' "$1"
+  fi > "$work/bin$1/nvidia-smi"
+  chmod +x "$work/bin$1/nvidia-smi"
+  echo "$work/bin$1"
+}
+# choice NAME N_GPUS [ENV...]: run_main's output in $work/NAME.out
+choice() {
+  local name=$1 bin
+  bin=$(smi "$2")
+  shift 2
+  env -u CUDA_VISIBLE_DEVICES PATH="$bin:$PATH" RUN_MAIN_DRY_RUN=1 "$@" bash "$script" /data/corpus --max-steps 5 \
+    > "$work/$name.out" 2>&1 || bad "$name: exit $?: $(cat "$work/$name.out")"
+}
+has() { if grep -qF -- "$3" "$work/$2.out"; then ok "$1"; else bad "$1: no '$3' in: $(cat "$work/$2.out")"; fi; }
+choice cpu 0
+has "no GPU: the CPU's 4 ranks" cpu "run_main: no GPU visible (nvidia-smi -L): 4 ranks on the CPU"
+has "no GPU: today's command" cpu "tprun --nproc_per_node=4 train_mt --data /data/corpus --log-interval 100 --tp 1 --dp 4 --batch-tokens 1024"
+has "no GPU: extra flags passed on" cpu "--save checkpoints/enja --max-steps 5"
+choice one 1
+has "1 GPU: counted" one "run_main: 1 GPU(s) visible (nvidia-smi -L): one rank per GPU"
+has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data /data/corpus --log-interval 100 --layout auto"
+if grep -q -- "--nproc_per_node=4" "$work/one.out"; then bad "1 GPU: still 4 ranks"; else ok "1 GPU: not 4 ranks"; fi
+choice four 4
+has "4 GPUs: counted" four "run_main: 4 GPU(s) visible"
+has "4 GPUs: one rank per GPU" four "tprun --nproc_per_node=gpu train_mt"
+choice cvd 4 CUDA_VISIBLE_DEVICES=1,3
+has "CUDA_VISIBLE_DEVICES=1,3 of 4: two GPUs" cvd "run_main: 2 GPU(s) visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES=1,3)"
+choice hidden 4 CUDA_VISIBLE_DEVICES=
+has "CUDA_VISIBLE_DEVICES empty: the CPU choice" hidden "run_main: no GPU visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES=): 4 ranks"
+[ "$fails" -eq 0 ] || { echo "test_run_main: $fails failed"; exit 1; }
+echo "test_run_main: all passed"
