@@ -27,6 +27,7 @@
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "clock.h"
+#include "profile.h"
 #include "err.h"
 #include "fileio.h"
 #include "mt.h"
@@ -665,6 +666,17 @@ static void source_next(Source *src, OwnedBatch *b, long *global_tokens) {
         return;
     }
     dataset_next_micro(&src->train, M, b, global_tokens);
+}
+
+/* --profile: the data groups' collectives counted as communication. */
+static void prof_comm_begin(void *be) { backend_profile_region_begin(be, PROF_COMM); }
+static void prof_comm_end(void *be) { backend_profile_region_end(be); }
+static void profile_start(Backend *be, Runtime *rt) {
+    backend_profile_enable(be);
+    const CommTimer t = {.begin = prof_comm_begin, .end = prof_comm_end, .ctx = be};
+    comm_set_timer(rt->tp, t);
+    comm_set_timer(rt->dp, t);
+    comm_set_timer(rt->pp, t);
 }
 
 typedef struct { float loss; float bleu; bool has_bleu; } EvalResult;
@@ -1756,6 +1768,7 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
     }
+    if (a.profile) profile_start(be, &rt);
     Trainer trainer;
     trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, gsync, a.opt.clip_norm);
     trainer_set_pipeline(&trainer, rt.pp);
@@ -1784,7 +1797,10 @@ int main(int argc, char **argv) {
         StepResult sr;
         const float lr = lr_at(&a.opt, step);
         const CommStats tp0 = rt.tp ? comm_stats(rt.tp) : (CommStats){0};
+        const double t_step = tp_now_s();
+        backend_profile_step_begin(be);
         train_step(&trainer, views, a.micro_batches, n_global, key, lr, &sr);
+        backend_profile_step_end(be, tp_now_s() - t_step);
         if (rt.tp) {  // the training steps' tp collectives (evaluation left out)
             const CommStats tp1 = comm_stats(rt.tp);
             tp_steps.allreduce += tp1.allreduce - tp0.allreduce;
@@ -1906,6 +1922,16 @@ int main(int argc, char **argv) {
                mesh->pp_rank, layout, train_s > 0 ? 100.0 * t_pp_wait / train_s : 0.0, train_s,
                100.0 * pipeline_bubble_theory(pp, a.micro_batches), trainer.pp_sent, trainer.pp_received,
                total - first_step + 1);
+        fflush(stdout);
+    }
+    if (a.profile && lead) {  // rank 0's steps (each rank times its own)
+        const ProfTotals pt = backend_profile_totals(be);
+        prof_print_table(stdout, &pt, be->device_name);
+        if (metrics) {
+            char json[2048];
+            metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"profile\": %s}\n", total,
+                         prof_json(&pt, json, sizeof json));
+        }
         fflush(stdout);
     }
     {
