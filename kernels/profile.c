@@ -291,6 +291,9 @@ char *prof_json(const ProfTotals *t, char *buf, size_t buf_len) {
         sum += ms;
         k += (size_t)snprintf(buf + k, buf_len - k, "%s\"%s\": %.6f", c ? ", " : "", KEYS[c], ms);
     }
+    if (k < buf_len) k += (size_t)snprintf(buf + k, buf_len - k, "}, \"ops_per_step\": {");
+    for (int c = 0; c < PROF_HOST_GAP && k < buf_len; c++)
+        k += (size_t)snprintf(buf + k, buf_len - k, "%s\"%s\": %.2f", c ? ", " : "", KEYS[c], t->n_ops[c] / n);
     if (k < buf_len) snprintf(buf + k, buf_len - k, "}, \"remainder_ms\": %.6f}", step_ms - sum);
     return buf;
 }

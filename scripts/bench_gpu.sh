@@ -1,36 +1,50 @@
 #!/usr/bin/env bash
-# tptrain against PyTorch on one GPU: the same model, the same batches, the
-# same precision, side by side in one run.
+# tptrain against PyTorch at its best on one GPU: the same model, the same
+# batches, the same precision, side by side in one run.
 #
 #   bash scripts/bench_gpu.sh CORPUS_DIR
 #
-# For each preset (base, big) and batch size (16k, 4k tokens), in that order:
-#   1. train_mt --device cuda --dtype bf16 trains BENCH_STEPS steps on the
-#      corpus (no evaluation, a metrics record per step) and writes the
-#      batches it read (--dump-batches);
-#   2. scripts/bench_torch_mt.py trains the PyTorch version of the model on
-#      those batches, eager and then torch.compile (bf16 autocast, fused
-#      AdamW; see its header for how it is written and timed);
-#   3. each run's row: target tokens/s, step time, TFLOP/s and MFU (FLOPs
-#      formula in docs/gpu-benchmark.md), peak memory (tptrain's allocator
-#      peak beside torch.cuda.max_memory_allocated), and ratios to eager.
+# 1. tptrain: for each length bucket (BENCH_BUCKETS: 1 = the plain batcher,
+#    8 = lengths padded to multiples of 8, --length-bucket), preset (base,
+#    big) and batch size (16k, 4k tokens), train_mt --device cuda --dtype
+#    bf16 trains BENCH_STEPS steps (no evaluation, a metrics record per
+#    step, the first one with its launch-to-first-step time) and, for the
+#    configurations PyTorch replays (BENCH_TORCH), writes its batches
+#    (--dump-batches).
+# 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
+#    the step's time goes, by class of operation; the table goes in the report.
+# 3. PyTorch at its best on those batches (scripts/bench_torch_mt.py; see
+#    its header): eager, once per attention backend (BENCH_SDPA), then
+#    torch.compile(dynamic=True) with the backend eager found fastest
+#    (BENCH_COMPILE_SDPA=best, or a list); each after a warm-up over every
+#    distinct batch shape of the dump.
+# 4. the table: per configuration and bucket, the fastest row of each mode,
+#    its backend and the others tried; target tokens/s, step time, TFLOP/s
+#    and MFU (FLOPs formula in docs/gpu-benchmark.md), peak memory
+#    (tptrain's allocator peak beside torch.cuda.max_memory_allocated),
+#    compile and launch-to-first-step seconds, ratios to eager.
 # The first BENCH_WARMUP steps of every run are not timed. Before the runs,
 # the PyTorch model is checked against the float64 reference model on this
 # machine's PyTorch (test/check_bench_model.py; a failure is reported under
-# the table and makes the exit status 1). Output in
-# BENCH_DIR (default ./bench_gpu): results.jsonl (one JSON line per run),
-# bench.md (the table), logs/. A configuration that would not finish inside
-# BENCH_BUDGET seconds is skipped with a row saying so, and a run still going
-# when the budget ends is stopped; a run that fails or is stopped gets a row
-# with its error (exit status 124: the budget), and the script exits 1.
+# the table and makes the exit status 1). Output in BENCH_DIR (default
+# ./bench_gpu): results.jsonl (one JSON line per run or backend tried),
+# bench.md (the table and the profile), profile.txt, logs/. A run that would
+# start after BENCH_BUDGET seconds is skipped with a row saying so, and a
+# run still going when the budget ends is stopped; a run that fails or is
+# stopped gets a row with its error (exit status 124: the budget), and the
+# script exits 1.
 #
 # Environment: TPTRAIN_BIN (folder of train_mt; default build-gpu or build),
-# BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_STEPS (40),
-# BENCH_WARMUP (10), BENCH_MODES ("eager compile"), BENCH_BUDGET (seconds,
-# default 1500), BENCH_DEVICE (cuda; cpu runs the harness on a CPU in fp32),
-# BENCH_PYTHON (a python3 with torch; default the first of python3 and
-# /usr/bin/python3 that imports it), BENCH_PEAK_TFLOPS (MFU's peak, for a
-# device bench_torch_mt.py does not know).
+# BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_BUCKETS
+# ("1 8"), BENCH_TORCH (PRESET-TOKENS configurations PyTorch replays;
+# default "base-16384"; "all": every one), BENCH_SDPA ("auto,flash,
+# efficient,cudnn,math"), BENCH_COMPILE_SDPA (best), BENCH_PROFILE
+# (PRESET-TOKENS-BUCKET of the --profile run, default base-16384-1; "none"),
+# BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
+# BENCH_BUDGET (seconds, default 1500), BENCH_DEVICE (cuda; cpu runs the
+# harness on a CPU in fp32), BENCH_PYTHON (a python3 with torch; default the
+# first of python3 and /usr/bin/python3 that imports it), BENCH_PEAK_TFLOPS
+# (MFU's peak, for a device bench_torch_mt.py does not know).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 corpus=${1:-${TPTRAIN_CORPUS_DIR:-}}
@@ -47,6 +61,11 @@ tokens=${BENCH_TOKENS:-16384 4096}
 steps=${BENCH_STEPS:-40}
 warmup=${BENCH_WARMUP:-10}
 modes=${BENCH_MODES:-eager compile}
+buckets=${BENCH_BUCKETS:-1 8}
+torch_cfgs=${BENCH_TORCH:-base-16384}
+sdpa=${BENCH_SDPA:-auto,flash,efficient,cudnn,math}
+compile_sdpa=${BENCH_COMPILE_SDPA:-best}
+profile_cfg=${BENCH_PROFILE:-base-16384-1}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 dtype=bf16
@@ -68,22 +87,35 @@ failed=0
 
 # left: the seconds of the budget still to run (a command's timeout).
 left() { local l=$((t_end - SECONDS)); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
-# row PRESET TOKENS JSON: the JSON line with the configuration added, appended to results.
+# row PRESET TOKENS BUCKET JSON...: each JSON line with the configuration added, appended to results.
 row() {
-  "$py" -c 'import json, sys; r = json.loads(sys.argv[3]); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2])); print(json.dumps(r))' \
-    "$1" "$2" "$3" >> "$results"
+  "$py" -c 'import json, sys
+for line in sys.argv[4:]:
+    for l in line.splitlines():
+        if l.strip():
+            r = json.loads(l); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2]), bucket=int(sys.argv[3])); print(json.dumps(r))' \
+    "$@" >> "$results"
 }
-# fail_row PRESET TOKENS RUN MODE LOG STATUS: a row naming the failure and its log's last line.
+# fail_row PRESET TOKENS BUCKET RUN MODE LOG STATUS: a row naming the failure and its log's last line.
 fail_row() {
   local why
-  why=$(grep -v '^[[:space:]]*$' "$5" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
-  [ "$6" != 124 ] || why="stopped at the end of the budget (BENCH_BUDGET); $why"
-  row "$1" "$2" "{\"framework\": \"$3\", \"mode\": \"$4\", \"error\": \"failed (logs/$(basename "$5")): $why\"}"
+  why=$(grep -v '^[[:space:]]*$' "$6" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
+  [ "$7" != 124 ] || why="stopped at the end of the budget (BENCH_BUDGET); $why"
+  row "$1" "$2" "$3" "{\"framework\": \"$4\", \"mode\": \"$5\", \"error\": \"failed (logs/$(basename "$6")): $why\"}"
   failed=1
+}
+# wanted CONFIG LIST: whether CONFIG (PRESET-TOKENS) is in LIST ("all": every one).
+wanted() { [ "$2" = all ] || [[ " $2 " == *" $1 "* ]]; }
+# out_of_time: true (with a skipped row for PRESET TOKENS BUCKET RUN) when the budget is spent.
+out_of_time() {
+  [ "$SECONDS" -ge "$t_end" ] || return 1
+  row "$1" "$2" "$3" "{\"framework\": \"$4\", \"mode\": \"$5\", \"skipped\": \"time budget (BENCH_BUDGET)\"}"
+  echo "bench_gpu: $1-$2 bucket $3 $4 $5 skipped: the budget ran out"
 }
 
 echo "bench_gpu: train_mt from $bin, $py ($("$py" -c 'import torch; print(torch.__version__)')), device $device, $dtype"
-echo "bench_gpu: presets $presets; tokens per batch $tokens; $steps steps, $warmup of warmup; budget $budget s"
+echo "bench_gpu: presets $presets; tokens per batch $tokens; buckets $buckets; $steps steps, $warmup of warmup; budget $budget s"
+echo "bench_gpu: PyTorch replays $torch_cfgs; attention backends $sdpa (compile: $compile_sdpa); profile $profile_cfg"
 # The PyTorch model on this machine's PyTorch (its attention path may differ
 # from the one the tests saw) against the float64 reference, on the CPU:
 # a one-step tiny export and its batch (test/check_bench_model.py).
@@ -100,46 +132,89 @@ else
 fi
 rm -rf "$out/check_cache" "$out/check_model" "$out/check_batches.st"
 echo "bench_gpu: the PyTorch model against the float64 reference: $check"
-est=0  # the last configuration's time: the next is skipped when it would not fit
-for preset in $presets; do
-  for btok in $tokens; do
-    name=$preset-$btok
-    if [ $((SECONDS + est)) -ge "$t_end" ]; then
-      row "$preset" "$btok" '{"framework": "all", "mode": "", "skipped": "time budget (BENCH_BUDGET)"}'
-      echo "bench_gpu: $name skipped: the budget would run out"
-      continue
-    fi
-    t0=$SECONDS
-    log=$out/logs/$name.tptrain.log
-    echo "bench_gpu: $name: tptrain"
-    if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --preset "$preset" --device "$device" --dtype "$dtype" \
-         --batch-tokens "$btok" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
-         --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
-       r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
-             --dtype "$dtype" 2>> "$log"); then
-      row "$preset" "$btok" "$r"
-    else
-      fail_row "$preset" "$btok" tptrain "" "$log" "$?"
-      est=$((SECONDS - t0))
-      continue  # no batches to replay
-    fi
-    for mode in $modes; do
-      log=$out/logs/$name.torch-$mode.log
-      echo "bench_gpu: $name: pytorch $mode"
-      if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" --dtype "$dtype" \
-               --warmup "$warmup" 2> "$log") && [ -n "$r" ]; then
-        row "$preset" "$btok" "$r"
+# 1. tptrain, every configuration and bucket
+for bucket in $buckets; do
+  for preset in $presets; do
+    for btok in $tokens; do
+      name=$preset-$btok-b$bucket
+      out_of_time "$preset" "$btok" "$bucket" tptrain "" && continue
+      log=$out/logs/$name.tptrain.log
+      echo "bench_gpu: $name: tptrain"
+      # the batches are dumped for every run: the row's tokens and FLOPs are counted from them
+      if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --preset "$preset" --device "$device" --dtype "$dtype" \
+           --batch-tokens "$btok" --length-bucket "$bucket" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
+           --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
+         r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
+               --dtype "$dtype" 2>> "$log"); then
+        row "$preset" "$btok" "$bucket" "$r"
       else
-        fail_row "$preset" "$btok" pytorch "$mode" "$log" "$?"
+        fail_row "$preset" "$btok" "$bucket" tptrain "" "$log" "$?"
       fi
+      wanted "$preset-$btok" "$torch_cfgs" || rm -f "$out/$name.batches.st"
     done
-    rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay
-    est=$((SECONDS - t0))
+  done
+done
+
+# 2. where tptrain's step goes: one --profile run
+if [ "$profile_cfg" != none ] && ! [ "$SECONDS" -ge "$t_end" ]; then
+  IFS=- read -r ppreset ptok pbucket <<< "$profile_cfg"
+  log=$out/logs/profile-$profile_cfg.log
+  echo "bench_gpu: $profile_cfg: tptrain --profile"
+  if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --preset "$ppreset" --device "$device" --dtype "$dtype" \
+       --batch-tokens "$ptok" --length-bucket "${pbucket:-1}" --max-steps "$steps" --eval-interval 0 --log-interval "$steps" \
+       --profile --metrics "$out/profile-$profile_cfg.metrics.jsonl" > "$log" 2>&1; then
+    sed -n '/^profile: time per class/,/^  step (measured/p' "$log" > "$out/profile.txt"
+  else
+    echo "the --profile run failed (logs/$(basename "$log")): $(tail -n 1 "$log")" > "$out/profile.txt"
+    failed=1
+  fi
+fi
+
+# 3. PyTorch at its best on the same batches
+for bucket in $buckets; do
+  for preset in $presets; do
+    for btok in $tokens; do
+      wanted "$preset-$btok" "$torch_cfgs" || continue
+      name=$preset-$btok-b$bucket
+      [ -s "$out/$name.batches.st" ] || continue  # tptrain failed: its row says why
+      for mode in $modes; do
+        out_of_time "$preset" "$btok" "$bucket" pytorch "$mode" && continue
+        backends=$sdpa
+        if [ "$mode" = compile ] && [ "$compile_sdpa" = best ]; then  # the fastest backend eager found
+          backends=$("$py" - "$results" "$preset" "$btok" "$bucket" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ran = [r for r in rows if r.get("preset") == sys.argv[2] and str(r.get("batch_tokens")) == sys.argv[3]
+       and str(r.get("bucket")) == sys.argv[4] and r.get("mode") == "eager" and "tokens_per_s" in r]
+print(max(ran, key=lambda r: r["tokens_per_s"])["backend"] if ran else "auto")
+PY
+)
+        elif [ "$mode" = compile ]; then
+          backends=$compile_sdpa
+        fi
+        log=$out/logs/$name.torch-$mode.log
+        echo "bench_gpu: $name: pytorch $mode (attention: $backends)"
+        if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" \
+                 --dtype "$dtype" --warmup "$warmup" --sdpa "$backends" 2> "$log") && [ -n "$r" ]; then
+          row "$preset" "$btok" "$bucket" "$r"
+        else
+          st=$?
+          [ -z "$r" ] || row "$preset" "$btok" "$bucket" "$r"  # the backends finished before the failure
+          fail_row "$preset" "$btok" "$bucket" pytorch "$mode" "$log" "$st"
+        fi
+      done
+      rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay
+    done
   done
 done
 "$py" "$bench_py" table "$results" > "$out/bench.md" || failed=1
 printf '\nThe PyTorch model against the float64 reference (PyTorch %s, loss and every gradient): %s\n' \
   "$("$py" -c 'import torch; print(torch.__version__)')" "$check" >> "$out/bench.md"
+if [ -s "$out/profile.txt" ]; then
+  printf '\nWhere tptrain'"'"'s step goes (%s, train_mt --profile):\n\n```\n' "$profile_cfg" >> "$out/bench.md"
+  cat "$out/profile.txt" >> "$out/bench.md"
+  printf '```\n' >> "$out/bench.md"
+fi
 cat "$out/bench.md"
 echo "bench_gpu: results in $out (results.jsonl, bench.md, logs/)"
 exit "$failed"
