@@ -37,9 +37,10 @@
 # Environment: TPTRAIN_BIN (folder of train_mt; default build-gpu or build),
 # BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_BUCKETS
 # ("1 8"), BENCH_TORCH (PRESET-TOKENS configurations PyTorch replays;
-# default "base-16384"; "all": every one), BENCH_SDPA ("auto,flash,
-# efficient,cudnn,math"), BENCH_COMPILE_SDPA (best), BENCH_PROFILE
-# (PRESET-TOKENS-BUCKET of the --profile run, default base-16384-1; "none"),
+# default base-16384 when it runs, else the first; "all": every one),
+# BENCH_SDPA ("auto,flash,efficient,cudnn,math"), BENCH_COMPILE_SDPA (best),
+# BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
+# configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
 # BENCH_BUDGET (seconds, default 1500), BENCH_DEVICE (cuda; cpu runs the
 # harness on a CPU in fp32), BENCH_PYTHON (a python3 with torch; default the
@@ -62,10 +63,16 @@ steps=${BENCH_STEPS:-40}
 warmup=${BENCH_WARMUP:-10}
 modes=${BENCH_MODES:-eager compile}
 buckets=${BENCH_BUCKETS:-1 8}
-torch_cfgs=${BENCH_TORCH:-base-16384}
+# base at 16k tokens when it runs, else the first configuration: PyTorch's and the profile's
+read -r first_preset _ <<< "$presets"
+read -r first_tok _ <<< "$tokens"
+read -r first_bucket _ <<< "$buckets"
+main_cfg=$first_preset-$first_tok
+[[ " $presets " == *" base "* && " $tokens " == *" 16384 "* ]] && main_cfg=base-16384
+torch_cfgs=${BENCH_TORCH:-$main_cfg}
 sdpa=${BENCH_SDPA:-auto,flash,efficient,cudnn,math}
 compile_sdpa=${BENCH_COMPILE_SDPA:-best}
-profile_cfg=${BENCH_PROFILE:-base-16384-1}
+profile_cfg=${BENCH_PROFILE:-$main_cfg-$first_bucket}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 dtype=bf16
