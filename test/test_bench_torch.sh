@@ -169,6 +169,14 @@ if "$build/tprun" --standalone --nproc_per_node 2 "$build/train_mt" --preset tin
   fail "--dump-batches with two ranks was accepted"
 fi
 grep -q "batches of a one-rank run; this run has 2 ranks" bad3.log || fail "two ranks: $(cat bad3.log)"
+if "$build/train_mt" --preset tiny --task copy --max-steps 1 --length-bucket 8 > bad4.log 2>&1; then
+  fail "--length-bucket with a synthetic task was accepted"
+fi
+grep -q "length-bucket pads a corpus's batches" bad4.log || fail "--length-bucket with --task: $(cat bad4.log)"
+if "$build/train_mt" "${common[@]}" --max-steps 1 --length-bucket 0 > bad5.log 2>&1; then
+  fail "--length-bucket 0 was accepted"
+fi
+grep -q -- "--length-bucket" bad5.log || fail "--length-bucket 0: $(cat bad5.log)"
 printf 'not safetensors' > junk.st
 if $py "$root/scripts/bench_torch_mt.py" run junk.st --device cpu > junk.log 2>&1; then fail "a junk batch file was read"; fi
 grep -q "junk.st" junk.log || fail "the error does not name the file: $(cat junk.log)"
