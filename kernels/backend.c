@@ -6,6 +6,7 @@
  * (cpu/backend_cpu.c, cuda/backend_cuda.cu) only fill the table and provide
  * raw allocation and copies. */
 #include "backend.h"
+#include "profile.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -111,6 +112,7 @@ static Backend *backend_create_kind(DeviceChoice choice, Dtype dtype, int local_
 
 void backend_destroy(Backend *be) {
     if (!be) return;
+    backend_profile_disable(be);
     backend_sync(be);
     while (be->n_weights) backend_remove_compute_weights(be, be->weights[0].master);
     backend_free(be, be->ws);

@@ -153,6 +153,14 @@ typedef struct BackendOps {
                                  int32_t ignore_id);
     void (*adamw)(Backend *be, float *p, const float *g, float *m, float *v, size_t n_elems, float lr,
                   float beta1, float beta2, float eps, float wd, int t);
+    /* time marks for --profile (kernels/profile.h): a set of n_marks points
+     * taken in queue order (CUDA events recorded on the stream; the wall
+     * clock on the CPU). marks_read waits for mark n - 1 and writes the
+     * seconds of marks 0..n-1 since mark 0; nothing waits per mark. */
+    void *(*marks_new)(Backend *be, int n_marks);
+    void (*mark)(Backend *be, void *marks, int i);
+    void (*marks_read)(Backend *be, void *marks, int n, double *seconds);
+    void (*marks_free)(Backend *be, void *marks);
 } BackendOps;
 
 /* The context. Backends keep their private state behind impl. */
@@ -174,6 +182,7 @@ struct Backend {
     void *ws;
     size_t ws_bytes;
     struct BackendAlloc *allocs;  // live allocations (pointer, size, tag)
+    struct OpProfile *profile;    // --profile's state (kernels/profile.h), NULL when off
     void *impl;
 };
 

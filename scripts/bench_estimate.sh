@@ -9,14 +9,18 @@
 # and FLOP/s; and the last configuration's FLOPs per target token.
 declare -A fixed_s rate
 flops_per_token=0
-# measure KIND WALL_S JSON: the run's fixed cost and rate; its FLOPs per step and per target token
+# measure KIND WALL_S JSON: the run's fixed cost and rate (JSON: a row per attention backend tried, each
+# timed; the rate is the configuration's FLOPs over the sum of their step times); its FLOPs per step and per target token
 # into m_flops_step and m_flops_per_token.
 measure() {
   local m
   m=$("$py" -c 'import json, sys
-r, wall, steps = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+rows = [json.loads(l) for l in sys.argv[1].splitlines() if l.strip()]
+rows = [r for r in rows if r.get("step_s")]  # one per attention backend tried; skipped ones have none
+wall, steps, r = float(sys.argv[2]), int(sys.argv[3]), rows[0]
 f = r["tflops"] * 1e12 * r["step_s"]
-print(" ".join("%.6g" % x for x in (max(0.0, wall - steps * r["step_s"]), r["tflops"] * 1e12, f,
+step_s = sum(x["step_s"] for x in rows)  # a run of several backends times each one
+print(" ".join("%.6g" % x for x in (max(0.0, wall - steps * step_s), f / step_s, f,
                                     f * r["steps"] / max(1, r["tokens"]))))' \
       "$3" "$2" "$steps" 2> /dev/null) || return 0
   read -r "fixed_s[$1]" "rate[$1]" m_flops_step m_flops_per_token <<< "$m"

@@ -1,43 +1,57 @@
 #!/usr/bin/env bash
-# tptrain against PyTorch on one GPU: the same model, the same batches, the
-# same precision, side by side in one run.
+# tptrain against PyTorch at its best on one GPU: the same model, the same
+# batches, the same precision, side by side in one run.
 #
 #   bash scripts/bench_gpu.sh CORPUS_DIR
 #
-# For each preset (base, big) and batch size (16k, 4k tokens), in that order:
-#   1. train_mt --device cuda --dtype bf16 trains BENCH_STEPS steps on the
-#      corpus (no evaluation, a metrics record per step) and writes the
-#      batches it read (--dump-batches);
-#   2. scripts/bench_torch_mt.py trains the PyTorch version of the model on
-#      those batches, eager and then torch.compile (bf16 autocast, fused
-#      AdamW; see its header for how it is written and timed);
-#   3. each run's row: target tokens/s, step time, TFLOP/s and MFU (FLOPs
-#      formula in docs/gpu-benchmark.md), peak memory (tptrain's allocator
-#      peak beside torch.cuda.max_memory_allocated), and ratios to eager.
+# 1. tptrain: for each length bucket (BENCH_BUCKETS: 1 = the plain batcher,
+#    8 = lengths padded to multiples of 8, --length-bucket), preset (base,
+#    big) and batch size (16k, 4k tokens), train_mt --device cuda --dtype
+#    bf16 trains BENCH_STEPS steps (no evaluation, a metrics record per
+#    step, the first one with its launch-to-first-step time) and, for the
+#    configurations PyTorch replays (BENCH_TORCH), writes its batches
+#    (--dump-batches).
+# 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
+#    the step's time goes, by class of operation; the table goes in the report.
+# 3. PyTorch at its best on those batches (scripts/bench_torch_mt.py; see
+#    its header): eager, once per attention backend (BENCH_SDPA), then
+#    torch.compile(dynamic=True) with the backend eager found fastest
+#    (BENCH_COMPILE_SDPA=best, or a list); each after a warm-up over every
+#    distinct batch shape of the dump.
+# 4. the table: per configuration and bucket, the fastest row of each mode,
+#    its backend and the others tried; target tokens/s, step time, TFLOP/s
+#    and MFU (FLOPs formula in docs/gpu-benchmark.md), peak memory
+#    (tptrain's allocator peak beside torch.cuda.max_memory_allocated),
+#    compile and launch-to-first-step seconds, ratios to eager.
 # The first BENCH_WARMUP steps of every run are not timed. Before the runs,
 # the PyTorch model is checked against the float64 reference model on this
 # machine's PyTorch (test/check_bench_model.py; a failure is reported under
-# the table and makes the exit status 1). Output in
-# BENCH_DIR (default ./bench_gpu): results.jsonl (one JSON line per run),
-# bench.md (the table), logs/. A run that would not finish inside
-# BENCH_BUDGET seconds is skipped with a row saying so, and a run still going
-# when the budget ends is stopped; a run that fails or is stopped gets a row
-# with its error (exit status 124: the budget), and the script exits 1.
-# The estimate is made of measured parts, per framework and mode: the run's
-# fixed cost (start-up, compilation, warm-up: its wall time less its timed
-# steps) plus BENCH_STEPS steps of the configuration's FLOPs at the rate that
-# run reached. tptrain's run of a configuration measures its FLOPs per step
-# for the PyTorch runs after it; before it, a configuration is priced at the
+# the table and makes the exit status 1). Output in BENCH_DIR (default
+# ./bench_gpu): results.jsonl (one JSON line per run or backend tried),
+# bench.md (the table and the profile), profile.txt, logs/. A run that would
+# not finish inside BENCH_BUDGET seconds is skipped with a row saying so, and
+# a run still going when the budget ends is stopped; a run that fails or is
+# stopped gets a row with its error (exit status 124: the budget), and the
+# script exits 1. The estimate is made of measured parts, per framework and
+# mode (scripts/bench_estimate.sh): the run's fixed cost (start-up,
+# compilation, warm-up) plus its steps at the FLOP rate that kind of run
+# reached. tptrain's run of a configuration measures its FLOPs per step for
+# the PyTorch runs after it; before it, a configuration is priced at the
 # last one's FLOPs per target token (a larger preset is then under-priced,
 # and its tptrain run, stopped at the budget if need be, prices the rest).
 #
 # Environment: TPTRAIN_BIN (folder of train_mt; default build-gpu or build),
-# BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_STEPS (40),
-# BENCH_WARMUP (10), BENCH_MODES ("eager compile"), BENCH_BUDGET (seconds,
-# default 1500), BENCH_DEVICE (cuda; cpu runs the harness on a CPU in fp32),
-# BENCH_PYTHON (a python3 with torch; default the first of python3 and
-# /usr/bin/python3 that imports it), BENCH_PEAK_TFLOPS (MFU's peak, for a
-# device bench_torch_mt.py does not know).
+# BENCH_PRESETS ("base big"), BENCH_TOKENS ("16384 4096"), BENCH_BUCKETS
+# ("1 8"), BENCH_TORCH (PRESET-TOKENS configurations PyTorch replays;
+# default base-16384 when it runs, else the first; "all": every one),
+# BENCH_SDPA ("auto,flash,efficient,cudnn,math"), BENCH_COMPILE_SDPA (best),
+# BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
+# configuration with the first bucket; "none"),
+# BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
+# BENCH_BUDGET (seconds, default 1500), BENCH_DEVICE (cuda; cpu runs the
+# harness on a CPU in fp32), BENCH_PYTHON (a python3 with torch; default the
+# first of python3 and /usr/bin/python3 that imports it), BENCH_PEAK_TFLOPS
+# (MFU's peak, for a device bench_torch_mt.py does not know).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 corpus=${1:-${TPTRAIN_CORPUS_DIR:-}}
@@ -54,6 +68,17 @@ tokens=${BENCH_TOKENS:-16384 4096}
 steps=${BENCH_STEPS:-40}
 warmup=${BENCH_WARMUP:-10}
 modes=${BENCH_MODES:-eager compile}
+buckets=${BENCH_BUCKETS:-1 8}
+# base at 16k tokens when it runs, else the first configuration: PyTorch's and the profile's
+read -r first_preset _ <<< "$presets"
+read -r first_tok _ <<< "$tokens"
+read -r first_bucket _ <<< "$buckets"
+main_cfg=$first_preset-$first_tok
+[[ " $presets " == *" base "* && " $tokens " == *" 16384 "* ]] && main_cfg=base-16384
+torch_cfgs=${BENCH_TORCH:-$main_cfg}
+sdpa=${BENCH_SDPA:-auto,flash,efficient,cudnn,math}
+compile_sdpa=${BENCH_COMPILE_SDPA:-best}
+profile_cfg=${BENCH_PROFILE:-$main_cfg-$first_bucket}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 dtype=bf16
@@ -75,28 +100,52 @@ failed=0
 
 # left: the seconds of the budget still to run (a command's timeout).
 left() { local l=$((t_end - SECONDS)); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
-# row PRESET TOKENS JSON: the JSON line with the configuration added, appended to results.
+# row PRESET TOKENS BUCKET JSON...: each JSON line with the configuration added, appended to results.
 row() {
-  "$py" -c 'import json, sys; r = json.loads(sys.argv[3]); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2])); print(json.dumps(r))' \
-    "$1" "$2" "$3" >> "$results"
+  "$py" -c 'import json, sys
+for line in sys.argv[4:]:
+    for l in line.splitlines():
+        if l.strip():
+            r = json.loads(l); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2]), bucket=int(sys.argv[3])); print(json.dumps(r))' \
+    "$@" >> "$results"
 }
-# fail_row PRESET TOKENS RUN MODE LOG STATUS: a row naming the failure and its log's last line.
+# fail_row PRESET TOKENS BUCKET RUN MODE LOG STATUS: a row naming the failure and its log's last line.
 fail_row() {
   local why
-  why=$(grep -v '^[[:space:]]*$' "$5" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
-  [ "$6" != 124 ] || why="stopped at the end of the budget (BENCH_BUDGET); $why"
-  row "$1" "$2" "{\"framework\": \"$3\", \"mode\": \"$4\", \"error\": \"failed (logs/$(basename "$5")): $why\"}"
+  why=$(grep -v '^[[:space:]]*$' "$6" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
+  [ "$7" != 124 ] || why="stopped at the end of the budget (BENCH_BUDGET); $why"
+  row "$1" "$2" "$3" "{\"framework\": \"$4\", \"mode\": \"$5\", \"error\": \"failed (logs/$(basename "$6")): $why\"}"
   failed=1
+}
+# wanted CONFIG LIST: whether CONFIG (PRESET-TOKENS) is in LIST ("all": every one).
+wanted() { [ "$2" = all ] || [[ " $2 " == *" $1 "* ]]; }
+# The measured parts and the estimates made of them (scripts/bench_estimate.sh).
+# shellcheck source=scripts/bench_estimate.sh
+. "$root/scripts/bench_estimate.sh"
+declare -A cfg_flops  # PRESET-TOKENS-bBUCKET: FLOPs per step, measured by its tptrain run
+# out_of_time PRESET TOKENS BUCKET RUN MODE FLOPS_STEP: true (with a skipped row) when the run,
+# priced by its kind's measured parts (tptrain, eager, compile), would outlast the budget.
+out_of_time() {
+  local kind=${5:-$4} est
+  est=$(estimate "$kind" "$6")
+  [ $((SECONDS + est)) -ge "$t_end" ] || return 1
+  row "$1" "$2" "$3" "{\"framework\": \"$4\", \"mode\": \"$5\", \"skipped\": \"time budget (BENCH_BUDGET): estimated at $est s, $((t_end - SECONDS)) s left\"}"
+  echo "bench_gpu: $1-$2 bucket $3 $4 $5 skipped: estimated at $est s, $((t_end - SECONDS)) s left"
 }
 
 echo "bench_gpu: train_mt from $bin, $py ($("$py" -c 'import torch; print(torch.__version__)')), device $device, $dtype"
-echo "bench_gpu: presets $presets; tokens per batch $tokens; $steps steps, $warmup of warmup; budget $budget s"
+echo "bench_gpu: presets $presets; tokens per batch $tokens; buckets $buckets; $steps steps, $warmup of warmup; budget $budget s"
+echo "bench_gpu: PyTorch replays $torch_cfgs; attention backends $sdpa (compile: $compile_sdpa); profile $profile_cfg"
 # The PyTorch model on this machine's PyTorch (its attention path may differ
 # from the one the tests saw) against the float64 reference, on the CPU:
-# a one-step tiny export and its batch (test/check_bench_model.py).
+# a one-step tiny export and its batch (test/check_bench_model.py). It also
+# builds the corpus cache (tiny, base and big share the 8000-piece
+# tokenizer) that every run below reads, so no run's launch-to-first-step
+# time holds the tokenizer's training.
 check_log=$out/logs/model_check.log
 check="FAIL (logs/model_check.log)"
-if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$out/check_cache" --device cpu --preset tiny \
+cache=$out/cache
+if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$cache" --device cpu --preset tiny \
      --max-steps 1 --batch-tokens 512 --eval-interval 0 --export "$out/check_model" \
      --dump-batches "$out/check_batches.st" > "$check_log" 2>&1 &&
    timeout -k 5 "$(left)" "$py" "$root/test/check_bench_model.py" "$out/check_model" "$out/check_batches.st" \
@@ -105,58 +154,98 @@ if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$out/che
 else
   failed=1
 fi
-rm -rf "$out/check_cache" "$out/check_model" "$out/check_batches.st"
+rm -rf "$out/check_model" "$out/check_batches.st"
 echo "bench_gpu: the PyTorch model against the float64 reference: $check"
-# The measured parts and the estimates made of them (scripts/bench_estimate.sh).
-# shellcheck source=scripts/bench_estimate.sh
-. "$root/scripts/bench_estimate.sh"
-for preset in $presets; do
-  for btok in $tokens; do
-    name=$preset-$btok
-    flops_step=$(awk -v a="$flops_per_token" -v b="$btok" 'BEGIN { printf "%.6g", a * b }')
-    if ! fits tptrain "$flops_step"; then
-      row "$preset" "$btok" "{\"framework\": \"all\", \"mode\": \"\", \"skipped\": \"time budget (BENCH_BUDGET): tptrain estimated at $(estimate tptrain "$flops_step") s, $((t_end - SECONDS)) s left\"}"
-      echo "bench_gpu: $name skipped: tptrain's run, estimated at $(estimate tptrain "$flops_step") s, would outlast the budget"
-      continue
-    fi
-    t0=$SECONDS
-    log=$out/logs/$name.tptrain.log
-    echo "bench_gpu: $name: tptrain"
-    if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --preset "$preset" --device "$device" --dtype "$dtype" \
-         --batch-tokens "$btok" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
-         --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
-       r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
-             --dtype "$dtype" 2>> "$log"); then
-      row "$preset" "$btok" "$r"
-      measure tptrain $((SECONDS - t0)) "$r"
-      flops_step=${m_flops_step:-$flops_step} flops_per_token=${m_flops_per_token:-$flops_per_token}
-    else
-      fail_row "$preset" "$btok" tptrain "" "$log" "$?"
-      continue  # no batches to replay
-    fi
-    for mode in $modes; do
-      log=$out/logs/$name.torch-$mode.log
-      if ! fits "$mode" "$flops_step"; then
-        row "$preset" "$btok" "{\"framework\": \"pytorch\", \"mode\": \"$mode\", \"skipped\": \"time budget (BENCH_BUDGET): estimated at $(estimate "$mode" "$flops_step") s, $((t_end - SECONDS)) s left\"}"
-        echo "bench_gpu: $name: pytorch $mode skipped: estimated at $(estimate "$mode" "$flops_step") s"
-        continue
-      fi
-      echo "bench_gpu: $name: pytorch $mode"
-      t1=$SECONDS
-      if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" --dtype "$dtype" \
-               --warmup "$warmup" 2> "$log") && [ -n "$r" ]; then
-        row "$preset" "$btok" "$r"
-        measure "$mode" $((SECONDS - t1)) "$r"
+# 1. tptrain, every configuration and bucket
+for bucket in $buckets; do
+  for preset in $presets; do
+    for btok in $tokens; do
+      name=$preset-$btok-b$bucket
+      guess=$(awk -v a="$flops_per_token" -v b="$btok" 'BEGIN { printf "%.6g", a * b }')
+      out_of_time "$preset" "$btok" "$bucket" tptrain "" "$guess" && continue
+      t0=$SECONDS
+      log=$out/logs/$name.tptrain.log
+      echo "bench_gpu: $name: tptrain"
+      # the batches are dumped for every run: the row's tokens and FLOPs are counted from them
+      if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$cache" --preset "$preset" \
+           --device "$device" --dtype "$dtype" --batch-tokens "$btok" --length-bucket "$bucket" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
+           --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
+         r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
+               --dtype "$dtype" 2>> "$log"); then
+        row "$preset" "$btok" "$bucket" "$r"
+        measure tptrain $((SECONDS - t0)) "$r"
+        cfg_flops[$name]=${m_flops_step:-$guess}
+        flops_per_token=${m_flops_per_token:-$flops_per_token}
       else
-        fail_row "$preset" "$btok" pytorch "$mode" "$log" "$?"
+        fail_row "$preset" "$btok" "$bucket" tptrain "" "$log" "$?"
       fi
+      wanted "$preset-$btok" "$torch_cfgs" || rm -f "$out/$name.batches.st"
     done
-    rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay
+  done
+done
+
+# 2. where tptrain's step goes: one --profile run
+if [ "$profile_cfg" != none ] && ! [ "$SECONDS" -ge "$t_end" ]; then
+  IFS=- read -r ppreset ptok pbucket <<< "$profile_cfg"
+  log=$out/logs/profile-$profile_cfg.log
+  echo "bench_gpu: $profile_cfg: tptrain --profile"
+  if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$cache" --preset "$ppreset" --device "$device" --dtype "$dtype" \
+       --batch-tokens "$ptok" --length-bucket "${pbucket:-1}" --max-steps "$steps" --eval-interval 0 --log-interval "$steps" \
+       --profile --metrics "$out/profile-$profile_cfg.metrics.jsonl" > "$log" 2>&1; then
+    sed -n '/^profile: time per class/,/^  step (measured/p' "$log" > "$out/profile.txt"
+  else
+    echo "the --profile run failed (logs/$(basename "$log")): $(tail -n 1 "$log")" > "$out/profile.txt"
+    failed=1
+  fi
+fi
+
+# 3. PyTorch at its best on the same batches
+for bucket in $buckets; do
+  for preset in $presets; do
+    for btok in $tokens; do
+      wanted "$preset-$btok" "$torch_cfgs" || continue
+      name=$preset-$btok-b$bucket
+      [ -s "$out/$name.batches.st" ] || continue  # tptrain failed: its row says why
+      for mode in $modes; do
+        out_of_time "$preset" "$btok" "$bucket" pytorch "$mode" "${cfg_flops[$name]:-0}" && continue
+        backends=$sdpa
+        if [ "$mode" = compile ] && [ "$compile_sdpa" = best ]; then  # the fastest backend eager found
+          backends=$("$py" - "$results" "$preset" "$btok" "$bucket" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ran = [r for r in rows if r.get("preset") == sys.argv[2] and str(r.get("batch_tokens")) == sys.argv[3]
+       and str(r.get("bucket")) == sys.argv[4] and r.get("mode") == "eager" and "tokens_per_s" in r]
+print(max(ran, key=lambda r: r["tokens_per_s"])["backend"] if ran else "auto")
+PY
+)
+        elif [ "$mode" = compile ]; then
+          backends=$compile_sdpa
+        fi
+        log=$out/logs/$name.torch-$mode.log
+        echo "bench_gpu: $name: pytorch $mode (attention: $backends)"
+        t1=$SECONDS
+        if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" \
+                 --dtype "$dtype" --warmup "$warmup" --sdpa "$backends" 2> "$log") && [ -n "$r" ]; then
+          row "$preset" "$btok" "$bucket" "$r"
+          measure "$mode" $((SECONDS - t1)) "$r"
+        else
+          st=$?
+          [ -z "$r" ] || row "$preset" "$btok" "$bucket" "$r"  # the backends finished before the failure
+          fail_row "$preset" "$btok" "$bucket" pytorch "$mode" "$log" "$st"
+        fi
+      done
+      rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay
+    done
   done
 done
 "$py" "$bench_py" table "$results" > "$out/bench.md" || failed=1
 printf '\nThe PyTorch model against the float64 reference (PyTorch %s, loss and every gradient): %s\n' \
   "$("$py" -c 'import torch; print(torch.__version__)')" "$check" >> "$out/bench.md"
+if [ -s "$out/profile.txt" ]; then
+  printf '\nWhere tptrain'"'"'s step goes (%s, train_mt --profile):\n\n```\n' "$profile_cfg" >> "$out/bench.md"
+  cat "$out/profile.txt" >> "$out/bench.md"
+  printf '```\n' >> "$out/bench.md"
+fi
 cat "$out/bench.md"
-echo "bench_gpu: results in $out (results.jsonl, bench.md, logs/)"
+echo "bench_gpu: results in $out (results.jsonl, bench.md, profile.txt, logs/; the corpus cache in cache/)"
 exit "$failed"

@@ -4,13 +4,14 @@ user writes it, trained on the very batches a tptrain run read, and the
 figures both are judged by.
 
     bench_torch_mt.py run BATCHES --mode eager|compile [--device D] [--dtype bf16|fp32]
-                          [--warmup N] [--init EXPORT_DIR] [--loss-out FILE]
+                          [--warmup N] [--sdpa B,B,...] [--init EXPORT_DIR] [--loss-out FILE]
     bench_torch_mt.py tptrain BATCHES METRICS --warmup N [--dtype D]
     bench_torch_mt.py table RESULTS.jsonl
 
 BATCHES is what `train_mt --dump-batches` wrote (safetensors: the model
 config in its metadata, step<N>.<i>.{src,src_len,tgt_in,tgt_out,tgt_len}).
-`run` trains the PyTorch model on them and prints one JSON line; `tptrain`
+`run` trains the PyTorch model on them once per attention backend asked for
+and prints one JSON line per backend; `tptrain`
 prints the same line for a tptrain run from its --metrics file (log interval
 1); `table` turns such lines into the markdown table of docs/gpu-benchmark.md.
 
@@ -25,9 +26,26 @@ tptrain's export, so `--init` starts it from a tptrain model, and
 test/test_bench_torch.sh holds it to the float64 reference of
 test/reference/model.py on the same weights and batch.
 
-Timing: the first --warmup steps (compilation, allocator growth) are left
-out; the rest are timed as one window between two device synchronisations,
-as tptrain's are between two of its per-step metric records. Tokens are the
+PyTorch at its best: each backend of scaled_dot_product_attention asked for
+(--sdpa: auto, PyTorch's own choice per call; flash, efficient, cudnn, math;
+through torch.nn.attention.sdpa_kernel on PyTorch >= 2.3, the older
+torch.backends.cuda.sdp_kernel flags before) runs as its own trial on a fresh
+model (same seed); a backend PyTorch lacks, or one that refuses the masks,
+gets a row that says so. --mode compile compiles the model with
+dynamic=True (batch and lengths symbolic: one graph for every shape). Before
+timing, every distinct batch shape of the dump runs one full step (the
+shape warm-up: compilation, cuDNN plans, allocator growth), then the weights
+are restored and the optimizer made anew, so the timed run starts where an
+untouched one would. Before PyTorch 2.0 there is no SDPA: the attention is
+written out (backend "manual").
+
+Timing: after the shape warm-up, the first --warmup steps are left out as
+on tptrain's side; the rest are timed as one window between two device
+synchronisations, as tptrain's are between two of its per-step metric
+records. Each row also reports the shape warm-up's seconds (compile_s: the
+first call's, which compiles) and first_step_s: from the process's start to
+the end of its first step (for a later trial in the same process, the
+process's set-up plus that trial's own time to its first step). Tokens are the
 batch's target tokens (the count the loss is averaged over, tptrain's
 tokens_per_s); FLOPs are those of flops_per_step below, the same for both.
 """
@@ -114,6 +132,36 @@ def attend(q, k, v, key_mask, causal):
     else:
         scores = scores.masked_fill(~key_mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+SDPA_NAMES = ("auto", "flash", "efficient", "cudnn", "math")
+
+
+def sdpa_context(name):
+    """(a context manager factory restricting SDPA to backend `name`, None) or
+    (None, why it cannot be had on this PyTorch). "auto" is PyTorch's own
+    choice; "manual" the written-out attention of PyTorch before 2.0."""
+    import contextlib
+    if not hasattr(F, "scaled_dot_product_attention"):
+        if name == "manual":
+            return contextlib.nullcontext, None
+        return None, f"PyTorch {torch.__version__} has no scaled_dot_product_attention"
+    if name == "auto":
+        return contextlib.nullcontext, None
+    try:  # PyTorch >= 2.3
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        enum = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                "math": "MATH"}.get(name)
+        if enum is None or not hasattr(SDPBackend, enum):
+            return None, f"PyTorch {torch.__version__} has no SDPA backend {name}"
+        return (lambda: sdpa_kernel(getattr(SDPBackend, enum))), None
+    except ImportError:
+        pass
+    flags = {"flash": "enable_flash", "efficient": "enable_mem_efficient", "math": "enable_math"}
+    if name not in flags or not hasattr(torch.backends.cuda, "sdp_kernel"):
+        return None, f"PyTorch {torch.__version__} has no SDPA backend {name}"
+    kw = {f: f == flags[name] for f in flags.values()}
+    return (lambda: torch.backends.cuda.sdp_kernel(**kw)), None
 
 
 class Attention(nn.Module):
@@ -224,11 +272,28 @@ def device_batches(batches, device):
     return out
 
 
-def cmd_run(a):
-    cfg, batches, micro = load_batches(a.batches)
-    if a.warmup >= len(batches) // micro:
-        raise SystemExit(f"bench_torch_mt: --warmup {a.warmup} leaves no timed step of {len(batches) // micro}")
-    device = torch.device(a.device)
+def process_age_s():
+    """Seconds since this process started (Linux /proc; the same clock as
+    train_mt's since_launch_s), or None."""
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return up - start / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def distinct_shapes(batches):
+    """Index of the first batch of each distinct (B, S, T), in order of first appearance."""
+    seen = {}
+    for i, b in enumerate(batches):
+        seen.setdefault((tuple(b["src"].shape), tuple(b["tgt_in"].shape)), i)
+    return list(seen.values())
+
+
+def make_model(a, cfg, device):
     torch.manual_seed(1)
     model = Seq2Seq(cfg)
     if a.init:
@@ -238,46 +303,78 @@ def cmd_run(a):
         for mod in model.modules():
             if isinstance(mod, nn.Dropout):
                 mod.p = a.dropout
-    model.to(device)
-    opt, opt_kind = make_optimizer(model.parameters(), device)
-    step_fn = model
-    t_compile = 0.0
-    if a.mode == "compile":
-        if not hasattr(torch, "compile"):
-            print(json.dumps({"framework": "pytorch", "mode": "compile", "skipped":
-                              f"PyTorch {torch.__version__} has no torch.compile"}))
-            return 0
-        step_fn = torch.compile(model)
-    amp = a.dtype == "bf16"
-    host = device_batches(batches, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    losses = []
-    n_steps = len(host) // micro
-    tok = [int(b["tgt_len"].sum()) for b in host]  # host-side, once: no device sync in the timed loop
-    t0 = time.perf_counter()
-    for s in range(n_steps):
-        if s == a.warmup:
-            sync()
-            t_compile = time.perf_counter() - t0
-            t0 = time.perf_counter()
-        n_tok = sum(tok[s * micro:(s + 1) * micro])
-        for i in range(micro):
-            b = {f: t.to(device, non_blocking=True) for f, t in host[s * micro + i].items()}
+    return model.to(device)
+
+
+def train_steps(step_fn, model, opt, host, steps, micro, tok, device, amp, lr, losses=None):
+    """One optimizer step per entry of `steps` (micro-batch indices into host)."""
+    for s in steps:
+        n_tok = sum(tok[i] for i in s)
+        for i in s:
+            b = {f: t.to(device, non_blocking=True) for f, t in host[i].items()}
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 loss = step_fn(b["src"], b["src_len"], b["tgt_in"], b["tgt_out"])
-            (loss * (tok[s * micro + i] / n_tok)).backward()  # mean over the step's tokens, as tptrain's
-            losses.append(loss.detach())
+            (loss * (tok[i] / n_tok)).backward()  # mean over the step's tokens, as tptrain's
+            if losses is not None:
+                losses.append(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         for g in opt.param_groups:
-            g["lr"] = a.lr
+            g["lr"] = lr
         opt.step()
         opt.zero_grad(set_to_none=True)
-    sync()
-    window = time.perf_counter() - t0
+
+
+def trial(a, cfg, batches, micro, device, backend, t_setup):
+    """One backend's run: shape warm-up, restore, timed window. Returns its row."""
+    ctx, why = sdpa_context(backend)
+    if ctx is None:
+        return {"framework": "pytorch", "mode": a.mode, "backend": backend, "unavailable": why}
+    t_begin = time.perf_counter()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    amp = a.dtype == "bf16"
+    model = make_model(a, cfg, device)
+    opt, opt_kind = make_optimizer(model.parameters(), device)
+    step_fn = torch.compile(model, dynamic=True) if a.mode == "compile" else model
+    host = device_batches(batches, device)
+    tok = [int(b["tgt_len"].sum()) for b in host]  # host-side, once: no device sync in the timed loop
+    n_steps = len(host) // micro
+    steps = [list(range(s * micro, (s + 1) * micro)) for s in range(n_steps)]
+    shapes = distinct_shapes(batches)
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    t0 = time.perf_counter()
+    try:
+        with ctx():
+            train_steps(step_fn, model, opt, host, [[shapes[0]]], micro, tok, device, amp, a.lr)
+            sync()
+            t_first = time.perf_counter() - t0  # the first call: compilation, plans
+            t_launch_first = time.perf_counter() - t_begin
+            train_steps(step_fn, model, opt, host, [[i] for i in shapes[1:]], micro, tok, device, amp, a.lr)
+            sync()
+            t_shapes = time.perf_counter() - t0
+            with torch.no_grad():  # the timed run starts from the initial weights and a fresh optimizer
+                for k, v in model.state_dict().items():
+                    v.copy_(saved[k])
+            opt.zero_grad(set_to_none=True)
+            del opt
+            opt, _ = make_optimizer(model.parameters(), device)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            losses = []
+            train_steps(step_fn, model, opt, host, steps[:a.warmup], micro, tok, device, amp, a.lr, losses)
+            sync()
+            t1 = time.perf_counter()
+            train_steps(step_fn, model, opt, host, steps[a.warmup:], micro, tok, device, amp, a.lr, losses)
+            sync()
+            window = time.perf_counter() - t1
+    except RuntimeError as e:  # e.g. "No available kernel": the backend refuses these masks or shapes
+        msg = " ".join(str(e).split())[:200]
+        return {"framework": "pytorch", "mode": a.mode, "backend": backend, "rejected": msg}
     timed = batches[a.warmup * micro:]
     res = result("pytorch", a.mode, cfg, timed, n_steps - a.warmup, window, a.dtype, device)
-    res.update(warmup_s=round(t_compile, 3), optimizer=",".join(opt_kind) or "plain",
-               torch=torch.__version__, final_loss=float(losses[-1]))
+    res.update(backend=backend, distinct_shapes=len(shapes), shape_warmup_s=round(t_shapes, 3),
+               compile_s=round(t_first, 3) if a.mode == "compile" else None,
+               first_step_s=round(t_setup + t_launch_first, 3) if t_setup is not None else None,
+               optimizer=",".join(opt_kind) or "plain", torch=torch.__version__, final_loss=float(losses[-1]))
     if device.type == "cuda":
         res.update(peak_allocated_mib=torch.cuda.max_memory_allocated() / 2**20,
                    peak_reserved_mib=torch.cuda.max_memory_reserved() / 2**20)
@@ -286,7 +383,41 @@ def cmd_run(a):
     if a.loss_out:
         with open(a.loss_out, "w") as f:
             json.dump([float(x) for x in losses], f)
-    print(json.dumps(res))
+    return res
+
+
+def release(device):
+    import gc
+    if hasattr(torch, "_dynamo"):
+        torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def cmd_run(a):
+    t_start = time.perf_counter()
+    age = process_age_s()
+    cfg, batches, micro = load_batches(a.batches)
+    if a.warmup >= len(batches) // micro:
+        raise SystemExit(f"bench_torch_mt: --warmup {a.warmup} leaves no timed step of {len(batches) // micro}")
+    device = torch.device(a.device)
+    if a.mode == "compile" and not hasattr(torch, "compile"):
+        print(json.dumps({"framework": "pytorch", "mode": "compile", "skipped":
+                          f"PyTorch {torch.__version__} has no torch.compile"}))
+        return 0
+    names = [n.strip() for n in a.sdpa.split(",") if n.strip()]
+    bad = [n for n in names if n not in SDPA_NAMES + ("manual",)]
+    if bad or not names:
+        raise SystemExit(f"bench_torch_mt: --sdpa {a.sdpa}: each must be one of {', '.join(SDPA_NAMES)}")
+    if not hasattr(F, "scaled_dot_product_attention"):
+        names = names + ["manual"]  # what runs on this PyTorch; the others are reported unavailable
+    # process age when the trials begin: a trial's first_step_s adds its own time to its first step
+    t_setup = age + time.perf_counter() - t_start if age is not None else None
+    for name in names:
+        row = trial(a, cfg, batches, micro, device, name, t_setup)
+        print(json.dumps(row), flush=True)
+        release(device)
     return 0
 
 
@@ -318,7 +449,7 @@ def result(framework, mode, cfg, timed, n_steps, window, dtype, device_name):
 
 def cmd_tptrain(a):
     cfg, batches, micro = load_batches(a.batches)
-    steps, memory = {}, None
+    steps, memory, first_launch = {}, None, None
     with open(a.metrics) as f:
         for n, line in enumerate(f, 1):
             try:
@@ -329,6 +460,8 @@ def cmd_tptrain(a):
                 memory = r["memory"]
             elif "elapsed_s" in r and "loss" in r:
                 steps[r["step"]] = r["elapsed_s"]
+                if "since_launch_s" in r and first_launch is None:
+                    first_launch = r["since_launch_s"]
     n_steps = len(batches) // micro
     first = min(steps) if steps else 1
     last = first + n_steps - 1
@@ -338,6 +471,7 @@ def cmd_tptrain(a):
     timed = batches[a.warmup * micro:]
     dev = a.device_name or ("cuda" if torch.cuda.is_available() else "cpu")
     res = result("tptrain", "", cfg, timed, last - w, steps[last] - steps[w], a.dtype, dev)
+    res.update(backend="own kernels", first_step_s=first_launch)
     if memory:
         r0 = memory[0]
         res["peak_allocated_mib"] = r0["allocator_peak"] / 2**20
@@ -347,32 +481,62 @@ def cmd_tptrain(a):
     return 0
 
 
+def fmt_tried(r, best):
+    """A short note on a row that is not its mode's fastest."""
+    b = r.get("backend", "?")
+    for k in ("unavailable", "rejected", "error", "skipped"):
+        if k in r:
+            return f"{b}: {k} ({str(r[k])[:60]})"
+    return f"{b}: {r['tokens_per_s'] / best['tokens_per_s']:.2f}x"
+
+
+def best_rows(rs):
+    """One row per (framework, mode), in order of first appearance: the
+    fastest that ran, with the others noted in its "tried" list; a mode
+    where nothing ran keeps its first row (its error says why)."""
+    modes = {}
+    for r in rs:
+        modes.setdefault((r.get("framework"), r.get("mode") or ""), []).append(r)
+    out = []
+    for group in modes.values():
+        ran = [r for r in group if "tokens_per_s" in r]
+        best = max(ran, key=lambda r: r["tokens_per_s"]) if ran else group[0]
+        tried = [fmt_tried(r, best) for r in group if r is not best and ran]
+        out.append(dict(best, tried=tried))
+    return out
+
+
 def cmd_table(a):
     rows = []
     with open(a.results) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    out = ["| model | tokens/batch | run | tokens/s | step ms | TFLOP/s | MFU | peak alloc MiB "
-           "| vs eager: speed | vs eager: memory |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | tokens/batch | bucket | run | backend | tokens/s | step ms | TFLOP/s | MFU | peak alloc MiB "
+           "| compile s | first step s | vs eager: speed | vs eager: memory | also tried |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups = {}
     for r in rows:
-        groups.setdefault((r.get("preset", "?"), r.get("batch_tokens", "?")), []).append(r)
-    for (preset, btok), rs in groups.items():
+        groups.setdefault((r.get("preset", "?"), r.get("batch_tokens", "?"), r.get("bucket", 1)), []).append(r)
+    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for (preset, btok, bucket), rs in groups.items():
+        rs = best_rows(rs)
         eager = next((r for r in rs if r.get("framework") == "pytorch" and r.get("mode") == "eager"
                       and "tokens_per_s" in r), None)
         for r in rs:
             name = r["framework"] + (f" {r['mode']}" if r.get("mode") else "")
-            if "skipped" in r or "error" in r:
-                why = str(r.get("skipped") or r.get("error")).replace("|", "/")
-                out.append(f"| {preset} | {btok} | {name} | {why} |||||||")
+            head = f"| {preset} | {btok} | {bucket} | {name} | {r.get('backend', '-')} |"
+            tried = "; ".join(r["tried"]).replace("|", "/") or "-"
+            if "tokens_per_s" not in r:
+                why = str(r.get("skipped") or r.get("error") or r.get("rejected") or r.get("unavailable"))
+                out.append(f"{head} {why.replace('|', '/')} |||||||||| {tried} |")
                 continue
             speed = f"{r['tokens_per_s'] / eager['tokens_per_s']:.2f}x" if eager else "-"
             mem = (f"{r['peak_allocated_mib'] / eager['peak_allocated_mib']:.2f}x"
                    if eager and r.get("peak_allocated_mib") and eager.get("peak_allocated_mib") else "-")
             mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
             peak = f"{r['peak_allocated_mib']:.0f}" if r.get("peak_allocated_mib") else "-"
-            out.append(f"| {preset} | {btok} | {name} | {r['tokens_per_s']:.0f} | {1e3 * r['step_s']:.1f} "
-                       f"| {r['tflops']:.3g} | {mfu} | {peak} | {speed} | {mem} |")
+            out.append(f"{head} {r['tokens_per_s']:.0f} | {1e3 * r['step_s']:.1f} | {r['tflops']:.3g} | {mfu} "
+                       f"| {peak} | {num(r.get('compile_s'), '.1f')} | {num(r.get('first_step_s'), '.2f')} "
+                       f"| {speed} | {mem} | {tried} |")
     print("\n".join(out))
     return 0
 
@@ -386,6 +550,8 @@ def main():
     r.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     r.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     r.add_argument("--warmup", type=int, default=5)
+    r.add_argument("--sdpa", default="auto", help="attention backends to try, comma-separated: "
+                   + ", ".join(SDPA_NAMES) + " (default auto)")
     r.add_argument("--lr", type=float, default=1e-4)
     r.add_argument("--dropout", type=float, default=None, help="override the config's")
     r.add_argument("--init", help="a tptrain export directory to start from")

@@ -27,6 +27,7 @@
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "clock.h"
+#include "profile.h"
 #include "err.h"
 #include "fileio.h"
 #include "mt.h"
@@ -56,6 +57,8 @@ typedef struct {
     const char *data_dir, *cache_dir;
     Direction dir;
     int batch_tokens, spm_vocab;
+    int length_bucket;       // --length-bucket: padded lengths are multiples of this (1: none)
+    bool profile;            // --profile: time per class of operation
     int micro_batches;  // per dp rank and step (gradient accumulation)
     bool strict;
     int max_steps, epochs, log_interval, eval_interval, beam;
@@ -94,6 +97,8 @@ static void usage(FILE *f) {
             "                         preset: 4000 for cpu, else 8000)\n"
             "  --strict               bad corpus lines are errors instead of skipped\n"
             "  --batch-tokens N       padded tokens per batch, like fairseq's max_tokens (default 4096)\n"
+            "  --length-bucket N      pad each batch's source and target lengths up to multiples of N (at most\n"
+            "                         --max-len), within --batch-tokens, so batch shapes repeat (default 1)\n"
             "  --task copy|reverse    train on a synthetic task instead of a corpus\n"
             "  --batch-size N --min-len N --seq-len N   synthetic batches (default 32 sequences of 4..12)\n"
             "model:\n"
@@ -165,6 +170,9 @@ static void usage(FILE *f) {
             "  --export DIR           the final model as one file: config.json, model.safetensors, spm.model\n"
             "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s, elapsed_s; step, dev_loss,\n"
             "                         dev_bleu, elapsed_s\n"
+            "  --profile              time per class of operation (GEMM, attention, LayerNorm, ...) over the\n"
+            "                         training steps: a table at the end and a record in --metrics (CUDA events\n"
+            "                         on a GPU, the wall clock on the CPU)\n"
             "  --dump-batches FILE    the training batches of the run, as it read them, written to FILE at the end\n"
             "                         (safetensors; one rank only) for replaying them in another framework\n");
 }
@@ -225,7 +233,7 @@ static const RunDefaults *run_defaults(const char *preset) {
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
-    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_MAXMIN, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
+    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_LBUCKET, O_PROFILE, O_MAXMIN, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
     O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_PLAN, O_MEMLIMIT, O_PLANCACHE, O_LAYOUT, O_HELP,
 };
 
@@ -275,6 +283,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"plan", no_argument, 0, O_PLAN},            {"memory-limit", required_argument, 0, O_MEMLIMIT},
         {"plan-cache", required_argument, 0, O_PLANCACHE}, {"layout", required_argument, 0, O_LAYOUT},
         {"dump-batches", required_argument, 0, O_DUMPB}, {"max-minutes", required_argument, 0, O_MAXMIN},
+        {"length-bucket", required_argument, 0, O_LBUCKET}, {"profile", no_argument, 0, O_PROFILE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -309,6 +318,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     a->data_dir = "data/small_parallel_enja";
     a->dir = DIR_EN_JA;
     a->batch_tokens = 4096;
+    a->length_bucket = 1;
     a->micro_batches = 1;
     a->pp = 1;
     a->spm_vocab = rd->spm_vocab;
@@ -386,6 +396,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_RESUME: a->resume = optarg; break;
         case O_EXPORT: a->export_dir = optarg; break;
         case O_DUMPB: a->dump_batches = optarg; break;
+        case O_LBUCKET: a->length_bucket = (int)flag_int("--length-bucket", optarg, 1, 4096); break;
+        case O_PROFILE: a->profile = true; break;
         case O_MAXMIN: a->max_minutes = flag_real("--max-minutes", optarg, 0.0, 1e7, PARSE_LO_OPEN); break;
         case O_METRICS: a->metrics_path = optarg; break;
         case O_DATA: a->data_dir = optarg; break;
@@ -499,6 +511,11 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
                 a->min_len, a->max_len, a->cfg.max_len);
         exit(2);
     }
+    if (a->synthetic && a->length_bucket > 1) {
+        fprintf(stderr, "train_mt: --length-bucket pads a corpus's batches; a --task batch has one length per batch "
+                        "already (--seq-len)\n");
+        exit(2);
+    }
     if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
         fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
         exit(2);
@@ -607,12 +624,14 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     if (token_file_open(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
     /* dp x M shares per global batch: rank r's micro-batch i is share r + i dp */
     if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
-                     rt->mesh.dp * a->micro_batches, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+                     rt->mesh.dp * a->micro_batches, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why) ||
+        dataset_set_length_bucket(&src->train, a->length_bucket, why, sizeof why)) {
         tp_error_set(err, err_len, "train split: %s", why);
         return -1;
     }
     if (dataset_init(&src->dev, &src->dev_tf, a->dir, cfg->max_len, a->batch_tokens, 0, 1, a->seed, cfg->pad_id,
-                     cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+                     cfg->bos_id, cfg->eos_id, why, sizeof why) ||
+        dataset_set_length_bucket(&src->dev, a->length_bucket, why, sizeof why)) {
         tp_error_set(err, err_len, "dev split: %s", why);
         return -1;
     }
@@ -650,6 +669,17 @@ static void source_next(Source *src, OwnedBatch *b, long *global_tokens) {
         return;
     }
     dataset_next_micro(&src->train, M, b, global_tokens);
+}
+
+/* --profile: the data groups' collectives counted as communication. */
+static void prof_comm_begin(void *be) { backend_profile_region_begin(be, PROF_COMM); }
+static void prof_comm_end(void *be) { backend_profile_region_end(be); }
+static void profile_start(Backend *be, Runtime *rt) {
+    backend_profile_enable(be);
+    const CommTimer t = {.begin = prof_comm_begin, .end = prof_comm_end, .ctx = be};
+    comm_set_timer(rt->tp, t);
+    comm_set_timer(rt->dp, t);
+    comm_set_timer(rt->pp, t);
 }
 
 typedef struct { float loss; float bleu; bool has_bleu; } EvalResult;
@@ -1053,7 +1083,8 @@ static int plan_shapes(const TrainArgs *a, Source *src, int dp, int M, int btok,
     for (int r = 0; r < dp; r++) {
         Dataset ds;
         if (dataset_init(&ds, &src->train_tf, a->dir, cfg->max_len, btok, r, dp * M, a->seed, cfg->pad_id,
-                         cfg->bos_id, cfg->eos_id, why, sizeof why)) {
+                         cfg->bos_id, cfg->eos_id, why, sizeof why) ||
+            dataset_set_length_bucket(&ds, a->length_bucket, why, sizeof why)) {
             tp_error_set(err, err_len, "train split: %s", why);
             free(b);
             plan_shapes_free(ps);
@@ -1076,7 +1107,8 @@ static int plan_shapes(const TrainArgs *a, Source *src, int dp, int M, int btok,
     free(b);
     Dataset dev;  // evaluation batches are cut with the same token budget
     if (dataset_init(&dev, &src->dev_tf, a->dir, cfg->max_len, btok, 0, 1, a->seed, cfg->pad_id, cfg->bos_id,
-                     cfg->eos_id, why, sizeof why)) {
+                     cfg->eos_id, why, sizeof why) ||
+        dataset_set_length_bucket(&dev, a->length_bucket, why, sizeof why)) {
         tp_error_set(err, err_len, "dev split: %s", why);
         plan_shapes_free(ps);
         return -1;
@@ -1779,6 +1811,7 @@ int main(int argc, char **argv) {
         }
         fflush(stdout);
     }
+    if (a.profile) profile_start(be, &rt);
     Trainer trainer;
     trainer_init(&trainer, &m, &opt, rt.tp, rt.dp, gsync, a.opt.clip_norm);
     trainer_set_pipeline(&trainer, rt.pp);
@@ -1788,6 +1821,7 @@ int main(int argc, char **argv) {
     CommStats tp_steps = {0};
     double *mem_last = NULL;  // the memory figures last reported
     long tok_window = 0;
+    double pad_slots = 0.0, all_slots = 0.0;  // the window's padded and total batch slots (source + target)
     int saved_step = first_step - 1;
     BatchDump *dump = a.dump_batches ? batch_dump_new(first_step, a.micro_batches) : NULL;
     /* From here a signal saves and stops at a step boundary (preempt.h);
@@ -1799,13 +1833,21 @@ int main(int argc, char **argv) {
         Batch *views = TP_MALLOC((size_t)a.micro_batches * sizeof *views);
         long n_global = 0;
         source_next(&src, b, &n_global);
-        for (int i = 0; i < a.micro_batches; i++) views[i] = b[i].view;
+        for (int i = 0; i < a.micro_batches; i++) {
+            views[i] = b[i].view;
+            const double slots = (double)views[i].B * (views[i].S + views[i].T);
+            pad_slots += batch_pad_fraction(&views[i]) * slots;
+            all_slots += slots;
+        }
         /* Masks differ across data-parallel ranks (other sentences), never across tp ranks. */
         DropoutKey key = {.seed = a.seed, .step = (uint32_t)step, .micro = (uint32_t)mesh->dp_rank};
         StepResult sr;
         const float lr = lr_at(&a.opt, step);
         const CommStats tp0 = rt.tp ? comm_stats(rt.tp) : (CommStats){0};
+        const double t_step = tp_now_s();
+        backend_profile_step_begin(be);
         train_step(&trainer, views, a.micro_batches, n_global, key, lr, &sr);
+        backend_profile_step_end(be, tp_now_s() - t_step);
         if (rt.tp) {  // the training steps' tp collectives (evaluation left out)
             const CommStats tp1 = comm_stats(rt.tp);
             tp_steps.allreduce += tp1.allreduce - tp0.allreduce;
@@ -1850,15 +1892,19 @@ int main(int argc, char **argv) {
         }
         if (step % a.log_interval == 0 || step == total || step == 1) {
             double tps = tok_window / (t - t_window > 1e-9 ? t - t_window : 1e-9);
+            const double pad = all_slots > 0 ? pad_slots / all_slots : 0.0;  // this rank's batches in the window
             char *mem = memory_metrics(&rt, be, lead && metrics);
+            char launch[64] = "";
+            if (step == first_step) snprintf(launch, sizeof launch, ", \"since_launch_s\": %.3f", tp_process_age_s());
             if (lead) {
-                printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s\n", tty ? "\r\033[K" : "",
-                       step, total, loss, lr, gnorm, tps);
+                printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | pad %.1f%%\n",
+                       tty ? "\r\033[K" : "", step, total, loss, lr, gnorm, tps, 100.0 * pad);
                 if (metrics)
                     metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, "
-                                 "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f%s}\n", step, loss,
-                                 lr, gnorm, tps, t - t_start, mem ? mem : "");
+                                 "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"pad_frac\": %.4f, \"elapsed_s\": "
+                                 "%.3f%s%s}\n", step, loss, lr, gnorm, tps, pad, t - t_start, launch, mem ? mem : "");
             }
+            pad_slots = all_slots = 0.0;
             free(mem);
             if (step != total) {
                 char when[64];
@@ -1929,6 +1975,16 @@ int main(int argc, char **argv) {
                mesh->pp_rank, layout, train_s > 0 ? 100.0 * t_pp_wait / train_s : 0.0, train_s,
                100.0 * pipeline_bubble_theory(pp, a.micro_batches), trainer.pp_sent, trainer.pp_received,
                total - first_step + 1);
+        fflush(stdout);
+    }
+    if (a.profile && lead) {  // rank 0's steps (each rank times its own)
+        const ProfTotals pt = backend_profile_totals(be);
+        prof_print_table(stdout, &pt, be->device_name);
+        if (metrics) {
+            char json[2048];
+            metrics_line(metrics, a.metrics_path, "{\"step\": %d, \"profile\": %s}\n", total,
+                         prof_json(&pt, json, sizeof json));
+        }
         fflush(stdout);
     }
     {

@@ -10,6 +10,7 @@
 #include "clock.h"
 #include "data/dataset.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -94,7 +95,13 @@ static int count_usable(const Fixture *fx, int max_len) {
 
 /* Checks every row of b token by token; pairs[b] receives row b's pair
  * (-1 when undecodable). Returns the number of failed rows. */
-static int verify_batch(const Fixture *fx, Direction dir, int max_len, const Batch *b, int32_t *pairs) {
+/* A length padded up to a multiple of bucket, at most max_len: what a batch's S and T must be. */
+static int bucket_up(int len, int bucket, int max_len) {
+    int up = (len + bucket - 1) / bucket * bucket;
+    return up < max_len ? up : max_len;
+}
+
+static int verify_batch_b(const Fixture *fx, Direction dir, int max_len, int bucket, const Batch *b, int32_t *pairs) {
     const int ss = dir == DIR_EN_JA ? 0 : 1, ts = 1 - ss;
     const int base = ss == 0 ? EN_BASE : JA_BASE;
     int bad = 0, max_s = 0, max_t = 0;
@@ -123,9 +130,14 @@ static int verify_batch(const Fixture *fx, Direction dir, int max_len, const Bat
         if (ns + 1 > max_s) max_s = ns + 1;
         if (nt + 1 > max_t) max_t = nt + 1;
     }
-    CHECK(b->S == max_s && b->T == max_t, "S %d T %d, longest rows %d %d", b->S, b->T, max_s, max_t);
+    const int want_s = bucket_up(max_s, bucket, max_len), want_t = bucket_up(max_t, bucket, max_len);
+    CHECK(b->S == want_s && b->T == want_t, "S %d T %d, longest rows %d %d, bucket %d: want %d %d", b->S, b->T, max_s,
+          max_t, bucket, want_s, want_t);
     CHECK(bad == 0, "%d bad rows of %d", bad, b->B);
     return bad;
+}
+static int verify_batch(const Fixture *fx, Direction dir, int max_len, const Batch *b, int32_t *pairs) {
+    return verify_batch_b(fx, dir, max_len, 1, b, pairs);
 }
 
 static long tgt_tokens(const Batch *b) {
@@ -137,13 +149,15 @@ static long tgt_tokens(const Batch *b) {
 static int padded(const Batch *b) { return b->B * (b->S > b->T ? b->S : b->T); }
 
 /* One epoch over all dp ranks: coverage, budget, cursors, global tokens. */
-static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, int budget, uint64_t seed) {
+static void check_epoch_b(const Fixture *fx, Direction dir, int max_len, int dp, int budget, uint64_t seed,
+                          int bucket) {
     Dataset ds[8];
     char err[256];
     for (int r = 0; r < dp; r++) {
         err[0] = 0;
         int rc = dataset_init(&ds[r], &fx->tf, dir, max_len, budget, r, dp, seed, PAD, BOS, EOS, err, sizeof err);
-        CHECK(rc == 0, "init dp %d rank %d budget %d: %s", dp, r, budget, err);
+        if (rc == 0 && bucket > 1) rc = dataset_set_length_bucket(&ds[r], bucket, err, sizeof err);
+        CHECK(rc == 0, "init dp %d rank %d budget %d bucket %d: %s", dp, r, budget, bucket, err);
         if (rc != 0) return;
     }
     CHECK(ds[0].n_usable == count_usable(fx, max_len), "n_usable %d want %d", ds[0].n_usable,
@@ -156,7 +170,7 @@ static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, i
 
     int *seen = calloc((size_t)fx->n, sizeof(int));
     int32_t *pairs = malloc((size_t)fx->n * sizeof(int32_t));
-    int over_budget = 0, unsorted = 0, bad_cursor = 0, bad_tokens = 0, bad_b = 0;
+    int over_budget = 0, unsorted = 0, bad_cursor = 0, bad_tokens = 0, bad_b = 0, bad_shape = 0, bad_pad = 0;
     long padded_sum = 0, real_sum = 0;
     for (int step = 0; step < nb; step++) {
         long global[8], sum = 0;
@@ -165,7 +179,12 @@ static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, i
             OwnedBatch ob;
             dataset_next(&ds[r], &ob, &global[r]);
             const Batch *b = &ob.view;
-            verify_batch(fx, dir, max_len, b, pairs);
+            verify_batch_b(fx, dir, max_len, bucket, b, pairs);
+            if ((b->S % bucket && b->S != max_len) || (b->T % bucket && b->T != max_len)) bad_shape++;
+            long real_slots = 0;
+            for (int i = 0; i < b->B; i++) real_slots += b->src_len[i] + b->tgt_len[i];
+            const double want_pad = 1.0 - (double)real_slots / ((double)b->B * (b->S + b->T));
+            if (fabs(batch_pad_fraction(b) - want_pad) > 1e-12) bad_pad++;
             if (r == 0) B0 = b->B;
             if (b->B < 1 || b->B > B0 || b->B < B0 - 1) bad_b++;
             if (padded(b) > budget) over_budget++;
@@ -193,6 +212,9 @@ static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, i
     CHECK(bad_cursor == 0, "dp %d budget %d: %d wrong cursors", dp, budget, bad_cursor);
     CHECK(bad_tokens == 0, "dp %d budget %d: %d global_tokens differ from the ranks' sum", dp, budget, bad_tokens);
     CHECK(bad_b == 0, "dp %d budget %d: %d uneven rank shares", dp, budget, bad_b);
+    CHECK(bad_shape == 0, "dp %d budget %d bucket %d: %d batches with a length not a multiple of the bucket", dp,
+          budget, bucket, bad_shape);
+    CHECK(bad_pad == 0, "dp %d budget %d: %d batches with a wrong padding fraction", dp, budget, bad_pad);
     int missing = 0, twice = 0, leaked = 0;
     for (int i = 0; i < fx->n; i++) {
         if (usable(fx, i, max_len)) {
@@ -206,12 +228,71 @@ static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, i
           "dp %d budget %d dir %d: %d pairs missing, %d seen twice, %d unusable seen", dp, budget, (int)dir, missing,
           twice, leaked);
     /* Length bucketing keeps padding small once batches hold many rows. */
-    if (budget >= 500)
+    if (budget >= 500 && bucket == 1)
         CHECK((double)padded_sum <= 1.25 * (double)real_sum, "dp %d budget %d: padding %ld of %ld tokens", dp,
               budget, padded_sum, real_sum);
     free(seen);
     free(pairs);
     for (int r = 0; r < dp; r++) dataset_free(&ds[r]);
+}
+
+static void check_epoch(const Fixture *fx, Direction dir, int max_len, int dp, int budget, uint64_t seed) {
+    check_epoch_b(fx, dir, max_len, dp, budget, seed, 1);
+}
+
+/* --length-bucket: every epoch check holds with bucketed shapes (multiples
+ * of the bucket, or max_len when the bucket does not divide it), evaluation
+ * batches are bucketed too, and a budget below the longest bucketed pair is
+ * refused by name. */
+static void check_buckets(const Fixture *fx, int max_len) {
+    const int budgets[] = {64, 100, 400, 1500};
+    for (int dp = 1; dp <= 3; dp++)
+        for (size_t k = 0; k < sizeof budgets / sizeof budgets[0]; k++) {
+            check_epoch_b(fx, DIR_EN_JA, max_len, dp, budgets[k], 300 + (uint64_t)dp, 8);
+            check_epoch_b(fx, DIR_JA_EN, max_len, dp, budgets[k], 300 + (uint64_t)dp, 5);  // 5 does not divide 32
+        }
+    check_epoch_b(fx, DIR_EN_JA, max_len, 2, 300, 9, 1);  // bucket 1 is the plain cut
+    Dataset d, plain;
+    char err[256];
+    CHECK(dataset_init(&d, &fx->tf, DIR_EN_JA, max_len, 200, 0, 1, 5, PAD, BOS, EOS, err, sizeof err) == 0, "%s", err);
+    CHECK(dataset_init(&plain, &fx->tf, DIR_EN_JA, max_len, 200, 0, 1, 5, PAD, BOS, EOS, err, sizeof err) == 0, "%s",
+          err);
+    CHECK(dataset_set_length_bucket(&d, 8, err, sizeof err) == 0, "%s", err);
+    int32_t *pairs = malloc((size_t)fx->n * sizeof(int32_t)), bad_eval = 0;
+    const int ne = dataset_eval_batches(&d);
+    for (int i = 0; i < ne; i++) {
+        OwnedBatch ob;
+        dataset_eval_batch(&d, i, &ob, NULL);
+        verify_batch_b(fx, DIR_EN_JA, max_len, 8, &ob.view, pairs);
+        bad_eval += padded(&ob.view) > 200;
+        owned_batch_free(&ob);
+    }
+    CHECK(bad_eval == 0, "%d bucketed eval batches over the budget", bad_eval);
+    /* padding to 8 costs slots: fewer pairs fit a batch, so at least as many batches */
+    CHECK(d.n_batches >= plain.n_batches, "bucketed epoch has %d batches, plain %d", d.n_batches, plain.n_batches);
+    err[0] = 0;
+    CHECK(dataset_set_length_bucket(&d, 0, err, sizeof err) == -1 && strstr(err, "bucket 0"), "bucket 0: '%s'", err);
+    dataset_free(&d);
+    dataset_free(&plain);
+    /* A budget that holds the longest pair (6 tokens) but not its bucketed length (8) is refused by name,
+     * and the refusal leaves the plain cut in place. */
+    const int en3[] = {5, 3, 2}, ja3[] = {4, 4, 1};
+    Fixture small;
+    fixture_build(&small, 3, en3, ja3);
+    CHECK(dataset_init(&d, &small.tf, DIR_EN_JA, 16, 6, 0, 1, 5, PAD, BOS, EOS, err, sizeof err) == 0, "%s", err);
+    err[0] = 0;
+    CHECK(dataset_set_length_bucket(&d, 4, err, sizeof err) == -1 && strstr(err, "multiple of 4") &&
+              strstr(err, "8 tokens"), "bucket 4 over a budget of 6: '%s'", err);
+    CHECK(d.length_bucket == 1, "a refused bucket stayed set (%d)", d.length_bucket);
+    CHECK(dataset_set_length_bucket(&d, 3, err, sizeof err) == 0, "bucket 3 (6 tokens) refused: %s", err);
+    OwnedBatch ob;
+    dataset_next(&d, &ob, NULL);
+    CHECK(ob.view.S % 3 == 0 && ob.view.T % 3 == 0 && ob.view.B == 1, "bucket 3: batch %dx%d/%d", ob.view.B,
+          ob.view.S, ob.view.T);
+    owned_batch_free(&ob);
+    dataset_free(&d);
+    fixture_free(&small);
+    free(pairs);
 }
 
 /* Pair ids of one epoch in visiting order (dp 1); returns the count.
@@ -552,6 +633,7 @@ int main(void) {
     check_epoch(&fx, DIR_JA_EN, max_len, 3, 300, 2);
     check_epoch(&fx, DIR_EN_JA, 20, 2, 200, 4);  // a smaller max_len skips more
 
+    check_buckets(&fx, max_len);
     check_order(&fx, max_len);
     check_resume(&fx, max_len);
     check_direction(&fx, max_len);

@@ -158,8 +158,8 @@ max_steps=3
 c_args=()
 [ -z "$corpus" ] || c_args=(TPTRAIN_CORPUS_DIR="$corpus")
 # the benchmark at the tiny size on the CPU (its flags for that, passed through)
-bench_env=(BENCH_DEVICE=cpu BENCH_PRESETS=tiny BENCH_TOKENS=256 BENCH_STEPS=3 BENCH_WARMUP=1 BENCH_MODES=eager
-           BENCH_PYTHON=/usr/bin/python3)
+bench_env=(BENCH_DEVICE=cpu BENCH_PRESETS=tiny BENCH_TOKENS=256 BENCH_BUCKETS=1 BENCH_STEPS=3 BENCH_WARMUP=1
+           BENCH_MODES=eager BENCH_PYTHON=/usr/bin/python3)
 # (p: two of test_plan.sh's layouts, one staged and one with the corpus: its plumbing, not the planner)
 # (d: without --zero and --sequence-parallel listed, the layouts that need them are left out: 3 runs fewer)
 check_run full GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" GPU_CHECK_STEPS="a c d f p e" \
@@ -211,7 +211,7 @@ norow full g.main
 if [ -n "$corpus" ]; then
   row full PASS p.plan_memory "every rank's predicted peak within 5%"
   row full PASS e.bench_gpu "results in"
-  check "full: the benchmark's table" grep -q '^| tiny | 256 | pytorch eager |' "$work/full/out/bench/bench.md"
+  check "full: the benchmark's table" grep -q '^| tiny | 256 | 1 | pytorch eager |' "$work/full/out/bench/bench.md"
 else
   row full SKIP p.plan_memory "no corpus"
   row full SKIP e.bench_gpu "no corpus"

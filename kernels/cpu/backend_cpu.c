@@ -12,6 +12,7 @@
 #include <string.h>
 #include "backend.h"
 #include "bf16.h"
+#include "clock.h"
 #include "cpu_ops.h"
 #include "err.h"
 
@@ -206,6 +207,25 @@ static void t_adamw(Backend *be, float *p, const float *g, float *m, float *v, s
     cpu_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
 }
 
+/* --profile's marks: wall-clock readings, taken as the ops run (they run in place). */
+static void *cpu_marks_new(Backend *be, int n) {
+    (void)be;
+    return TP_CALLOC((size_t)(n > 0 ? n : 1), sizeof(double));
+}
+static void cpu_mark(Backend *be, void *marks, int i) {
+    (void)be;
+    ((double *)marks)[i] = tp_now_s();
+}
+static void cpu_marks_read(Backend *be, void *marks, int n, double *seconds) {
+    (void)be;
+    const double *t = marks;
+    for (int i = 0; i < n; i++) seconds[i] = t[i] - t[0];
+}
+static void cpu_marks_free(Backend *be, void *marks) {
+    (void)be;
+    free(marks);
+}
+
 static const BackendOps CPU_OPS = {
     .name = "cpu",
     .dev_alloc = cpu_dev_alloc, .dev_free = cpu_dev_free, .upload = cpu_upload, .download = cpu_download,
@@ -222,6 +242,7 @@ static const BackendOps CPU_OPS = {
     .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
     .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,
     .xent_vp_bwd = t_xent_vp_bwd, .xent_vp_grad_inplace = t_xent_vp_grad_inplace, .adamw = t_adamw,
+    .marks_new = cpu_marks_new, .mark = cpu_mark, .marks_read = cpu_marks_read, .marks_free = cpu_marks_free,
 };
 
 Backend *backend_cpu_create(Dtype dtype) {

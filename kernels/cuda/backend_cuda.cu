@@ -347,6 +347,45 @@ static void cu_adamw(Backend *be, float *p, const float *g, float *m, float *v, 
     cuda_op_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t, stream_of(be));
 }
 
+// ---- --profile's marks: timing events recorded on the stream, read once per step ----------
+
+typedef struct {
+    int n;
+    cudaEvent_t ev[1];  // (n)
+} CudaMarks;
+
+static void *cu_marks_new(Backend *be, int n) {
+    (void)be;
+    if (n < 1) n = 1;
+    CudaMarks *m = (CudaMarks *)TP_CALLOC(1, sizeof(CudaMarks) + (size_t)(n - 1) * sizeof(cudaEvent_t));
+    m->n = n;
+    for (int i = 0; i < n; i++) CUDA_CHECK(cudaEventCreate(&m->ev[i]));  // timing on: cudaEventDefault
+    return m;
+}
+static void cu_mark(Backend *be, void *marks, int i) {
+    CudaMarks *m = (CudaMarks *)marks;
+    TP_CHECK(i >= 0 && i < m->n, "profile mark %d outside its set of %d", i, m->n);
+    CUDA_CHECK(cudaEventRecord(m->ev[i], stream_of(be)));
+}
+static void cu_marks_read(Backend *be, void *marks, int n, double *seconds) {
+    (void)be;
+    CudaMarks *m = (CudaMarks *)marks;
+    TP_CHECK(n >= 1 && n <= m->n, "profile: %d marks read of a set of %d", n, m->n);
+    CUDA_CHECK(cudaEventSynchronize(m->ev[n - 1]));
+    for (int i = 0; i < n; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, m->ev[0], m->ev[i]));
+        seconds[i] = 1e-3 * (double)ms;
+    }
+}
+static void cu_marks_free(Backend *be, void *marks) {
+    (void)be;
+    CudaMarks *m = (CudaMarks *)marks;
+    if (!m) return;
+    for (int i = 0; i < m->n; i++) CUDA_CHECK(cudaEventDestroy(m->ev[i]));
+    free(m);
+}
+
 static BackendOps cuda_ops_table(void) {
     BackendOps o;
     memset(&o, 0, sizeof o);
@@ -368,6 +407,7 @@ static BackendOps cuda_ops_table(void) {
     o.xent_vp_sums = cu_xent_vp_sums, o.xent_vp_loss = cu_xent_vp_loss, o.xent_vp_bwd = cu_xent_vp_bwd;
     o.xent_vp_grad_inplace = cu_xent_vp_grad_inplace;
     o.adamw = cu_adamw;
+    o.marks_new = cu_marks_new, o.mark = cu_mark, o.marks_read = cu_marks_read, o.marks_free = cu_marks_free;
     return o;
 }
 static const BackendOps CUDA_OPS = cuda_ops_table();

@@ -43,3 +43,11 @@ void owned_batch_rows(const OwnedBatch *src, int start, int stride, OwnedBatch *
         out->tgt_len[r] = g->tgt_len[i];
     }
 }
+
+double batch_pad_fraction(const Batch *b) {
+    const double slots = (double)b->B * (b->S + b->T);
+    if (slots <= 0) return 0.0;
+    long real = 0;
+    for (int i = 0; i < b->B; i++) real += (long)b->src_len[i] + b->tgt_len[i];
+    return 1.0 - (double)real / slots;
+}

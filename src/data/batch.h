@@ -35,6 +35,10 @@ void owned_batch_free(OwnedBatch *b);
 
 /* out = rows start, start + stride, ... of src (a data-parallel rank's share
  * of a global batch; padded lengths kept). */
+/* The share of the batch's slots (source and target-input, B x S + B x T)
+ * that hold padding: 0 for a batch of equal lengths. */
+double batch_pad_fraction(const Batch *b);
+
 void owned_batch_rows(const OwnedBatch *src, int start, int stride, OwnedBatch *out);
 
 #endif

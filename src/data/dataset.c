@@ -39,11 +39,21 @@ static int tgt_pieces(const Dataset *ds, int32_t p) {
     const uint64_t *o = tgt_off(ds);
     return (int)(o[p + 1] - o[p]);
 }
-/* Longest padded side of a pair: max(src + eos, bos + tgt). */
-static int padded_len(const Dataset *ds, int32_t p) {
+/* A length padded up to the bucket: a multiple of length_bucket, at most
+ * max_len (which every usable side fits). */
+static int bucketed(const Dataset *ds, int len) {
+    const int n = ds->length_bucket > 1 ? ds->length_bucket : 1;
+    const int up = (len + n - 1) / n * n;
+    return up < ds->max_len ? up : (len > ds->max_len ? len : ds->max_len);
+}
+/* Longest side of a pair, unbucketed: max(src + eos, bos + tgt). The sort key. */
+static int raw_len(const Dataset *ds, int32_t p) {
     int s = src_pieces(ds, p), t = tgt_pieces(ds, p);
     return (s > t ? s : t) + 1;
 }
+/* The pair's padded side in a batch: raw_len bucketed (monotone in raw_len,
+ * so the length-sorted order is also sorted by it). */
+static int padded_len(const Dataset *ds, int32_t p) { return bucketed(ds, raw_len(ds, p)); }
 
 /* ---- the per-epoch generator -------------------------------------------------- */
 
@@ -85,9 +95,9 @@ static void sort_by_length(const Dataset *ds, int32_t *a, int32_t *tmp, int32_t 
     for (int i = 0; i < n; i++) tmp[cnt[src_pieces(ds, a[i])]++] = a[i];
 
     memset(cnt, 0, (size_t)(n_keys + 1) * sizeof *cnt);
-    for (int i = 0; i < n; i++) cnt[padded_len(ds, tmp[i]) + 1]++;
+    for (int i = 0; i < n; i++) cnt[raw_len(ds, tmp[i]) + 1]++;
     for (int k = 0; k < n_keys; k++) cnt[k + 1] += cnt[k];
-    for (int i = 0; i < n; i++) a[cnt[padded_len(ds, tmp[i])]++] = tmp[i];
+    for (int i = 0; i < n; i++) a[cnt[raw_len(ds, tmp[i])]++] = tmp[i];
 }
 
 /* Largest batch that may end with sorted pair a[e - 1]: ceil(n/dp) * m <= budget. */
@@ -184,6 +194,8 @@ static void fill_batch(const Dataset *ds, const int32_t *pairs, int B, int strid
         if (s > S) S = s;
         if (t > T) T = t;
     }
+    S = bucketed(ds, S);
+    T = bucketed(ds, T);
     owned_batch_alloc(out, B, S, T, ds->pad_id);
     const int32_t *tok = ds->tf->tokens;
     const uint64_t *so = src_off(ds), *to = tgt_off(ds);
@@ -297,6 +309,7 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
     ds->pad_id = pad_id;
     ds->bos_id = bos_id;
     ds->eos_id = eos_id;
+    ds->length_bucket = 1;
     ds->cursor = (DataCursor){.seed = seed, .epoch = 0, .position = 0};
 
     /* Usable pairs: both sides 1..max_len-1 pieces. A side over the limit
@@ -345,6 +358,29 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
     return 0;
 }
 
+int dataset_set_length_bucket(Dataset *ds, int n, char *err, size_t err_len) {
+    if (n < 1 || n > (1 << 20)) {
+        tp_error_set(err, err_len, "dataset: length bucket %d must be 1 or more", n);
+        return -1;
+    }
+    const int old = ds->length_bucket;
+    ds->length_bucket = n;
+    int longest = 0;
+    for (int i = 0; i < ds->n_usable; i++) {
+        int m = padded_len(ds, ds->usable[i]);
+        if (m > longest) longest = m;
+    }
+    if (longest > ds->batch_tokens) {
+        tp_error_set(err, err_len,
+                     "dataset: batch_tokens %d is smaller than the longest usable pair padded to a multiple of %d "
+                     "(%d tokens)", ds->batch_tokens, n, longest);
+        ds->length_bucket = old;
+        return -1;
+    }
+    build_plan(ds, ds->cursor.epoch);  // the cut depends on the padded lengths
+    return 0;
+}
+
 void dataset_free(Dataset *ds) {
     free(ds->usable);
     free(ds->order);
@@ -369,7 +405,7 @@ int dataset_seek(Dataset *ds, DataCursor c, char *err, size_t err_len) {
     if (c.position > ds->n_batches) {
         tp_error_set(err, err_len,
                      "dataset: saved position (epoch %lld, batch %lld) is beyond the epoch's %d batches; was the "
-                     "data, max_len, batch_tokens or dp size changed?",
+                     "data, max_len, batch_tokens, length bucket or dp size changed?",
                      (long long)c.epoch, (long long)c.position, ds->n_batches);
         return -1;
     }

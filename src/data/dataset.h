@@ -12,6 +12,11 @@
  *
  * The cursor (seed, epoch, position) is all the state there is: saving it
  * and restoring it resumes at the same batch.
+ *
+ * Length buckets (dataset_set_length_bucket, `--length-bucket N`): each
+ * batch's source and target lengths are padded up to a multiple of N
+ * (capped at max_len), so few distinct shapes recur and a GPU can reuse its
+ * plans. The budget holds for the padded shapes. N = 1 is the plain cut.
  */
 #ifndef TPTRAIN_DATASET_H
 #define TPTRAIN_DATASET_H
@@ -36,6 +41,7 @@ typedef struct {
     int batch_tokens;     // per-rank budget of padded tokens
     int dp_rank, dp_size;
     int pad_id, bos_id, eos_id;
+    int length_bucket;    // padded lengths are multiples of this (or max_len); 1: none
     /* filled by dataset_init */
     int n_usable;         // pairs within max_len
     long n_too_long;      // pairs skipped for length
@@ -53,6 +59,10 @@ typedef struct {
 int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, int batch_tokens, int dp_rank,
                  int dp_size, uint64_t seed, int pad_id, int bos_id, int eos_id, char *err, size_t err_len);
 void dataset_free(Dataset *ds);
+/* Pads every batch's lengths up to multiples of n (at most max_len) from
+ * now on; call right after dataset_init. 0, or -1 + err (n < 1, or the
+ * longest usable pair padded to a multiple of n exceeds batch_tokens). */
+int dataset_set_length_bucket(Dataset *ds, int n, char *err, size_t err_len);
 
 /* This rank's share of the next global batch; advances the cursor (into the
  * next epoch when one ends). src = pieces + eos, tgt_in = bos + pieces,

@@ -105,6 +105,15 @@ typedef struct {
 int comm_set_device_copy(Comm *c, const CommDeviceCopy *hooks);
 
 const char *comm_error(const Comm *c);
+/* Brackets around every collective and point-to-point call of c (a
+ * profiler's: train_mt --profile counts the time between them as
+ * communication). begin/end run on the calling thread; NULL functions: none. */
+typedef struct {
+    void (*begin)(void *ctx);
+    void (*end)(void *ctx);
+    void *ctx;
+} CommTimer;
+void comm_set_timer(Comm *c, CommTimer t);
 CommStats comm_stats(const Comm *c);
 void comm_reset_stats(Comm *c);
 void comm_free(Comm *c);

@@ -34,6 +34,7 @@ typedef struct CommOps {
 /* The common header of every backend's communicator. */
 struct Comm {
     const CommOps *ops;
+    CommTimer timer;  // comm_set_timer's brackets (zero: none)
 };
 
 #endif
