@@ -11,8 +11,16 @@
 #   bash scripts/run_main.sh [CORPUS_DIR] [extra train_mt flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-corpus=${1:-data/small_parallel_enja}
+default_corpus=data/small_parallel_enja
+corpus=${1:-$default_corpus}
 shift || true
+# Only the default folder is downloaded into: a path given that does not hold
+# the corpus is a typo or a missing mount, refused before anything is built.
+if [ "$corpus" != "$default_corpus" ] && [ ! -s "$corpus/train.en" ]; then
+  echo "run_main: $corpus does not hold the corpus (no $corpus/train.en); give the folder that does, or no" \
+       "folder to download it into $default_corpus" >&2
+  exit 2
+fi
 bash scripts/install_deps.sh --plot
 BUILD_DIR=build bash scripts/build.sh
 [ -s "$corpus/train.en" ] || bash scripts/get_data.sh "$corpus"

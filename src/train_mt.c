@@ -28,6 +28,7 @@
 #include "data/synthetic.h"
 #include "clock.h"
 #include "err.h"
+#include "flags.h"
 #include "fileio.h"
 #include "mt.h"
 #include "parse.h"
@@ -276,6 +277,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {0, 0, 0, 0},
     };
     char err[256];
+    if (flags_check_exact("train_mt", argc, argv, opts)) exit(2);  // exact names: no prefixes, one-line refusals
     memset(a, 0, sizeof *a);
     a->preset = "auto";
     /* The preset is applied first so explicit flags override it, whatever their order. */

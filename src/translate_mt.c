@@ -18,6 +18,7 @@
 #include "data/bleu.h"
 #include "data/chrf.h"
 #include "err.h"
+#include "flags.h"
 #include "mt.h"
 #include "parse.h"
 
@@ -124,6 +125,7 @@ int main(int argc, char **argv) {
     long v;
     double d;
     char perr[256];
+    if (flags_check_exact("translate_mt", argc, argv, opts)) return 2;  // exact names, one-line refusals
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
