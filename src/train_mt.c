@@ -1661,6 +1661,15 @@ int main(int argc, char **argv) {
         backend_destroy(be);
         return 1;
     }
+    /* A --save folder holding another model's checkpoints is refused now,
+     * not at the first save (its `latest` would name the wrong model). */
+    if (a.save_dir && ckpt_check_save_folder(a.save_dir, &a.cfg, !a.synthetic, src.spm_path, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        source_close(&src);
+        runtime_free(&rt);
+        backend_destroy(be);
+        return 2;
+    }
     Model m;
     TpGroup tpg = {.size = mesh->tp, .rank = mesh->tp_rank, .comm = rt.tp};
     const int pp = mesh->pp;

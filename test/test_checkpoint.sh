@@ -524,7 +524,7 @@ copy_of copy-other "$synth_ck"
 sed -i 's/"label_smoothing":\([[:space:]]*\)0.1[0-9]*,/"label_smoothing":\10.2,/' copy-other/manifest.json
 reseal copy-other
 refuse copy-other \
-    "copy-other/manifest.json: the checkpoint's model differs from this run's: label_smoothing is 0.2 in one and 0.1 in the other" \
+    "copy-other/manifest.json: the checkpoint's model differs from this run's: the checkpoint has label_smoothing 0.2, this run 0.1" \
     "${resume_synth[@]}" copy-other
 
 # The optimizer state: needed to resume, not to translate.

@@ -89,6 +89,14 @@ struct cJSON *ckpt_manifest(const char *ckpt_dir, char *err, size_t err_len);
  * has the same bytes as spm_path, else -1 with one sentence. */
 int ckpt_check_tokenizer(const char *ckpt_dir, const char *spm_path, char *err, size_t err_len);
 
+/* Before a run trains: 0 when every complete checkpoint in save_dir (a
+ * folder of checkpoints; absent or empty is fine) is of the model this run
+ * trains (config, corpus or synthetic task, tokenizer spm_path when
+ * corpus), else -1 with one sentence naming the checkpoint and the first
+ * difference, whose value is the checkpoint's and whose this run's. */
+int ckpt_check_save_folder(const char *save_dir, const ModelConfig *cfg, bool corpus, const char *spm_path, char *err,
+                           size_t err_len);
+
 /* Loads weights (and, when opt is non-NULL, the optimizer state) into a
  * model of any tp layout and any pipeline stage (m->stage, the whole model
  * by default) whose config equals the checkpoint's, whatever stages it was

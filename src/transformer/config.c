@@ -213,15 +213,16 @@ TokenSpec config_tokens(const ModelConfig *c) {
                        .eos_id = c->eos_id};
 }
 
-const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *buf, size_t buf_len) {
+const char *config_diff(const ModelConfig *a, const char *a_name, const ModelConfig *b, const char *b_name, char *buf,
+                        size_t buf_len) {
 #define INT_FIELD(f)                                                                                    \
     if (a->f != b->f) {                                                                                 \
-        snprintf(buf, buf_len, "%s is %d in one and %d in the other", #f, (int)a->f, (int)b->f);       \
+        snprintf(buf, buf_len, "%s has %s %d, %s %d", a_name, #f, (int)a->f, b_name, (int)b->f);       \
         return buf;                                                                                     \
     }
 #define FLOAT_FIELD(f)                                                                                  \
     if (a->f != b->f) {                                                                                 \
-        snprintf(buf, buf_len, "%s is %g in one and %g in the other", #f, (double)a->f, (double)b->f); \
+        snprintf(buf, buf_len, "%s has %s %g, %s %g", a_name, #f, (double)a->f, b_name, (double)b->f); \
         return buf;                                                                                     \
     }
     INT_FIELD(d_model) INT_FIELD(n_heads) INT_FIELD(d_ff) INT_FIELD(enc_layers) INT_FIELD(dec_layers)
