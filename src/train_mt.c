@@ -88,7 +88,8 @@ static void usage(FILE *f) {
             "usage: train_mt [options]\n"
             "data:\n"
             "  --data DIR             corpus folder with train/dev/test .en/.ja (default data/small_parallel_enja)\n"
-            "  --cache-dir DIR        tokenizer and token files (default cache/<corpus folder name>)\n"
+            "  --cache-dir DIR        tokenizers and token files, one folder per --spm-vocab-size (default\n"
+            "                         cache/<corpus folder name>)\n"
             "  --direction D          en-ja (default) or ja-en\n"
             "  --spm-vocab-size N     SentencePiece pieces when the tokenizer is trained (default from the\n"
             "                         preset: 4000 for cpu, else 8000)\n"
@@ -564,21 +565,24 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     src->cfg = cfg;
     src->mesh = &rt->mesh;
     if (a->synthetic) return 0;
-    char cache[1024], path[4096], why[1024];
+    char root[1024], cache[2048], path[4096], why[1024];
     if (strlen(a->data_dir) > 900 || (a->cache_dir && strlen(a->cache_dir) > 900)) {
         tp_error_set(err, err_len, "--data / --cache-dir paths longer than 900 characters are not supported");
         return -1;
     }
     if (a->cache_dir) {
-        snprintf(cache, sizeof cache, "%s", a->cache_dir);
+        snprintf(root, sizeof root, "%s", a->cache_dir);
     } else {
         const char *base = strrchr(a->data_dir, '/');
         base = base && base[1] ? base + 1 : a->data_dir;
-        snprintf(cache, sizeof cache, "cache/%s", base);
+        snprintf(root, sizeof root, "cache/%s", base);
         if (rt->mesh.rank == 0) mkdir("cache", 0755);
     }
+    /* one tokenizer per configuration: presets of other vocabulary sizes share the root */
+    if (corpus_cache_dir(root, a->spm_vocab, cache, sizeof cache, err, err_len)) return -1;
     int rc = 0;
-    if (rt->mesh.rank == 0) {
+    if (rt->mesh.rank == 0) rc = corpus_adopt_old_layout(root, a->spm_vocab, true, err, err_len) < 0 ? -1 : 0;
+    if (rt->mesh.rank == 0 && rc == 0) {
         CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab,
                            .strict = a->strict, .verbose = true};
         const char *splits[2] = {"train", "dev"};

@@ -4,10 +4,13 @@
 # nothing saved, `latest` untouched), naming the difference and whose value
 # is which; the same model may continue there. A resumed checkpoint of
 # another model is refused the same way ("the checkpoint has d_model 16,
-# this run 32"). Tiny synthetic-task models: seconds.
-# Usage: test_save_folder.sh BUILD_DIR
+# this run 32"). And the tokenizer cache: presets of other vocabulary
+# sizes switch back and forth on one corpus and one cache, each finding its
+# own tokenizer. Tiny models, a 300-pair slice of the corpus: seconds.
+# Usage: test_save_folder.sh BUILD_DIR CORPUS_DIR
 set -uo pipefail
 build=$(cd "$1" && pwd)
+corpus=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
@@ -48,6 +51,23 @@ if [ $rc -ne 0 ] && grep -qF "the checkpoint's model differs from this run's: th
 else
     bad "resume of another model: rc $rc: $(cat resume.err)"
 fi
+
+# ---- one tokenizer per configuration in one cache ----
+mkdir slice
+head -n 300 "$corpus/train.en" > slice/train.en
+head -n 300 "$corpus/train.ja" > slice/train.ja
+head -n 20 "$corpus/dev.en" > slice/dev.en
+head -n 20 "$corpus/dev.ja" > slice/dev.ja
+cflags=(--preset tiny --data slice --cache-dir cache --batch-tokens 256 --max-steps 1 --eval-interval 1000)
+for v in 700 900 700; do
+    "$train" "${cflags[@]}" --spm-vocab-size $v > "cache-$v.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && [ -s "cache/spm-unigram-v$v/spm.model" ] || bad "vocab $v: rc $rc: $(tail -3 "cache-$v.log")"
+done
+grep -q "corpus: reusing cache/spm-unigram-v700/spm.model" cache-700.log &&
+    [ "$(grep -c . cache/spm-unigram-v700/spm.vocab)" -eq 700 ] && [ "$(grep -c . cache/spm-unigram-v900/spm.vocab)" -eq 900 ] &&
+    ok "vocabulary sizes 700, 900, 700 on one cache: each its own tokenizer, reused when it comes back" ||
+    bad "switching vocabulary sizes: $(cat cache-700.log | head -5)"
 
 if [ $fails -ne 0 ]; then
     echo "test_save_folder: $fails failed"
