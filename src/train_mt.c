@@ -600,6 +600,19 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     src->spm = spm_load(src->spm_path, err, err_len);
     if (!src->spm) return -1;
     cfg->vocab_size = spm_vocab_size(src->spm);
+    /* the text's form, saved with the model for translate_mt (data/textnorm.h) */
+    const bool en_ja = a->dir == DIR_EN_JA;
+    char src_txt[1100], tgt_txt[1100];
+    snprintf(src_txt, sizeof src_txt, "%s/train.%s", a->data_dir, en_ja ? "en" : "ja");
+    snprintf(tgt_txt, sizeof tgt_txt, "%s/train.%s", a->data_dir, en_ja ? "ja" : "en");
+    if (textnorm_detect(src_txt, tgt_txt, en_ja ? TEXT_LANG_EN : TEXT_LANG_JA, en_ja ? TEXT_LANG_JA : TEXT_LANG_EN,
+                        &cfg->text, err, err_len))
+        return -1;
+    if (rt->mesh.rank == 0)
+        printf("train_mt: the training text's form, saved with the model for translate_mt: source %s%s%s, target %s%s\n",
+               text_lang_name(cfg->text.source), cfg->text.lowercase ? " lower-cased" : " cased",
+               cfg->text.split_punct ? ", punctuation split" : "", text_lang_name(cfg->text.target),
+               cfg->text.target_spaced ? " with words split by spaces" : " as plain text");
     cfg->pad_id = SPM_PAD_ID;
     cfg->unk_id = SPM_UNK_ID;
     cfg->bos_id = SPM_BOS_ID;

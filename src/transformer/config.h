@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include "data/batch.h"
+#include "data/textnorm.h"
 #include "kernels/ops.h"
 
 /* Upper bounds of the dimensions (the flags of train_mt accept the same):
@@ -34,6 +35,8 @@ typedef struct {
     Activation act;     // FFN activation
     float ln_eps;       // LayerNorm epsilon
     int pad_id, bos_id, eos_id, unk_id; // special token ids
+    TextNorm text;      // how the training text was normalized: not the network's shape (config_diff skips it);
+                        // "text" in the JSON, optional (absent: textnorm_assumed)
 } ModelConfig;
 
 /* Fills cfg from a preset name ("tiny", "small", "base", "big").
