@@ -991,14 +991,16 @@ int ckpt_check_save_folder(const char *save_dir, const ModelConfig *cfg, bool co
         char name[64], dir[4096], why[1024];
         step_name(name, sizeof name, steps[i]);
         pathf(dir, sizeof dir, "%s/%s", save_dir, name);
-        if (!is_checkpoint(dir)) continue;  // a torn save: never published, the next save replaces it
+        struct stat sb;
+        /* a torn save (never published: the next save replaces it) or a link
+         * to a folder elsewhere (never the run's own: saving removes only the
+         * link) is not a checkpoint of this folder; one whose manifest cannot
+         * be read cannot be compared (loading it says why) */
+        if (!is_checkpoint(dir) || lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
         ModelConfig theirs;
         TrainState st;
-        if (ckpt_read_manifest(dir, &theirs, NULL, NULL, NULL, NULL, &st, why, sizeof why)) {
-            tp_error_set(err, err_len, "--save %s holds %s, which cannot be read (%s): save into another folder",
-                         save_dir, name, why);
-            rc = -1;
-        } else if (config_diff(&theirs, "the checkpoint", cfg, "this run", why, sizeof why)) {
+        if (ckpt_read_manifest(dir, &theirs, NULL, NULL, NULL, NULL, &st, why, sizeof why)) continue;
+        if (config_diff(&theirs, "the checkpoint", cfg, "this run", why, sizeof why)) {
             tp_error_set(err, err_len, "--save %s holds %s of another model (%s): save into another folder, or "
                          "remove those checkpoints first; nothing was trained", save_dir, name, why);
             rc = -1;

@@ -93,7 +93,9 @@ int ckpt_check_tokenizer(const char *ckpt_dir, const char *spm_path, char *err, 
  * folder of checkpoints; absent or empty is fine) is of the model this run
  * trains (config, corpus or synthetic task, tokenizer spm_path when
  * corpus), else -1 with one sentence naming the checkpoint and the first
- * difference, whose value is the checkpoint's and whose this run's. */
+ * difference, whose value is the checkpoint's and whose this run's. Links
+ * to folders elsewhere and manifests that cannot be read are not compared
+ * (the first are never the folder's own, the second say why when loaded). */
 int ckpt_check_save_folder(const char *save_dir, const ModelConfig *cfg, bool corpus, const char *spm_path, char *err,
                            size_t err_len);
 
