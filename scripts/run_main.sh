@@ -15,8 +15,16 @@
 # RUN_MAIN_DRY_RUN=1 prints the choice and the training command, and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-corpus=${1:-data/small_parallel_enja}
+default_corpus=data/small_parallel_enja
+corpus=${1:-$default_corpus}
 shift || true
+# Only the default folder is downloaded into: a path given that does not hold
+# the corpus is a typo or a missing mount, refused before anything is built.
+if [ "$corpus" != "$default_corpus" ] && [ ! -s "$corpus/train.en" ]; then
+  echo "run_main: $corpus does not hold the corpus (no $corpus/train.en); give the folder that does, or no" \
+       "folder to download it into $default_corpus" >&2
+  exit 2
+fi
 # The GPUs a rank would see: nvidia-smi -L's, narrowed by CUDA_VISIBLE_DEVICES
 # (tprun --nproc_per_node=gpu counts them again, as CUDA does, and says so).
 n_gpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)

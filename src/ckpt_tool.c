@@ -25,6 +25,7 @@
 #include "data/spm.h"
 #include "err.h"
 #include "fileio.h"
+#include "flags.h"
 #include "mt.h"
 #include "safetensors.h"
 #include "train/checkpoint.h"
@@ -288,10 +289,22 @@ int main(int argc, char **argv) {
         return cmd_export(argv[3], argv[4], true);
     if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[4], "--strict") == 0)
         return cmd_export(argv[2], argv[3], true);
-    if (argc >= 2 && strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "export") != 0)
-        fprintf(stderr, "ckpt: unknown command '%s'\n", argv[1]);
-    else if (argc >= 2)
-        fprintf(stderr, "ckpt: %s takes %s\n", argv[1], strcmp(argv[1], "inspect") == 0 ? "PATH" : "PATH OUT_DIR");
+    /* one sentence, through the programs' shared flag checks (common/flags.h) */
+    static const char *const flags[] = {"help"}, *const commands[] = {"inspect", "export"};
+    if (argc >= 2 && argv[1][0] == '-') {
+        flag_unknown("ckpt", argv[1], flags, 1);
+        return 2;
+    }
+    if (argc >= 2 && strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "export") != 0) {
+        const char *near = flag_nearest(argv[1], commands, 2);
+        if (near) fprintf(stderr, "ckpt: unknown command '%s'; did you mean %s?\n", argv[1], near);
+        else fprintf(stderr, "ckpt: unknown command '%s'; the commands are inspect and export (ckpt --help)\n", argv[1]);
+        return 2;
+    }
+    if (argc >= 2) {
+        fprintf(stderr, "ckpt: %s takes %s\n", argv[1], strcmp(argv[1], "inspect") == 0 ? "PATH" : "PATH OUT_DIR [--strict]");
+        return 2;
+    }
     usage(stderr);
     return 2;
 }

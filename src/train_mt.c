@@ -29,6 +29,7 @@
 #include "clock.h"
 #include "profile.h"
 #include "err.h"
+#include "flags.h"
 #include "fileio.h"
 #include "mt.h"
 #include "parse.h"
@@ -91,7 +92,8 @@ static void usage(FILE *f) {
             "usage: train_mt [options]\n"
             "data:\n"
             "  --data DIR             corpus folder with train/dev/test .en/.ja (default data/small_parallel_enja)\n"
-            "  --cache-dir DIR        tokenizer and token files (default cache/<corpus folder name>)\n"
+            "  --cache-dir DIR        tokenizers and token files, one folder per --spm-vocab-size (default\n"
+            "                         cache/<corpus folder name>)\n"
             "  --direction D          en-ja (default) or ja-en\n"
             "  --spm-vocab-size N     SentencePiece pieces when the tokenizer is trained (default from the\n"
             "                         preset: 4000 for cpu, else 8000)\n"
@@ -288,6 +290,7 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {0, 0, 0, 0},
     };
     char err[256];
+    if (flags_check_exact("train_mt", argc, argv, opts)) exit(2);  // exact names: no prefixes, one-line refusals
     memset(a, 0, sizeof *a);
     a->preset = "auto";
     /* The preset is applied first so explicit flags override it, whatever their order. */
@@ -582,21 +585,24 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     src->cfg = cfg;
     src->mesh = &rt->mesh;
     if (a->synthetic) return 0;
-    char cache[1024], path[4096], why[1024];
+    char root[1024], cache[2048], path[4096], why[1024];
     if (strlen(a->data_dir) > 900 || (a->cache_dir && strlen(a->cache_dir) > 900)) {
         tp_error_set(err, err_len, "--data / --cache-dir paths longer than 900 characters are not supported");
         return -1;
     }
     if (a->cache_dir) {
-        snprintf(cache, sizeof cache, "%s", a->cache_dir);
+        snprintf(root, sizeof root, "%s", a->cache_dir);
     } else {
         const char *base = strrchr(a->data_dir, '/');
         base = base && base[1] ? base + 1 : a->data_dir;
-        snprintf(cache, sizeof cache, "cache/%s", base);
+        snprintf(root, sizeof root, "cache/%s", base);
         if (rt->mesh.rank == 0) mkdir("cache", 0755);
     }
+    /* one tokenizer per configuration: presets of other vocabulary sizes share the root */
+    if (corpus_cache_dir(root, a->spm_vocab, cache, sizeof cache, err, err_len)) return -1;
     int rc = 0;
-    if (rt->mesh.rank == 0) {
+    if (rt->mesh.rank == 0) rc = corpus_adopt_old_layout(root, a->spm_vocab, true, err, err_len) < 0 ? -1 : 0;
+    if (rt->mesh.rank == 0 && rc == 0) {
         CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab,
                            .strict = a->strict, .verbose = true};
         const char *splits[2] = {"train", "dev"};
@@ -614,6 +620,19 @@ static int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const 
     src->spm = spm_load(src->spm_path, err, err_len);
     if (!src->spm) return -1;
     cfg->vocab_size = spm_vocab_size(src->spm);
+    /* the text's form, saved with the model for translate_mt (data/textnorm.h) */
+    const bool en_ja = a->dir == DIR_EN_JA;
+    char src_txt[1100], tgt_txt[1100];
+    snprintf(src_txt, sizeof src_txt, "%s/train.%s", a->data_dir, en_ja ? "en" : "ja");
+    snprintf(tgt_txt, sizeof tgt_txt, "%s/train.%s", a->data_dir, en_ja ? "ja" : "en");
+    if (textnorm_detect(src_txt, tgt_txt, en_ja ? TEXT_LANG_EN : TEXT_LANG_JA, en_ja ? TEXT_LANG_JA : TEXT_LANG_EN,
+                        &cfg->text, err, err_len))
+        return -1;
+    if (rt->mesh.rank == 0)
+        printf("train_mt: the training text's form, saved with the model for translate_mt: source %s%s%s, target %s%s\n",
+               text_lang_name(cfg->text.source), cfg->text.lowercase ? " lower-cased" : " cased",
+               cfg->text.split_punct ? ", punctuation split" : "", text_lang_name(cfg->text.target),
+               cfg->text.target_spaced ? " with words split by spaces" : " as plain text");
     cfg->pad_id = SPM_PAD_ID;
     cfg->unk_id = SPM_UNK_ID;
     cfg->bos_id = SPM_BOS_ID;
@@ -1732,6 +1751,15 @@ int main(int argc, char **argv) {
         runtime_free(&rt);  // before the backend: NCCL works on its stream
         backend_destroy(be);
         return 1;
+    }
+    /* A --save folder holding another model's checkpoints is refused now,
+     * not at the first save (its `latest` would name the wrong model). */
+    if (a.save_dir && ckpt_check_save_folder(a.save_dir, &a.cfg, !a.synthetic, src.spm_path, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        source_close(&src);
+        runtime_free(&rt);
+        backend_destroy(be);
+        return 2;
     }
     Model m;
     TpGroup tpg = {.size = mesh->tp, .rank = mesh->tp_rank, .comm = rt.tp};

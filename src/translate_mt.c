@@ -4,6 +4,12 @@
  *   translate_mt --model DIR --src test.en --ref test.ja     # + corpus BLEU and chrF on stderr
  *   translate_mt --model DIR --src test.en --ref test.ja --score   # log p(ref | src) per line
  *
+ * Input is plain text: it is brought into the form the model was trained
+ * on (the "text" record of its config: lower-casing, punctuation split),
+ * and the output is joined back into plain text (--tokenized: as the model
+ * writes it, the corpus's form). BLEU and chrF always compare the model's
+ * own form with --ref, which is the corpus's.
+ *
  * Translations go to stdout in input order, one per line; reports go to
  * stderr so stdout stays machine-readable. The model is loaded onto the
  * backend --device names (auto: a GPU when one is visible) and decoded
@@ -17,7 +23,9 @@
 
 #include "data/bleu.h"
 #include "data/chrf.h"
+#include "data/textnorm.h"
 #include "err.h"
+#include "flags.h"
 #include "mt.h"
 #include "parse.h"
 
@@ -73,13 +81,17 @@ static int load_lines(const char *path, Lines *out) {
     return rc;
 }
 
-/* Encodes all lines; counts lines longer than the model accepts. */
-static int32_t **encode_all(const Spm *spm, const Lines *l, int **len_out, int max_pieces, const char *name) {
+/* Encodes all lines (each first brought into the training text's form when
+ * norm is given); counts lines longer than the model accepts. */
+static int32_t **encode_all(const Spm *spm, const TextNorm *norm, const Lines *l, int **len_out, int max_pieces,
+                            const char *name) {
     int32_t **ids = TP_CALLOC((size_t)(l->n > 0 ? l->n : 1), sizeof(int32_t *));
     int *len = TP_CALLOC((size_t)(l->n > 0 ? l->n : 1), sizeof(int));
     int cut = 0;
     for (int i = 0; i < l->n; i++) {
-        ids[i] = mt_encode_line(spm, l->line[i], &len[i]);
+        char *line = norm ? textnorm_source(norm, l->line[i]) : l->line[i];
+        ids[i] = mt_encode_line(spm, line, &len[i]);
+        if (norm) free(line);
         TP_CHECK(ids[i], "%s:%d: the tokenizer failed on this line", name, i + 1);
         if (len[i] > max_pieces) cut++;
     }
@@ -92,10 +104,14 @@ static int32_t **encode_all(const Spm *spm, const Lines *l, int **len_out, int m
 
 static void usage(FILE *f) {
     fprintf(f, "usage: translate_mt --model DIR [--src FILE] [--ref FILE] [--score] [--beam K] [--lenpen A]\n"
-               "                    [--batch-size N] [--device auto|cpu|cuda] [--dtype fp32|bf16]\n"
+               "                    [--batch-size N] [--device auto|cpu|cuda] [--dtype fp32|bf16] [--tokenized]\n"
                "  --model DIR     a model directory saved by train_mt --save\n"
-               "  --src FILE      source sentences, one per line (default: stdin)\n"
-               "  --ref FILE      references: print corpus BLEU-4 and chrF2 on stderr\n"
+               "  --src FILE      source sentences, one per line, plain text (default: stdin): brought into the\n"
+               "                  form of the model's training text (lower-cased, punctuation split) first\n"
+               "  --ref FILE      references in the corpus's form: print corpus BLEU-4 and chrF2 on stderr,\n"
+               "                  scored on the model's tokenized output\n"
+               "  --tokenized     write the output as the model writes it (the corpus's form, words split with\n"
+               "                  spaces), not joined back into plain text\n"
                "  --score         with --ref: print log p(ref | src) of each pair instead of translating\n"
                "  --beam K        beam size, 0 to 1000 (default 5; 0 = greedy)\n"
                "  --lenpen A      length penalty: score / length^A, A in [0, 10] (default 1.0)\n"
@@ -107,7 +123,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *src_path = NULL, *ref_path = NULL;
-    int beam = 5, batch = 64, score = 0;
+    int beam = 5, batch = 64, score = 0, tokenized = 0;
     float lenpen = 1.0f;
     DeviceChoice device = DEVICE_AUTO;
     Dtype dtype = DTYPE_F32;
@@ -118,12 +134,14 @@ int main(int argc, char **argv) {
         {"beam", required_argument, 0, 'b'},  {"lenpen", required_argument, 0, 'l'},
         {"batch-size", required_argument, 0, 'B'}, {"device", required_argument, 0, 'd'},
         {"dtype", required_argument, 0, 't'},     {"help", no_argument, 0, 'h'},
+        {"tokenized", no_argument, 0, 'T'},
         {0, 0, 0, 0},
     };
     int c;
     long v;
     double d;
     char perr[256];
+    if (flags_check_exact("translate_mt", argc, argv, opts)) return 2;  // exact names, one-line refusals
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int bad = 0;
         switch (c) {
@@ -131,6 +149,7 @@ int main(int argc, char **argv) {
         case 's': src_path = optarg; break;
         case 'r': ref_path = optarg; break;
         case 'S': score = 1; break;
+        case 'T': tokenized = 1; break;
         case 'b':
             bad = parse_int("--beam", optarg, 0, MAX_BEAM, &v, perr, sizeof perr);
             if (!bad) beam = (int)v;
@@ -187,6 +206,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int max_pieces = mt.model.cfg.max_len - 1;
+    const TextNorm *norm = &mt.model.cfg.text;
+    if (!norm->recorded)
+        fprintf(stderr, "translate_mt: %s does not record its training text's form (saved before the record "
+                "existed): assuming small_parallel_enja's, English lower-cased with punctuation split, Japanese "
+                "words split with spaces\n", model_dir);
     Lines src, ref = {0};
     if (load_lines(src_path, &src)) return 1;
     if (ref_path && load_lines(ref_path, &ref)) return 1;
@@ -196,10 +220,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     int *src_len = NULL, *ref_len = NULL;
-    int32_t **src_ids = encode_all(mt.spm, &src, &src_len, max_pieces, src_path ? src_path : "<stdin>");
+    int32_t **src_ids = encode_all(mt.spm, norm, &src, &src_len, max_pieces, src_path ? src_path : "<stdin>");
     int rc = 0;
     if (score) {
-        int32_t **ref_ids = encode_all(mt.spm, &ref, &ref_len, max_pieces, ref_path);
+        int32_t **ref_ids = encode_all(mt.spm, NULL, &ref, &ref_len, max_pieces, ref_path);
         double *s = TP_MALLOC((size_t)(src.n > 0 ? src.n : 1) * sizeof(double));
         mt_score_ids(&mt.model, (const int32_t *const *)src_ids, src_len, (const int32_t *const *)ref_ids, ref_len,
                      src.n, batch, s);
@@ -217,7 +241,13 @@ int main(int argc, char **argv) {
         for (int i = 0; i < src.n; i++) {
             char *text = spm_decode(mt.spm, h.hyp[i], h.len[i]);
             TP_CHECK(text, "the tokenizer failed to decode output %d", i + 1);
-            printf("%s\n", text);
+            if (tokenized) {
+                printf("%s\n", text);
+            } else {
+                char *plain = textnorm_detok(norm, text);
+                printf("%s\n", plain);
+                free(plain);
+            }
             if (ref_path) {
                 bleu_add(&bs, text, ref.line[i]);
                 chrf_add(&cs, text, ref.line[i]);

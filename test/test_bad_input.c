@@ -255,7 +255,7 @@ static void test_float_fields(void) {
      * not turned into inf; a round trip of a valid config is exact. */
     char *json = config_to_json(&base);
     ModelConfig back;
-    CHECK(config_from_json(json, &back, err, sizeof err) == 0 && config_diff(&base, &back, err, sizeof err) == NULL,
+    CHECK(config_from_json(json, &back, err, sizeof err) == 0 && config_diff(&base, "the original", &back, "the copy", err, sizeof err) == NULL,
           "config.json round trip: %s", err);
     char *at = strstr(json, "\"ln_eps\":");
     CHECK(at != NULL, "config.json has no ln_eps: %s", json);

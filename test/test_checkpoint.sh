@@ -158,7 +158,7 @@ echo "part 1a: copy task, tp 2 x dp 2, dropout 0.1: steps 11..20 after resuming 
 corpus_flags=(--preset tiny --data "$corpus" --cache-dir cache --batch-tokens 1024 --lr 3e-3 --warmup 5)
 run prep.log "$train" "${corpus_flags[@]}" --max-steps 1 --eval-interval 1000
 resume_exact corpus corpus-ckpt/step_00000010 "${corpus_flags[@]}"
-grep -q "reusing cache/spm.model" corpus-resumed.log || fail "the corpus runs did not reuse the prepared cache"
+grep -q "reusing cache/spm-unigram-v8000/spm.model" corpus-resumed.log || fail "the corpus runs did not reuse the prepared cache"
 test -s corpus-ckpt/step_00000010/spm.model || fail "the corpus checkpoint lacks spm.model"
 grep -q '"kind":[[:space:]]*"corpus"' corpus-ckpt/step_00000010/manifest.json || fail "corpus manifest kind"
 echo "part 1b: corpus, tp 2 x dp 2, dropout 0.1, 1024-token batches: steps 11..20 after resuming at 10 equal" \
@@ -524,7 +524,7 @@ copy_of copy-other "$synth_ck"
 sed -i 's/"label_smoothing":\([[:space:]]*\)0.1[0-9]*,/"label_smoothing":\10.2,/' copy-other/manifest.json
 reseal copy-other
 refuse copy-other \
-    "copy-other/manifest.json: the checkpoint's model differs from this run's: label_smoothing is 0.2 in one and 0.1 in the other" \
+    "copy-other/manifest.json: the checkpoint's model differs from this run's: the checkpoint has label_smoothing 0.2, this run 0.1" \
     "${resume_synth[@]}" copy-other
 
 # The optimizer state: needed to resume, not to translate.

@@ -32,6 +32,34 @@ tr=$build/translate_mt
 tm=$build/train_mt
 tprun=$build/tprun
 
+# ---- flags match exactly: an unknown one is one sentence naming the nearest flag (common/flags.c) ----
+refused 2 "train_mt: unknown flag --max-stpes; did you mean --max-steps?" "$tm" --task copy --max-stpes 3
+refused 2 "train_mt: unknown flag --max-step; did you mean --max-steps?" "$tm" --task copy --max-step 3
+refused 2 "train_mt: unknown flag --max-step; did you mean --max-steps?" "$tm" --task copy --max-step=3
+refused 2 "train_mt: unknown flag --zzzzzzzzzz; see train_mt --help" "$tm" --zzzzzzzzzz
+refused 2 "train_mt: --strict takes no value, got '--strict=1'" "$tm" --task copy --strict=1
+refused 2 "train_mt: --save needs a value" "$tm" --task copy --save
+refused 2 "translate_mt: unknown flag --mdel; did you mean --model?" "$tr" --mdel nowhere
+refused 2 "translate_mt: unknown flag --bea; did you mean --beam?" "$tr" --model nowhere --bea 4
+refused 2 "ckpt: unknown flag --hepl; did you mean --help?" "$build/ckpt" --hepl
+refused 2 "ckpt: unknown command 'inspec'; did you mean inspect?" "$build/ckpt" inspec x
+refused 2 "tprun: unknown flag --nnode; did you mean --nnodes?" "$tprun" --nnode 1 "$tm"
+[ "$(wc -l < err.txt)" -eq 1 ] && ok "an unknown flag is one line, not the usage" || bad "unknown flag: $(cat err.txt)"
+# a value that looks like a flag belongs to the flag before it
+"$tm" --task copy --max-steps 1 --layers 1 --d-model 16 --heads 2 --ffn-hidden-size 16 --metrics --max-stpes \
+    > out.txt 2> err.txt < /dev/null
+rc=$?
+[ $rc -eq 0 ] && [ -s ./--max-stpes ] && ok "a flag's value is not checked as a flag" || bad "value as flag: rc $rc: $(cat err.txt)"
+
+# ---- run_main.sh: only the default folder is downloaded into; a path given must hold the corpus ----
+bash "$here/../scripts/run_main.sh" "$work/a/mistyped/path" > out.txt 2> err.txt < /dev/null
+rc=$?
+if [ $rc -eq 2 ] && grep -qF "run_main: $work/a/mistyped/path does not hold the corpus" err.txt && [ ! -e "$work/a" ]; then
+    ok "run_main.sh with a mistyped corpus path: $(cat err.txt)"
+else
+    bad "run_main.sh with a mistyped path: rc $rc, $work/a $([ -e "$work/a" ] && echo exists || echo absent): $(head -c 400 err.txt)"
+fi
+
 # ---- translate_mt: flags are checked before the model is read ----
 refused 2 "translate_mt: --beam expects an integer in [0, 1000], got '4294967297'" "$tr" --model nowhere --beam 4294967297
 refused 2 "translate_mt: --beam expects an integer in [0, 1000], got ''" "$tr" --model nowhere --beam ''

@@ -611,6 +611,61 @@ static void test_damaged_token_files(void) {
     free(orig);
 }
 
+/* One tokenizer per configuration under one cache root: two sizes side by
+ * side, each reused; a tokenizer of the older layout (straight in the
+ * root) is moved into its folder with its token files when its size is
+ * asked for, and left alone otherwise. */
+static void test_tokenizer_per_config(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char err[1024], dir_a[200], dir_b[200], path[300];
+    CorpusStats st[3];
+    CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB, dir_a, sizeof dir_a, err, sizeof err) == 0, "%s", err);
+    CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB + 16, dir_b, sizeof dir_b, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(dir_a, dir_b) != 0, "two vocabulary sizes share the folder %s", dir_a);
+    int sizes[2] = {SMALL_VOCAB, SMALL_VOCAB + 16};
+    const char *dirs[2] = {dir_a, dir_b};
+    for (int round = 0; round < 2; round++)  // the second round switches back and forth on the same root
+        for (int k = 0; k < 2; k++) {
+            CorpusConfig cfg = {.data_dir = c.data, .cache_dir = dirs[k], .vocab_size = sizes[k]};
+            const char *splits[1] = {"train"};
+            CHECK(corpus_prepare(&cfg, splits, 1, st, err, sizeof err) == 0, "vocab %d, round %d: %s", sizes[k],
+                  round, err);
+            path_of(path, sizeof path, dirs[k], "spm.model");
+            Spm *spm = spm_load(path, err, sizeof err);
+            CHECK(spm && spm_vocab_size(spm) == sizes[k], "%s: %d pieces, want %d", path, spm ? spm_vocab_size(spm) : -1,
+                  sizes[k]);
+            spm_free(spm);
+        }
+
+    /* the older layout: a tokenizer and token files straight in the root */
+    Case old;
+    case_new(&old);
+    write_clean(&old);
+    CHECK(prepare(&old, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    path_of(path, sizeof path, old.cache, "spm.model");
+    const ino_t model_ino = inode_of(path);
+    CHECK(corpus_adopt_old_layout(old.cache, SMALL_VOCAB + 16, false, err, sizeof err) == 0,
+          "a tokenizer of another size was moved: %s", err);
+    CHECK(inode_of(path) == model_ino, "the older tokenizer of another size did not stay where it was");
+    CHECK(corpus_adopt_old_layout(old.cache, SMALL_VOCAB, false, err, sizeof err) == 1, "not moved: %s", err);
+    char moved_dir[200], moved[300];
+    CHECK(corpus_cache_dir(old.cache, SMALL_VOCAB, moved_dir, sizeof moved_dir, err, sizeof err) == 0, "%s", err);
+    path_of(moved, sizeof moved, moved_dir, "spm.model");
+    CHECK(!file_exists_dir(old.cache, "spm.model") && inode_of(moved) == model_ino,
+          "the older tokenizer was not moved into %s", moved_dir);
+    CHECK(file_exists_dir(moved_dir, "train.tok") && file_exists_dir(moved_dir, "dev.tok") &&
+              file_exists_dir(moved_dir, "test.tok") && !file_exists_dir(old.cache, "train.tok"),
+          "the older token files did not move with their tokenizer");
+    path_of(path, sizeof path, moved_dir, "train.tok");
+    const ino_t tok_ino = inode_of(path);
+    Case in_dir = old;
+    snprintf(in_dir.cache, sizeof in_dir.cache, "%s", moved_dir);
+    CHECK(prepare(&in_dir, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(inode_of(moved) == model_ino && inode_of(path) == tok_ino, "the moved cache was rebuilt, not reused");
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "/tmp/test_corpus.XXXXXX");
     if (!mkdtemp(g_root)) {
@@ -624,6 +679,7 @@ int main(void) {
     test_crlf_and_final_line();
     test_reuse_and_rebuild();
     test_damaged_token_files();
+    test_tokenizer_per_config();
     remove_tree(g_root);
     return check_report("test_corpus");
 }

@@ -9,6 +9,9 @@ set -uo pipefail
 script=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# a folder holding the corpus's first file (run_main refuses a given path without it)
+corpus=$work/corpus
+mkdir -p "$corpus" && echo "a sentence ." > "$corpus/train.en"
 fails=0
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }
@@ -27,17 +30,17 @@ choice() {
   local name=$1 bin
   bin=$(smi "$2")
   shift 2
-  env -u CUDA_VISIBLE_DEVICES PATH="$bin:$PATH" RUN_MAIN_DRY_RUN=1 "$@" bash "$script" /data/corpus --max-steps 5 \
+  env -u CUDA_VISIBLE_DEVICES PATH="$bin:$PATH" RUN_MAIN_DRY_RUN=1 "$@" bash "$script" "$corpus" --max-steps 5 \
     > "$work/$name.out" 2>&1 || bad "$name: exit $?: $(cat "$work/$name.out")"
 }
 has() { if grep -qF -- "$3" "$work/$2.out"; then ok "$1"; else bad "$1: no '$3' in: $(cat "$work/$2.out")"; fi; }
 choice cpu 0
 has "no GPU: the CPU's 4 ranks" cpu "run_main: no GPU visible (nvidia-smi -L): 4 ranks on the CPU"
-has "no GPU: today's command" cpu "tprun --nproc_per_node=4 train_mt --data /data/corpus --log-interval 100 --tp 1 --dp 4 --batch-tokens 1024"
+has "no GPU: today's command" cpu "tprun --nproc_per_node=4 train_mt --data $corpus --log-interval 100 --tp 1 --dp 4 --batch-tokens 1024"
 has "no GPU: extra flags passed on" cpu "--save checkpoints/enja --max-steps 5"
 choice one 1
 has "1 GPU: counted" one "run_main: 1 GPU(s) visible (nvidia-smi -L): one rank per GPU"
-has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data /data/corpus --log-interval 100 --layout auto"
+has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data $corpus --log-interval 100 --layout auto"
 if grep -q -- "--nproc_per_node=4" "$work/one.out"; then bad "1 GPU: still 4 ranks"; else ok "1 GPU: not 4 ranks"; fi
 choice four 4
 has "4 GPUs: counted" four "run_main: 4 GPU(s) visible"

@@ -140,13 +140,25 @@ timeout 20 "$tprun" --nproc_per_node 3 "$worker" run "$d" "$marker" --exit0-rank
     --fail-after 1 > "$d/out" 2> "$d/err"
 rc=$?
 last=$(tail -n 1 "$d/err")
-if [ $rc -eq 1 ] && [[ $last =~ ^"tprun: rank 1 (local rank 1, pid "[0-9]+") on host ".*" exited 0 early, while other ranks were still running, and the job failed after it: rank 0 (local rank 0, pid "[0-9]+") exit code 3"$ ]]
+if [ $rc -eq 3 ] && [[ $last =~ ^"tprun: rank 1 (local rank 1, pid "[0-9]+") on host ".*" exited 0 early, while other ranks were still running, and the job failed after it: rank 0 (local rank 0, pid "[0-9]+") exit code 3"$ ]]
 then
     ok "a rank exiting 0 early is named in the final line: $last"
 else
     bad "early exit 0: rc $rc, final line: $last"
 fi
 no_leftovers "early exit 0"
+
+# ---- the same refusal on every rank: shown once, the rank whose error came first named, its exit status kept ----
+d=$work/refuse && mkdir "$d"
+timeout 20 "$tprun" --nproc_per_node 3 "$worker" refuse > "$d/out" 2> "$d/err"
+rc=$?
+n_shown=$(grep -c "worker: refused, the same reason on every rank" "$d/err")
+if [ $rc -eq 2 ] && [ "$n_shown" -eq 1 ] && grep -qx "\[rank 0\] worker: refused, the same reason on every rank" "$d/err" &&
+    grep -q "^tprun: rank 0 (local rank 0, pid [0-9]*) on host .* failed first: exit code 2$" "$d/err"; then
+    ok "one refusal of 3 ranks: shown once, rank 0 named, exit 2 passed through"
+else
+    bad "same refusal on 3 ranks: rc $rc, shown $n_shown times: $(cat "$d/err")"
+fi
 
 # ---- a fatal error under tprun: the rank once, from tprun ----
 d=$work/die && mkdir "$d"
@@ -269,7 +281,7 @@ r0=$?
 d0=$(elapsed "$t0")
 wait $n1
 r1=$?
-if [ $r0 -eq 1 ] && [ $r1 -eq 1 ] && lt "$d0" 6 &&
+if [ $r0 -eq 1 ] && [ $r1 -eq 3 ] && lt "$d0" 6 &&
     grep -q "node 0 stopped its workers: rank 3 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3" \
         "$d/f0.err" && grep -q "tprun: rank 3 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3" "$d/f1.err"
 then
@@ -431,8 +443,8 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "cannot find program" "$d/err" && ok "missing program: clear error" || bad "missing: $rc"
 "$tprun" --nproc_per_nod=2 "$worker" env "$d" > /dev/null 2> "$d/err"
 rc=$?
-[ $rc -ne 0 ] && grep -q "unknown option --nproc_per_nod" "$d/err" && ok "unknown flag: clear error" ||
-    bad "unknown flag: $rc"
+[ $rc -eq 2 ] && [ "$(cat "$d/err")" = "tprun: unknown flag --nproc_per_nod; did you mean --nproc_per_node?" ] &&
+    ok "unknown flag: one sentence with the nearest flag" || bad "unknown flag: $rc: $(cat "$d/err")"
 
 if [ $fails -ne 0 ]; then
     echo "test_tprun: $fails failed"

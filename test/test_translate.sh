@@ -19,7 +19,7 @@ grep -q '"dev_bleu"' m.jsonl
 grep -q "reusing" train.log && { echo "FAIL: first run claims to reuse a cache"; exit 1; }
 # A second run reuses the prepared cache instead of rebuilding it.
 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 1 --eval-interval 1000 > again.log
-grep -q "reusing cache/spm.model" again.log || { echo "FAIL: tokenizer not reused"; cat again.log; exit 1; }
+grep -q "reusing cache/spm-unigram-v8000/spm.model" again.log || { echo "FAIL: tokenizer not reused"; cat again.log; exit 1; }
 grep -q "train: reusing" again.log || { echo "FAIL: token file not reused"; cat again.log; exit 1; }
 
 "$build/translate_mt" --model model --src src.en --beam 0 > greedy.ja
@@ -66,6 +66,53 @@ s = [float(x) for x in open(sys.argv[1])]
 assert all(v < 0 for v in s), "a log-probability is not negative"
 assert len(set(s)) > 30, "scores do not depend on the sentence"
 PY
+
+# Plain text in, plain Japanese out: the model records its training text's
+# form; mixed case, attached punctuation and curly quotes translate (and
+# score) exactly as the corpus's form does; the output is joined back
+# unless --tokenized; an older model without the record works as before.
+grep -q '"lowercase":[[:space:]]*true' model/config.json || { echo "FAIL: no text record in config.json"; exit 1; }
+cat > corpus_form.en <<'EOF2'
+where is the station ?
+i can 't tell who will arrive first .
+he said to me , '' it 's nine o 'clock . ''
+EOF2
+cat > plain.en <<'EOF2'
+Where is the station?
+I can’t tell who will arrive first.
+He said to me, "It's nine o'clock."
+EOF2
+head -n 3 ref.ja > ref3.ja
+"$build/translate_mt" --model model --src corpus_form.en --beam 0 --tokenized > form.tok.ja
+"$build/translate_mt" --model model --src plain.en --beam 0 --tokenized > plain.tok.ja
+cmp form.tok.ja plain.tok.ja || { echo "FAIL: plain text translates differently from the corpus's form"; paste form.tok.ja plain.tok.ja; exit 1; }
+"$build/translate_mt" --model model --src corpus_form.en --ref ref3.ja --score > form.score
+"$build/translate_mt" --model model --src plain.en --ref ref3.ja --score > plain.score
+cmp form.score plain.score || { echo "FAIL: plain text scores differently from the corpus's form"; exit 1; }
+"$build/translate_mt" --model model --src plain.en --beam 0 > plain.ja
+/usr/bin/python3 - plain.tok.ja plain.ja <<'PY'
+import re, sys
+tok = open(sys.argv[1], encoding="utf-8").read().split("\n")
+out = open(sys.argv[2], encoding="utf-8").read().split("\n")
+latin = r"[0-9A-Za-z\u00c0-\u024f\uff10-\uff19\uff21-\uff3a\uff41-\uff5a]"
+for t, o in zip(tok, out):
+    want = re.sub(r"(?<=" + latin + r") +(?=" + latin + r")", "\0", " ".join(t.split()))
+    want = want.replace(" ", "").replace("\0", " ")
+    assert o == want, f"detokenized {o!r}, want {want!r} from {t!r}"
+assert any(" " in t for t in tok), "the tokenized output has no spaces to join"
+print("detokenized output checked:", out[0])
+PY
+cp -r model old-model
+/usr/bin/python3 - old-model/config.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["text"]
+json.dump(c, open(sys.argv[1], "w"), indent="\t")
+PY
+"$build/translate_mt" --model old-model --src plain.en --beam 0 > old.ja 2> old.err
+cmp old.ja plain.ja || { echo "FAIL: a model without the record translates differently"; exit 1; }
+grep -q "does not record its training text's form.*assuming small_parallel_enja's" old.err ||
+  { echo "FAIL: no note on the assumed form"; cat old.err; exit 1; }
 
 # --device and --dtype: the CPU asked for by name is what auto chose here;
 # bf16 GEMMs (emulated on the CPU) still translate every line; cuda where

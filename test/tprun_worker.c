@@ -13,6 +13,8 @@
  *       seconds (3600) and exits 0. --exit0-rank's rank exits 0 after 0.3 s; --fail-rank's rank fails after
  *       --fail-after seconds (0.3). MARKER only tags the command line for pgrep.
  *   tprun_worker die                    rank 1 ends through the project's fatal-error path (TP_CHECK)
+ *   tprun_worker refuse                 every rank prints the same refusal: rank 0 first, then takes 0.6 s
+ *                                       to exit 2; the others print it at 0.3 s and exit 1 at once
  *   tprun_worker shm-form DIR           rank 0 starts forming the shared-memory group "world" of the job
  *                                       (writes DIR/shm_name once its segment exists); the others never
  *                                       join: the job stays in that window until it is killed
@@ -190,6 +192,15 @@ static int mode_die(void) {
     return 0;
 }
 
+static int mode_refuse(void) {
+    const int rank = env_int("RANK");
+    if (rank != 0) sleep_s(0.3);
+    fprintf(stderr, "worker: refused, the same reason on every rank\n");
+    if (rank != 0) return 1;
+    sleep_s(0.6);
+    return 2;
+}
+
 static int mode_shm_form(const char *dir) {
     const char *job = getenv("TPRUN_JOB_ID");
     int rank = env_int("RANK"), world = env_int("WORLD_SIZE");
@@ -219,7 +230,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "store")) return mode_store();
     if (argc >= 4 && !strcmp(argv[1], "run")) return mode_run(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "die")) return mode_die();
+    if (argc >= 2 && !strcmp(argv[1], "refuse")) return mode_refuse();
     if (argc >= 3 && !strcmp(argv[1], "shm-form")) return mode_shm_form(argv[2]);
-    fprintf(stderr, "usage: tprun_worker free-port | env DIR | store | run DIR MARKER [options] | die | shm-form DIR\n");
+    fprintf(stderr, "usage: tprun_worker free-port | env DIR | store | run DIR MARKER [options] | die | refuse | shm-form DIR\n");
     return 2;
 }

@@ -22,7 +22,8 @@
  *     byte changes it, and so do bytes moved from one file to the next.
  *     Only content counts: touching a file does not rebuild;
  *   - vocab_size <= 0 means the default 8000; an existing spm.model with
- *     another size is refused rather than silently used.
+ *     another size is refused rather than silently used (callers give each
+ *     size its own folder: corpus_cache_dir).
  */
 #include "data/corpus.h"
 
@@ -510,6 +511,57 @@ int token_file_open(TokenFile *tf, const char *path, int vocab_size, char *err, 
 void token_file_close(TokenFile *tf) {
     if (tf->map) munmap(tf->map, tf->map_bytes);
     memset(tf, 0, sizeof *tf);
+}
+
+/* ---- the cache root: one folder per tokenizer configuration -------------------- */
+
+static const char *const CORPUS_CACHED_FILES[] = {"spm.model", "spm.vocab", "train.tok", "dev.tok", "test.tok"};
+
+int corpus_cache_dir(const char *cache_root, int vocab_size, char *out, size_t out_len, char *err, size_t err_len) {
+    const int v = vocab_size > 0 ? vocab_size : CORPUS_DEFAULT_VOCAB;
+    if (snprintf(out, out_len, "%s/spm-unigram-v%d", cache_root, v) >= (int)out_len) {
+        tp_error_set(err, err_len, "cache folder name too long: %s", cache_root);
+        return -1;
+    }
+    return 0;
+}
+
+int corpus_adopt_old_layout(const char *cache_root, int vocab_size, bool verbose, char *err, size_t err_len) {
+    const int v = vocab_size > 0 ? vocab_size : CORPUS_DEFAULT_VOCAB;
+    char old_model[PATH_MAX + 16], dir[PATH_MAX], from[PATH_MAX + 16], to[PATH_MAX + 16];
+    snprintf(old_model, sizeof old_model, "%s/spm.model", cache_root);
+    if (!file_exists(old_model)) return 0;
+    if (corpus_cache_dir(cache_root, v, dir, sizeof dir, err, err_len)) return -1;
+    char why[PATH_MAX + 200];
+    Spm *spm = spm_load(old_model, why, sizeof why);
+    const int pieces = spm ? spm_vocab_size(spm) : -1;
+    spm_free(spm);
+    snprintf(to, sizeof to, "%s/spm.model", dir);
+    if (pieces != v || file_exists(to)) {
+        if (verbose) {
+            printf("corpus: %s (%s) is from the older one-tokenizer cache layout; left in place, unused: this run's "
+                   "tokenizer is in %s\n", old_model, pieces > 0 ? "another vocabulary size" : "unreadable", dir);
+            fflush(stdout);
+        }
+        return 0;
+    }
+    if (make_dirs(dir, err, err_len) != 0) return -1;
+    /* the model last: until it moves, the old layout is still whole */
+    for (int i = (int)(sizeof CORPUS_CACHED_FILES / sizeof *CORPUS_CACHED_FILES) - 1; i >= 0; i--) {
+        snprintf(from, sizeof from, "%s/%s", cache_root, CORPUS_CACHED_FILES[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, CORPUS_CACHED_FILES[i]);
+        if (!file_exists(from) || file_exists(to)) continue;
+        if (rename(from, to) != 0) {
+            tp_error_set(err, err_len, "cannot move %s to %s: %s", from, to, strerror(errno));
+            return -1;
+        }
+    }
+    if (verbose) {
+        printf("corpus: moved the tokenizer of the older cache layout (%d pieces) and its token files into %s\n", v,
+               dir);
+        fflush(stdout);
+    }
+    return 1;
 }
 
 /* ---- corpus_prepare ------------------------------------------------------------ */

@@ -54,6 +54,25 @@ typedef struct {
 int corpus_prepare(const CorpusConfig *cfg, const char *const *splits, int n_splits, CorpusStats *stats,
                    char *err, size_t err_len);
 
+/* The tokenizer cache holds one tokenizer per configuration: under a cache
+ * root (cache/<corpus folder name> by default) each configuration has its
+ * own folder, named by everything that changes the tokenizer, that holds
+ * its spm.model and the token files made with it (corpus_prepare's
+ * cache_dir): cache_root/spm-unigram-v<vocab_size> (the model type, the
+ * identity normalization and the other training options are fixed in
+ * spm.cc; byte fallback follows the size). Writes that folder's path to
+ * out. 0, or -1 + err when it does not fit. */
+int corpus_cache_dir(const char *cache_root, int vocab_size, char *out, size_t out_len, char *err, size_t err_len);
+
+/* The layout before it, one tokenizer straight in the cache root: a
+ * cache_root/spm.model of vocab_size pieces (with its .vocab and token
+ * files) is moved into its configuration's folder when that has none yet
+ * (the same bytes, so checkpoints trained with it still match); one of
+ * another size is left where it is, unused, and said so when verbose.
+ * Returns 1 moved, 0 nothing to move, -1 + err. One process at a time
+ * (train_mt's rank 0). */
+int corpus_adopt_old_layout(const char *cache_root, int vocab_size, bool verbose, char *err, size_t err_len);
+
 /* A memory-mapped token file. */
 typedef struct {
     int n_pairs;

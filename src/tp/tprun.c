@@ -17,8 +17,14 @@
  * SIGTERM/SIGKILL go to the group and reach the worker's children too; the
  * agent is a child subreaper, so grandchildren orphaned by a dead worker are
  * re-parented to it and reaped: no zombie or orphan survives any path. The
- * first non-zero exit or death by signal is "the failure": the others get
- * SIGTERM, after --grace seconds SIGKILL, then the report. A worker that
+ * first non-zero exit or death by signal opens a short window
+ * (FAILURE_SETTLE_S) for ranks already on their way out; of the failures by
+ * then, the one whose error line came first is "the failure" (a rank that
+ * printed the cause and took a moment to exit, not the peer that died of
+ * its absence sooner): the others get SIGTERM, after --grace seconds
+ * SIGKILL, then the report, and tprun exits with that rank's exit status
+ * (128 + signal for a death by signal), as torchrun does. A stderr line
+ * several ranks print identically is shown once. A worker that
  * exited 0 while others still ran is named first in that report: its peers
  * usually fail because it is gone. Signals sent to
  * tprun are forwarded to every worker group (a second one means SIGKILL now)
@@ -62,6 +68,7 @@
 #include "clock.h"
 #include "err.h"
 #include "fileio.h"
+#include "flags.h"
 #include "parse.h"
 #include "tp/launch_env.h"
 #include "tp/threads.h"
@@ -76,6 +83,9 @@ extern char **environ;
 #define JOIN_TIMEOUT_S 300.0    // multi-node rendezvous of the agents
 #define HEARTBEAT_TIMEOUT_S 30.0 // node 0 declares a silent agent of another node dead
 #define LINE_MAX_BYTES (1 << 20) // a longer line is cut and printed in pieces
+#define FAILURE_SETTLE_S 0.5     // after the first failure, how long other ranks already on their way out are
+                                 // let finish before SIGTERM: the first error among them is the one named
+#define SEEN_LINES_MAX 4096      // stderr lines remembered to show a line several ranks print only once
 
 /* ---- options -------------------------------------------------------------- */
 
@@ -232,7 +242,10 @@ static int parse_args(int argc, char **argv, Opts *o) {
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(name, valued[k]) == 0;
         if (!known) {
-            fprintf(stderr, "tprun: unknown option %s (see tprun --help)\n", name);
+            static const char *const names[] = {"nproc_per_node", "nnodes", "node_rank", "master_addr",
+                                                "master_port",    "max_restarts", "log_dir", "tee",
+                                                "grace",          "standalone",   "help"};
+            flag_unknown("tprun", name, names, sizeof names / sizeof *names);
             return -1;
         }
         const char *v = eq ? eq + 1 : NULL;
@@ -467,6 +480,9 @@ typedef struct {
     Stream out, err;
     int log_fd;
     char **envp;
+    /* the order of events: the last stderr line this worker wrote, its
+     * reaping (a failure is named by when its error came, see pick_failure) */
+    unsigned long last_err_seq, reaped_seq;
 } Worker;
 
 typedef struct {
@@ -482,6 +498,9 @@ typedef struct {
     long *hb_seen;                // node 0: last heartbeat count of every node
     double *hb_when;              // node 0: when it last changed
     int n_silent;                 // node 0: agents declared dead (no acknowledgement to wait for)
+    unsigned long seq;            // events so far: stderr lines read, workers reaped
+    struct { uint64_t hash; int rank; } *seen;  // stderr lines shown this attempt (SEEN_LINES_MAX)
+    int n_seen;
     int dev_null;
     Worker *w;
 } Agent;
@@ -492,6 +511,7 @@ typedef struct {
     OutcomeKind kind;   // OUT_FAILED: a local worker failed first; OUT_REMOTE: the job failed elsewhere
     int sig;            // a terminating signal tprun received (0 = none)
     int saved_on_signal;  // every worker exited 0 or TP_EXIT_SAVED_ON_SIGNAL, some the latter
+    int status;         // OUT_FAILED: the wait status of the rank named
     char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..." (or exited 0 early: ...)
 } Outcome;
 
@@ -654,14 +674,30 @@ static int spawn(Agent *a, Worker *w) {
 
 /* One complete line (or a piece of an overlong one) to its destinations. A
  * failed write (a closed terminal or pipe) loses the output; the job goes on. */
-static void emit_line(const Agent *a, const Worker *w, const Stream *s, const char *line, size_t n) {
+/* Whether another rank already showed this stderr line (then it is not
+ * shown again: a refusal every rank prints appears once); remembers it. */
+static int shown_by_other(Agent *a, int rank, const char *line, size_t n) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits: lines that differ do not meet in practice
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)line[i]) * 1099511628211ull;
+    for (int i = 0; i < a->n_seen; i++)
+        if (a->seen[i].hash == h) return a->seen[i].rank != rank;
+    if (!a->seen) a->seen = TP_CALLOC(SEEN_LINES_MAX, sizeof *a->seen);
+    if (a->n_seen < SEEN_LINES_MAX) {
+        a->seen[a->n_seen].hash = h;
+        a->seen[a->n_seen++].rank = rank;
+    }
+    return 0;
+}
+
+static void emit_line(Agent *a, Worker *w, const Stream *s, const char *line, size_t n) {
     const Opts *o = &a->o;
+    if (s->is_err) w->last_err_seq = ++a->seq;
     if (w->log_fd >= 0) {
         write_all_fd(w->log_fd, line, n);
         write_all_fd(w->log_fd, "\n", 1);
     }
     int to_term = w->log_fd < 0 || (o->tee & (s->is_err ? 2 : 1));
-    if (!to_term) return;
+    if (!to_term || (s->is_err && shown_by_other(a, w->rank, line, n))) return;
     char prefix[32];
     int pn = snprintf(prefix, sizeof prefix, "[rank %d] ", w->rank);
     size_t total = (size_t)pn + n + 1;
@@ -674,7 +710,7 @@ static void emit_line(const Agent *a, const Worker *w, const Stream *s, const ch
     if (buf != stackbuf) free(buf);
 }
 
-static void stream_close(const Agent *a, const Worker *w, Stream *s) {
+static void stream_close(Agent *a, Worker *w, Stream *s) {
     if (s->fd < 0) return;
     if (s->len) emit_line(a, w, s, s->buf, s->len);  // the last, unterminated line
     close(s->fd);
@@ -684,7 +720,7 @@ static void stream_close(const Agent *a, const Worker *w, Stream *s) {
     s->len = s->cap = 0;
 }
 
-static void stream_read(const Agent *a, const Worker *w, Stream *s) {
+static void stream_read(Agent *a, Worker *w, Stream *s) {
     char chunk[65536];
     for (;;) {
         ssize_t r = read(s->fd, chunk, sizeof chunk);
@@ -790,6 +826,38 @@ lost:
     return 1;
 }
 
+/* The failure to name among the workers reaped failed so far (all before
+ * any SIGTERM of ours): the one whose error came first, i.e. whose last
+ * stderr line came earliest (or, having written none, whose exit did). A
+ * rank that printed the cause and then took its time to exit is named
+ * rather than a peer that died of its absence a moment sooner. */
+static void report_failure(Agent *a, const Worker *early, Outcome *out) {
+    const Worker *f = NULL;
+    unsigned long f_key = 0;
+    for (int i = 0; i < a->o.nproc; i++) {
+        const Worker *w = &a->w[i];
+        if (w->running || !w->reaped_seq || (WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0)) continue;
+        const unsigned long key = w->last_err_seq ? w->last_err_seq : w->reaped_seq;
+        if (!f || key < f_key) f = w, f_key = key;
+    }
+    TP_CHECK(f != NULL, "tprun: a failure to report but no failed worker");
+    char what[96];
+    describe_status(f->status, what, sizeof what);
+    /* A rank that returned 0 while its peers still ran usually is what
+     * ended the job: they fail on the missing peer. */
+    if (early)
+        snprintf(out->report, sizeof out->report,
+                 "rank %d (local rank %d, pid %d) on host %s exited 0 early, while other ranks were still running, "
+                 "and the job failed after it: rank %d (local rank %d, pid %d) %s",
+                 early->rank, early->local_rank, (int)early->pid, a->host, f->rank, f->local_rank, (int)f->pid, what);
+    else
+        snprintf(out->report, sizeof out->report, "rank %d (local rank %d, pid %d) on host %s failed first: %s",
+                 f->rank, f->local_rank, (int)f->pid, a->host, what);
+    out->kind = OUT_FAILED;
+    out->status = f->status;
+    publish_failure(a, out->report);
+}
+
 /* Runs one attempt of all local workers to the end. */
 static void run_attempt(Agent *a, int restart, Outcome *out) {
     const Opts *o = &a->o;
@@ -816,15 +884,18 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
     int stopping = 0, killed = 0;  // SIGTERM sent to all / SIGKILL sent to all
     double kill_deadline = INFINITY, drain_deadline = INFINITY;
     double next_store_poll = a->store ? tp_now_s() + STORE_POLL_S : INFINITY;
-    int have_failure = 0;
+    int have_failure = 0, reported = 0;
+    double settle_deadline = INFINITY;  // the first failure's FAILURE_SETTLE_S window
     const Worker *early = NULL;  // the first worker to exit 0 while others still ran
+    a->n_seen = 0;
 
     for (int i = 0; i < o->nproc; i++) {
         if (spawn(a, &a->w[i]) != 0) {
             snprintf(out->report, sizeof out->report, "rank %d (local rank %d) on host %s could not be started",
                      a->w[i].rank, i, a->host);
             out->kind = OUT_FAILED;
-            have_failure = 1;
+            out->status = 1 << 8;  // as an exit code 1
+            have_failure = reported = 1;
             publish_failure(a, out->report);
             stopping = 1;
             kill_deadline = tp_now_s() + o->grace;
@@ -848,6 +919,15 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
             n_orphan_groups += w->group_alive && !w->running;
             n_streams += (w->out.fd >= 0) + (w->err.fd >= 0);
         }
+        if (have_failure && !reported && (n_running == 0 || stopping || tp_now_s() >= settle_deadline)) {
+            reported = 1;
+            report_failure(a, early, out);
+            if (!stopping) {
+                stopping = 1;
+                kill_deadline = tp_now_s() + o->grace;
+                signal_groups(a, SIGTERM);
+            }
+        }
         if (n_running == 0 && n_groups > 0 && !stopping) {
             // Every worker is done but left processes in its group: stop them.
             stopping = 1;
@@ -863,6 +943,7 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
         double deadline = drain_deadline;
         if (stopping && !killed && kill_deadline < deadline) deadline = kill_deadline;
         if (!stopping && next_store_poll < deadline) deadline = next_store_poll;
+        if (have_failure && !reported && settle_deadline < deadline) deadline = settle_deadline;
         if (n_orphan_groups > 0) {  // a group outlives its leader: no SIGCHLD will tell when it empties
             double tick = tp_now_s() + (stopping ? GROUP_TICK_S : 10 * GROUP_TICK_S);
             if (tick < deadline) deadline = tick;
@@ -920,34 +1001,19 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
             if (!w) continue;  // an orphaned grandchild handed to us as subreaper
             w->running = 0;
             w->status = status;
+            if (w->out.fd >= 0) stream_read(a, w, &w->out);  // what it wrote before it exited comes first
+            if (w->err.fd >= 0) stream_read(a, w, &w->err);
+            w->reaped_seq = ++a->seq;
             /* "saved on signal" is no failure: the job agreed to stop and saved */
             int failed = !(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == TP_EXIT_SAVED_ON_SIGNAL));
-            if (!failed && !early && !stopping) {
+            if (!failed && !early && !stopping && !have_failure) {
                 int others = 0;
                 for (int i = 0; i < o->nproc; i++) others += a->w[i].running;
                 if (others) early = w;
             }
             if (failed && !have_failure && !stopping) {
-                have_failure = 1;
-                char what[96];
-                describe_status(status, what, sizeof what);
-                /* A rank that returned 0 while its peers still ran usually
-                 * is what ended the job: they fail on the missing peer. */
-                if (early)
-                    snprintf(out->report, sizeof out->report,
-                             "rank %d (local rank %d, pid %d) on host %s exited 0 early, while other ranks were still "
-                             "running, and the job failed after it: rank %d (local rank %d, pid %d) %s",
-                             early->rank, early->local_rank, (int)early->pid, a->host, w->rank, w->local_rank,
-                             (int)pid, what);
-                else
-                    snprintf(out->report, sizeof out->report,
-                             "rank %d (local rank %d, pid %d) on host %s failed first: %s", w->rank, w->local_rank,
-                             (int)pid, a->host, what);
-                out->kind = OUT_FAILED;
-                publish_failure(a, out->report);
-                stopping = 1;
-                kill_deadline = tp_now_s() + o->grace;
-                signal_groups(a, SIGTERM);
+                have_failure = 1;  // named once the window closes (report_failure)
+                settle_deadline = tp_now_s() + FAILURE_SETTLE_S;
             }
         }
 
@@ -1174,7 +1240,14 @@ int main(int argc, char **argv) {
                 signal_name(out.sig), TP_EXIT_SAVED_ON_SIGNAL);
     else if (out.sig) fprintf(stderr, "tprun: received %s; stopped all workers\n", signal_name(out.sig));
     int sig = saved ? 0 : out.sig;
-    code = saved ? TP_EXIT_SAVED_ON_SIGNAL : sig ? 128 + sig : out.kind == OUT_OK ? 0 : 1;
+    /* the failed rank's own exit status, as torchrun passes it on (a death by
+     * signal as the shell writes it, 128 + the signal) */
+    int failed_code = WIFEXITED(out.status) ? WEXITSTATUS(out.status)
+                      : WIFSIGNALED(out.status) ? 128 + WTERMSIG(out.status) : 1;
+    code = saved ? TP_EXIT_SAVED_ON_SIGNAL
+           : sig ? 128 + sig
+           : out.kind == OUT_OK ? 0
+           : out.kind == OUT_FAILED && failed_code ? failed_code : 1;
 
     if (a.store) {
         // This node's success still needs every node's success; then every
@@ -1211,6 +1284,7 @@ done:
     free(a.node_host);
     free(a.hb_seen);
     free(a.hb_when);
+    free(a.seen);
     free(a.program);
     if (a.dev_null >= 0) close(a.dev_null);
     return code;

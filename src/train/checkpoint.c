@@ -1043,6 +1043,43 @@ done:
     return rc;
 }
 
+int ckpt_check_save_folder(const char *save_dir, const ModelConfig *cfg, bool corpus, const char *spm_path, char *err,
+                           size_t err_len) {
+    int64_t *steps;
+    const int n = list_steps(save_dir, &steps);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        char name[64], dir[4096], why[1024];
+        step_name(name, sizeof name, steps[i]);
+        pathf(dir, sizeof dir, "%s/%s", save_dir, name);
+        struct stat sb;
+        /* a torn save (never published: the next save replaces it) or a link
+         * to a folder elsewhere (never the run's own: saving removes only the
+         * link) is not a checkpoint of this folder; one whose manifest cannot
+         * be read cannot be compared (loading it says why) */
+        if (!is_checkpoint(dir) || lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        ModelConfig theirs;
+        TrainState st;
+        if (ckpt_read_manifest(dir, &theirs, NULL, NULL, NULL, NULL, &st, why, sizeof why)) continue;
+        if (config_diff(&theirs, "the checkpoint", cfg, "this run", why, sizeof why)) {
+            tp_error_set(err, err_len, "--save %s holds %s of another model (%s): save into another folder, or "
+                         "remove those checkpoints first; nothing was trained", save_dir, name, why);
+            rc = -1;
+        } else if (st.corpus != corpus) {
+            tp_error_set(err, err_len, "--save %s holds %s of a %s run, this run trains on a %s: save into another "
+                         "folder; nothing was trained", save_dir, name, st.corpus ? "corpus" : "synthetic-task",
+                         corpus ? "corpus" : "synthetic task");
+            rc = -1;
+        } else if (corpus && ckpt_check_tokenizer(dir, spm_path, why, sizeof why)) {
+            tp_error_set(err, err_len, "--save %s holds %s of another model: %s; save into another folder; nothing "
+                         "was trained", save_dir, name, why);
+            rc = -1;
+        }
+    }
+    free(steps);
+    return rc;
+}
+
 /* ---- load ---------------------------------------------------------------------- */
 
 /* Reads one file listed in the manifest, checking size and CRC against it. */
@@ -1213,7 +1250,7 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
     if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, saved, err, err_len)) goto done;
     const bool pieces = saved->zero_stage > 0;
     pathf(path, sizeof path, "%s/manifest.json", dir);
-    if (config_diff(&cfg, &m->cfg, why, sizeof why)) {
+    if (config_diff(&cfg, "the checkpoint", &m->cfg, "this run", why, sizeof why)) {
         tp_error_set(err, err_len, "%s: the checkpoint's model differs from this run's: %s", path, why);
         goto done;
     }

@@ -105,6 +105,16 @@ int ckpt_verify_file(const char *dir, const struct cJSON *files, const char *nam
 enum { CKPT_VERIFY_MODEL = 1, CKPT_VERIFY_OPTIM = 2, CKPT_VERIFY_ALL = 3 };
 int ckpt_verify(const char *dir, int what, char *err, size_t err_len);
 
+/* Before a run trains: 0 when every complete checkpoint in save_dir (a
+ * folder of checkpoints; absent or empty is fine) is of the model this run
+ * trains (config, corpus or synthetic task, tokenizer spm_path when
+ * corpus), else -1 with one sentence naming the checkpoint and the first
+ * difference, whose value is the checkpoint's and whose this run's. Links
+ * to folders elsewhere and manifests that cannot be read are not compared
+ * (the first are never the folder's own, the second say why when loaded). */
+int ckpt_check_save_folder(const char *save_dir, const ModelConfig *cfg, bool corpus, const char *spm_path, char *err,
+                           size_t err_len);
+
 /* Loads weights (and, when opt is non-NULL, the optimizer state) into a
  * model of any tp layout and any pipeline stage (m->stage, the whole model
  * by default) whose config equals the checkpoint's, whatever stages it was

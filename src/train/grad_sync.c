@@ -8,7 +8,17 @@
  * host-visible backend (CPU) the ops the thread runs (copies, casts) touch
  * only the finished bucket and the staging buffer. A device backend keeps
  * the reduction on the caller's thread after backward (its stream orders
- * the work) until overlap has been proven there. */
+ * the work) until overlap has been proven there.
+ *
+ * Time, on one clock with one accounting: a bucket's communication runs
+ * from the moment it could start (handed over, or the bucket before it
+ * done) to its end, so the buckets' times add up to every moment some
+ * reduction was pending, thread wake-ups included. The step waits (is
+ * exposed) only from a hand-over or wait of its own to the end of the
+ * bucket it waits for: always inside those moments, so the exposed part
+ * can never exceed the whole (it used to be measured as the caller's wall
+ * time around finish, which also held work that is not communication and
+ * the thread's wake-up, while the whole counted only the collectives). */
 #include "train/grad_sync.h"
 
 #include <pthread.h>
@@ -31,6 +41,8 @@ struct GradSync {
     int launched;         // buckets handed over (reduction order)
     int done;             // buckets reduced
     double exposed_s, comm_s;
+    double *launched_at;  // [L.n] when each bucket was handed over (tp_now_s)
+    double last_end;      // when the last bucket's reduction ended
     bool accumulate;      // ZeRO-2, a micro-batch after the step's first: add into the shard
     bool threaded;
     pthread_t thread;
@@ -137,7 +149,6 @@ static void reduce_bucket_owned(GradSync *g, int k) {
     Comm *dp = g->dp;
     float *mem = g->mem[k];  // (dp q)
     const size_t padded = b->q * (size_t)g->dp_size, mine_at = (size_t)g->dp_rank * b->q;
-    const double t0 = tp_now_s();
     if (g->cfg.dtype == COMM_BF16) {
         uint16_t *s16 = g->stage;  // (padded) bf16
         op_to_bf16(be, s16, mem, padded);
@@ -149,7 +160,6 @@ static void reduce_bucket_owned(GradSync *g, int k) {
     float *piece = g->shard + b->at;
     if (g->accumulate) op_add(be, piece, piece, mem + mine_at, b->q);  // a later micro-batch
     else op_copy(be, piece, mem + mine_at, b->q);
-    g->comm_s += tp_now_s() - t0;
 }
 
 static void reduce_bucket(GradSync *g, int k) {
@@ -165,7 +175,6 @@ static void reduce_bucket(GradSync *g, int k) {
     size_t plo, phi;  // this rank's piece, clipped to the bucket
     bucket_piece(&g->L, k, g->dp_rank, &plo, &phi);
     const size_t mine_at = (size_t)g->dp_rank * b->q, valid = phi - plo;
-    const double t0 = tp_now_s();
     if (g->cfg.dtype == COMM_BF16) {
         uint16_t *s16 = g->stage;  // (padded) bf16
         op_to_bf16(be, s16, src, len);
@@ -188,7 +197,17 @@ static void reduce_bucket(GradSync *g, int k) {
         comm_ok(comm_reduce_scatter(dp, s, s + mine_at, b->q), dp);
         op_copy(be, g->grads + plo, s + mine_at, valid);
     }
-    g->comm_s += tp_now_s() - t0;
+}
+
+/* Reduces bucket k, handed over at `avail`, on whichever thread reduces;
+ * returns the communication time it adds: from when it could start (handed
+ * over, or the bucket before it done: g->last_end, this thread's own) to
+ * its end, which becomes the new last_end (*end). */
+static double reduce_timed(GradSync *g, int k, double avail, double *end) {
+    const double from = avail > g->last_end ? avail : g->last_end;
+    reduce_bucket(g, k);
+    *end = tp_now_s();
+    return *end - from;
 }
 
 /* ---- the communication thread --------------------------------------------------- */
@@ -200,9 +219,13 @@ static void *comm_thread(void *arg) {
         while (!g->quit && g->done == g->launched) pthread_cond_wait(&g->cv, &g->mu);
         if (g->done == g->launched) break;  // quit with nothing pending
         const int k = g->done;
+        const double avail = g->launched_at[k];
         pthread_mutex_unlock(&g->mu);
-        reduce_bucket(g, k);
+        double end;
+        const double dt = reduce_timed(g, k, avail, &end);
         pthread_mutex_lock(&g->mu);
+        g->comm_s += dt;
+        g->last_end = end;
         g->done++;
         pthread_cond_broadcast(&g->cv);
     }
@@ -293,6 +316,7 @@ GradSync *grad_sync_create(Backend *be, Comm *dp, Model *m, const GradSyncConfig
         g->stage = backend_alloc(be, stage_bytes, MEM_COMM);
         if (cfg->dtype == COMM_BF16) g->zeros = backend_alloc(be, (size_t)g->dp_size * sizeof(float), MEM_COMM);
     }
+    g->launched_at = TP_CALLOC((size_t)g->L.n + 1, sizeof *g->launched_at);
     g->threaded = cfg->overlap && g->dp_size > 1 && be->host_visible;
     if (g->threaded) {
         pthread_mutex_init(&g->mu, NULL);
@@ -319,6 +343,7 @@ void grad_sync_free(GradSync *g) {
         for (int k = 0; k < g->L.n; k++) backend_free(g->be, g->mem[k]);
     backend_free(g->be, g->shard);
     free(g->mem);
+    free(g->launched_at);
     free(g->reduced);
     free(g->tensor_at);
     free(g->bucket_of);
@@ -391,9 +416,10 @@ void grad_sync_needed(GradSync *g, size_t lo, size_t hi) {
     if (g->threaded) {
         const double t0 = tp_now_s();
         pthread_mutex_lock(&g->mu);
+        const bool waits = g->launched - g->done > ZERO2_MAX_PENDING;
         while (g->launched - g->done > ZERO2_MAX_PENDING) pthread_cond_wait(&g->cv, &g->mu);
+        if (waits && g->last_end > t0) g->exposed_s += g->last_end - t0;  // until the bucket it waited for ended
         pthread_mutex_unlock(&g->mu);
-        g->exposed_s += tp_now_s() - t0;
     }
     bool changed = release_reduced(g);
     for (int k = 0; k < g->L.n; k++)
@@ -402,19 +428,27 @@ void grad_sync_needed(GradSync *g, size_t lo, size_t hi) {
 }
 
 /* Hands over buckets [launched, upto) (the caller's thread reduces them
- * when there is no communication thread and `now` is set). */
-static void launch(GradSync *g, int upto, bool now) {
+ * when there is no communication thread and `now` is set: all of that is
+ * exposed). Returns the hand-over's time. */
+static double launch(GradSync *g, int upto, bool now) {
+    const double t = tp_now_s();
     if (g->threaded) {
         pthread_mutex_lock(&g->mu);
         if (upto > g->launched) {
+            for (int k = g->launched; k < upto; k++) g->launched_at[k] = t;
             g->launched = upto;
             pthread_cond_broadcast(&g->cv);
         }
         pthread_mutex_unlock(&g->mu);
-    } else if (now) {
-        for (; g->launched < upto; g->launched++) reduce_bucket(g, g->launched);
+    } else if (now && upto > g->launched) {
+        double end = t, add = 0.0;
+        for (; g->launched < upto; g->launched++) add += reduce_timed(g, g->launched, t, &end);
+        g->last_end = end;
         g->done = g->launched;
+        g->comm_s += add;  // the same sum to both: exposed stays <= comm to the last bit
+        g->exposed_s += add;
     }
+    return t;
 }
 
 void grad_sync_ready(GradSync *g, size_t from) {
@@ -425,21 +459,20 @@ void grad_sync_ready(GradSync *g, size_t from) {
 }
 
 void grad_sync_finish(GradSync *g) {
-    const double t0 = tp_now_s() - g->exposed_s;  // ZeRO-2 may have waited during backward (or earlier micro-batches)
     if (g->dp_size == 1 && g->cfg.zero == 0) return;
     if (g->cfg.zero >= 2) {  // buckets backward never reached (no rows here) hold zeros
         bool changed = false;
         for (int k = g->launched; k < g->L.n; k++) changed |= make_storage(g, k);
         if (changed) bind_storage(g);
     }
-    launch(g, g->L.n, true);
+    const double t = launch(g, g->L.n, true);
     if (g->threaded) {
         pthread_mutex_lock(&g->mu);
         while (g->done < g->L.n) pthread_cond_wait(&g->cv, &g->mu);
+        if (g->last_end > t) g->exposed_s += g->last_end - t;  // until the last bucket ended, not our wake-up
         pthread_mutex_unlock(&g->mu);
     }
     if (g->cfg.zero >= 2 && release_reduced(g)) bind_storage(g);
-    g->exposed_s = tp_now_s() - t0;
 }
 
 void grad_sync_allgather_params(GradSync *g, float *params) {

@@ -128,8 +128,10 @@ void grad_sync_needed(GradSync *g, size_t lo, size_t hi);
 void grad_sync_finish(GradSync *g);
 /* ZeRO: every rank's updated pieces of params into every rank's buffer. */
 void grad_sync_allgather_params(GradSync *g, float *params);
-/* Seconds the last step waited in finish (communication not hidden behind
- * backward) and spent in collectives in all. */
+/* Seconds of the last step's data-parallel communication (every moment a
+ * bucket's reduction was pending, collectives and their staging copies) and
+ * of that the seconds the caller waited for it (not hidden behind
+ * backward): never more than the first (see grad_sync.c). */
 double grad_sync_exposed_s(const GradSync *g);
 double grad_sync_comm_s(const GradSync *g);
 

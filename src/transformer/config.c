@@ -50,6 +50,7 @@ int config_preset(const char *name, ModelConfig *cfg, char *err, size_t err_len)
         cfg->unk_id = 1;
         cfg->bos_id = 2;
         cfg->eos_id = 3;
+        cfg->text = textnorm_none();  // ids, not text, until a corpus says otherwise (train_mt)
         return 0;
     }
     tp_error_set(err, err_len, "unknown preset '%s' (known: tiny, cpu, small, base, big)", name);
@@ -123,6 +124,14 @@ char *config_to_json(const ModelConfig *c) {
     cJSON_AddNumberToObject(o, "bos_id", c->bos_id);
     cJSON_AddNumberToObject(o, "eos_id", c->eos_id);
     cJSON_AddNumberToObject(o, "unk_id", c->unk_id);
+    if (c->text.recorded) {  // a model loaded without the record is saved without it: nothing is invented
+        cJSON *t = cJSON_AddObjectToObject(o, "text");
+        cJSON_AddStringToObject(t, "source", text_lang_name(c->text.source));
+        cJSON_AddStringToObject(t, "target", text_lang_name(c->text.target));
+        cJSON_AddBoolToObject(t, "lowercase", c->text.lowercase);
+        cJSON_AddBoolToObject(t, "split_punct", c->text.split_punct);
+        cJSON_AddBoolToObject(t, "target_spaced", c->text.target_spaced);
+    }
     char *s = cJSON_Print(o);
     cJSON_Delete(o);
     TP_CHECK(s, "cJSON_Print failed");
@@ -163,6 +172,31 @@ static int get_float(const cJSON *o, const char *key, float *out, char *err, siz
     return 0;
 }
 
+/* The optional "text" object: absent, the assumed form; present, whole. */
+static int get_text(const cJSON *o, TextNorm *t, char *err, size_t err_len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "text");
+    if (!v) {
+        *t = textnorm_assumed();
+        return 0;
+    }
+    const cJSON *src = cJSON_GetObjectItemCaseSensitive(v, "source"), *tgt = cJSON_GetObjectItemCaseSensitive(v, "target");
+    const cJSON *lc = cJSON_GetObjectItemCaseSensitive(v, "lowercase");
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(v, "split_punct");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(v, "target_spaced");
+    *t = (TextNorm){.recorded = true};
+    if (!cJSON_IsObject(v) || !cJSON_IsString(src) || text_lang_parse(src->valuestring, &t->source) ||
+        !cJSON_IsString(tgt) || text_lang_parse(tgt->valuestring, &t->target) || !cJSON_IsBool(lc) ||
+        !cJSON_IsBool(sp) || !cJSON_IsBool(ts)) {
+        tp_error_set(err, err_len, "field 'text' must hold source and target (\"en\", \"ja\" or \"none\") and "
+                     "the booleans lowercase, split_punct and target_spaced");
+        return -1;
+    }
+    t->lowercase = cJSON_IsTrue(lc);
+    t->split_punct = cJSON_IsTrue(sp);
+    t->target_spaced = cJSON_IsTrue(ts);
+    return 0;
+}
+
 int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len) {
     cJSON *o = cJSON_ParseWithOpts(text, NULL, 1); /* 1: nothing but whitespace may follow the object */
     if (!cJSON_IsObject(o)) {
@@ -195,7 +229,8 @@ int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len
         get_int(o, "pad_id", &c->pad_id, err, err_len) ||
         get_int(o, "bos_id", &c->bos_id, err, err_len) ||
         get_int(o, "eos_id", &c->eos_id, err, err_len) ||
-        get_int(o, "unk_id", &c->unk_id, err, err_len))
+        get_int(o, "unk_id", &c->unk_id, err, err_len) ||
+        get_text(o, &c->text, err, err_len))
         goto done;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "activation");
     if (!cJSON_IsString(act) || activation_parse(act->valuestring, &c->act)) {
@@ -213,15 +248,16 @@ TokenSpec config_tokens(const ModelConfig *c) {
                        .eos_id = c->eos_id};
 }
 
-const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *buf, size_t buf_len) {
+const char *config_diff(const ModelConfig *a, const char *a_name, const ModelConfig *b, const char *b_name, char *buf,
+                        size_t buf_len) {
 #define INT_FIELD(f)                                                                                    \
     if (a->f != b->f) {                                                                                 \
-        snprintf(buf, buf_len, "%s is %d in one and %d in the other", #f, (int)a->f, (int)b->f);       \
+        snprintf(buf, buf_len, "%s has %s %d, %s %d", a_name, #f, (int)a->f, b_name, (int)b->f);       \
         return buf;                                                                                     \
     }
 #define FLOAT_FIELD(f)                                                                                  \
     if (a->f != b->f) {                                                                                 \
-        snprintf(buf, buf_len, "%s is %g in one and %g in the other", #f, (double)a->f, (double)b->f); \
+        snprintf(buf, buf_len, "%s has %s %g, %s %g", a_name, #f, (double)a->f, b_name, (double)b->f); \
         return buf;                                                                                     \
     }
     INT_FIELD(d_model) INT_FIELD(n_heads) INT_FIELD(d_ff) INT_FIELD(enc_layers) INT_FIELD(dec_layers)

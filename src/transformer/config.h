@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include "data/batch.h"
+#include "data/textnorm.h"
 #include "kernels/ops.h"
 
 /* Upper bounds of the dimensions (the flags of train_mt accept the same):
@@ -34,6 +35,8 @@ typedef struct {
     Activation act;     // FFN activation
     float ln_eps;       // LayerNorm epsilon
     int pad_id, bos_id, eos_id, unk_id; // special token ids
+    TextNorm text;      // how the training text was normalized: not the network's shape (config_diff skips it);
+                        // "text" in the JSON, optional (absent: textnorm_assumed)
 } ModelConfig;
 
 /* Fills cfg from a preset name ("tiny", "small", "base", "big").
@@ -52,8 +55,11 @@ int config_from_json(const char *text, ModelConfig *cfg, char *err, size_t err_l
 TokenSpec config_tokens(const ModelConfig *cfg);
 
 /* NULL when a and b describe the same model, else one sentence naming the
- * first field that differs (written to buf). */
-const char *config_diff(const ModelConfig *a, const ModelConfig *b, char *buf, size_t buf_len);
+ * first field that differs and whose value is which (written to buf):
+ * "the checkpoint has d_model 128, this run 256" for names "the
+ * checkpoint" and "this run". */
+const char *config_diff(const ModelConfig *a, const char *a_name, const ModelConfig *b, const char *b_name, char *buf,
+                        size_t buf_len);
 
 const char *activation_name(Activation act);
 int activation_parse(const char *s, Activation *act);
