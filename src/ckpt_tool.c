@@ -4,6 +4,8 @@
  *   ckpt export [--strict] PATH OUT_DIR
  *                                one consolidated model (config.json, model.safetensors, spm.model);
  *                                damaged optimizer shards warned about (--strict: an error)
+ *   ckpt average --last N DIR OUT   the mean of DIR's newest N complete checkpoints
+ *   ckpt average OUT CKPT1 CKPT2 ...  the mean of the checkpoints named
  *
  * PATH is what --resume accepts: a checkpoint directory or a folder of them
  * (its latest). Both commands sit on the library's own readers
@@ -29,11 +31,14 @@
 #include "mt.h"
 #include "safetensors.h"
 #include "train/checkpoint.h"
+#include "train/ckpt_average.h"
 #include "transformer/export.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: ckpt inspect PATH\n"
                "       ckpt export [--strict] PATH OUT_DIR\n"
+               "       ckpt average --last N DIR OUT\n"
+               "       ckpt average OUT CKPT1 CKPT2 ...\n"
                "  PATH     a checkpoint directory (step_N, with manifest.json) or a folder of checkpoints\n"
                "           (train_mt --save DIR: its latest, or else its newest complete step)\n"
                "  inspect  prints step, model, saved layout, data cursor, optimizer and every file, then\n"
@@ -41,7 +46,12 @@ static void usage(FILE *f) {
                "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
                "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
                "           the format of docs/model-and-export.md; a damaged optimizer shard (which the export\n"
-               "           does not need) is a warning naming the file, an error (exit 1) with --strict\n");
+               "           does not need) is a warning naming the file, an error (exit 1) with --strict\n"
+               "  average  writes OUT, a new checkpoint whose weights are the exact mean of the inputs (summed in\n"
+               "           double, rounded once), loaded from whatever layouts they were saved with; the inputs\n"
+               "           must be one model. Optimizer state, step and tokenizer are the newest input's, so OUT\n"
+               "           loads with --resume, translate_mt --model and ckpt export. --last N: DIR's newest N\n"
+               "           complete step_N checkpoints\n");
 }
 
 /* PATH -> the checkpoint directory in out; 0, or -1 after printing why. */
@@ -278,27 +288,79 @@ static int cmd_export(const char *arg, const char *out_dir, bool strict) {
     return rc ? 1 : 0;
 }
 
+/* ckpt average: --last N DIR OUT, or OUT CKPT1 CKPT2 ... */
+static int cmd_average(int argc, char **argv) {
+    char err[1024];
+    const bool last = argc >= 2 && strcmp(argv[0], "--last") == 0;
+    if (last ? argc != 4 : argc < 2) {
+        fprintf(stderr, "ckpt: average takes --last N DIR OUT, or OUT CKPT1 CKPT2 ...\n");
+        return 2;
+    }
+    int n = last ? 0 : argc - 1;
+    if (last) {
+        char *end;
+        long v = strtol(argv[1], &end, 10);
+        if (*argv[1] == '\0' || *end || v < 1 || v > 1000000) {
+            fprintf(stderr, "ckpt: average --last: '%s' is not a count from 1 to 1000000\n", argv[1]);
+            return 2;
+        }
+        n = (int)v;
+    }
+    const char *out = last ? argv[3] : argv[0];
+    char (*dirs)[4096] = TP_CALLOC((size_t)n, sizeof *dirs);
+    const char **in = TP_CALLOC((size_t)n, sizeof *in);
+    int rc = 0;
+    if (last) {
+        int64_t *steps;
+        const int have = ckpt_list_complete(argv[2], &steps);
+        if (have < n) {
+            fprintf(stderr, "ckpt: average --last %d: %s holds %d complete checkpoint%s\n", n, argv[2], have,
+                    have == 1 ? "" : "s");
+            rc = 1;
+        }
+        for (int i = 0; i < n && rc == 0; i++)  // oldest first: the order of the sum
+            pathf(dirs[i], sizeof dirs[i], "%s/step_%08lld", argv[2], (long long)steps[n - 1 - i]);
+        free(steps);
+    } else {
+        for (int i = 0; i < n && rc == 0; i++) rc = resolve(argv[1 + i], dirs[i], sizeof dirs[i]) ? 1 : 0;
+    }
+    for (int i = 0; i < n; i++) in[i] = dirs[i];
+    if (rc == 0 && ckpt_average(in, n, out, false, err, sizeof err)) {
+        fprintf(stderr, "ckpt: average: %s\n", err);
+        rc = 1;
+    }
+    if (rc == 0) {
+        printf("ckpt: the mean of %d checkpoint%s written to %s:", n, n == 1 ? "" : "s", out);
+        for (int i = 0; i < n; i++) printf(" %s", in[i]);
+        printf("\n");
+    }
+    free(dirs);
+    free(in);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
         usage(stdout);
         return 0;
     }
     if (argc == 3 && strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
+    if (argc >= 2 && strcmp(argv[1], "average") == 0) return cmd_average(argc - 2, argv + 2);
     if (argc == 4 && strcmp(argv[1], "export") == 0) return cmd_export(argv[2], argv[3], false);
     if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[2], "--strict") == 0)
         return cmd_export(argv[3], argv[4], true);
     if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[4], "--strict") == 0)
         return cmd_export(argv[2], argv[3], true);
     /* one sentence, through the programs' shared flag checks (common/flags.h) */
-    static const char *const flags[] = {"help"}, *const commands[] = {"inspect", "export"};
+    static const char *const flags[] = {"help"}, *const commands[] = {"inspect", "export", "average"};
     if (argc >= 2 && argv[1][0] == '-') {
         flag_unknown("ckpt", argv[1], flags, 1);
         return 2;
     }
     if (argc >= 2 && strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "export") != 0) {
-        const char *near = flag_nearest(argv[1], commands, 2);
+        const char *near = flag_nearest(argv[1], commands, 3);
         if (near) fprintf(stderr, "ckpt: unknown command '%s'; did you mean %s?\n", argv[1], near);
-        else fprintf(stderr, "ckpt: unknown command '%s'; the commands are inspect and export (ckpt --help)\n", argv[1]);
+        else fprintf(stderr, "ckpt: unknown command '%s'; the commands are inspect, export and average (ckpt --help)\n", argv[1]);
         return 2;
     }
     if (argc >= 2) {

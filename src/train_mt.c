@@ -37,6 +37,7 @@
 #include "tp/runtime.h"
 #include "tp/threads.h"
 #include "train/checkpoint.h"
+#include "train/ckpt_average.h"
 #include "train/device.h"
 #include "train/step.h"
 #include "transformer/export.h"
@@ -47,6 +48,7 @@
 #include "transformer/optim.h"
 
 enum { MAX_PP = 1024 };  // pipeline stages (a stage holds at least one layer)
+enum { KEEP_NONE, KEEP_BLEU, KEEP_LOSS };  // --keep-best
 
 typedef struct {
     const char *preset;
@@ -69,6 +71,9 @@ typedef struct {
     const char *dump_batches; // --dump-batches FILE, or NULL
     double max_minutes;       // --max-minutes: wall time after which the run ends (0: none)
     int save_interval, keep_last;
+    int keep_best;            // --keep-best: KEEP_NONE, KEEP_BLEU or KEEP_LOSS
+    int patience;             // --patience N: evaluations without improvement that end the run (0: none)
+    int average_last;         // --average-last N: average the newest N checkpoints at the end (0: none)
     int tp, dp;               // 0: automatic
     int pp;                   // pipeline stages (1: none)
     const char *pp_layout;    // --pp-layout, or NULL: balanced by cost
@@ -168,6 +173,13 @@ static void usage(FILE *f) {
             "                         and every --save-interval N steps; --keep-last K keeps the newest K;\n"
             "                         SIGTERM, SIGINT or SIGUSR1 (to any rank or to tprun) saves after the\n"
             "                         current step and exits 75, \"saved on signal\" (--resume auto goes on)\n"
+            "  --keep-best bleu|loss  keep the checkpoint of the best dev BLEU (or lowest dev loss) as DIR/best\n"
+            "                         (a link to its step_N, the figure in DIR/best.json), saved at the\n"
+            "                         evaluation that finds it; --keep-last never prunes it\n"
+            "  --patience N           end the run after N evaluations without a better --keep-best figure\n"
+            "                         (evaluated, saved and reported as an early stop)\n"
+            "  --average-last N       at the end, DIR/averaged: the mean of the newest N checkpoints (ckpt\n"
+            "                         average), with its dev BLEU beside the best single checkpoint's\n"
             "  --resume DIR|auto      continue from a checkpoint (auto: the newest in --save), any layout\n"
             "  --export DIR           the final model as one file: config.json, model.safetensors, spm.model\n"
             "  --metrics FILE         JSON Lines: step, loss, lr, grad_norm, tokens_per_s, elapsed_s; step, dev_loss,\n"
@@ -235,7 +247,7 @@ static const RunDefaults *run_defaults(const char *preset) {
 enum {
     O_PRESET = 256, O_DMODEL, O_HEADS, O_FFN, O_LAYERS, O_ENC, O_DEC, O_VOCAB, O_MAXLEN, O_DROPOUT, O_LS, O_ACT,
     O_TASK, O_BS, O_MINLEN, O_SEQLEN, O_LR, O_WARMUP, O_WD, O_CLIP, O_B1, O_B2, O_EPS, O_STEPS, O_EPOCHS, O_LOGI,
-    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_LBUCKET, O_PROFILE, O_MAXMIN, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
+    O_EVALI, O_SEED, O_SAVE, O_SAVEI, O_KEEP, O_RESUME, O_EXPORT, O_DUMPB, O_LBUCKET, O_PROFILE, O_KEEPBEST, O_PATIENCE, O_AVGLAST, O_MAXMIN, O_METRICS, O_DATA, O_CACHE, O_DIR, O_SPMV, O_STRICT, O_BTOK, O_BEAM, O_TP, O_DP,
     O_CTIMEOUT, O_DEVICE, O_DTYPE, O_COMM, O_SCHED, O_ZERO, O_BUCKET, O_GDTYPE, O_GOVERLAP, O_MICRO, O_PP, O_PPLAYOUT, O_RECOMPUTE, O_SEQPAR, O_PLAN, O_MEMLIMIT, O_PLANCACHE, O_LAYOUT, O_HELP,
 };
 
@@ -286,6 +298,8 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         {"plan-cache", required_argument, 0, O_PLANCACHE}, {"layout", required_argument, 0, O_LAYOUT},
         {"dump-batches", required_argument, 0, O_DUMPB}, {"max-minutes", required_argument, 0, O_MAXMIN},
         {"length-bucket", required_argument, 0, O_LBUCKET}, {"profile", no_argument, 0, O_PROFILE},
+        {"keep-best", required_argument, 0, O_KEEPBEST}, {"patience", required_argument, 0, O_PATIENCE},
+        {"average-last", required_argument, 0, O_AVGLAST},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -401,6 +415,16 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
         case O_DUMPB: a->dump_batches = optarg; break;
         case O_LBUCKET: a->length_bucket = (int)flag_int("--length-bucket", optarg, 1, 4096); break;
         case O_PROFILE: a->profile = true; break;
+        case O_KEEPBEST:
+            if (strcmp(optarg, "bleu") == 0) a->keep_best = KEEP_BLEU;
+            else if (strcmp(optarg, "loss") == 0) a->keep_best = KEEP_LOSS;
+            else {
+                fprintf(stderr, "train_mt: --keep-best must be bleu or loss, got '%s'\n", optarg);
+                exit(2);
+            }
+            break;
+        case O_PATIENCE: a->patience = (int)flag_int("--patience", optarg, 1, 1 << 20); break;
+        case O_AVGLAST: a->average_last = (int)flag_int("--average-last", optarg, 1, 1 << 20); break;
         case O_MAXMIN: a->max_minutes = flag_real("--max-minutes", optarg, 0.0, 1e7, PARSE_LO_OPEN); break;
         case O_METRICS: a->metrics_path = optarg; break;
         case O_DATA: a->data_dir = optarg; break;
@@ -530,6 +554,33 @@ static void parse_args(int argc, char **argv, TrainArgs *a) {
     }
     if (a->pp_layout && a->pp == 1) {
         fprintf(stderr, "train_mt: --pp-layout needs --pp N with N > 1 stages\n");
+        exit(2);
+    }
+    if (a->keep_best && !a->save_dir) {
+        fprintf(stderr, "train_mt: --keep-best keeps a checkpoint in the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->keep_best && !a->eval_interval) {
+        fprintf(stderr, "train_mt: --keep-best compares evaluations; give --eval-interval N > 0\n");
+        exit(2);
+    }
+    if (a->keep_best == KEEP_BLEU && a->synthetic) {
+        fprintf(stderr, "train_mt: --keep-best bleu needs a corpus (a --task run has no dev BLEU); use --keep-best "
+                        "loss\n");
+        exit(2);
+    }
+    if (a->patience && (!a->keep_best || !a->eval_interval)) {
+        fprintf(stderr, "train_mt: --patience %d counts evaluations without a better --keep-best figure; give "
+                        "--keep-best bleu|loss and --eval-interval N > 0\n", a->patience);
+        exit(2);
+    }
+    if (a->average_last && !a->save_dir) {
+        fprintf(stderr, "train_mt: --average-last averages the checkpoints of the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->average_last && a->keep_last && a->keep_last < a->average_last) {
+        fprintf(stderr, "train_mt: --average-last %d needs the newest %d checkpoints, but --keep-last %d keeps "
+                        "fewer; raise --keep-last\n", a->average_last, a->average_last, a->keep_last);
         exit(2);
     }
     if (a->save_interval && !a->save_dir) {
@@ -1008,6 +1059,130 @@ static void save(const TrainArgs *a, const Runtime *rt, const Model *m, const Ad
         exit(1);
     }
     if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, tp_now_s() - t0);
+}
+
+/* ---- --keep-best, --patience, --average-last ------------------------------ */
+
+/* Rank 0's record of the kept figure: the best so far, its step, and the
+ * evaluations since (what --patience counts). */
+typedef struct {
+    bool have;
+    double value;
+    int step, bad_evals;
+} Best;
+
+static const char *keep_name(int keep) { return keep == KEEP_BLEU ? "bleu" : "loss"; }
+static const char *keep_label(int keep) { return keep == KEEP_BLEU ? "dev BLEU" : "dev loss"; }
+
+/* On resume: the --save folder's record, so a resumed run never replaces a
+ * better best; the evaluations since it count toward --patience. */
+static void best_restore(const TrainArgs *a, int first_step, bool lead, Best *b) {
+    if (!a->keep_best || first_step <= 1) return;
+    int64_t step;
+    char metric[16], err[1024];
+    double v;
+    const int r = ckpt_best_read(a->save_dir, &step, metric, sizeof metric, &v, err, sizeof err);
+    if (r < 0) {
+        fprintf(stderr, "train_mt: --keep-best: %s\n", err);
+        exit(1);
+    }
+    if (r == 0) return;
+    if (strcmp(metric, keep_name(a->keep_best)) != 0) {
+        if (lead)
+            printf("train_mt: %s/best keeps the best %s; this run keeps the best %s: its record starts afresh\n",
+                   a->save_dir, metric, keep_name(a->keep_best));
+        return;
+    }
+    const int since = (first_step - 1) / a->eval_interval - (int)(step / a->eval_interval);
+    *b = (Best){.have = true, .value = v, .step = (int)step, .bad_evals = since > 0 ? since : 0};
+    if (lead)
+        printf("train_mt: best so far: %s %.4f at step %d (%d evaluation%s since)\n", keep_label(a->keep_best), v,
+               b->step, b->bad_evals, b->bad_evals == 1 ? "" : "s");
+}
+
+/* Rank 0, after an evaluation: updates the record; returns 1 when v is the
+ * best so far, 2 when --patience has run out (0: neither). */
+static int best_update(const TrainArgs *a, Best *b, double v, int step) {
+    if (!b->have || (a->keep_best == KEEP_BLEU ? v > b->value : v < b->value)) {
+        *b = (Best){.have = true, .value = v, .step = step, .bad_evals = 0};
+        return 1;
+    }
+    b->bad_evals++;
+    return a->patience && b->bad_evals >= a->patience ? 2 : 0;
+}
+
+/* Rank 0: points DIR/best at the step just saved; a failure ends the run. */
+static void best_publish(const TrainArgs *a, const Best *b, FILE *metrics) {
+    char err[1024];
+    if (ckpt_best_write(a->save_dir, b->step, keep_name(a->keep_best), b->value, err, sizeof err)) {
+        fprintf(stderr, "train_mt: --keep-best: %s\n", err);
+        exit(1);
+    }
+    printf("train_mt: best %s so far, %.4f at step %d: kept as %s/best\n", keep_label(a->keep_best), b->value,
+           b->step, a->save_dir);
+    if (metrics)
+        metrics_line(metrics, a->metrics_path, "{\"step\": %d, \"best\": \"%s\", \"best_value\": %.9g}\n", b->step,
+                     keep_name(a->keep_best), b->value);
+}
+
+/* Rank 0: the line and the metrics record of a run ended by --patience. */
+static void early_stop_report(const TrainArgs *a, const Best *b, int step, int total, FILE *metrics) {
+    printf("train_mt: early stop at step %d of %d: %s has not improved for %d evaluations (--patience %d); best "
+           "%.4f at step %d, kept as %s/best\n", step, total, keep_label(a->keep_best), b->bad_evals, a->patience,
+           b->value, b->step, a->save_dir);
+    if (metrics)
+        metrics_line(metrics, a->metrics_path, "{\"step\": %d, \"early_stop\": true, \"reason\": \"patience\", "
+                     "\"patience\": %d, \"metric\": \"%s\", \"best_step\": %d, \"best_value\": %.9g}\n", step,
+                     a->patience, keep_name(a->keep_best), b->step, b->value);
+}
+
+/* Rank 0, at the end: DIR/averaged, the mean of the newest --average-last
+ * checkpoints, and its dev figures beside the best single evaluation's
+ * (top: the best dev BLEU, or the lowest dev loss for a --task run). 0 or 1. */
+static int average_report(const TrainArgs *a, Backend *be, Source *src, double top, int top_step, FILE *metrics) {
+    int64_t *steps;
+    const int have = ckpt_list_complete(a->save_dir, &steps);
+    const int n = have < a->average_last ? have : a->average_last;
+    char (*dirs)[4096] = TP_CALLOC((size_t)(n > 0 ? n : 1), sizeof *dirs), out[4096], err[1024];
+    const char **in = TP_CALLOC((size_t)(n > 0 ? n : 1), sizeof *in);
+    for (int i = 0; i < n; i++) {  // oldest first: the order of the sum
+        pathf(dirs[i], sizeof dirs[i], "%s/step_%08lld", a->save_dir, (long long)steps[n - 1 - i]);
+        in[i] = dirs[i];
+    }
+    pathf(out, sizeof out, "%s/averaged", a->save_dir);
+    int rc = 0;
+    if (n < a->average_last)
+        printf("train_mt: --average-last %d: %s holds %d checkpoint%s; averaging those\n", a->average_last,
+               a->save_dir, n, n == 1 ? "" : "s");
+    if (n < 1 || ckpt_average(in, n, out, true, err, sizeof err)) {
+        fprintf(stderr, "train_mt: --average-last: %s\n", n < 1 ? "no checkpoint to average" : err);
+        rc = 1;
+    }
+    Model avg;
+    if (rc == 0 && (model_create_ex(&avg, be, &src->args->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err) ||
+                    ckpt_load(out, &avg, NULL, err, sizeof err))) {
+        fprintf(stderr, "train_mt: --average-last: %s\n", err);
+        rc = 1;
+    } else if (rc == 0) {
+        const EvalResult ev = evaluate(&avg, a->synthetic ? NULL : &avg, src);
+        const double fig = ev.has_bleu ? ev.bleu : ev.loss;
+        const char *what = ev.has_bleu ? "dev BLEU" : "held-out loss";
+        printf("train_mt: averaged the newest %d checkpoints (steps %lld to %lld) into %s: %s %.4f; best single "
+               "checkpoint: %s %.4f at step %d\n", n, (long long)steps[n - 1], (long long)steps[0], out, what, fig,
+               what, top, top_step);
+        char bleu[64] = "";
+        if (ev.has_bleu) snprintf(bleu, sizeof bleu, ", \"dev_bleu\": %.4f", ev.bleu);
+        if (metrics)
+            metrics_line(metrics, a->metrics_path, "{\"averaged\": %d, \"first_step\": %lld, \"last_step\": %lld, "
+                         "\"dev_loss\": %.9g%s, \"best_single_%s\": %.9g, \"best_single_step\": %d}\n", n,
+                         (long long)steps[n - 1], (long long)steps[0], ev.loss, bleu,
+                         ev.has_bleu ? "dev_bleu" : "dev_loss", top, top_step);
+        model_free(&avg);
+    }
+    free(steps);
+    free(dirs);
+    free(in);
+    return rc;
 }
 
 /* After the step every rank agreed to stop at (a signal reached some rank):
@@ -1851,6 +2026,10 @@ int main(int argc, char **argv) {
     long tok_window = 0;
     double pad_slots = 0.0, all_slots = 0.0;  // the window's padded and total batch slots (source + target)
     int saved_step = first_step - 1;
+    Best best = {0};
+    best_restore(&a, first_step, lead, &best);
+    double top = 0.0;  // the best single evaluation's dev BLEU (lowest loss for a --task run), for --average-last
+    int top_step = 0, early_stop = 0;
     BatchDump *dump = a.dump_batches ? batch_dump_new(first_step, a.micro_batches) : NULL;
     /* From here a signal saves and stops at a step boundary (preempt.h);
      * before it, there is nothing new to save and a signal ends the job at once. */
@@ -1945,9 +2124,12 @@ int main(int argc, char **argv) {
         if (a.eval_interval && (step % a.eval_interval == 0 || step == total)) {
             double t0 = tp_now_s();
             if (mesh->dp_rank == 0 && pp > 1) model_stage_collect(&m, rt.pp, stages, pp, evm);
+            EvalResult ev = {0};
             if (mesh->dp_rank == 0 && evm) {  // one tp group evaluates; the others wait at the barrier
                 if (decode_here || (!a.synthetic && mesh->tp > 1)) model_gather(evm, decode_here ? &whole : NULL);
-                EvalResult ev = evaluate(evm, decode_here ? &whole : NULL, &src);
+                ev = evaluate(evm, decode_here ? &whole : NULL, &src);
+                const double fig = ev.has_bleu ? ev.bleu : ev.loss;
+                if (lead && (!top_step || (ev.has_bleu ? fig > top : fig < top))) top = fig, top_step = step;
                 if (lead && ev.has_bleu) {
                     printf("%sstep %6d/%d | dev loss %.4f | dev BLEU %.2f\n", tty ? "\r\033[K" : "", step, total,
                            ev.loss, ev.bleu);
@@ -1962,16 +2144,31 @@ int main(int argc, char **argv) {
                 }
             }
             comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
+            if (a.keep_best) {  // rank 0's figures decide for every rank
+                int kept = lead ? best_update(&a, &best, a.keep_best == KEEP_BLEU ? ev.bleu : ev.loss, step) : 0;
+                comm_ok(comm_broadcast(rt.ctrl, &kept, sizeof kept, 0), rt.ctrl);
+                if (kept == 1 && saved_step != step) {
+                    save(&a, &rt, &m, &opt, &src, pp_layout, step);
+                    saved_step = step;
+                }
+                if (kept == 1 && lead) best_publish(&a, &best, metrics);
+                early_stop = kept == 2 && step < total;
+            }
             const double dt = tp_now_s() - t0;
             t_eval += dt;
             t_window += dt;  // tokens/s counts training time only (the window keeps its tokens)
         }
-        if (a.save_dir && a.save_interval && step % a.save_interval == 0) {
+        if (a.save_dir && a.save_interval && step % a.save_interval == 0 && saved_step != step) {
             save(&a, &rt, &m, &opt, &src, pp_layout, step);
             saved_step = step;
         }
         if (lead && !tty) fflush(stdout);
         if (metrics) fflush(metrics);
+        if (early_stop) {  // evaluated above; saved after the loop
+            if (lead) early_stop_report(&a, &best, step, total, metrics);
+            total = step;
+            break;
+        }
         if (step < total && (stop_sig = preempt_agree(rt.ctrl)) != 0) {  // one small allreduce per step
             comm_ok(stop_sig < 0 ? -1 : 0, rt.ctrl);
             stop_on_signal(&a, &rt, &m, &opt, &src, pp_layout, step, saved_step, stop_sig, total);
@@ -1980,6 +2177,14 @@ int main(int argc, char **argv) {
         }
     }
     if (a.save_dir && saved_step != total) save(&a, &rt, &m, &opt, &src, pp_layout, total);
+    int rc = 0;
+    if (lead && a.keep_best && best.have)
+        printf("train_mt: best checkpoint: step %d, %s %.4f: %s/best\n", best.step, keep_label(a.keep_best),
+               best.value, a.save_dir);
+    if (a.average_last && !stop_sig) {
+        if (lead) rc = average_report(&a, be, &src, top, top_step, metrics);
+        comm_ok(comm_barrier(rt.ctrl), rt.ctrl);
+    }
     if (lead) {
         char took[32];
         fmt_duration(took, sizeof took, tp_now_s() - t_start);
@@ -2022,7 +2227,6 @@ int main(int argc, char **argv) {
         free(all);
         free(mem_last);
     }
-    int rc = 0;
     if (dump) {
         char *json = config_to_json(&m.cfg);
         if (batch_dump_write(dump, a.dump_batches, json, err, sizeof err)) {

@@ -451,6 +451,96 @@ static int same_or_absent(const char *final, const char *tmp, int64_t step, char
     return -1;
 }
 
+/* ---- the best checkpoint ------------------------------------------------------ */
+
+/* DIR/best.json records {"step", "metric", "value"}; DIR/best is a link to
+ * step_N. best.json is written first and is the record a resume trusts; the
+ * link follows it (a crash between the two leaves the link on the previous
+ * best, which ckpt_best_write repairs next time). Both are replaced by
+ * rename, so each is always whole. */
+#define BEST_JSON_MAX_BYTES 4096
+
+static int64_t best_link_step(const char *dir) {
+    char path[4096], target[256];
+    pathf(path, sizeof path, "%s/best", dir);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n <= 0) return -1;
+    target[n] = '\0';
+    return parse_step_name(target);
+}
+
+int ckpt_best_read(const char *dir, int64_t *step, char *metric, size_t metric_len, double *value, char *err,
+                   size_t err_len) {
+    char path[4096];
+    pathf(path, sizeof path, "%s/best.json", dir);
+    if (access(path, F_OK) != 0) return 0;
+    size_t n = 0;
+    char *text = read_file_bytes_max(path, BEST_JSON_MAX_BYTES, &n, err, err_len);
+    if (!text) return -1;
+    cJSON *o = cJSON_ParseWithLength(text, n);
+    free(text);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "metric");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "value");
+    const bool ok = cJSON_IsNumber(s) && s->valuedouble >= 1 && s->valuedouble <= (INT_MAX - 1) &&
+                    s->valuedouble == (double)(int64_t)s->valuedouble && cJSON_IsString(m) &&
+                    (strcmp(m->valuestring, "bleu") == 0 || strcmp(m->valuestring, "loss") == 0) &&
+                    cJSON_IsNumber(v) && isfinite(v->valuedouble);
+    if (ok) {
+        *step = (int64_t)s->valuedouble;
+        snprintf(metric, metric_len, "%s", m->valuestring);
+        *value = v->valuedouble;
+    } else {
+        tp_error_set(err, err_len, "%s: not a best-checkpoint record (needs an integer step >= 1, metric bleu or "
+                     "loss, a finite value)", path);
+    }
+    cJSON_Delete(o);
+    return ok ? 1 : -1;
+}
+
+/* The steps best.json and the best link name (-1 where absent). */
+static void best_steps(const char *dir, int64_t *recorded, int64_t *linked) {
+    char metric[16], why[512];
+    double v;
+    if (ckpt_best_read(dir, recorded, metric, sizeof metric, &v, why, sizeof why) != 1) *recorded = -1;
+    *linked = best_link_step(dir);
+}
+
+int ckpt_best_write(const char *dir, int64_t step, const char *metric, double value, char *err, size_t err_len) {
+    char name[64], path[4096], link_tmp[4096], json[256];
+    step_name(name, sizeof name, step);
+    pathf(path, sizeof path, "%s/%s", dir, name);
+    if (!is_checkpoint(path)) {
+        tp_error_set(err, err_len, "%s: no complete checkpoint to keep as the best", path);
+        return -1;
+    }
+    snprintf(json, sizeof json, "{\"step\": %lld, \"metric\": \"%s\", \"value\": %.17g}\n", (long long)step, metric,
+             value);
+    pathf(path, sizeof path, "%s/best.json", dir);
+    if (write_file_atomic(path, json, strlen(json), err, err_len) != 0) return -1;
+    pathf(link_tmp, sizeof link_tmp, "%s/best.tmp", dir);
+    pathf(path, sizeof path, "%s/best", dir);
+    unlink(link_tmp);
+    if (symlink(name, link_tmp) != 0 || rename(link_tmp, path) != 0 || fsync_path(dir) != 0) {
+        tp_error_set(err, err_len, "%s: cannot point it at %s (%s)", path, name, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_list_complete(const char *dir, int64_t **steps_out) {
+    int64_t *steps;
+    int n = list_steps(dir, &steps), k = 0;
+    for (int i = 0; i < n; i++) {
+        char name[64], path[4096];
+        step_name(name, sizeof name, steps[i]);
+        pathf(path, sizeof path, "%s/%s", dir, name);
+        if (is_checkpoint(path)) steps[k++] = steps[i];
+    }
+    *steps_out = steps;
+    return k;
+}
+
 static int publish(const char *dir, const char *tmp, int64_t step, int keep_last, char *err, size_t err_len) {
     char final[4096], name[64], path[4096], latest_tmp[4096];
     step_name(name, sizeof name, step);
@@ -479,11 +569,13 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
     if (write_file_atomic(path, line, strlen(line), err, err_len) != 0 || fsync_path(dir) != 0) return -1;
     ckpt_fault_point("after updating latest");
     if (keep_last > 0) {
-        int64_t *steps;
+        int64_t *steps, best_rec = -1, best_link = -1;
+        best_steps(dir, &best_rec, &best_link);
         int n = list_steps(dir, &steps);
         int kept = 0;
         for (int i = 0; i < n; i++) {
             char sd[64];
+            if (steps[i] == best_rec || steps[i] == best_link) continue;  // the kept best: never pruned
             step_name(sd, sizeof sd, steps[i]);
             pathf(path, sizeof path, "%s/%s/manifest.json", dir, sd);
             bool complete = access(path, F_OK) == 0;
@@ -556,6 +648,34 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
              publish(dir, tmp, st->step, keep_last, err, err_len) == 0;
     }
     return agree(rt, ok, err, err_len);
+}
+
+int ckpt_save_as(const char *out, bool replace, const Runtime *rt, const Model *m, const AdamW *opt,
+                 const TrainState *st, const char *spm_path, char *err, size_t err_len) {
+    TP_CHECK(rt->mesh.world == 1, "ckpt_save_as writes a one-rank checkpoint");
+    char work[4096], name[64], from[4096];
+    struct stat sb;
+    if (!replace && lstat(out, &sb) == 0) {
+        tp_error_set(err, err_len, "%s already exists: refusing to replace it (give a new path)", out);
+        return -1;
+    }
+    pathf(work, sizeof work, "%s.partial", out);
+    remove_tree(work);  // left by a crashed write of the same output
+    if (ckpt_save(work, rt, m, opt, st, spm_path, 0, err, err_len)) {
+        remove_tree(work);
+        return -1;
+    }
+    step_name(name, sizeof name, st->step);
+    pathf(from, sizeof from, "%s/%s", work, name);
+    if (replace) discard_checkpoint(out);
+    if (rename(from, out) != 0) {
+        tp_error_set(err, err_len, "%s: cannot publish the checkpoint (%s)", out, strerror(errno));
+        remove_tree(work);
+        return -1;
+    }
+    remove_tree(work);
+    fsync_parent_dir(out);
+    return 0;
 }
 
 /* ---- resolve ------------------------------------------------------------------ */

@@ -29,6 +29,7 @@
 #ifndef TPTRAIN_CHECKPOINT_H
 #define TPTRAIN_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "data/dataset.h"
@@ -66,6 +67,27 @@ typedef struct {
  * links. 0, or -1 with one sentence in err (on every rank). */
 int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
               const char *spm_path, int keep_last, char *err, size_t err_len);
+
+/* Writes one complete checkpoint directory at `out` (not a step folder of a
+ * --save folder: no `latest`, no pruning), from a one-rank runtime: saved
+ * whole into out.partial, then renamed into place. An existing out is
+ * refused unless replace. 0 or -1 + err. */
+int ckpt_save_as(const char *out, bool replace, const Runtime *rt, const Model *m, const AdamW *opt,
+                 const TrainState *st, const char *spm_path, char *err, size_t err_len);
+
+/* The kept best checkpoint of a --save folder (train_mt --keep-best):
+ * DIR/best.json records {"step", "metric" ("bleu" or "loss"), "value"} and
+ * DIR/best is a symbolic link to its step_N, so DIR/best resolves like any
+ * checkpoint directory. --keep-last never prunes the step best.json or the
+ * link names. ckpt_best_write: the record first, then the link, each
+ * replaced atomically; the step must be complete. ckpt_best_read: 1 and the
+ * record, 0 when there is none, -1 + err when it is malformed. */
+int ckpt_best_write(const char *dir, int64_t step, const char *metric, double value, char *err, size_t err_len);
+int ckpt_best_read(const char *dir, int64_t *step, char *metric, size_t metric_len, double *value, char *err,
+                   size_t err_len);
+
+/* The complete step_N checkpoints in dir, newest first (caller frees). */
+int ckpt_list_complete(const char *dir, int64_t **steps_out);
 
 /* Resolves what --resume names: a checkpoint directory (with manifest.json),
  * or a folder of checkpoints (its `latest`, or else its newest complete
