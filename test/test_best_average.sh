@@ -16,9 +16,12 @@
 #     CKPT...` and train_mt --average-last 3 each write a checkpoint whose
 #     exported weights equal the mean of the inputs' exactly (float64 sum in
 #     order, / 3, rounded to float32); it resumes with --resume.
-# Usage: test_best_average.sh BUILD_DIR
+#  5. On the corpus: --keep-best bleu keeps DIR/best, which translate_mt
+#     --model DIR/best loads (the same output as its step directory), and
+#     --average-last reports the averaged model's dev BLEU beside the best.
+# Usage: test_best_average.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
-build=$1
+build=$1 corpus=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -138,3 +141,20 @@ rc=0; "$ckpt" average --last 9 a too-many > many.log 2>&1 || rc=$?
 rc=0; "$ckpt" average by-last a/step_00000006 > exists.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "already exists" exists.log || { cat exists.log; fail "ckpt average onto an existing path"; }
 echo "part 4: averages of a tp 2 and two tp 1 checkpoints equal the exact mean; the average resumes"
+
+# ---- 5. the corpus: --keep-best bleu and translate_mt --model DIR/best -----------------------
+run c.log "$train" --data "$corpus" --cache-dir cache --preset tiny --spm-vocab-size 2000 --max-steps 12 --warmup 4 \
+  --lr 3e-3 --eval-interval 4 --log-interval 100 --save c --keep-best bleu --average-last 2 --metrics c.jsonl
+grep -q "train_mt: best dev BLEU so far, .* kept as c/best" c.log || fail "no best line in c.log"
+grep -q "train_mt: averaged the newest 2 checkpoints .* dev BLEU [0-9.]*; best single checkpoint: dev BLEU" c.log ||
+  fail "no averaged dev BLEU beside the best in c.log"
+grep -q '"best_single_dev_bleu"' c.jsonl || fail "no averaging record in c.jsonl"
+best=$(readlink c/best)
+head -n 20 "$corpus/test.en" > src.en
+for m in best "$best" averaged; do
+  "$build/translate_mt" --model "c/$m" --src src.en --beam 0 > "tr-$m.txt" 2> "tr-$m.err" ||
+    { cat "tr-$m.err"; fail "translate_mt --model c/$m"; }
+done
+[[ $(wc -l < tr-best.txt) == 20 ]] && cmp -s tr-best.txt "tr-$best.txt" ||
+  fail "translate_mt --model c/best differs from c/$best"
+echo "part 5: --keep-best bleu on the corpus; translate_mt --model c/best is c/$best; the average translates"
