@@ -8,7 +8,8 @@
 #     that step; DIR/best must name the best evaluation's step, which
 #     survives --keep-last 1, and `ckpt export DIR/best` must work.
 #  2. Resuming that run (--patience raised) restores the best figure: the
-#     recorded best stays the best over all evaluations before and after.
+#     recorded best stays the best over all evaluations before and after; a
+#     malformed DIR/best.json is refused naming it.
 #  3. Refusals: --patience without --keep-best, --keep-best without an
 #     evaluation interval or --save, --keep-best bleu on a --task run.
 #  4. Averaging: step 4 saved as tp 2 (two ranks, --keep-best over both),
@@ -85,7 +86,11 @@ step, loss = min(evals, key=lambda e: (e[1], e[0]))
 rec = json.load(open("p/best.json"))
 if rec["step"] != step: sys.exit(f"FAIL: after resuming, p/best.json names step {rec['step']}; the best of {evals} is step {step}")
 EOF
-echo "part 2: the resumed run kept the best over all evaluations"
+cp -r p pbad
+echo '{"step": "8", "metric": "loss", "value": 1}' > pbad/best.json
+rc=0; "$train" "${wander[@]}" --save pbad --max-steps 40 --resume auto > pbad.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "pbad/best.json: not a best-checkpoint record" pbad.log || { cat pbad.log; fail "a malformed best.json"; }
+echo "part 2: the resumed run kept the best over all evaluations; a malformed record is refused naming it"
 
 # ---- 3. refusals -------------------------------------------------------------------
 refuse "give --keep-best bleu|loss" "${synth[@]}" --max-steps 2 --patience 2
