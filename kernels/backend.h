@@ -73,6 +73,40 @@ typedef struct Backend Backend;
 /* The table. Entries mirror ops.h one for one (see there for contracts);
  * the memory entries serve the allocator functions below. Every entry is
  * required. */
+/* Multi-tensor ops (sumsq_segs, adamw_segs) walk a table of segments, so
+ * the whole gradient norm or optimizer step is one launch however many
+ * tensors there are. A segment is n elements: at x[x_at] (the summed
+ * values; the parameters for AdamW), g[g_at] (AdamW's gradients) and
+ * state[s_at] (AdamW's m and v); acc names the accumulator sumsq_segs adds
+ * it to, decay whether AdamW decays it. Fixed-width fields: the same bytes
+ * are read on the device. */
+typedef struct {
+    uint64_t x_at, g_at, s_at, n;
+    int32_t acc, decay;
+} OpSeg;
+/* A GPU block's share of a segment: elements [lo, lo + OP_SEG_CHUNK_ELEMS) of segment seg. */
+typedef struct {
+    int32_t seg, pad;
+    uint64_t lo;
+} OpSegChunk;
+#define OP_SEG_CHUNK_ELEMS 32768u
+#define OP_SEG_MAX_ACC 4  // accumulators a table may name
+/* Made once at set-up (op_segs_create, kernels/ops.h) and uploaded: one
+ * device buffer with the segments, each segment's first chunk (n_segs + 1
+ * prefix), the chunks, one double per chunk for partial sums and a counter
+ * that the last block of sumsq_segs resets. The host copy serves the CPU
+ * reference and sizes the launches. */
+typedef struct {
+    OpSeg *segs;  // [n_segs] host copy, segments with n > 0 in the order given
+    int n_segs, n_chunks;
+    void *dev;    // the one device buffer (tagged), carved below
+    const OpSeg *d_segs;
+    const int32_t *d_first;  // [n_segs + 1]
+    const OpSegChunk *d_chunks;
+    double *d_partials;      // [n_chunks]
+    uint32_t *d_ticket;
+} OpSegTable;
+
 typedef struct BackendOps {
     const char *name;  // "cpu", "cuda"
     /* memory (raw: the accounting is done by backend.c) */
@@ -153,6 +187,9 @@ typedef struct BackendOps {
                                  int32_t ignore_id);
     void (*adamw)(Backend *be, float *p, const float *g, float *m, float *v, size_t n_elems, float lr,
                   float beta1, float beta2, float eps, float wd, int t);
+    void (*sumsq_segs)(Backend *be, float *acc, const float *x, const OpSegTable *segs);
+    void (*adamw_segs)(Backend *be, float *p, const float *g, float *m, float *v, const OpSegTable *segs, float lr,
+                       float beta1, float beta2, float eps, float wd, int t);
     /* time marks for --profile (kernels/profile.h): a set of n_marks points
      * taken in queue order (CUDA events recorded on the stream; the wall
      * clock on the CPU). marks_read waits for mark n - 1 and writes the
@@ -164,6 +201,8 @@ typedef struct BackendOps {
 } BackendOps;
 
 /* The context. Backends keep their private state behind impl. */
+
+
 struct Backend {
     const BackendOps *ops;
     BackendKind kind;

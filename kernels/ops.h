@@ -181,6 +181,25 @@ static inline void op_scale_by(Backend *be, float *x, const float *s, size_t n_e
     be->ops->scale_by(be, x, s, n_elems);
 }
 
+/* ---- multi-tensor: one launch over a table of segments (OpSeg, backend.h) ----
+ * op_segs_create uploads the table once (a device buffer tagged tag; the
+ * segments with n = 0 are dropped); op_segs_free releases it (NULL: no-op).
+ * Dies with one sentence on a segment naming an accumulator outside
+ * [0, OP_SEG_MAX_ACC) or more chunks than an int counts. */
+OpSegTable *op_segs_create(Backend *be, const OpSeg *segs, int n_segs, MemTag tag);
+void op_segs_free(Backend *be, OpSegTable *t);
+/* The device bytes of a table of n_segs segments in n_chunks chunks, and
+ * the chunks of a segment of n_elems (the memory planner's figures). */
+size_t op_segs_bytes(int n_segs, size_t n_chunks);
+size_t op_segs_chunks(size_t n_elems);
+/* For each segment s in table order: acc[s.acc] += sum of squares of
+ * x[s.x_at .. s.x_at + s.n), each segment summed in double and added as
+ * op_sumsq_acc adds it (so the CPU matches one op_sumsq_acc per segment bit
+ * for bit). acc: device floats. */
+static inline void op_sumsq_segs(Backend *be, float *acc, const float *x, const OpSegTable *segs) {
+    be->ops->sumsq_segs(be, acc, x, segs);
+}
+
 /* dst = src rounded to bfloat16 (nearest, ties to even; NaN stays NaN),
  * kept as raw bits: the staging of bf16 collectives. */
 static inline void op_to_bf16(Backend *be, uint16_t *dst, const float *src, size_t n_elems) {
@@ -354,6 +373,13 @@ static inline void op_xent_vp_grad_inplace(Backend *be, float *logits, // (N, V_
 static inline void op_adamw(Backend *be, float *p, const float *g, float *m, float *v, size_t n_elems,
               float lr, float beta1, float beta2, float eps, float wd, int t) {
     be->ops->adamw(be, p, g, m, v, n_elems, lr, beta1, beta2, eps, wd, t);
+}
+/* op_adamw over every segment s of the table in one launch: p[s.x_at..],
+ * g[s.g_at..], m and v [s.s_at..], s.n elements, weight decay wd where
+ * s.decay (else 0). Equal to one op_adamw per segment bit for bit. */
+static inline void op_adamw_segs(Backend *be, float *p, const float *g, float *m, float *v, const OpSegTable *segs,
+                                 float lr, float beta1, float beta2, float eps, float wd, int t) {
+    be->ops->adamw_segs(be, p, g, m, v, segs, lr, beta1, beta2, eps, wd, t);
 }
 
 #endif

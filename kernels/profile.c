@@ -165,6 +165,11 @@ WRAP(adamw, PROF_OPTIMIZER,
      (Backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
       float wd, int t),
      (be, p, g, m, v, n, lr, b1, b2, eps, wd, t))
+WRAP(sumsq_segs, PROF_OPTIMIZER, (Backend *be, float *acc, const float *x, const OpSegTable *s), (be, acc, x, s))
+WRAP(adamw_segs, PROF_OPTIMIZER,
+     (Backend *be, float *p, const float *g, float *m, float *v, const OpSegTable *s, float lr, float b1, float b2,
+      float eps, float wd, int t),
+     (be, p, g, m, v, s, lr, b1, b2, eps, wd, t))
 
 /* The wrapped table: the real one with every op entry replaced. */
 static BackendOps wrapped(const BackendOps *in) {
@@ -176,6 +181,7 @@ static BackendOps wrapped(const BackendOps *in) {
     W(sumsq_acc); W(clip_coef); W(scale_by); W(to_bf16); W(from_bf16); W(softmax_fwd); W(softmax_bwd);
     W(attention_fwd); W(attention_bwd); W(dropout_fwd); W(dropout_bwd); W(xent_fwd); W(xent_bwd); W(xent_vp_max);
     W(xent_vp_sums); W(xent_vp_loss); W(xent_vp_bwd); W(xent_vp_grad_inplace); W(adamw);
+    W(sumsq_segs); W(adamw_segs);
 #undef W
     return o;
 }

@@ -46,6 +46,10 @@ static void bad_bias_negative(Backend *be) { op_bias_add(be, NULL, NULL, -1, 3);
 static void bad_zero_null(Backend *be) { op_zero(be, NULL, 10); }
 static void bad_dropout_p(Backend *be) { op_dropout_fwd(be, NULL, NULL, 4, 1.5f, 1, 2); }
 static void bad_adamw_step(Backend *be) { op_adamw(be, NULL, NULL, NULL, NULL, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0, 0); }
+static void bad_segs_acc(Backend *be) {
+    const OpSeg s = {.n = 4, .acc = OP_SEG_MAX_ACC};
+    op_segs_create(be, &s, 1, MEM_OPTIM);
+}
 static void bad_positions_odd(Backend *be) { op_add_positions(be, NULL, 1, 1, 3); }
 static void bad_gemm_negative(Backend *be) { op_gemm(be, false, false, -1, 2, 2, 1.0f, NULL, NULL, 0.0f, NULL); }
 static void bad_attention_dim(Backend *be) {
@@ -129,6 +133,7 @@ static void test_bad_input(bool gpu) {
         {"zero NULL", bad_zero_null, false, 1, NULL},
         {"dropout p > 1", bad_dropout_p, true, 1, "outside [0, 1]"},
         {"adamw t = 0", bad_adamw_step, true, 1, "t = 0"},
+        {"segment accumulator out of range", bad_segs_acc, true, 1, "names accumulator 4"},
         {"positions odd C", bad_positions_odd, true, 1, "even"},
         {"gemm M < 0", bad_gemm_negative, true, 1, "negative"},
         {"attention D < 0", bad_attention_dim, true, 1, NULL},
@@ -167,6 +172,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_layernorm(t, rng);
     test_dropout(t, rng);
     test_adamw(t, rng);
+    test_multi_tensor(t, rng);
     test_softmax(t, rng);
     test_attention(t, rng);
     test_xent(t, rng);

@@ -63,6 +63,12 @@ def params_per_rank(t):
     attn = 2 * C + 3 * C * (C // t) + 2 * (C // t) + (C // t) * C + C   # LN, q k v (bias on q, v), out + bias
     ffn = 2 * C + (F // t) * C + F // t + C * (F // t) + C             # LN, fc1 + bias, fc2 + bias
     return vp // t * C + L_ENC * (attn + ffn) + L_DEC * (2 * attn + ffn) + 4 * C
+# the optimizer's two segment tables (kernels/segs.c), a segment and a chunk
+# per tensor: embedding, per layer 9 attention tensors (LN 2, q k v, q and v
+# biases, out + bias) per attention and 6 FFN ones, the two final LNs
+r16 = lambda n: (n + 15) // 16 * 16
+n_tensors = 1 + L_ENC * (9 + 6) + L_DEC * (2 * 9 + 6) + 4
+seg_table = r16(40 * n_tensors) + r16(4 * (n_tensors + 1)) + r16(16 * n_tensors) + r16(8 * n_tensors) + 16
 bad = []
 acts = {}
 for name, tp, world in (("tp1", 1, 1), ("tp2", 2, 2), ("tp4", 4, 4), ("tp2dp2", 2, 4)):
@@ -76,7 +82,7 @@ for name, tp, world in (("tp1", 1, 1), ("tp2", 2, 2), ("tp4", 4, 4), ("tp2dp2", 
     assert len(ranks) == world, f"{name}: {len(ranks)} ranks in the memory record, expected {world}"
     p = params_per_rank(tp) * 4
     want = {"master": p, "grads": p, "optimizer": 2 * p, "compute": 0, "library": 0,
-            "workspace": 4 * (2 + 5)}   # the model's loss scalars and the step's scalars
+            "workspace": 4 * (2 + 5) + 2 * seg_table}   # the model's loss scalars, the step's scalars, the tables
     for r in ranks:
         for k, v in want.items():
             if r[k] != v:

@@ -32,3 +32,13 @@ void cpu_adamw(float *p,        // (n_elems) parameters, updated
         v[i] = vi;
     }
 }
+
+void cpu_adamw_segs(float *p, const float *g, float *m, float *v, const OpSeg *segs, int n_segs, float lr,
+                    float beta1, float beta2, float eps, float wd, int t) {
+    TP_CHECK(t >= 1, "op_adamw_segs: step t = %d, must be >= 1", t);
+    for (int i = 0; i < n_segs; i++) {
+        const OpSeg *s = &segs[i];
+        cpu_adamw(p + s->x_at, g + s->g_at, m + s->s_at, v + s->s_at, (size_t)s->n, lr, beta1, beta2, eps,
+                  s->decay ? wd : 0.0f, t);
+    }
+}

@@ -225,6 +225,15 @@ static void cpu_marks_free(Backend *be, void *marks) {
     (void)be;
     free(marks);
 }
+static void t_sumsq_segs(Backend *be, float *acc, const float *x, const OpSegTable *s) {
+    (void)be;
+    cpu_sumsq_segs(acc, x, s->segs, s->n_segs);
+}
+static void t_adamw_segs(Backend *be, float *p, const float *g, float *m, float *v, const OpSegTable *s, float lr,
+                         float b1, float b2, float eps, float wd, int t) {
+    (void)be;
+    cpu_adamw_segs(p, g, m, v, s->segs, s->n_segs, lr, b1, b2, eps, wd, t);
+}
 
 static const BackendOps CPU_OPS = {
     .name = "cpu",
@@ -242,6 +251,7 @@ static const BackendOps CPU_OPS = {
     .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
     .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,
     .xent_vp_bwd = t_xent_vp_bwd, .xent_vp_grad_inplace = t_xent_vp_grad_inplace, .adamw = t_adamw,
+    .sumsq_segs = t_sumsq_segs, .adamw_segs = t_adamw_segs,
     .marks_new = cpu_marks_new, .mark = cpu_mark, .marks_read = cpu_marks_read, .marks_free = cpu_marks_free,
 };
 

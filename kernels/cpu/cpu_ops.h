@@ -99,6 +99,8 @@ void cpu_sum_acc(float *acc, const float *x, size_t n_elems);
 void cpu_sumsq_acc(float *acc, const float *x, size_t n_elems);
 void cpu_clip_coef(float *norm_coef, const float *sumsq, int n_parts, float max_norm);
 void cpu_scale_by(float *x, const float *s, size_t n_elems);
+/* cpu_sumsq_acc(acc + s.acc, x + s.x_at, s.n) for each segment in order. */
+void cpu_sumsq_segs(float *acc, const float *x, const OpSeg *segs, int n_segs);
 void cpu_to_bf16(uint16_t *dst, const float *src, size_t n_elems);
 void cpu_from_bf16(float *dst, const uint16_t *src, size_t n_elems);
 
@@ -219,5 +221,9 @@ void cpu_xent_vp_grad_inplace(float *logits,        // (N, V_local) in: logits; 
  * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). step t >= 1. */
 void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n_elems,
               float lr, float beta1, float beta2, float eps, float wd, int t);
+/* cpu_adamw over each segment (p at x_at, g at g_at, m and v at s_at; wd
+ * where decay, else 0), in order. */
+void cpu_adamw_segs(float *p, const float *g, float *m, float *v, const OpSeg *segs, int n_segs, float lr,
+                    float beta1, float beta2, float eps, float wd, int t);
 
 #endif

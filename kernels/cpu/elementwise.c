@@ -84,6 +84,10 @@ void cpu_sumsq_acc(float *acc, const float *x, size_t n_elems) {
     acc[0] = (float)((double)acc[0] + cpu_sumsq(x, n_elems));
 }
 
+void cpu_sumsq_segs(float *acc, const float *x, const OpSeg *segs, int n_segs) {
+    for (int i = 0; i < n_segs; i++) cpu_sumsq_acc(acc + segs[i].acc, x + segs[i].x_at, (size_t)segs[i].n);
+}
+
 void cpu_clip_coef(float *norm_coef, const float *sumsq, int n_parts, float max_norm) {
     double ss = 0.0;
     for (int i = 0; i < n_parts; i++) ss += sumsq[i];

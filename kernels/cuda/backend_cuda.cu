@@ -386,6 +386,14 @@ static void cu_marks_free(Backend *be, void *marks) {
     free(m);
 }
 
+static void cu_sumsq_segs(Backend *be, float *acc, const float *x, const OpSegTable *s) {
+    cuda_op_sumsq_segs(acc, x, s, stream_of(be));
+}
+static void cu_adamw_segs(Backend *be, float *p, const float *g, float *m, float *v, const OpSegTable *s, float lr,
+                          float b1, float b2, float eps, float wd, int t) {
+    cuda_op_adamw_segs(p, g, m, v, s, lr, b1, b2, eps, wd, t, stream_of(be));
+}
+
 static BackendOps cuda_ops_table(void) {
     BackendOps o;
     memset(&o, 0, sizeof o);
@@ -406,7 +414,7 @@ static BackendOps cuda_ops_table(void) {
     o.xent_fwd = cu_xent_fwd, o.xent_bwd = cu_xent_bwd, o.xent_vp_max = cu_xent_vp_max;
     o.xent_vp_sums = cu_xent_vp_sums, o.xent_vp_loss = cu_xent_vp_loss, o.xent_vp_bwd = cu_xent_vp_bwd;
     o.xent_vp_grad_inplace = cu_xent_vp_grad_inplace;
-    o.adamw = cu_adamw;
+    o.adamw = cu_adamw, o.sumsq_segs = cu_sumsq_segs, o.adamw_segs = cu_adamw_segs;
     o.marks_new = cu_marks_new, o.mark = cu_mark, o.marks_read = cu_marks_read, o.marks_free = cu_marks_free;
     return o;
 }

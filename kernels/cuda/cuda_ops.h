@@ -158,6 +158,12 @@ void cuda_op_sumsq_acc(float *acc,      // (1)
                        size_t n_elems,
                        void *scratch,   // (cuda_sum_scratch_bytes(n_elems))
                        cudaStream_t stream);
+/* acc[s.acc] += sumsq of each segment of the table (device side: segs->d_*),
+ * one launch: blocks sum chunks in double, the last block to finish adds
+ * each segment's total in table order, as cuda_op_sumsq_acc would. */
+void cuda_op_sumsq_segs(float *acc,             // (OP_SEG_MAX_ACC) at most
+                        const float *x,         // (every segment's x_at + n)
+                        const OpSegTable *segs, cudaStream_t stream);
 /* norm_coef[0] = sqrt(sum sumsq[0..n_parts)), norm_coef[1] = clip factor. */
 void cuda_op_clip_coef(float *norm_coef,    // (2)
                        const float *sumsq,  // (n_parts)
@@ -256,6 +262,9 @@ void cuda_op_xent_vp_grad_inplace(float *logits,           // (N, V_local) in: l
 /* ---- AdamW -------------------------------------------------------------------- */
 void cuda_op_adamw(float *p, const float *g, float *m, float *v, size_t n_elems, float lr,
                    float beta1, float beta2, float eps, float wd, int t, cudaStream_t stream);
+/* cuda_op_adamw over every segment of the table in one launch (wd where decay). */
+void cuda_op_adamw_segs(float *p, const float *g, float *m, float *v, const OpSegTable *segs, float lr,
+                        float beta1, float beta2, float eps, float wd, int t, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

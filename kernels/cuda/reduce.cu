@@ -12,6 +12,12 @@
 // exact in double, so sumsq differs from the CPU's loop only by the order of
 // double additions (n * 2^-53 relative at most).
 //
+// sumsq_segs is the same sum over a table of segments (kernels/segs.c) in
+// one launch: blocks take whole chunks, and the last block to finish (a
+// ticket taken after a fence) adds up each segment's chunks in order and
+// then adds the segment totals to their accumulators in table order, one
+// rounding to float per segment as the CPU's loop of sumsq_acc does.
+//
 // clip_coef and scale_by are the CPU's expressions rounded the same way
 // (sqrt and the division in IEEE arithmetic), so bit-identical.
 #include "cuda_ops.h"
@@ -20,6 +26,7 @@
 #define SUM_THREADS 256u
 #define SUM_MAX_BLOCKS 1024u  // = threads of the final pass
 #define SCALE_THREADS 256u
+#define SEGS_THREADS 256u
 
 // ---- kernels ---------------------------------------------------------------------
 
@@ -47,6 +54,77 @@ __global__ void sum_final_kernel(float *acc,               // (1)
     double v = (int)threadIdx.x < n_partials ? partials[threadIdx.x] : 0.0;
     v = tp_block_sum(v, smem);
     if (threadIdx.x == 0) acc[0] = (float)((double)acc[0] + v);
+}
+
+// Chunk c's sum of squares into partials[c], every block grid-stride over the chunks.
+__device__ void sumsq_chunks(double *partials, const float *x, const OpSeg *segs,
+                             const OpSegChunk *chunks, int n_chunks, double *smem) {
+    for (int c = blockIdx.x; c < n_chunks; c += gridDim.x) {
+        const OpSegChunk ch = chunks[c];
+        const OpSeg s = segs[ch.seg];
+        const uint64_t left = s.n - ch.lo;
+        const unsigned len = left < OP_SEG_CHUNK_ELEMS ? (unsigned)left : OP_SEG_CHUNK_ELEMS;
+        const float *xs = x + s.x_at + ch.lo;
+        double a = 0.0;
+        for (unsigned i = threadIdx.x; i < len; i += blockDim.x) {
+            const double xi = xs[i];
+            a += xi * xi;  // exact in double
+        }
+        a = tp_block_sum(a, smem);
+        if (threadIdx.x == 0) partials[c] = a;
+    }
+}
+
+// The last block: segment totals (threads in parallel, a batch of SEGS_THREADS at a
+// time), added to acc by thread 0 in table order.
+__device__ void sumsq_segs_finish(float *acc, const OpSeg *segs, const int32_t *first,
+                                  const double *partials, int n_segs) {
+    __shared__ double seg_sum[SEGS_THREADS];
+    __shared__ int seg_acc[SEGS_THREADS];
+    float a[OP_SEG_MAX_ACC];
+    bool used[OP_SEG_MAX_ACC] = {false};
+    for (int base = 0; base < n_segs; base += blockDim.x) {
+        const int j = base + threadIdx.x;
+        if (j < n_segs) {
+            double t = 0.0;
+            for (int c = first[j]; c < first[j + 1]; c++) t += __ldcg(&partials[c]);
+            seg_sum[threadIdx.x] = t;
+            seg_acc[threadIdx.x] = segs[j].acc;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int n = n_segs - base < (int)blockDim.x ? n_segs - base : (int)blockDim.x;
+            for (int k = 0; k < n; k++) {
+                const int q = seg_acc[k];
+                if (!used[q]) a[q] = acc[q], used[q] = true;
+                a[q] = (float)((double)a[q] + seg_sum[k]);
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        for (int q = 0; q < OP_SEG_MAX_ACC; q++)
+            if (used[q]) acc[q] = a[q];
+}
+
+// Blocks of SEGS_THREADS threads; the ticket is 0 on entry and again on exit.
+__global__ void sumsq_segs_kernel(float *acc,                // (OP_SEG_MAX_ACC) at most: those named
+                                  const float *x,            // (every segment's x_at + n)
+                                  const OpSeg *segs,         // (n_segs)
+                                  const int32_t *first,      // (n_segs + 1) first chunk of each
+                                  const OpSegChunk *chunks,  // (n_chunks)
+                                  double *partials,          // (n_chunks)
+                                  unsigned *ticket,          // (1)
+                                  int n_segs, int n_chunks) {
+    __shared__ double smem[TP_WARP];
+    __shared__ bool last;
+    sumsq_chunks(partials, x, segs, chunks, n_chunks, smem);
+    __threadfence();  // this block's partials are visible before its ticket
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    sumsq_segs_finish(acc, segs, first, partials, n_segs);
+    if (threadIdx.x == 0) *ticket = 0u;
 }
 
 // One thread: the CPU's cpu_clip_coef.
@@ -90,6 +168,15 @@ static void sum_launch(float *acc, const float *x, size_t n_elems, bool square,
     CUDA_CHECK(cudaGetLastError());
 }
 
+static void sumsq_segs_launch(float *acc, const float *x, const OpSegTable *t,
+                              cudaStream_t stream) {
+    const unsigned n_blocks = t->n_chunks < (int)TP_MAX_GRID ? (unsigned)t->n_chunks : TP_MAX_GRID;
+    sumsq_segs_kernel<<<n_blocks, SEGS_THREADS, 0, stream>>>(
+        acc, x, t->d_segs, t->d_first, t->d_chunks, t->d_partials, (unsigned *)t->d_ticket,
+        t->n_segs, t->n_chunks);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 static void clip_coef_launch(float *norm_coef, const float *sumsq, int n_parts, float max_norm,
                              cudaStream_t stream) {
     clip_coef_kernel<<<1, 1, 0, stream>>>(norm_coef, sumsq, n_parts, max_norm);
@@ -126,6 +213,15 @@ extern "C" void cuda_op_sum_acc(float *acc, const float *x, size_t n_elems, void
 extern "C" void cuda_op_sumsq_acc(float *acc, const float *x, size_t n_elems, void *scratch,
                                   cudaStream_t stream) {
     sum_op("cuda_op_sumsq_acc", acc, x, n_elems, true, scratch, stream);
+}
+
+extern "C" void cuda_op_sumsq_segs(float *acc, const float *x, const OpSegTable *segs,
+                                   cudaStream_t stream) {
+    TP_NEED_PTR("cuda_op_sumsq_segs", segs);
+    if (segs->n_chunks == 0) return;  // adds nothing
+    TP_NEED_PTR("cuda_op_sumsq_segs", acc);
+    TP_NEED_PTR("cuda_op_sumsq_segs", x);
+    sumsq_segs_launch(acc, x, segs, stream);
 }
 
 extern "C" void cuda_op_clip_coef(float *norm_coef, const float *sumsq, int n_parts,

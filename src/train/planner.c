@@ -75,6 +75,19 @@ static size_t largest_tensor(const ModelConfig *cfg, int tp, const ModelStage *s
     return n;
 }
 
+/* The optimizer's two segment tables (transformer/optim.c: the norm's and
+ * AdamW's), a segment per tensor: exact without ZeRO; a ZeRO shard holds
+ * pieces of the tensors, a few more segments of fewer chunks. */
+static double seg_tables_bytes(const ParamTable *tab) {
+    size_t chunks = 0;
+    int n = 0;
+    for (int i = 0; i < tab->n; i++) {
+        chunks += op_segs_chunks(tab->t[i].n_elems);
+        n += tab->t[i].n_elems > 0;
+    }
+    return 2.0 * (double)op_segs_bytes(n, chunks);
+}
+
 void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     memset(out, 0, sizeof *out);
     const int tp = in->tp, dp = in->dp, pp = in->pp, M = in->micro;
@@ -97,15 +110,16 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     g.staged = pp > 1;
     GradSyncPlan gp;
     grad_sync_plan(&tab, &g, dp, &gp);
+    const double segs = seg_tables_bytes(&tab);
     param_table_free(&tab);
     tag[MEM_GRAD] = (double)gp.grad_bytes;
     tag[MEM_OPTIM] = (double)gp.optim_bytes;
     double comm = (double)gp.comm_bytes;
     if (pp > 1 && !model_stage_has_embed(st))  // the embedding group's zeros (train/step.c)
         comm += (double)((size_t)(vocab_padded(&in->cfg, tp) / tp) * (size_t)in->cfg.d_model * f);
-    /* the model's loss scalars, the step's scalars, and the GEMM library's
-     * workspace the backend allocates at creation (cuBLASLt's on a GPU) */
-    double ws = (2 + 5) * (double)f + (double)backend_gemm_workspace_bytes(in->gpu ? BACKEND_CUDA : BACKEND_CPU);
+    /* the model's loss scalars, the step's scalars, the segment tables, and the
+     * GEMM library's workspace the backend allocates at creation (cuBLASLt's on a GPU) */
+    double ws = (2 + 5) * (double)f + segs + (double)backend_gemm_workspace_bytes(in->gpu ? BACKEND_CUDA : BACKEND_CPU);
     /* staged groups (ranks sharing a GPU): each group with peers holds a
      * page-locked host buffer, tagged comm but not device memory */
     if (in->staged)

@@ -31,6 +31,7 @@ void trainer_free(Trainer *t) {
     if (t->be) {
         backend_free(t->be, t->sc);
         backend_free(t->be, t->embed_zeros);
+        op_segs_free(t->be, t->norm_segs);
     }
     *t = (Trainer){0};
 }
@@ -254,12 +255,14 @@ void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutK
         const AdamW *o = t->opt;
         float *shard = grad_sync_shard(t->gs);  // ZeRO-2; ZeRO-1 keeps its pieces in place
         float *g = shard ? shard : m->grads;
-        grad_clip_ranges(be, &m->tab, g, shard != NULL, o->ranges, o->n_ranges, t->tp, t->dp, &pipe, t->clip_norm,
+        if (!t->norm_segs) t->norm_segs = grad_norm_segs(be, &m->tab, shard != NULL, o->ranges, o->n_ranges, &pipe);
+        grad_clip_ranges(be, t->norm_segs, g, shard != NULL, o->ranges, o->n_ranges, t->tp, t->dp, &pipe, t->clip_norm,
                          t->sc + SC_CLIP);
         adamw_step(t->opt, m->params, g, &m->tab, lr);
         grad_sync_allgather_params(t->gs, m->params);
     } else {
-        grad_clip(be, &m->tab, m->grads, t->tp, &pipe, t->clip_norm, t->sc + SC_CLIP);
+        if (!t->norm_segs) t->norm_segs = grad_norm_segs(be, &m->tab, false, NULL, 0, &pipe);
+        grad_clip(be, &m->tab, t->norm_segs, m->grads, t->tp, &pipe, t->clip_norm, t->sc + SC_CLIP);
         adamw_step(t->opt, m->params, m->grads, &m->tab, lr);
     }
     backend_recast_weights(be);

@@ -24,6 +24,7 @@ typedef struct {
     GradSync *gs;        // the dp reduction (not owned)
     float clip_norm;     // <= 0: no clipping
     float *sc;           // device: the step's scalars (loss sum, then grad_clip's four)
+    OpSegTable *norm_segs; // the gradient norm's segment table (grad_norm_segs), made at the first step
     Comm *pp;            // the pipeline group (NULL or size 1: no pipeline)
     float *embed_zeros;  // pp > 1 on a stage without the embedding: its share of the embedding group's sum
     double pp_wait_s;    // wall time in the pipeline's exchanges, summed over steps

@@ -1,6 +1,8 @@
-/* optim.c: the optimizer step over the table of tensors. One op call per
- * tensor keeps weight decay per tensor; a fused multi-tensor kernel can
- * replace the loop on GPUs without changing this interface. */
+/* optim.c: the optimizer step over the table of tensors. The tensors (or
+ * their pieces in a ZeRO shard) become segment tables (kernels/segs.c),
+ * uploaded once, so the gradient norm and the AdamW update are one launch
+ * each however many tensors the model has; each segment keeps its tensor's
+ * weight decay and its part of the norm. */
 #include "transformer/optim.h"
 
 #include <math.h>
@@ -45,6 +47,7 @@ void adamw_free(AdamW *opt) {
     if (opt->be) {
         backend_free(opt->be, opt->m);
         backend_free(opt->be, opt->v);
+        op_segs_free(opt->be, opt->segs);
     }
     free(opt->ranges);
     memset(opt, 0, sizeof *opt);
@@ -88,30 +91,68 @@ static void sum_over_stages(const GradNormPipe *pipe, float *sc) {
         TP_CHECK(comm_allreduce(pipe->pp, sc, 2, COMM_SUM) == 0, "%s", comm_error(pipe->pp));
 }
 
-static void grad_sumsq(Backend *be, const ParamTable *tab, const float *grads, Comm *tp, const GradNormPipe *pipe,
+/* Appends to segs the pieces of the tensors in range r, one per tensor
+ * piece: the gradients at the state's index when at_state, else at the
+ * parameters'; x is the parameters (AdamW), or the gradients for the norm. */
+static int range_segs(const ParamTable *tab, const OptRange *r, bool at_state, bool norm, const GradNormPipe *pipe,
+                      OpSeg *segs, int n) {
+    for (int i = param_table_index_at(tab, r->lo); i >= 0 && i < tab->n && tab->t[i].offset < r->hi; i++) {
+        const ParamInfo *p = &tab->t[i];
+        const size_t x0 = p->offset > r->lo ? p->offset : r->lo;
+        const size_t x1 = p->offset + p->n_elems < r->hi ? p->offset + p->n_elems : r->hi;
+        if (x1 <= x0 || !counts(p, pipe)) continue;
+        const size_t at = r->at + (x0 - r->lo);
+        const size_t g = at_state ? at : x0;
+        segs[n++] = (OpSeg){.x_at = norm ? g : x0, .g_at = g, .s_at = at, .n = x1 - x0,
+                            .acc = p->split == SPLIT_REPL ? 1 : 0, .decay = p->decay};
+    }
+    return n;
+}
+
+/* The segments of r[0..n_ranges): pieces of at most one tensor each, in order. */
+static OpSegTable *ranges_segs(Backend *be, const ParamTable *tab, bool at_state, bool norm, const OptRange *r,
+                               int n_ranges, const GradNormPipe *pipe) {
+    size_t cap = 0;  // a range cuts at most its tensors
+    for (int k = 0; k < n_ranges; k++) cap += (size_t)tab->n + 1;
+    OpSeg *segs = TP_MALLOC((cap > 0 ? cap : 1) * sizeof *segs);
+    int n = 0;
+    for (int k = 0; k < n_ranges; k++) n = range_segs(tab, &r[k], at_state, norm, pipe, segs, n);
+    OpSegTable *t = op_segs_create(be, segs, n, MEM_WORKSPACE);
+    free(segs);
+    return t;
+}
+
+OpSegTable *grad_norm_segs(Backend *be, const ParamTable *tab, bool at_state, const OptRange *r, int n_ranges,
+                           const GradNormPipe *pipe) {
+    const OptRange whole = {0, tab->n_elems, 0};
+    return r ? ranges_segs(be, tab, at_state, true, r, n_ranges, pipe) : ranges_segs(be, tab, false, true, &whole, 1, pipe);
+}
+
+/* sumsq of the sharded tensors into sc[0] (then summed over tp), of the
+ * replicated ones into sc[1]: one launch over the table. */
+static void grad_sumsq(Backend *be, const OpSegTable *segs, const float *grads, Comm *tp, const GradNormPipe *pipe,
                        float *sc) {
     op_zero(be, sc, 2);
-    for (int i = 0; i < tab->n; i++) {
-        const ParamInfo *p = &tab->t[i];
-        if (counts(p, pipe)) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + p->offset, p->n_elems);
-    }
+    op_sumsq_segs(be, sc, grads, segs);
     if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
     sum_over_stages(pipe, sc);
 }
 
-void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, const GradNormPipe *pipe, float max_norm,
-               float *sc) {
-    grad_sumsq(be, tab, grads, tp, pipe, sc);
+void grad_clip(Backend *be, const ParamTable *tab, const OpSegTable *segs, float *grads, Comm *tp,
+               const GradNormPipe *pipe, float max_norm, float *sc) {
+    grad_sumsq(be, segs, grads, tp, pipe, sc);
     op_clip_coef(be, sc + 2, sc, 2, max_norm);
     if (max_norm > 0.0f) op_scale_by(be, grads, sc + 3, tab->n_elems);
 }
 
 float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, Comm *tp) {
     float *sc = backend_alloc(be, 4 * sizeof(float), MEM_WORKSPACE);
-    grad_sumsq(be, tab, grads, tp, NULL, sc);
+    OpSegTable *segs = grad_norm_segs(be, tab, false, NULL, 0, NULL);
+    grad_sumsq(be, segs, grads, tp, NULL, sc);
     op_clip_coef(be, sc + 2, sc, 2, 0.0f);
     float norm = 0.0f;
     backend_download(be, &norm, sc + 2, sizeof norm);
+    op_segs_free(be, segs);
     backend_free(be, sc);
     return norm;
 }
@@ -126,36 +167,26 @@ void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable 
     const OptimConfig *c = &opt->cfg;
     TP_CHECK(opt->sharded || tab->n_elems == opt->n_elems, "optimizer state has %zu elements, parameters %zu",
              opt->n_elems, tab->n_elems);
-    opt->t++;
-    for (int k = 0; k < opt->n_ranges; k++) {
-        const OptRange *r = &opt->ranges[k];
-        TP_CHECK(r->hi <= tab->n_elems, "optimizer range [%zu, %zu) beyond the %zu parameters", r->lo, r->hi,
-                 tab->n_elems);
-        for (int i = param_table_index_at(tab, r->lo); i >= 0 && i < tab->n && tab->t[i].offset < r->hi; i++) {
-            const ParamInfo *p = &tab->t[i];
-            const size_t x0 = p->offset > r->lo ? p->offset : r->lo;
-            const size_t x1 = p->offset + p->n_elems < r->hi ? p->offset + p->n_elems : r->hi;
-            if (x1 <= x0) continue;
-            const size_t s = r->at + (x0 - r->lo);
-            op_adamw(opt->be, params + x0, grads + (opt->grads_at_state ? s : x0), opt->m + s, opt->v + s, x1 - x0, lr,
-                     c->beta1, c->beta2, c->eps,
-                     p->decay ? c->weight_decay : 0.0f, opt->t);
-        }
+    for (int k = 0; k < opt->n_ranges; k++)
+        TP_CHECK(opt->ranges[k].hi <= tab->n_elems, "optimizer range [%zu, %zu) beyond the %zu parameters",
+                 opt->ranges[k].lo, opt->ranges[k].hi, tab->n_elems);
+    if (opt->segs && opt->segs_tab != tab) {  // built for another table: build again
+        op_segs_free(opt->be, opt->segs);
+        opt->segs = NULL;
     }
+    if (!opt->segs) {  // every tensor piece counts here (the norm's pipe rule does not apply)
+        opt->segs = ranges_segs(opt->be, tab, opt->grads_at_state, false, opt->ranges, opt->n_ranges, NULL);
+        opt->segs_tab = tab;
+    }
+    opt->t++;
+    op_adamw_segs(opt->be, params, grads, opt->m, opt->v, opt->segs, lr, c->beta1, c->beta2, c->eps, c->weight_decay,
+                  opt->t);
 }
 
-void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_state, const OptRange *r,
+void grad_clip_ranges(Backend *be, const OpSegTable *segs, float *grads, bool at_state, const OptRange *r,
                       int n_ranges, Comm *tp, Comm *dp, const GradNormPipe *pipe, float max_norm, float *sc) {
     op_zero(be, sc, 2);
-    for (int k = 0; k < n_ranges; k++) {
-        for (int i = param_table_index_at(tab, r[k].lo); i >= 0 && i < tab->n && tab->t[i].offset < r[k].hi; i++) {
-            const ParamInfo *p = &tab->t[i];
-            const size_t x0 = p->offset > r[k].lo ? p->offset : r[k].lo;
-            const size_t x1 = p->offset + p->n_elems < r[k].hi ? p->offset + p->n_elems : r[k].hi;
-            const size_t at = at_state ? r[k].at + (x0 - r[k].lo) : x0;
-            if (x1 > x0 && counts(p, pipe)) op_sumsq_acc(be, p->split == SPLIT_REPL ? sc + 1 : sc, grads + at, x1 - x0);
-        }
-    }
+    op_sumsq_segs(be, sc, grads, segs);
     if (dp && comm_size(dp) > 1) TP_CHECK(comm_allreduce(dp, sc, 2, COMM_SUM) == 0, "%s", comm_error(dp));
     if (tp && comm_size(tp) > 1) TP_CHECK(comm_allreduce(tp, sc, 1, COMM_SUM) == 0, "%s", comm_error(tp));
     sum_over_stages(pipe, sc);

@@ -50,6 +50,8 @@ typedef struct {
     int zero_stage;      // the ZeRO stage and bucket length the ranges come from (0: the whole buffer),
     size_t zero_bucket_elems;  // recorded by checkpoints
     int t;               // steps taken
+    OpSegTable *segs;    // the ranges' tensor pieces, one adamw_segs launch (built at the first step)
+    const ParamTable *segs_tab;  // the table they were built from
 } AdamW;
 
 /* Defaults: lr 5e-4, warmup 4000, betas (0.9, 0.98), eps 1e-9 (Vaswani et
@@ -87,8 +89,18 @@ typedef struct {
     Comm *pp;
     bool skip_embed;
 } GradNormPipe;
-void grad_clip(Backend *be, const ParamTable *tab, float *grads, Comm *tp, const GradNormPipe *pipe, float max_norm,
-               float *sc);
+/* segs: grad_norm_segs(be, tab, false, NULL, 0, pipe), made once. */
+void grad_clip(Backend *be, const ParamTable *tab, const OpSegTable *segs, float *grads, Comm *tp,
+               const GradNormPipe *pipe, float max_norm, float *sc);
+
+/* The segment table of the norm's one launch (kernels/ops.h,
+ * op_sumsq_segs): each tensor's piece in r[0..n_ranges) (r NULL: the whole
+ * buffer, each tensor), the gradients at the state's index when at_state,
+ * summed into accumulator 0 (sharded) or 1 (replicated); pipe's
+ * skip_embed leaves out the tied embedding. Uploaded (MEM_WORKSPACE: op metadata, not state); free
+ * with op_segs_free. */
+OpSegTable *grad_norm_segs(Backend *be, const ParamTable *tab, bool at_state, const OptRange *r, int n_ranges,
+                           const GradNormPipe *pipe);
 
 /* The norm alone, read back (a sync point): for tests and tools. */
 float grad_global_norm(Backend *be, const ParamTable *tab, const float *grads, Comm *tp);
@@ -99,14 +111,16 @@ void clip_grads(Backend *be, float *grads, size_t n_elems, float norm, float max
 /* One AdamW step at learning rate lr over the parameters the state covers:
  * for each range, params[lo, hi) with grads[lo, hi) (grads indexed like
  * params; grads_at_state: like the state, at `at`) and the state at `at`,
- * each tensor's piece with its decay. */
+ * each tensor's piece with its decay: one op_adamw_segs launch over a table
+ * built (and uploaded, MEM_WORKSPACE) at the first step for tab. */
 void adamw_step(AdamW *opt, float *params, const float *grads, const ParamTable *tab, float lr);
 
 /* grad_clip for a ZeRO shard: only the ranges hold reduced gradients, at
  * grads[lo, hi) (at_state: at grads[at, at + hi - lo)); their sums of
  * squares are summed over dp (then the sharded part over tp) before the
- * norm, and only they are scaled. sc as grad_clip. */
-void grad_clip_ranges(Backend *be, const ParamTable *tab, float *grads, bool at_state, const OptRange *r,
+ * norm, and only they are scaled. sc as grad_clip; segs:
+ * grad_norm_segs(be, tab, at_state, r, n_ranges, pipe), made once. */
+void grad_clip_ranges(Backend *be, const OpSegTable *segs, float *grads, bool at_state, const OptRange *r,
                       int n_ranges, Comm *tp, Comm *dp, const GradNormPipe *pipe, float max_norm, float *sc);
 
 #endif

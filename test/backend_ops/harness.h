@@ -47,6 +47,11 @@
  * (n * 2^-53 relative apart at most) and round once to fp32, which can then
  * differ by one ulp: 2^-23 relative. */
 #define SCALAR_RTOL 1.2e-7
+/* sumsq_segs rounds to fp32 once per segment on both sides, from double
+ * sums that differ as above; a rounding that flips on one segment carries a
+ * one-ulp difference into the later ones: 4 ulp (2^-21) for a case with a
+ * hundred segments per accumulator, far below a missing segment's share. */
+#define SEGS_SCALAR_RTOL 4.8e-7
 /* AdamW: the kernel rounds every operation as the CPU's fp32 code does, so
  * results are expected identical; 1e-6 of the tensor's scale leaves room
  * for a CPU build that contracts into FMA and still catches a wrong term (a
@@ -134,6 +139,7 @@ void test_positions(const Target *t, Rng *rng);
 void test_layernorm(const Target *t, Rng *rng);
 void test_dropout(const Target *t, Rng *rng);
 void test_adamw(const Target *t, Rng *rng);
+void test_multi_tensor(const Target *t, Rng *rng);  // ops_multi.c
 void test_big_grids(const Target *t, Rng *rng);
 void test_softmax(const Target *t, Rng *rng);
 void test_attention(const Target *t, Rng *rng);
