@@ -32,8 +32,8 @@ bash scripts/install_deps.sh --tests
 BUILD_DIR=build bash scripts/build.sh -DTPTRAIN_CORPUS_DIR="$corpus"
 (cd build && ctest --output-on-failure -j 2 -LE 'gpu|long')
 # Debug (assertions on) at -O1, the optimization AddressSanitizer's authors
-# advise: every load and store that runs is still checked, and the tests run
-# several times faster than at -O0.
+# advise: every load and store that runs is still checked, in less time
+# (test_model_grad: 0.8 s of CPU against 1.2 s at -O0).
 BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DTPTRAIN_ASAN=ON -DTPTRAIN_CUDA=OFF \
   -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DTPTRAIN_CORPUS_DIR="$corpus"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2 -LE 'gpu|long|e2e')
