@@ -15,9 +15,11 @@
 #      or max_len), and the PyTorch run warms up on exactly its distinct shapes;
 #   5. scripts/bench_gpu.sh, the whole harness, runs on the CPU (tiny model,
 #      fp32, buckets 1 and 8, the --profile run) and writes its table.
-# Usage: test_bench_torch.sh BUILD_DIR CORPUS_DIR
+# Usage: test_bench_torch.sh BUILD_DIR CORPUS_DIR [dump]; with "dump", only
+# tptrain's side (the dump written, and the refusals of --dump-batches and
+# --length-bucket): ctest's bench_dump, the part that runs under the sanitizers.
 set -euo pipefail
-build=$1 corpus=$2
+build=$1 corpus=$2 only_dump=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=/usr/bin/python3
 work=$(mktemp -d)
@@ -32,6 +34,37 @@ common=(--data "$corpus" --cache-dir "$work/cache" --preset tiny --batch-tokens 
 "$build/train_mt" "${common[@]}" --max-steps 8 --resume ck --dump-batches b.st --metrics m.jsonl > b.log \
   || { cat b.log; fail "train_mt --dump-batches"; }
 grep -q "7 steps' batches written to b.st" b.log || fail "no dump line in: $(tail -n 2 b.log)"
+
+dump_refusals() {
+  if "$build/train_mt" "${common[@]}" --max-steps 1 --dump-batches /nonexistent/dir/b.st > bad.log 2>&1; then
+    fail "an unwritable --dump-batches path was accepted"
+  fi
+  grep -q "dump-batches: .*/nonexistent/dir/b.st" bad.log || fail "the error does not name the file: $(cat bad.log)"
+  grep -q "step " bad.log && fail "an unwritable --dump-batches path was refused only after training"
+  if "$build/train_mt" "${common[@]}" --max-steps 1 --dump-batches "$work" > bad2.log 2>&1; then
+    fail "a folder as --dump-batches was accepted"
+  fi
+  grep -q "is a folder, not a file" bad2.log || fail "a folder as --dump-batches: $(cat bad2.log)"
+  if "$build/tprun" --standalone --nproc_per_node 2 "$build/train_mt" --preset tiny --task copy --max-steps 1 --tp 2 \
+       --dump-batches b2.st > bad3.log 2>&1; then
+    fail "--dump-batches with two ranks was accepted"
+  fi
+  grep -q "batches of a one-rank run; this run has 2 ranks" bad3.log || fail "two ranks: $(cat bad3.log)"
+  if "$build/train_mt" --preset tiny --task copy --max-steps 1 --length-bucket 8 > bad4.log 2>&1; then
+    fail "--length-bucket with a synthetic task was accepted"
+  fi
+  grep -q "length-bucket pads a corpus's batches" bad4.log || fail "--length-bucket with --task: $(cat bad4.log)"
+  if "$build/train_mt" "${common[@]}" --max-steps 1 --length-bucket 0 > bad5.log 2>&1; then
+    fail "--length-bucket 0 was accepted"
+  fi
+  grep -q -- "--length-bucket" bad5.log || fail "--length-bucket 0: $(cat bad5.log)"
+}
+if [ "$only_dump" = dump ]; then
+  test -s b.st || fail "no dump written"
+  dump_refusals
+  echo "test_bench_torch (dump): PASS"
+  exit 0
+fi
 
 echo "== 1. the bench model against the float64 reference"
 $py "$root/test/check_bench_model.py" e1 b.st
@@ -155,28 +188,7 @@ print(f"bucketed dump: {len(shapes)} distinct shapes, all multiples of 8; paddin
 PY
 
 echo "== 4b. refusals"
-if "$build/train_mt" "${common[@]}" --max-steps 1 --dump-batches /nonexistent/dir/b.st > bad.log 2>&1; then
-  fail "an unwritable --dump-batches path was accepted"
-fi
-grep -q "dump-batches: .*/nonexistent/dir/b.st" bad.log || fail "the error does not name the file: $(cat bad.log)"
-grep -q "step " bad.log && fail "an unwritable --dump-batches path was refused only after training"
-if "$build/train_mt" "${common[@]}" --max-steps 1 --dump-batches "$work" > bad2.log 2>&1; then
-  fail "a folder as --dump-batches was accepted"
-fi
-grep -q "is a folder, not a file" bad2.log || fail "a folder as --dump-batches: $(cat bad2.log)"
-if "$build/tprun" --standalone --nproc_per_node 2 "$build/train_mt" --preset tiny --task copy --max-steps 1 --tp 2 \
-     --dump-batches b2.st > bad3.log 2>&1; then
-  fail "--dump-batches with two ranks was accepted"
-fi
-grep -q "batches of a one-rank run; this run has 2 ranks" bad3.log || fail "two ranks: $(cat bad3.log)"
-if "$build/train_mt" --preset tiny --task copy --max-steps 1 --length-bucket 8 > bad4.log 2>&1; then
-  fail "--length-bucket with a synthetic task was accepted"
-fi
-grep -q "length-bucket pads a corpus's batches" bad4.log || fail "--length-bucket with --task: $(cat bad4.log)"
-if "$build/train_mt" "${common[@]}" --max-steps 1 --length-bucket 0 > bad5.log 2>&1; then
-  fail "--length-bucket 0 was accepted"
-fi
-grep -q -- "--length-bucket" bad5.log || fail "--length-bucket 0: $(cat bad5.log)"
+dump_refusals
 printf 'not safetensors' > junk.st
 if $py "$root/scripts/bench_torch_mt.py" run junk.st --device cpu > junk.log 2>&1; then fail "a junk batch file was read"; fi
 grep -q "junk.st" junk.log || fail "the error does not name the file: $(cat junk.log)"
