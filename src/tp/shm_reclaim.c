@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -81,39 +82,13 @@ static int owner_dead(const ShmOwner *o) {
     return 0;
 }
 
-int shm_reclaim_stale(const char *dir, size_t *n_bytes) {
+/* Removes this user's regular segments in dir whose names start with prefix
+ * (no leading '/') and whose creator is gone: certainly dead (dead_only, any
+ * job's segments), or not alive as far as can be told (a job's own segments,
+ * which need no record to be removed). Returns how many; their bytes in
+ * n_bytes. */
+static int reclaim_scan(const char *dir, const char *prefix, bool dead_only, size_t *n_bytes) {
     if (n_bytes) *n_bytes = 0;
-    DIR *d = opendir(dir ? dir : SHM_DIR);
-    if (!d) return 0;
-    const char *prefix = SHM_NAME_PREFIX + 1;  // directory entries have no leading '/'
-    const size_t prefix_len = strlen(prefix);
-    const uid_t me = geteuid();
-    int n_removed = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, prefix, prefix_len) != 0) continue;
-        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) continue;
-        struct stat st;
-        ShmOwner o;
-        int stale = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me &&
-                    pread(fd, &o, sizeof o, 0) == (ssize_t)sizeof o && owner_dead(&o);
-        close(fd);
-        if (stale && unlinkat(dirfd(d), e->d_name, 0) == 0) {
-            n_removed++;
-            if (n_bytes) *n_bytes += (size_t)st.st_size;
-        }
-    }
-    closedir(d);
-    return n_removed;
-}
-
-int shm_reclaim_job(const char *dir, const char *job_id, size_t *n_bytes) {
-    if (n_bytes) *n_bytes = 0;
-    char prefix[128];
-    if (!job_id || !job_id[0] || strchr(job_id, '/') ||
-        snprintf(prefix, sizeof prefix, "%s%s-", SHM_NAME_PREFIX + 1, job_id) >= (int)sizeof prefix)
-        return 0;
     DIR *d = opendir(dir ? dir : SHM_DIR);
     if (!d) return 0;
     const size_t prefix_len = strlen(prefix);
@@ -127,17 +102,32 @@ int shm_reclaim_job(const char *dir, const char *job_id, size_t *n_bytes) {
         struct stat st;
         ShmOwner o;
         const int ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me;
-        /* a live creator can only be a rank of another node of this job on the same host */
-        const int live = pread(fd, &o, sizeof o, 0) == (ssize_t)sizeof o && o.magic == SHM_OWNER_MAGIC &&
-                         !owner_dead(&o);
+        const int has_owner = pread(fd, &o, sizeof o, 0) == (ssize_t)sizeof o;
         close(fd);
-        if (ours && !live && unlinkat(dirfd(d), e->d_name, 0) == 0) {
+        /* a job's own segment with a live creator can only be a rank of
+         * another node of this job on the same host: kept */
+        const int gone = dead_only ? has_owner && owner_dead(&o)
+                                   : !(has_owner && o.magic == SHM_OWNER_MAGIC && !owner_dead(&o));
+        if (ours && gone && unlinkat(dirfd(d), e->d_name, 0) == 0) {
             n_removed++;
             if (n_bytes) *n_bytes += (size_t)st.st_size;
         }
     }
     closedir(d);
     return n_removed;
+}
+
+int shm_reclaim_stale(const char *dir, size_t *n_bytes) {
+    return reclaim_scan(dir, SHM_NAME_PREFIX + 1, true, n_bytes);  // directory entries have no leading '/'
+}
+
+int shm_reclaim_job(const char *dir, const char *job_id, size_t *n_bytes) {
+    if (n_bytes) *n_bytes = 0;
+    char prefix[128];
+    if (!job_id || !job_id[0] || strchr(job_id, '/') ||
+        snprintf(prefix, sizeof prefix, "%s%s-", SHM_NAME_PREFIX + 1, job_id) >= (int)sizeof prefix)
+        return 0;
+    return reclaim_scan(dir, prefix, false, n_bytes);
 }
 
 int shm_owned_create(const char *name) {
