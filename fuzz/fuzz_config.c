@@ -24,7 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ModelConfig back;
     if (config_from_json(json, &back, err, sizeof err) != 0) fuzz_fail("round trip refused: %s\n%s", err, json);
     char diff[256];
-    if (config_diff(&cfg, &back, diff, sizeof diff)) fuzz_fail("round trip changed the config: %s", diff);
+    if (config_diff(&cfg, "the parsed config", &back, "its round trip", diff, sizeof diff))
+        fuzz_fail("round trip changed the config: %s", diff);
     free(json);
     return 0;
 }
