@@ -109,9 +109,11 @@ def rewrite(s, name):
         sys.exit(f"gpu_bundle: test {name}: an argument holds a tab or newline")
     return s
 
-# Tests that cannot run from a bundle: fuzz_smoke builds the fuzz targets
-# from the source tree with clang (its output folder is made at run time).
-NOT_BUNDLED = {"fuzz_smoke": "builds fuzz/ from the source tree with clang"}
+# Tests that cannot run from a bundle: fuzz_smoke and fuzz_long build the
+# fuzz targets from the source tree with clang (their output folder is made
+# at run time).
+NOT_BUNDLED = {"fuzz_smoke": "builds fuzz/ from the source tree with clang",
+               "fuzz_long": "builds fuzz/ from the source tree with clang"}
 rows = []
 for t in tests:
     name = t["name"]
