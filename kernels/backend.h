@@ -169,6 +169,13 @@ typedef struct BackendOps {
                         uint64_t seed, uint64_t stream);
     void (*dropout_bwd)(Backend *be, float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
                         uint64_t seed, uint64_t stream);
+    void (*residual_ln_fwd)(Backend *be, float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+                            const float *branch, const float *bias, const float *gamma, const float *beta, int N,
+                            int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream);
+    void (*residual_ln_bwd)(Backend *be, float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+                            const float *dy, const float *x, const float *mean, const float *rstd,
+                            const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
+                            uint64_t stream);
     void (*xent_fwd)(Backend *be, float *losses, float *lse, const float *logits, const int32_t *targets, int N,
                      int V, float eps, int32_t ignore_id);
     void (*xent_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse, const int32_t *targets,

@@ -280,6 +280,51 @@ static inline void op_dropout_bwd_at(Backend *be, float *dx, const float *dy, si
                                      float p, uint64_t seed, uint64_t stream) {
     be->ops->dropout_bwd(be, dx, dy, n_elems, first, p, seed, stream);
 }
+
+/* ---- Residual + dropout + LayerNorm, fused --------------------------------
+ * The boundary of two pre-LN sub-blocks in one op each way, on the rows of
+ * a window of the whole (N, C) mask that starts at element `first` (a
+ * multiple of 4; 0 without sequence parallelism), as op_dropout_fwd_at.
+ * Forward: res_out = res_in + Dropout(branch + bias) (bias may be NULL),
+ * then y, mean, rstd = LayerNorm(res_out) as op_layernorm_fwd: equal to
+ * op_bias_add, op_dropout_fwd_at, op_add, op_layernorm_fwd in turn (bit for
+ * bit on the CPU). res_out may alias res_in; y aliases nothing; branch is
+ * only read. */
+static inline void op_residual_ln_fwd(Backend *be, float *res_out,   // (N, C)
+                                      float *y,             // (N, C)
+                                      float *mean,          // (N)
+                                      float *rstd,          // (N)
+                                      const float *res_in,  // (N, C)
+                                      const float *branch,  // (N, C)
+                                      const float *bias,    // (C) or NULL
+                                      const float *gamma,   // (C)
+                                      const float *beta,    // (C)
+                                      int N, int C, float eps, uint64_t first, float p, uint64_t seed,
+                                      uint64_t stream) {
+    be->ops->residual_ln_fwd(be, res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, first, p,
+                             seed, stream);
+}
+/* Backward: d_res += the LayerNorm's input gradient from dy (x, mean, rstd
+ * as saved; dgamma, dbeta accumulated), as op_layernorm_bwd; then d_branch =
+ * the dropout's input gradient of the new d_res and d_bias += its column
+ * sums (d_bias NULL: skipped). d_branch is WRITTEN, not accumulated (it
+ * equals op_dropout_bwd_at into zeros): the one pass needs no zeroing
+ * before it. d_branch aliases neither dy nor d_res. */
+static inline void op_residual_ln_bwd(Backend *be, float *d_res,     // (N, C) accumulated
+                                      float *d_branch,      // (N, C) written
+                                      float *dgamma,        // (C) accumulated
+                                      float *dbeta,         // (C) accumulated
+                                      float *d_bias,        // (C) accumulated, or NULL
+                                      const float *dy,      // (N, C)
+                                      const float *x,       // (N, C)
+                                      const float *mean,    // (N)
+                                      const float *rstd,    // (N)
+                                      const float *gamma,   // (C)
+                                      int N, int C, uint64_t first, float p, uint64_t seed, uint64_t stream) {
+    be->ops->residual_ln_bwd(be, d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C, first, p,
+                             seed, stream);
+}
+
 /* The raw generator, exposed for tests: 4 words for one counter. */
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 /* Stream id of one dropout site: packs (step, micro-batch, layer, site,

@@ -137,6 +137,15 @@ WRAP(dropout_fwd, PROF_ELEMENTWISE,
 WRAP(dropout_bwd, PROF_ELEMENTWISE,
      (Backend *be, float *dx, const float *dy, size_t n, uint64_t f, float p, uint64_t seed, uint64_t st),
      (be, dx, dy, n, f, p, seed, st))
+WRAP(residual_ln_fwd, PROF_LAYERNORM,
+     (Backend *be, float *ro, float *y, float *mu, float *rs, const float *ri, const float *br, const float *bias,
+      const float *g, const float *b, int N, int C, float eps, uint64_t f, float p, uint64_t seed, uint64_t st),
+     (be, ro, y, mu, rs, ri, br, bias, g, b, N, C, eps, f, p, seed, st))
+WRAP(residual_ln_bwd, PROF_LAYERNORM,
+     (Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy, const float *x,
+      const float *mu, const float *rs, const float *g, int N, int C, uint64_t f, float p, uint64_t seed,
+      uint64_t st),
+     (be, dr, dbr, dg, db, dbias, dy, x, mu, rs, g, N, C, f, p, seed, st))
 WRAP(xent_fwd, PROF_LOSS,
      (Backend *be, float *l, float *lse, const float *lg, const int32_t *t, int N, int V, float eps, int32_t ig),
      (be, l, lse, lg, t, N, V, eps, ig))
@@ -179,7 +188,8 @@ static BackendOps wrapped(const BackendOps *in) {
     W(linear_bwd); W(bias_add); W(bias_bwd); W(embedding_fwd); W(embedding_bwd); W(add_positions);
     W(layernorm_fwd); W(layernorm_bwd); W(act_fwd); W(act_bwd); W(add); W(accumulate); W(scale); W(sum_acc);
     W(sumsq_acc); W(clip_coef); W(scale_by); W(to_bf16); W(from_bf16); W(softmax_fwd); W(softmax_bwd);
-    W(attention_fwd); W(attention_bwd); W(dropout_fwd); W(dropout_bwd); W(xent_fwd); W(xent_bwd); W(xent_vp_max);
+    W(attention_fwd); W(attention_bwd); W(dropout_fwd); W(dropout_bwd); W(residual_ln_fwd);
+    W(residual_ln_bwd); W(xent_fwd); W(xent_bwd); W(xent_vp_max);
     W(xent_vp_sums); W(xent_vp_loss); W(xent_vp_bwd); W(xent_vp_grad_inplace); W(adamw);
     W(sumsq_segs); W(adamw_segs);
 #undef W

@@ -11,8 +11,8 @@
  * Each target runs the same cases (the files in backend_ops/): memory and copies,
  * the collectives' staging copies (backend_comm_copy: none on the CPU),
  * element-wise ops, device scalars, bias, embedding, positions, LayerNorm,
- * dropout, AdamW, softmax, attention (T >= 128 among them), cross-entropy
- * full-row and vocab-parallel, GEMM and linear layers (fused epilogues and
+ * dropout, the fused residual + dropout + LayerNorm, AdamW, softmax,
+ * attention (T >= 128 among them), cross-entropy full-row and vocab-parallel, GEMM and linear layers (fused epilogues and
  * separate kernels on CUDA, weights inside and outside a registered master
  * range), compute weights, launches beyond 65,535 blocks, and the check that
  * no op allocates behind the allocator (backend_ops/ops_memory.c). Bad
@@ -50,6 +50,15 @@ static void bad_segs_acc(Backend *be) {
     const OpSeg s = {.n = 4, .acc = OP_SEG_MAX_ACC};
     op_segs_create(be, &s, 1, MEM_OPTIM);
 }
+/* The fused residual op's outputs alias what they must not. */
+static void bad_residual_ln_alias(Backend *be) {
+    float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
+    op_residual_ln_fwd(be, x, x, x, x, x, x, NULL, x, x, 1, 8, 1e-5f, 0, 0.1f, 1, 2);
+}
+static void bad_residual_ln_bwd_alias(Backend *be) {
+    float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT), *y = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
+    op_residual_ln_bwd(be, y, x, y, y, NULL, x, y, y, y, y, 1, 8, 0, 0.1f, 1, 2);
+}
 static void bad_positions_odd(Backend *be) { op_add_positions(be, NULL, 1, 1, 3); }
 static void bad_gemm_negative(Backend *be) { op_gemm(be, false, false, -1, 2, 2, 1.0f, NULL, NULL, 0.0f, NULL); }
 static void bad_attention_dim(Backend *be) {
@@ -86,6 +95,8 @@ static void ok_zero_sizes(Backend *be) {
     op_copy(be, NULL, NULL, 0);
     op_embedding_bwd(be, NULL, NULL, NULL, 1.0f, 0, 8, 0, 4);
     op_layernorm_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8);
+    op_residual_ln_fwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, 0, 0.1f, 1, 2);
+    op_residual_ln_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 0.1f, 1, 2);
     op_sum_acc(be, NULL, NULL, 0);
     op_gemm(be, false, false, 0, 5, 5, 1.0f, NULL, NULL, 0.0f, NULL);
     backend_sync(be);
@@ -134,6 +145,8 @@ static void test_bad_input(bool gpu) {
         {"dropout p > 1", bad_dropout_p, true, 1, "outside [0, 1]"},
         {"adamw t = 0", bad_adamw_step, true, 1, "t = 0"},
         {"segment accumulator out of range", bad_segs_acc, true, 1, "names accumulator 4"},
+        {"residual_ln y aliases res_in", bad_residual_ln_alias, true, 1, "must not alias"},
+        {"residual_ln_bwd d_branch aliases dy", bad_residual_ln_bwd_alias, true, 1, "must not alias"},
         {"positions odd C", bad_positions_odd, true, 1, "even"},
         {"gemm M < 0", bad_gemm_negative, true, 1, "negative"},
         {"attention D < 0", bad_attention_dim, true, 1, NULL},
@@ -171,6 +184,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_positions(t, rng);
     test_layernorm(t, rng);
     test_dropout(t, rng);
+    test_residual_ln(t, rng);
     test_adamw(t, rng);
     test_multi_tensor(t, rng);
     test_softmax(t, rng);

@@ -119,6 +119,18 @@ static void t_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const 
     (void)be;
     cpu_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, g, N, C);
 }
+static void t_residual_ln_fwd(Backend *be, float *ro, float *y, float *mean, float *rstd, const float *ri,
+                              const float *br, const float *bias, const float *g, const float *b, int N, int C,
+                              float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    (void)be;
+    cpu_residual_ln_fwd(ro, y, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st);
+}
+static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
+                              const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
+                              uint64_t first, float p, uint64_t seed, uint64_t st) {
+    (void)be;
+    cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
+}
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
 static void t_act_bwd(Backend *be, float *dx, const float *dy, const float *x, size_t n, Activation a) {
     (void)be;
@@ -248,7 +260,8 @@ static const BackendOps CPU_OPS = {
     .sumsq_acc = t_sumsq_acc, .clip_coef = t_clip_coef, .scale_by = t_scale_by,
     .to_bf16 = t_to_bf16, .from_bf16 = t_from_bf16, .softmax_fwd = t_softmax_fwd,
     .softmax_bwd = t_softmax_bwd, .attention_fwd = t_attention_fwd, .attention_bwd = t_attention_bwd,
-    .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
+    .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .residual_ln_fwd = t_residual_ln_fwd,
+    .residual_ln_bwd = t_residual_ln_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
     .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,
     .xent_vp_bwd = t_xent_vp_bwd, .xent_vp_grad_inplace = t_xent_vp_grad_inplace, .adamw = t_adamw,
     .sumsq_segs = t_sumsq_segs, .adamw_segs = t_adamw_segs,

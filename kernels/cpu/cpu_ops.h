@@ -155,6 +155,15 @@ void cpu_dropout_fwd_at(float *out, const float *x, size_t n_elems, uint64_t fir
 void cpu_dropout_bwd_at(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
                         uint64_t seed, uint64_t stream);
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* ---- Residual + dropout + LayerNorm, fused (ops.h op_residual_ln_*) -------
+ * The reference is the unfused sequence of the ops above (residual_ln.c). */
+void cpu_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+                         const float *branch, const float *bias, const float *gamma, const float *beta, int N,
+                         int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream);
+void cpu_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+                         const float *dy, const float *x, const float *mean, const float *rstd, const float *gamma,
+                         int N, int C, uint64_t first, float p, uint64_t seed, uint64_t stream);
 uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
                         uint32_t site, uint32_t tp_rank);
 

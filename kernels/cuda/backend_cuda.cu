@@ -315,6 +315,17 @@ static void cu_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, ui
                            uint64_t st) {
     cuda_op_dropout_bwd(dx, dy, n, first, p, seed, st, stream_of(be));
 }
+static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, float *mean, float *rstd, const float *ri,
+                               const float *br, const float *bias, const float *g, const float *b, int N, int C,
+                               float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cuda_op_residual_ln_fwd(ro, y, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st, stream_of(be));
+}
+static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias,
+                               const float *dy, const float *x, const float *mean, const float *rstd, const float *g,
+                               int N, int C, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+                            scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C)), stream_of(be));
+}
 static void cu_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                         float eps, int32_t ig) {
     cuda_op_xent_fwd(losses, lse, logits, t, N, V, eps, ig, impl_of(be)->status_dev, stream_of(be));
@@ -411,6 +422,7 @@ static BackendOps cuda_ops_table(void) {
     o.to_bf16 = cu_to_bf16, o.from_bf16 = cu_from_bf16;
     o.softmax_fwd = cu_softmax_fwd, o.softmax_bwd = cu_softmax_bwd, o.attention_fwd = cu_attention_fwd;
     o.attention_bwd = cu_attention_bwd, o.dropout_fwd = cu_dropout_fwd, o.dropout_bwd = cu_dropout_bwd;
+    o.residual_ln_fwd = cu_residual_ln_fwd, o.residual_ln_bwd = cu_residual_ln_bwd;
     o.xent_fwd = cu_xent_fwd, o.xent_bwd = cu_xent_bwd, o.xent_vp_max = cu_xent_vp_max;
     o.xent_vp_sums = cu_xent_vp_sums, o.xent_vp_loss = cu_xent_vp_loss, o.xent_vp_bwd = cu_xent_vp_bwd;
     o.xent_vp_grad_inplace = cu_xent_vp_grad_inplace;

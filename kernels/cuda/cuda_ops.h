@@ -216,6 +216,33 @@ void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, uint64_t fi
 void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
                          uint64_t seed, uint64_t stream_id, cudaStream_t stream);
 
+/* ---- Residual + dropout + LayerNorm, fused (residual_ln.cu) ------------------ */
+void cuda_op_residual_ln_fwd(float *res_out,       // (N, C)
+                             float *y,             // (N, C)
+                             float *mean,          // (N)
+                             float *rstd,          // (N)
+                             const float *res_in,  // (N, C)
+                             const float *branch,  // (N, C)
+                             const float *bias,    // (C) or NULL
+                             const float *gamma,   // (C)
+                             const float *beta,    // (C)
+                             int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                             cudaStream_t stream);
+size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C);
+void cuda_op_residual_ln_bwd(float *d_res,         // (N, C) accumulated
+                             float *d_branch,      // (N, C) written
+                             float *dgamma,        // (C) accumulated
+                             float *dbeta,         // (C) accumulated
+                             float *d_bias,        // (C) accumulated, or NULL
+                             const float *dy,      // (N, C)
+                             const float *x,       // (N, C)
+                             const float *mean,    // (N)
+                             const float *rstd,    // (N)
+                             const float *gamma,   // (C)
+                             int N, int C, uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                             void *scratch,        // (cuda_residual_ln_bwd_scratch_bytes(N, C))
+                             cudaStream_t stream);
+
 /* ---- Cross-entropy ------------------------------------------------------------ */
 /* A target outside [0, V) is recorded in *status (device-visible). */
 void cuda_op_xent_fwd(float *losses,           // (N)

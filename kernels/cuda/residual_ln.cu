@@ -1,0 +1,412 @@
+// residual_ln.cu: residual add + dropout + LayerNorm, fused each way.
+//
+// The boundary between two pre-LN sub-blocks is, unfused, four passes
+// forward (bias add, dropout, residual add, LayerNorm) and six launches
+// backward (LayerNorm backward's three, a zeroing, dropout backward, the
+// bias gradient's two). Here the row work is one pass each way, a warp per
+// row as in layernorm.cu: forward reads branch, res_in (and bias, gamma,
+// beta), writes res_out, y, mean, rstd; backward reads dy, x, d_res, writes
+// d_res and d_branch. The column sums of the backward (dgamma, dbeta and the
+// bias gradient) follow in one column pass over fixed row chunks and one
+// final pass, in double and fixed order like layernorm.cu's: no atomics, the
+// same bits every run.
+//
+// The dropout mask is drawn exactly as dropout.cu draws it (element i of
+// the window starting at `first` uses Philox counter (first + i) / 4, word
+// (first + i) % 4), and the residual arithmetic uses __fadd_rn / __fmul_rn
+// (no FMA), so res_out is bit-identical to the CPU's unfused sequence and
+// d_branch is exactly the mask applied to the kernel's own d_res; y, mean,
+// rstd, d_res and the column sums differ from the CPU only as layernorm.cu's
+// do, in the order of their double sums (harness.h's SUM_RTOL). Rows whose width is a
+// multiple of 4, with every pointer 16-byte aligned, are read and written as
+// float4, one Philox call per float4; other shapes take the scalar path.
+#include "cuda_ops.h"
+#include "cuda_kernel_util.cuh"
+#include "philox.h"
+
+#define RLN_THREADS 256  // 8 warps = 8 rows per block
+#define RLN_ROWS_PER_BLOCK (RLN_THREADS / TP_WARP)
+#define RLN_COLS 32      // columns per block of the column pass (= blockDim.x)
+#define RLN_ROWT 8       // row-threads per block of the column pass (= blockDim.y)
+#define RLN_CHUNK_ROWS 256
+
+// The dropout of one run: keep when (word >> 8) * 2^-24 >= p (dropout.cu).
+typedef struct {
+    uint64_t first;           // the window's first element in the whole mask
+    float p, scale;           // scale = 1/(1-p), the CPU's expression
+    uint32_t key[2];          // seed lo, hi
+    uint32_t stream_lo, stream_hi;
+    bool on;                  // p > 0 (p == 0 copies, as op_dropout_fwd does)
+} RlnDrop;
+
+// ---- device helpers ------------------------------------------------------------
+
+__device__ __forceinline__ void rln_words(const RlnDrop &d, uint64_t block, uint32_t w[4]) {
+    const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), d.stream_lo, d.stream_hi};
+    philox4x32_10_inline(ctr, d.key, w);
+}
+
+// Dropout of v with its mask word: v * scale or 0 (v itself when off).
+__device__ __forceinline__ float rln_drop(const RlnDrop &d, float v, uint32_t word) {
+    if (!d.on) return v;
+    const float uniform = (float)(word >> 8) * (1.0f / 16777216.0f);
+    return uniform >= d.p ? __fmul_rn(v, d.scale) : 0.0f;
+}
+
+// The word of element i (an index into the window) for the scalar path.
+__device__ __forceinline__ uint32_t rln_word_of(const RlnDrop &d, size_t i) {
+    if (!d.on) return 0;
+    uint32_t w[4];
+    const uint64_t g = d.first + i;
+    rln_words(d, g / 4, w);
+    return w[g % 4];
+}
+
+// res_in + Dropout(branch + bias) for one element.
+__device__ __forceinline__ float rln_resid(const RlnDrop &d, float r_in, float b, const float *bias, int c,
+                                           uint32_t word) {
+    const float v = bias ? __fadd_rn(b, bias[c]) : b;
+    return __fadd_rn(r_in, rln_drop(d, v, word));
+}
+
+// ---- forward ---------------------------------------------------------------------
+
+// Pass 1 of a row: res_out written, its sum returned (this lane's share).
+template <bool VEC>
+__device__ __forceinline__ double rln_fwd_residual(const RlnDrop &d, float *ro, const float *ri, const float *br,
+                                                   const float *bias, size_t row_at, int C, int lane) {
+    double sum = 0.0;
+    if (VEC) {
+        for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
+            const float4 b = *(const float4 *)(br + c), r = *(const float4 *)(ri + c);
+            uint32_t w[4] = {0, 0, 0, 0};
+            if (d.on) rln_words(d, (d.first + row_at + c) / 4, w);
+            float4 o;
+            o.x = rln_resid(d, r.x, b.x, bias, c, w[0]);
+            o.y = rln_resid(d, r.y, b.y, bias, c + 1, w[1]);
+            o.z = rln_resid(d, r.z, b.z, bias, c + 2, w[2]);
+            o.w = rln_resid(d, r.w, b.w, bias, c + 3, w[3]);
+            *(float4 *)(ro + c) = o;
+            sum += (double)o.x + (double)o.y + (double)o.z + (double)o.w;
+        }
+    } else {
+        for (int c = lane; c < C; c += TP_WARP) {
+            const float o = rln_resid(d, ri[c], br[c], bias, c, rln_word_of(d, row_at + c));
+            ro[c] = o;
+            sum += o;
+        }
+    }
+    return sum;
+}
+
+// Sum of (x - mu)^2 over this lane's elements of a row.
+template <bool VEC>
+__device__ __forceinline__ double rln_sq_dev(const float *xr, double mu, int C, int lane) {
+    double sq = 0.0;
+    if (VEC) {
+        for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
+            const float4 x = *(const float4 *)(xr + c);
+            const double a = x.x - mu, b = x.y - mu, e = x.z - mu, f = x.w - mu;
+            sq += a * a + b * b + e * e + f * f;
+        }
+    } else {
+        for (int c = lane; c < C; c += TP_WARP) {
+            const double a = xr[c] - mu;
+            sq += a * a;
+        }
+    }
+    return sq;
+}
+
+template <bool VEC>
+__global__ void residual_ln_fwd_kernel(float *res_out,       // (N, C)
+                                       float *y,             // (N, C)
+                                       float *mean,          // (N)
+                                       float *rstd,          // (N)
+                                       const float *res_in,  // (N, C)
+                                       const float *branch,  // (N, C)
+                                       const float *bias,    // (C) or NULL
+                                       const float *gamma,   // (C)
+                                       const float *beta,    // (C)
+                                       int N, int C, float eps, RlnDrop d) {
+    const int lane = threadIdx.x % TP_WARP;
+    for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
+         n += gridDim.x * RLN_ROWS_PER_BLOCK) {
+        const size_t at = (size_t)n * C;
+        float *ro = res_out + at, *yr = y + at;
+        // every pass walks the row in pass 1's layout: a lane reads back only what it wrote
+        double sum = tp_warp_sum(rln_fwd_residual<VEC>(d, ro, res_in + at, branch + at, bias, at, C, lane));
+        const double mu = C > 0 ? sum / C : 0.0;
+        double sq = tp_warp_sum(rln_sq_dev<VEC>(ro, mu, C, lane));
+        const double var = C > 0 ? sq / C : 0.0;
+        const float m = (float)mu;
+        const float rs = (float)(1.0 / sqrt(var + (double)eps));
+        if (VEC) {
+            for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
+                const float4 x = *(const float4 *)(ro + c), g = *(const float4 *)(gamma + c),
+                             b = *(const float4 *)(beta + c);
+                float4 o;
+                o.x = (x.x - m) * rs * g.x + b.x;
+                o.y = (x.y - m) * rs * g.y + b.y;
+                o.z = (x.z - m) * rs * g.z + b.z;
+                o.w = (x.w - m) * rs * g.w + b.w;
+                *(float4 *)(yr + c) = o;
+            }
+        } else {
+            for (int c = lane; c < C; c += TP_WARP) yr[c] = (ro[c] - m) * rs * gamma[c] + beta[c];
+        }
+        if (lane == 0) {
+            mean[n] = m;
+            rstd[n] = rs;
+        }
+    }
+}
+
+// ---- backward ----------------------------------------------------------------------
+
+// d_res += LayerNorm backward of dy; d_branch = Dropout backward of the new
+// d_res (written; 0 + value, as the unfused zeroing and accumulation give).
+__device__ __forceinline__ float rln_bwd_elem(const RlnDrop &d, float *dres, float dyv, float xv, float g_c, float m,
+                                              float rs, float mean_g, float mean_g_xhat, uint32_t word) {
+    const float xhat = (xv - m) * rs;
+    const float g = dyv * g_c;
+    const float r = *dres + rs * (g - mean_g - xhat * mean_g_xhat);
+    *dres = r;
+    return __fadd_rn(0.0f, rln_drop(d, r, word));
+}
+
+template <bool VEC>
+__global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accumulated
+                                            float *d_branch,      // (N, C) written
+                                            const float *dy,      // (N, C)
+                                            const float *x,       // (N, C)
+                                            const float *mean,    // (N)
+                                            const float *rstd,    // (N)
+                                            const float *gamma,   // (C)
+                                            int N, int C, RlnDrop d) {
+    const int lane = threadIdx.x % TP_WARP;
+    for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
+         n += gridDim.x * RLN_ROWS_PER_BLOCK) {
+        const size_t at = (size_t)n * C;
+        const float *xr = x + at, *dyr = dy + at;
+        float *dr = d_res + at, *db = d_branch + at;
+        const float m = mean[n], rs = rstd[n];
+        double sum_g = 0.0, sum_g_xhat = 0.0;
+        for (int c = lane; c < C; c += TP_WARP) {
+            float xhat = (xr[c] - m) * rs;
+            float g = dyr[c] * gamma[c];
+            sum_g += g;
+            sum_g_xhat += (double)g * xhat;
+        }
+        sum_g = tp_warp_sum(sum_g);
+        sum_g_xhat = tp_warp_sum(sum_g_xhat);
+        const float mean_g = (float)(sum_g / C);
+        const float mean_g_xhat = (float)(sum_g_xhat / C);
+        if (VEC) {
+            for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
+                const float4 dv = *(const float4 *)(dyr + c), xv = *(const float4 *)(xr + c),
+                             gv = *(const float4 *)(gamma + c);
+                float4 r = *(const float4 *)(dr + c), o;
+                uint32_t w[4] = {0, 0, 0, 0};
+                if (d.on) rln_words(d, (d.first + at + c) / 4, w);
+                o.x = rln_bwd_elem(d, &r.x, dv.x, xv.x, gv.x, m, rs, mean_g, mean_g_xhat, w[0]);
+                o.y = rln_bwd_elem(d, &r.y, dv.y, xv.y, gv.y, m, rs, mean_g, mean_g_xhat, w[1]);
+                o.z = rln_bwd_elem(d, &r.z, dv.z, xv.z, gv.z, m, rs, mean_g, mean_g_xhat, w[2]);
+                o.w = rln_bwd_elem(d, &r.w, dv.w, xv.w, gv.w, m, rs, mean_g, mean_g_xhat, w[3]);
+                *(float4 *)(dr + c) = r;
+                *(float4 *)(db + c) = o;
+            }
+        } else {
+            for (int c = lane; c < C; c += TP_WARP)
+                db[c] = rln_bwd_elem(d, dr + c, dyr[c], xr[c], gamma[c], m, rs, mean_g, mean_g_xhat,
+                                     rln_word_of(d, at + c));
+        }
+    }
+}
+
+// grid (ceil(C/32), n_chunks), block (32, 8): per-chunk column sums of
+// dy * xhat (dgamma), dy (dbeta) and, part_dbias given, d_branch (the bias).
+__global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chunks, C)
+                                               double *part_dbeta,     // (n_chunks, C)
+                                               double *part_dbias,     // (n_chunks, C) or NULL
+                                               const float *dy,        // (N, C)
+                                               const float *x,         // (N, C)
+                                               const float *mean,      // (N)
+                                               const float *rstd,      // (N)
+                                               const float *d_branch,  // (N, C)
+                                               int N, int C) {
+    __shared__ double s[3][RLN_ROWT][RLN_COLS];
+    const int c = blockIdx.x * RLN_COLS + threadIdx.x;
+    const int row_begin = blockIdx.y * RLN_CHUNK_ROWS;
+    const int row_end = min(N, row_begin + RLN_CHUNK_ROWS);
+    double dg = 0.0, db = 0.0, dbias = 0.0;
+    if (c < C)
+        for (int n = row_begin + threadIdx.y; n < row_end; n += RLN_ROWT) {
+            const size_t i = (size_t)n * C + c;
+            const float xhat = (x[i] - mean[n]) * rstd[n];
+            dg += (double)dy[i] * xhat;
+            db += dy[i];
+            if (part_dbias) dbias += d_branch[i];
+        }
+    s[0][threadIdx.y][threadIdx.x] = dg;
+    s[1][threadIdx.y][threadIdx.x] = db;
+    s[2][threadIdx.y][threadIdx.x] = dbias;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        double sg = 0.0, sb = 0.0, sbias = 0.0;
+        for (int r = 0; r < RLN_ROWT; r++) {
+            sg += s[0][r][threadIdx.x];
+            sb += s[1][r][threadIdx.x];
+            sbias += s[2][r][threadIdx.x];
+        }
+        const size_t o = (size_t)blockIdx.y * C + c;
+        part_dgamma[o] = sg;
+        part_dbeta[o] = sb;
+        if (part_dbias) part_dbias[o] = sbias;
+    }
+}
+
+__global__ void residual_ln_bwd_final_kernel(float *dgamma,               // (C) accumulated
+                                             float *dbeta,                // (C) accumulated
+                                             float *d_bias,               // (C) accumulated, or NULL
+                                             const double *part_dgamma,   // (n_chunks, C)
+                                             const double *part_dbeta,    // (n_chunks, C)
+                                             const double *part_dbias,    // (n_chunks, C) or NULL
+                                             int n_chunks, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double sg = 0.0, sb = 0.0, sbias = 0.0;
+    for (int k = 0; k < n_chunks; k++) {
+        const size_t o = (size_t)k * C + c;
+        sg += part_dgamma[o];
+        sb += part_dbeta[o];
+        if (d_bias) sbias += part_dbias[o];
+    }
+    dgamma[c] += (float)sg;
+    dbeta[c] += (float)sb;
+    if (d_bias) d_bias[c] += (float)sbias;
+}
+
+// ---- launchers ---------------------------------------------------------------------
+
+static RlnDrop rln_drop_of(uint64_t first, float p, uint64_t seed, uint64_t stream_id) {
+    RlnDrop d;
+    d.first = first;
+    d.p = p;
+    d.scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the CPU's expression
+    d.key[0] = (uint32_t)seed;
+    d.key[1] = (uint32_t)(seed >> 32);
+    d.stream_lo = (uint32_t)stream_id;
+    d.stream_hi = (uint32_t)(stream_id >> 32);
+    d.on = p > 0.0f;
+    return d;
+}
+
+static bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
+
+static unsigned rln_row_blocks(int N) { return tp_grid_1d((size_t)N, RLN_ROWS_PER_BLOCK); }
+
+static int rln_chunks(int N) { return (N + RLN_CHUNK_ROWS - 1) / RLN_CHUNK_ROWS; }
+
+static void residual_ln_fwd_launch(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+                                   const float *branch, const float *bias, const float *gamma, const float *beta,
+                                   int N, int C, float eps, RlnDrop d, cudaStream_t stream) {
+    const bool vec = C % 4 == 0 && aligned16(res_out) && aligned16(y) && aligned16(res_in) && aligned16(branch) &&
+                     aligned16(bias) && aligned16(gamma) && aligned16(beta);
+    if (vec)
+        residual_ln_fwd_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
+            res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
+    else
+        residual_ln_fwd_kernel<false><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
+            res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void residual_ln_bwd_launch(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+                                   const float *dy, const float *x, const float *mean, const float *rstd,
+                                   const float *gamma, int N, int C, RlnDrop d,
+                                   double *part,  // (3, n_chunks, C)
+                                   cudaStream_t stream) {
+    const bool vec = C % 4 == 0 && aligned16(d_res) && aligned16(d_branch) && aligned16(dy) && aligned16(x) &&
+                     aligned16(gamma);
+    if (vec)
+        residual_ln_bwd_rows_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
+            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
+    else
+        residual_ln_bwd_rows_kernel<false><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
+            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
+    CUDA_CHECK(cudaGetLastError());
+
+    const int n_chunks = rln_chunks(N);
+    const size_t plane = (size_t)n_chunks * C;
+    double *part_dbias = d_bias ? part + 2 * plane : NULL;
+    dim3 grid((C + RLN_COLS - 1) / RLN_COLS, n_chunks), block(RLN_COLS, RLN_ROWT);
+    residual_ln_bwd_partial_kernel<<<grid, block, 0, stream>>>(part, part + plane, part_dbias, dy, x, mean, rstd,
+                                                               d_branch, N, C);
+    CUDA_CHECK(cudaGetLastError());
+    residual_ln_bwd_final_kernel<<<(C + RLN_THREADS - 1) / RLN_THREADS, RLN_THREADS, 0, stream>>>(
+        dgamma, dbeta, d_bias, part, part + plane, part_dbias, n_chunks, C);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- exported ops ---------------------------------------------------------------------
+
+static void rln_check_drop(const char *op, float p, uint64_t first) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "%s: p = %g outside [0, 1]", op, (double)p);
+    TP_CHECK(first % 4 == 0, "%s: window start %llu is not a multiple of 4", op, (unsigned long long)first);
+}
+
+extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+                                        const float *branch, const float *bias, const float *gamma,
+                                        const float *beta, int N, int C, float eps, uint64_t first, float p,
+                                        uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+    const char *op = "cuda_op_residual_ln_fwd";
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, C);
+    rln_check_drop(op, p, first);
+    if (N == 0) return;
+    TP_NEED_PTR(op, mean);
+    TP_NEED_PTR(op, rstd);
+    if (C > 0) {
+        TP_NEED_PTR(op, res_out);
+        TP_NEED_PTR(op, y);
+        TP_NEED_PTR(op, res_in);
+        TP_NEED_PTR(op, branch);
+        TP_NEED_PTR(op, gamma);
+        TP_NEED_PTR(op, beta);
+        TP_CHECK(y != res_in && y != branch && y != res_out, "%s: y must not alias res_in, branch or res_out", op);
+    }
+    residual_ln_fwd_launch(res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps,
+                           rln_drop_of(first, p, seed, stream_id), stream);
+}
+
+extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) {
+    if (N <= 0 || C <= 0) return 0;
+    return tp_scratch_round(3 * (size_t)rln_chunks(N) * (size_t)C * sizeof(double));
+}
+
+extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+                                        const float *dy, const float *x, const float *mean, const float *rstd,
+                                        const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
+                                        uint64_t stream_id, void *scratch, cudaStream_t stream) {
+    const char *op = "cuda_op_residual_ln_bwd";
+    TP_NEED_SIZE(op, N);
+    TP_NEED_SIZE(op, C);
+    rln_check_drop(op, p, first);
+    if (N == 0 || C == 0) return;  // adds nothing, writes nothing
+    TP_NEED_PTR(op, d_res);
+    TP_NEED_PTR(op, d_branch);
+    TP_NEED_PTR(op, dgamma);
+    TP_NEED_PTR(op, dbeta);
+    TP_NEED_PTR(op, dy);
+    TP_NEED_PTR(op, x);
+    TP_NEED_PTR(op, mean);
+    TP_NEED_PTR(op, rstd);
+    TP_NEED_PTR(op, gamma);
+    TP_CHECK(d_branch != dy && d_branch != d_res, "%s: d_branch must not alias dy or d_res", op);
+    TP_CHECK(rln_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
+    TpCarver cv = tp_carver(scratch, cuda_residual_ln_bwd_scratch_bytes(N, C), op);
+    double *part = (double *)tp_carve(&cv, 3 * (size_t)rln_chunks(N) * C * sizeof(double));  // (3, n_chunks, C)
+    residual_ln_bwd_launch(d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C,
+                           rln_drop_of(first, p, seed, stream_id), part, stream);
+}
