@@ -25,6 +25,16 @@
  * the gathered seq_full(N) rows (padding after N), the encoder output and the
  * final decoder LayerNorm are kept gathered for the cross-attention and the
  * output layer.
+ *
+ * Where one residual sub-block ends and the next pre-LN sub-block begins,
+ * the residual add, its dropout and the next LayerNorm are one op each way
+ * (op_residual_ln_fwd / _bwd, the same values as the unfused ops): inside a
+ * layer in both directions, and from a layer's last sub-block into the next
+ * layer's (or the stack's final) LayerNorm in the forward pass, except with
+ * full recomputation, whose layers are rebuilt one at a time from their
+ * inputs. Backward leaves the boundary between layers unfused: the bias
+ * gradient there belongs to the layer below, whose gradients are not yet
+ * open (grads_needed) when the layer above finishes.
  */
 #include "transformer/model.h"
 #include "transformer/decode.h"
@@ -650,25 +660,49 @@ static float *row_output(const Model *m, float *tmp, int N) {
     return m->acts->sp_part;
 }
 
-/* x_out = x_in + Dropout(out + bias) on this rank's rows of the N. */
+/* The pre-LN LayerNorm that follows a residual sub-block, when that
+ * sub-block's residual op writes it too: its weights, and where its output
+ * and statistics go (this rank's rows). */
+typedef struct {
+    const float *g, *b;       // (C)
+    float *y, *mean, *rstd;   // (n, C), (n), (n)
+} NextLn;
+
+static NextLn attn_ln(const AttnW *w, AttnActs *a) { return (NextLn){w->ln_g, w->ln_b, a->ln, a->ln_m, a->ln_r}; }
+static NextLn ffn_ln(const FfnW *w, FfnActs *f) { return (NextLn){w->ln_g, w->ln_b, f->ln, f->ln_m, f->ln_r}; }
+
+/* Layers write the next layer's first LayerNorm (and the last layer the
+ * stack's final one), except with full recomputation, which rebuilds each
+ * layer alone from its input. */
+static bool ln_chained(const Model *m) { return m->recompute != MODEL_RECOMPUTE_FULL; }
+
+/* x_out = x_in + Dropout(out + bias) on this rank's rows of the N; with
+ * next, its LayerNorm of x_out in the same op. */
 static void residual_fwd(const Model *m, float *x_out, const float *x_in, float *out, const float *bias, int N,
-                         float p, uint64_t seed, uint64_t stream) {
+                         float p, uint64_t seed, uint64_t stream, const NextLn *next) {
     const int C = m->cfg.d_model, n = seq_rows(m, N);
+    if (next) {
+        op_residual_ln_fwd(m->be, x_out, next->y, next->mean, next->rstd, x_in, out, bias, next->g, next->b, n, C,
+                           m->cfg.ln_eps, seq_first(m, N, C), p, seed, stream);
+        return;
+    }
     op_bias_add(m->be, out, bias, n, C);
     op_dropout_fwd_at(m->be, out, out, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
     op_add(m->be, x_out, x_in, out, (size_t)n * C);
 }
 
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
- * else the encoder output, (B Tk, C) gathered. */
+ * else the encoder output, (B Tk, C) gathered. ln_done: LN(x_in) is in a->ln
+ * already (the previous residual op wrote it); next: see residual_fwd. */
 static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
                      const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
-                     float p, uint64_t seed, uint64_t stream) {
+                     float p, uint64_t seed, uint64_t stream, bool ln_done, const NextLn *next) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     float *tmp = m->acts->d_tmp;  // (N, C) scratch: free during forward
-    op_layernorm_fwd(m->be, a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
+    if (!ln_done)
+        op_layernorm_fwd(m->be, a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
     const float *ln = col_input(m, a->ln, N);
     const float *src = kv ? kv : ln;
     op_linear_fwd(m->be, a->q, ln, w->wq, w->bq, N, C, Cl);
@@ -677,18 +711,19 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     op_attention_fwd(m->be, a->att, a->P ? a->P : m->acts->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D,
                      causal);
     op_linear_fwd(m->be, tmp, a->att, w->wo, NULL, N, Cl, C);
-    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
-                    float p, uint64_t seed, uint64_t stream) {
+                    float p, uint64_t seed, uint64_t stream, bool ln_done, const NextLn *next) {
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     float *tmp = m->acts->d_tmp;
-    op_layernorm_fwd(m->be, f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
+    if (!ln_done)
+        op_layernorm_fwd(m->be, f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
     op_linear_fwd(m->be, f->h, col_input(m, f->ln, N), w->w1, w->b1, N, C, Fl);
     op_act_fwd(m->be, f->a, f->h, (size_t)N * Fl, m->cfg.act);
     op_linear_fwd(m->be, tmp, f->a, w->w2, NULL, N, Fl, C);
-    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream, next);
 }
 
 static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
@@ -721,6 +756,23 @@ static void final_ln_fwd(const Model *m, float *out, float *mean, float *rstd, c
     if (m->seq_par) tp_gather(&m->tp, m->be, y, out, (size_t)n * C);
 }
 
+/* The final LayerNorm written by the last layer's residual op (into out,
+ * or with sequence parallelism into d_tmp, free once the layer's ROW output
+ * is reduce-scattered, and gathered into out by final_ln_gather). */
+static NextLn final_ln(const Model *m, float *out, float *mean, float *rstd, const float *g, const float *b) {
+    return (NextLn){g, b, m->seq_par ? m->acts->d_tmp : out, mean, rstd};
+}
+
+static void final_ln_gather(const Model *m, float *out, int N) {
+    if (m->seq_par) tp_gather(&m->tp, m->be, m->acts->d_tmp, out, (size_t)seq_rows(m, N) * m->cfg.d_model);
+}
+
+/* Whether the stage's last layer of a stack [lo, hi) of n_layers writes
+ * the stack's final LayerNorm (the stage holding it: has_ln). */
+static bool final_ln_chained(const Model *m, int lo, int hi, int n_layers, bool has_ln) {
+    return ln_chained(m) && has_ln && hi == n_layers && hi > lo;
+}
+
 /* The stage's encoder layers (the source embedding first on the first
  * stage, the final LayerNorm into A->enc_out on the stage ending the
  * encoder); the activation layout must be prepared and, after the first
@@ -730,25 +782,37 @@ static void final_ln_fwd(const Model *m, float *out, float *mean, float *rstd, c
  * same values bit for bit; the output is rewritten with what it holds). */
 static void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, float p, DropoutKey key) {
     const EncLayerW *w = &m->w.enc[l];
+    const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
     EncActs *a = &A->enc[l];
+    const NextLn to_ffn = ffn_ln(&w->ffn, &a->ffn);
+    NextLn after = {0};  // the next layer's first LayerNorm, or the encoder's final one
+    if (ln_chained(m) && l + 1 < st->enc_hi) after = attn_ln(&m->w.enc[l + 1].self, &A->enc[l + 1].self);
+    else if (final_ln_chained(m, st->enc_lo, st->enc_hi, m->cfg.enc_layers, st->enc_ln))
+        after = final_ln(m, A->enc_out, A->enc_m, A->enc_r, m->w.enc_ln_g, m->w.enc_ln_b);
     attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p, key.seed,
-             stream_of(key, l, SITE_ENC_ATTN));
+             stream_of(key, l, SITE_ENC_ATTN), ln_chained(m) && l > st->enc_lo, &to_ffn);
     ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], B * S, p, key.seed,
-            stream_of(key, l, SITE_ENC_FFN));
+            stream_of(key, l, SITE_ENC_FFN), true, after.g ? &after : NULL);
 }
 
 /* Decoder layer l, dec_res[l] -> dec_res[l + 1] (the batch uploaded, enc_out in place). */
 static void dec_layer_fwd(Model *m, int l, int B, int S, int T, float p, DropoutKey key) {
     const DecLayerW *w = &m->w.dec[l];
+    const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
     DecActs *a = &A->dec[l];
+    const NextLn to_cross = attn_ln(&w->cross, &a->cross), to_ffn = ffn_ln(&w->ffn, &a->ffn);
+    NextLn after = {0};  // the next layer's first LayerNorm, or the decoder's final one
+    if (ln_chained(m) && l + 1 < st->dec_hi) after = attn_ln(&m->w.dec[l + 1].self, &A->dec[l + 1].self);
+    else if (final_ln_chained(m, st->dec_lo, st->dec_hi, m->cfg.dec_layers, st->head))
+        after = final_ln(m, A->dec_out, A->dec_m, A->dec_r, m->w.dec_ln_g, m->w.dec_ln_b);
     attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, A->dev_tgt_len, B, T, T, true, p, key.seed,
-             stream_of(key, l, SITE_DEC_SELF));
+             stream_of(key, l, SITE_DEC_SELF), ln_chained(m) && l > st->dec_lo, &to_cross);
     attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, A->dev_src_len, B, T, S, false, p,
-             key.seed, stream_of(key, l, SITE_DEC_CROSS));
+             key.seed, stream_of(key, l, SITE_DEC_CROSS), true, &to_ffn);
     ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], B * T, p, key.seed,
-            stream_of(key, l, SITE_DEC_FFN));
+            stream_of(key, l, SITE_DEC_FFN), true, after.g ? &after : NULL);
 }
 
 static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float p,
@@ -759,7 +823,8 @@ static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, in
     const int Ns = B * S;
     if (st->enc_embed) embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
     for (int l = st->enc_lo; l < st->enc_hi; l++) enc_layer_fwd(m, l, src_len, B, S, p, key);
-    if (st->enc_ln)
+    if (final_ln_chained(m, st->enc_lo, st->enc_hi, c->enc_layers, st->enc_ln)) final_ln_gather(m, A->enc_out, Ns);
+    else if (st->enc_ln)
         final_ln_fwd(m, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b, Ns);
 }
 
@@ -786,7 +851,9 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     if (st->dec_embed) embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
     for (int l = st->dec_lo; l < st->dec_hi; l++) dec_layer_fwd(m, l, B, S, T, p, key);
     if (!st->head) return;
-    final_ln_fwd(m, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b, Nt);
+    if (final_ln_chained(m, st->dec_lo, st->dec_hi, c->dec_layers, st->head)) final_ln_gather(m, A->dec_out, Nt);
+    else
+        final_ln_fwd(m, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b, Nt);
     /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
     op_linear_fwd(m->be, A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
     tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits, tgt_out, Nt,
@@ -873,6 +940,14 @@ static const float *residual_bwd(const Model *m, float *d_bias, const float *d_x
     return A->d_tmp;
 }
 
+/* The residual sub-block before a LayerNorm, whose output gradient that
+ * LayerNorm's backward produces in the same op (op_residual_ln_bwd): its
+ * ROW bias gradient and dropout stream. */
+typedef struct {
+    float *d_bias;    // (C) accumulated
+    uint64_t stream;  // its dropout site's
+} PrevRes;
+
 /* The partial (N, C) input gradient of COL layers in d (its padding rows
  * zero) summed over tp (f): in place, or with sequence parallelism
  * reduce-scattered into this rank's rows (sp_part). Returns where it is. */
@@ -937,12 +1012,33 @@ static void final_ln_bwd(const Model *m, float *d_x, float *d_out, const float *
     side_sum(m, &side);
 }
 
+/* The backward of a sub-block's first LayerNorm: d_x += its input gradient
+ * from d_ln (this rank's partial, summed over tp here); with prev, the
+ * previous residual sub-block's output gradient in the same op, left where
+ * residual_bwd leaves it (d_tmp, gathered with sequence parallelism). */
+static void ln_bwd(const Model *m, float *d_x, float *g_g, float *g_b, const float *x_in, const float *mean,
+                   const float *rstd, const float *w_g, int N, float p, uint64_t seed, const PrevRes *prev) {
+    const int C = m->cfg.d_model, n = seq_rows(m, N);
+    ModelActs *A = m->acts;
+    const float *d_y = col_input_bwd(m, A->d_ln, N);
+    if (!prev) {
+        op_layernorm_bwd(m->be, d_x, g_g, g_b, d_y, x_in, mean, rstd, w_g, n, C);
+        return;
+    }
+    float *d_br = m->seq_par ? A->d_ln : A->d_tmp;  // d_ln is free once reduce-scattered into d_y
+    op_residual_ln_bwd(m->be, d_x, d_br, g_g, g_b, prev->d_bias, d_y, x_in, mean, rstd, w_g, n, C,
+                       seq_first(m, N, C), p, seed, prev->stream);
+    if (m->seq_par) tp_gather(&m->tp, m->be, d_br, A->d_tmp, (size_t)n * C);
+}
+
 /* d_x holds dL/dx_out on entry and dL/dx_in on return (this rank's rows).
  * With kv != NULL (cross-attention) this rank's partial key/value gradient
- * is added to d_kv, which the caller reduces over tp once for all layers. */
+ * is added to d_kv, which the caller reduces over tp once for all layers.
+ * res_done: the output gradient is in d_tmp already (the next sub-block's
+ * ln_bwd put it there); prev: see ln_bwd. */
 static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a, float *d_x,
                      const float *x_in, const float *kv, float *d_kv, const int32_t *k_len, int B, int Tq, int Tk,
-                     bool causal, float p, uint64_t seed, uint64_t stream) {
+                     bool causal, float p, uint64_t seed, uint64_t stream, bool res_done, const PrevRes *prev) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
@@ -955,7 +1051,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         op_attention_fwd(m->be, A->d_q, A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
-    const float *d_out = residual_bwd(m, g->bo, d_x, N, p, seed, stream);
+    const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);
     op_zero(m->be, A->d_att, nCl);
     op_linear_bwd(m->be, A->d_att, g->wo, NULL, d_out, a->att, w->wo, N, Cl, C);
     op_zero(m->be, A->d_q, nCl);
@@ -969,12 +1065,12 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     float *d_src = kv ? d_kv : A->d_ln;
     op_linear_bwd(m->be, d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
     op_linear_bwd(m->be, d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
-    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, col_input_bwd(m, A->d_ln, N), x_in, a->ln_m, a->ln_r, w->ln_g,
-                     seq_rows(m, N), C);
+    ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, a->ln_m, a->ln_r, w->ln_g, N, p, seed, prev);
 }
 
+/* As attn_bwd; the output gradient always from d_x (the FFN ends its layer). */
 static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
-                    int N, float p, uint64_t seed, uint64_t stream) {
+                    int N, float p, uint64_t seed, uint64_t stream, const PrevRes *prev) {
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
@@ -985,8 +1081,7 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     op_act_bwd(m->be, A->d_h, A->d_a, f->h, nF, m->cfg.act);
     op_zero(m->be, A->d_ln, (size_t)seq_full(m, N) * C);
     op_linear_bwd(m->be, A->d_ln, g->w1, g->b1, A->d_h, col_input(m, f->ln, N), w->w1, N, C, Fl);
-    op_layernorm_bwd(m->be, d_x, g->ln_g, g->ln_b, col_input_bwd(m, A->d_ln, N), x_in, f->ln_m, f->ln_r, w->ln_g,
-                     seq_rows(m, N), C);
+    ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
 }
 
 static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, float p, uint64_t seed,
@@ -1058,12 +1153,14 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->self);
         DecActs *a = &A->dec[l];
         if (full) dec_layer_fwd(m, l, B, S, T, p, key);  // the layer again from its input
+        const PrevRes cross = {g->cross.bo, stream_of(key, l, SITE_DEC_CROSS)};
+        const PrevRes self = {g->self.bo, stream_of(key, l, SITE_DEC_SELF)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
-                stream_of(key, l, SITE_DEC_FFN));
+                stream_of(key, l, SITE_DEC_FFN), &cross);
         attn_bwd(m, &w->cross, &g->cross, &a->cross, A->d_res_t, A->dec_mid1[l], A->enc_out, A->d_enc_out,
-                 A->dev_src_len, B, T, S, false, p, key.seed, stream_of(key, l, SITE_DEC_CROSS));
+                 A->dev_src_len, B, T, S, false, p, key.seed, cross.stream, true, &self);
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, A->dev_tgt_len, B, T, T,
-                 true, p, key.seed, stream_of(key, l, SITE_DEC_SELF));
+                 true, p, key.seed, self.stream, true, NULL);
         side_sum(m, &side);
         grads_final_from(m, w->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
@@ -1084,10 +1181,11 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->self);
         const EncActs *a = &A->enc[l];
         if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, p, key);
+        const PrevRes self = {g->self.bo, stream_of(key, l, SITE_ENC_ATTN)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
-                stream_of(key, l, SITE_ENC_FFN));
+                stream_of(key, l, SITE_ENC_FFN), &self);
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, A->dev_src_len, B, S, S,
-                 false, p, key.seed, stream_of(key, l, SITE_ENC_ATTN));
+                 false, p, key.seed, self.stream, true, NULL);
         side_sum(m, &side);
         grads_final_from(m, w->self.ln_g);
     }
