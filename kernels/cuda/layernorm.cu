@@ -1,10 +1,11 @@
 // layernorm.cu: LayerNorm forward and backward.
 //
-// One warp per row (rows are d_model wide, a few hundred to a few thousand):
-// lanes stride the row, row statistics are summed in double like the CPU
-// (two-pass mean and biased variance; the two means of the backward) and
-// reduced with the fixed warp butterfly. mean and rstd are rounded to float
-// exactly as the CPU rounds them.
+// One warp per row (rows are d_model wide, a few hundred to a few thousand),
+// its work in layernorm_row.cuh (shared with residual_ln.cu): lanes stride
+// the row, row statistics are summed in double like the CPU (two-pass mean
+// and biased variance; the two means of the backward) and reduced with the
+// fixed warp butterfly. mean and rstd are rounded to float exactly as the
+// CPU rounds them.
 //
 // dgamma and dbeta are column sums over all rows. They are reduced without
 // atomics, so the result never depends on scheduling: pass 1 cuts the rows
@@ -15,6 +16,7 @@
 // partials live in the caller's scratch (cuda_layernorm_bwd_scratch_bytes).
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
+#include "layernorm_row.cuh"
 
 #define LN_THREADS 256  // 8 warps = 8 rows per block
 #define LN_ROWS_PER_BLOCK (LN_THREADS / TP_WARP)
@@ -34,22 +36,8 @@ __global__ void layernorm_fwd_kernel(float *y,            // (N, C)
     const int lane = threadIdx.x % TP_WARP;
     for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * LN_ROWS_PER_BLOCK) {
-        const float *xr = x + (size_t)n * C;
-        float *yr = y + (size_t)n * C;
-        double sum = 0.0;
-        for (int c = lane; c < C; c += TP_WARP) sum += xr[c];
-        sum = tp_warp_sum(sum);
-        const double mu = C > 0 ? sum / C : 0.0;
-        double sq = 0.0;
-        for (int c = lane; c < C; c += TP_WARP) {
-            double d = xr[c] - mu;
-            sq += d * d;
-        }
-        sq = tp_warp_sum(sq);
-        const double var = C > 0 ? sq / C : 0.0;
-        const float m = (float)mu;
-        const float rs = (float)(1.0 / sqrt(var + (double)eps));
-        for (int c = lane; c < C; c += TP_WARP) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+        float m, rs;
+        tp_ln_row_fwd(y + (size_t)n * C, x + (size_t)n * C, gamma, beta, C, eps, lane, &m, &rs);
         if (lane == 0) {
             mean[n] = m;
             rstd[n] = rs;
@@ -68,26 +56,8 @@ __global__ void layernorm_bwd_dx_kernel(float *dx,           // (N, C) accumulat
     const int lane = threadIdx.x % TP_WARP;
     for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * LN_ROWS_PER_BLOCK) {
-        const float *xr = x + (size_t)n * C;
-        const float *dyr = dy + (size_t)n * C;
-        float *dxr = dx + (size_t)n * C;
-        const float m = mean[n], rs = rstd[n];
-        double sum_g = 0.0, sum_g_xhat = 0.0;
-        for (int c = lane; c < C; c += TP_WARP) {
-            float xhat = (xr[c] - m) * rs;
-            float g = dyr[c] * gamma[c];
-            sum_g += g;
-            sum_g_xhat += (double)g * xhat;
-        }
-        sum_g = tp_warp_sum(sum_g);
-        sum_g_xhat = tp_warp_sum(sum_g_xhat);
-        const float mean_g = (float)(sum_g / C);
-        const float mean_g_xhat = (float)(sum_g_xhat / C);
-        for (int c = lane; c < C; c += TP_WARP) {
-            float xhat = (xr[c] - m) * rs;
-            float g = dyr[c] * gamma[c];
-            dxr[c] += rs * (g - mean_g - xhat * mean_g_xhat);
-        }
+        const size_t at = (size_t)n * C;
+        tp_ln_row_bwd_dx(dx + at, dy + at, x + at, gamma, mean[n], rstd[n], C, lane);
     }
 }
 

@@ -13,22 +13,26 @@
 //
 // The dropout mask is drawn exactly as dropout.cu draws it (element i of
 // the window starting at `first` uses Philox counter (first + i) / 4, word
-// (first + i) % 4), and the residual arithmetic uses __fadd_rn / __fmul_rn
-// (no FMA), so res_out is bit-identical to the CPU's unfused sequence and
-// d_branch is exactly the mask applied to the kernel's own d_res; y, mean,
+// (first + i) % 4), the residual arithmetic uses __fadd_rn / __fmul_rn (no
+// FMA) as dropout.cu does, the LayerNorm rows are layernorm_row.cuh's (the
+// code layernorm.cu runs) and the column sums follow layernorm.cu's and
+// bias.cu's chunks and order. So both ops equal the unfused CUDA sequence bit
+// for bit, and res_out and d_branch (given d_res) the CPU's too; y, mean,
 // rstd, d_res and the column sums differ from the CPU only as layernorm.cu's
-// do, in the order of their double sums (harness.h's SUM_RTOL). Rows whose width is a
-// multiple of 4, with every pointer 16-byte aligned, are read and written as
-// float4, one Philox call per float4; other shapes take the scalar path.
+// do, in the order of their double sums (harness.h's SUM_RTOL). The
+// residual pass and the dropout-gradient pass read and write float4 where
+// rows are 4-wide and every pointer 16-byte aligned (one Philox call per
+// float4); the LayerNorm passes stride the row by lane, as layernorm.cu.
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
+#include "layernorm_row.cuh"
 #include "philox.h"
 
 #define RLN_THREADS 256  // 8 warps = 8 rows per block
 #define RLN_ROWS_PER_BLOCK (RLN_THREADS / TP_WARP)
 #define RLN_COLS 32      // columns per block of the column pass (= blockDim.x)
 #define RLN_ROWT 8       // row-threads per block of the column pass (= blockDim.y)
-#define RLN_CHUNK_ROWS 256
+#define RLN_CHUNK_ROWS 256  // = layernorm.cu's LN_CHUNK_ROWS and bias.cu's BIAS_CHUNK_ROWS: their very sums
 
 // The dropout of one run: keep when (word >> 8) * 2^-24 >= p (dropout.cu).
 typedef struct {
@@ -71,11 +75,10 @@ __device__ __forceinline__ float rln_resid(const RlnDrop &d, float r_in, float b
 
 // ---- forward ---------------------------------------------------------------------
 
-// Pass 1 of a row: res_out written, its sum returned (this lane's share).
+// The residual pass of a row: res_out written (this lane's elements).
 template <bool VEC>
-__device__ __forceinline__ double rln_fwd_residual(const RlnDrop &d, float *ro, const float *ri, const float *br,
-                                                   const float *bias, size_t row_at, int C, int lane) {
-    double sum = 0.0;
+__device__ __forceinline__ void rln_fwd_residual(const RlnDrop &d, float *ro, const float *ri, const float *br,
+                                                 const float *bias, size_t row_at, int C, int lane) {
     if (VEC) {
         for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
             const float4 b = *(const float4 *)(br + c), r = *(const float4 *)(ri + c);
@@ -87,35 +90,11 @@ __device__ __forceinline__ double rln_fwd_residual(const RlnDrop &d, float *ro, 
             o.z = rln_resid(d, r.z, b.z, bias, c + 2, w[2]);
             o.w = rln_resid(d, r.w, b.w, bias, c + 3, w[3]);
             *(float4 *)(ro + c) = o;
-            sum += (double)o.x + (double)o.y + (double)o.z + (double)o.w;
         }
     } else {
-        for (int c = lane; c < C; c += TP_WARP) {
-            const float o = rln_resid(d, ri[c], br[c], bias, c, rln_word_of(d, row_at + c));
-            ro[c] = o;
-            sum += o;
-        }
+        for (int c = lane; c < C; c += TP_WARP)
+            ro[c] = rln_resid(d, ri[c], br[c], bias, c, rln_word_of(d, row_at + c));
     }
-    return sum;
-}
-
-// Sum of (x - mu)^2 over this lane's elements of a row.
-template <bool VEC>
-__device__ __forceinline__ double rln_sq_dev(const float *xr, double mu, int C, int lane) {
-    double sq = 0.0;
-    if (VEC) {
-        for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
-            const float4 x = *(const float4 *)(xr + c);
-            const double a = x.x - mu, b = x.y - mu, e = x.z - mu, f = x.w - mu;
-            sq += a * a + b * b + e * e + f * f;
-        }
-    } else {
-        for (int c = lane; c < C; c += TP_WARP) {
-            const double a = xr[c] - mu;
-            sq += a * a;
-        }
-    }
-    return sq;
 }
 
 template <bool VEC>
@@ -133,28 +112,11 @@ __global__ void residual_ln_fwd_kernel(float *res_out,       // (N, C)
     for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * RLN_ROWS_PER_BLOCK) {
         const size_t at = (size_t)n * C;
-        float *ro = res_out + at, *yr = y + at;
-        // every pass walks the row in pass 1's layout: a lane reads back only what it wrote
-        double sum = tp_warp_sum(rln_fwd_residual<VEC>(d, ro, res_in + at, branch + at, bias, at, C, lane));
-        const double mu = C > 0 ? sum / C : 0.0;
-        double sq = tp_warp_sum(rln_sq_dev<VEC>(ro, mu, C, lane));
-        const double var = C > 0 ? sq / C : 0.0;
-        const float m = (float)mu;
-        const float rs = (float)(1.0 / sqrt(var + (double)eps));
-        if (VEC) {
-            for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
-                const float4 x = *(const float4 *)(ro + c), g = *(const float4 *)(gamma + c),
-                             b = *(const float4 *)(beta + c);
-                float4 o;
-                o.x = (x.x - m) * rs * g.x + b.x;
-                o.y = (x.y - m) * rs * g.y + b.y;
-                o.z = (x.z - m) * rs * g.z + b.z;
-                o.w = (x.w - m) * rs * g.w + b.w;
-                *(float4 *)(yr + c) = o;
-            }
-        } else {
-            for (int c = lane; c < C; c += TP_WARP) yr[c] = (ro[c] - m) * rs * gamma[c] + beta[c];
-        }
+        float *ro = res_out + at;
+        rln_fwd_residual<VEC>(d, ro, res_in + at, branch + at, bias, at, C, lane);
+        __syncwarp();  // the row's res_out, written in the residual pass's layout, is read by every lane
+        float m, rs;
+        tp_ln_row_fwd(y + at, ro, gamma, beta, C, eps, lane, &m, &rs);
         if (lane == 0) {
             mean[n] = m;
             rstd[n] = rs;
@@ -164,17 +126,31 @@ __global__ void residual_ln_fwd_kernel(float *res_out,       // (N, C)
 
 // ---- backward ----------------------------------------------------------------------
 
-// d_res += LayerNorm backward of dy; d_branch = Dropout backward of the new
-// d_res (written; 0 + value, as the unfused zeroing and accumulation give).
-__device__ __forceinline__ float rln_bwd_elem(const RlnDrop &d, float *dres, float dyv, float xv, float g_c, float m,
-                                              float rs, float mean_g, float mean_g_xhat, uint32_t word) {
-    const float xhat = (xv - m) * rs;
-    const float g = dyv * g_c;
-    const float r = *dres + rs * (g - mean_g - xhat * mean_g_xhat);
-    *dres = r;
-    return __fadd_rn(0.0f, rln_drop(d, r, word));
+// d_branch = Dropout backward of d_res (written; 0 + value, as the unfused
+// zeroing and accumulation give), this lane's elements of a row.
+template <bool VEC>
+__device__ __forceinline__ void rln_bwd_branch(const RlnDrop &d, float *db, const float *dr, size_t row_at, int C,
+                                               int lane) {
+    if (VEC) {
+        for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
+            const float4 r = *(const float4 *)(dr + c);
+            uint32_t w[4] = {0, 0, 0, 0};
+            if (d.on) rln_words(d, (d.first + row_at + c) / 4, w);
+            float4 o;
+            o.x = __fadd_rn(0.0f, rln_drop(d, r.x, w[0]));
+            o.y = __fadd_rn(0.0f, rln_drop(d, r.y, w[1]));
+            o.z = __fadd_rn(0.0f, rln_drop(d, r.z, w[2]));
+            o.w = __fadd_rn(0.0f, rln_drop(d, r.w, w[3]));
+            *(float4 *)(db + c) = o;
+        }
+    } else {
+        for (int c = lane; c < C; c += TP_WARP)
+            db[c] = __fadd_rn(0.0f, rln_drop(d, dr[c], rln_word_of(d, row_at + c)));
+    }
 }
 
+// d_res += LayerNorm backward of dy (layernorm_row.cuh), then d_branch from
+// the new d_res.
 template <bool VEC>
 __global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accumulated
                                             float *d_branch,      // (N, C) written
@@ -188,39 +164,9 @@ __global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accu
     for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * RLN_ROWS_PER_BLOCK) {
         const size_t at = (size_t)n * C;
-        const float *xr = x + at, *dyr = dy + at;
-        float *dr = d_res + at, *db = d_branch + at;
-        const float m = mean[n], rs = rstd[n];
-        double sum_g = 0.0, sum_g_xhat = 0.0;
-        for (int c = lane; c < C; c += TP_WARP) {
-            float xhat = (xr[c] - m) * rs;
-            float g = dyr[c] * gamma[c];
-            sum_g += g;
-            sum_g_xhat += (double)g * xhat;
-        }
-        sum_g = tp_warp_sum(sum_g);
-        sum_g_xhat = tp_warp_sum(sum_g_xhat);
-        const float mean_g = (float)(sum_g / C);
-        const float mean_g_xhat = (float)(sum_g_xhat / C);
-        if (VEC) {
-            for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
-                const float4 dv = *(const float4 *)(dyr + c), xv = *(const float4 *)(xr + c),
-                             gv = *(const float4 *)(gamma + c);
-                float4 r = *(const float4 *)(dr + c), o;
-                uint32_t w[4] = {0, 0, 0, 0};
-                if (d.on) rln_words(d, (d.first + at + c) / 4, w);
-                o.x = rln_bwd_elem(d, &r.x, dv.x, xv.x, gv.x, m, rs, mean_g, mean_g_xhat, w[0]);
-                o.y = rln_bwd_elem(d, &r.y, dv.y, xv.y, gv.y, m, rs, mean_g, mean_g_xhat, w[1]);
-                o.z = rln_bwd_elem(d, &r.z, dv.z, xv.z, gv.z, m, rs, mean_g, mean_g_xhat, w[2]);
-                o.w = rln_bwd_elem(d, &r.w, dv.w, xv.w, gv.w, m, rs, mean_g, mean_g_xhat, w[3]);
-                *(float4 *)(dr + c) = r;
-                *(float4 *)(db + c) = o;
-            }
-        } else {
-            for (int c = lane; c < C; c += TP_WARP)
-                db[c] = rln_bwd_elem(d, dr + c, dyr[c], xr[c], gamma[c], m, rs, mean_g, mean_g_xhat,
-                                     rln_word_of(d, at + c));
-        }
+        tp_ln_row_bwd_dx(d_res + at, dy + at, x + at, gamma, mean[n], rstd[n], C, lane);
+        __syncwarp();  // the row's d_res, written lane-strided, is read in the branch pass's layout
+        rln_bwd_branch<VEC>(d, d_branch + at, d_res + at, at, C, lane);
     }
 }
 
@@ -311,8 +257,7 @@ static int rln_chunks(int N) { return (N + RLN_CHUNK_ROWS - 1) / RLN_CHUNK_ROWS;
 static void residual_ln_fwd_launch(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
                                    const float *branch, const float *bias, const float *gamma, const float *beta,
                                    int N, int C, float eps, RlnDrop d, cudaStream_t stream) {
-    const bool vec = C % 4 == 0 && aligned16(res_out) && aligned16(y) && aligned16(res_in) && aligned16(branch) &&
-                     aligned16(bias) && aligned16(gamma) && aligned16(beta);
+    const bool vec = C % 4 == 0 && aligned16(res_out) && aligned16(res_in) && aligned16(branch);  // the residual pass
     if (vec)
         residual_ln_fwd_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
             res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
@@ -327,8 +272,7 @@ static void residual_ln_bwd_launch(float *d_res, float *d_branch, float *dgamma,
                                    const float *gamma, int N, int C, RlnDrop d,
                                    double *part,  // (3, n_chunks, C)
                                    cudaStream_t stream) {
-    const bool vec = C % 4 == 0 && aligned16(d_res) && aligned16(d_branch) && aligned16(dy) && aligned16(x) &&
-                     aligned16(gamma);
+    const bool vec = C % 4 == 0 && aligned16(d_res) && aligned16(d_branch);  // the dropout-gradient pass
     if (vec)
         residual_ln_bwd_rows_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
             d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);

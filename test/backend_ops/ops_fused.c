@@ -5,7 +5,11 @@
  * CPU's fused reference is itself checked bit for bit. The cases cover
  * dropout on and off, with and without a bias, mask windows (sequence
  * parallelism), in place (res_out == res_in), widths on and off the CUDA
- * kernels' float4 path and a misaligned row start (its scalar path). */
+ * kernels' float4 path and a misaligned row start (its scalar path).
+ * Each case also runs the unfused ops on the target itself: the fused ops
+ * must equal them bit for bit there too (on CUDA they share the LayerNorm
+ * row code and the column sums' order), which is what lets the model fuse a
+ * boundary in one recompute mode and not in another. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +86,25 @@ static void rln_fwd_case(const Target *t, const RlnCase *k, Rng *rng, float **x_
     check_rel(t, what, got_mean, mean, NULL, N, tol(t, SUM_RTOL));
     check_rel(t, what, got_rstd, rstd, NULL, N, tol(t, SUM_RTOL));
 
+    /* the unfused ops on the target, from fresh copies of the inputs */
+    float *u_tmp = dev_from(t, branch, nc), *u_in = dev_from(t, res_in, nc), *u_out = dev_nan(t, nc);
+    float *u_y = dev_nan(t, nc), *u_mean = dev_nan(t, N), *u_rstd = dev_nan(t, N);
+    if (bias) op_bias_add(t->be, u_tmp, d_bias, N, C);
+    op_dropout_fwd_at(t->be, u_tmp, u_tmp, nc, k->first, k->p, RLN_SEED, stream);
+    op_add(t->be, u_out, u_in, u_tmp, nc);
+    op_layernorm_fwd(t->be, u_y, u_mean, u_rstd, u_out, d_g, d_b, N, C, 1e-5f);
+    float *u_got[4] = {dev_fetch(t, u_out, nc), dev_fetch(t, u_y, nc), dev_fetch(t, u_mean, N),
+                       dev_fetch(t, u_rstd, N)};
+    snprintf(what, sizeof what, "residual_ln fwd (%d, %d) p=%g vs the unfused ops on %s", N, C, (double)k->p,
+             t->name);
+    check_exact(t, what, got_out, u_got[0], nc);
+    check_exact(t, what, got_y, u_got[1], nc);
+    check_exact(t, what, got_mean, u_got[2], N);
+    check_exact(t, what, got_rstd, u_got[3], N);
+    for (int i = 0; i < 4; i++) free(u_got[i]);
+    float *u_bufs[] = {u_tmp, u_in, u_out, u_y, u_mean, u_rstd};
+    for (size_t i = 0; i < sizeof u_bufs / sizeof u_bufs[0]; i++) dev_free(t, u_bufs[i]);
+
     *x_out = res_out, *mean_out = mean, *rstd_out = rstd, *gamma_out = gamma;
     float *host_bufs[] = {res_in, branch, bias, beta, y, nan, got_out, got_y, got_mean, got_rstd};
     for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
@@ -133,6 +156,26 @@ static void rln_bwd_case(const Target *t, const RlnCase *k, Rng *rng, const floa
     float *own = host_alloc(nc);  // d_branch is exactly the mask applied to the op's own d_res
     cpu_dropout_bwd_at(own, got_dres[0], nc, k->first, k->p, RLN_SEED, stream);
     check_exact(t, what, got_dbr[0], own, nc);
+    /* the unfused ops on the target */
+    float *u_dres = dev_from(t, dres0, nc), *u_dbr = dev_nan(t, nc), *u_dg = dev_from(t, dg0, C);
+    float *u_db = dev_from(t, db0, C), *u_dbias = dev_from(t, dbias0, C);
+    op_layernorm_bwd(t->be, u_dres, u_dg, u_db, d_dy, d_x, d_mean, d_rstd, d_g, N, C);
+    op_zero(t->be, u_dbr, nc);
+    op_dropout_bwd_at(t->be, u_dbr, u_dres, nc, k->first, k->p, RLN_SEED, stream);
+    if (k->bias) op_bias_bwd(t->be, u_dbias, u_dbr, N, C);
+    float *u_got[5] = {dev_fetch(t, u_dres, nc), dev_fetch(t, u_dbr, nc), dev_fetch(t, u_dg, C),
+                       dev_fetch(t, u_db, C), dev_fetch(t, u_dbias, C)};
+    snprintf(what, sizeof what, "residual_ln bwd (%d, %d) p=%g vs the unfused ops on %s", N, C, (double)k->p,
+             t->name);
+    check_exact(t, what, got_dres[0], u_got[0], nc);
+    check_exact(t, what, got_dbr[0], u_got[1], nc);
+    check_exact(t, what, got_dg[0], u_got[2], C);
+    check_exact(t, what, got_db[0], u_got[3], C);
+    check_exact(t, what, got_dbias[0], u_got[4], C);
+    for (int i = 0; i < 5; i++) free(u_got[i]);
+    float *u_bufs[] = {u_dres, u_dbr, u_dg, u_db, u_dbias};
+    for (size_t i = 0; i < sizeof u_bufs / sizeof u_bufs[0]; i++) dev_free(t, u_bufs[i]);
+
     snprintf(what, sizeof what, "residual_ln bwd run to run (%d, %d)", N, C);
     check_exact(t, what, got_dres[1], got_dres[0], nc);
     check_exact(t, what, got_dbr[1], got_dbr[0], nc);
