@@ -30,7 +30,7 @@
 typedef enum {
     PROF_GEMM = 0,
     PROF_ATTENTION,
-    PROF_LAYERNORM,
+    PROF_LAYERNORM,    // LayerNorm, and the fused residual add + dropout + LayerNorm (op_residual_ln_*)
     PROF_LOSS,
     PROF_ELEMENTWISE,  // element-wise, bias, activation, dropout, zeroing, copies on the device
     PROF_EMBEDDING,
