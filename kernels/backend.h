@@ -1,6 +1,6 @@
 /* backend.h: the run-time seam between the model and the hardware.
  *
- * A Backend is a table of ops (kernels/ops.h states their contract: shapes,
+ * A Backend is a table of ops (kernels/ops_list.h states their contract: shapes,
  * row-major, backward ops accumulate) plus the context they run in: the
  * device, its stream, the GEMM library's handle and plan cache, a workspace
  * arena, and the allocator that hands out (and accounts for) every buffer.
@@ -70,9 +70,9 @@ const char *mem_tag_name(MemTag t);  // "master", "compute", ...
 typedef struct Backend Backend;
 #define BACKEND_MAX_WEIGHT_RANGES 8
 
-/* The table. Entries mirror ops.h one for one (see there for contracts);
- * the memory entries serve the allocator functions below. Every entry is
- * required. */
+/* The table. The op entries come from ops_list.h (their contracts are
+ * there); the memory entries serve the allocator functions below. Every
+ * entry is required. */
 /* Multi-tensor ops (sumsq_segs, adamw_segs) walk a table of segments, so
  * the whole gradient norm or optimizer step is one launch however many
  * tensors there are. A segment is n elements: at x[x_at] (the summed
@@ -107,6 +107,12 @@ typedef struct {
     uint32_t *d_ticket;
 } OpSegTable;
 
+/* Helpers for the readers of ops_list.h: an entry's parameter list with the
+ * backend put first, its argument list likewise, and either list bare. */
+#define TP_OP_WITH_BE(...) (Backend *be, __VA_ARGS__)
+#define TP_OP_ARGS_WITH_BE(...) (be, __VA_ARGS__)
+#define TP_OP_BARE(...) __VA_ARGS__
+
 typedef struct BackendOps {
     const char *name;  // "cpu", "cuda"
     /* memory (raw: the accounting is done by backend.c) */
@@ -124,79 +130,9 @@ typedef struct BackendOps {
     bool (*device_used)(Backend *be, size_t *used_bytes);   // false: no device memory to ask about
     void (*recast)(Backend *be, void *compute, const float *master, size_t n_elems);  // fp32 -> compute dtype
     void (*destroy)(Backend *be);
-    /* ops */
-    void (*zero)(Backend *be, float *x, size_t n_elems);
-    void (*copy)(Backend *be, float *dst, const float *src, size_t n_elems);
-    void (*copy_ids)(Backend *be, int32_t *dst, const int32_t *src, size_t n_elems);
-    void (*gemm)(Backend *be, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A,
-                 const float *B, float beta, float *C);
-    void (*linear_fwd)(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
-                       int out);
-    void (*linear_bwd)(Backend *be, float *dx, float *dW, float *db, const float *dy, const float *x,
-                       const float *W, int N, int in, int out);
-    void (*bias_add)(Backend *be, float *y, const float *b, int N, int C);
-    void (*bias_bwd)(Backend *be, float *db, const float *dy, int N, int C);
-    void (*embedding_fwd)(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N,
-                          int C, int vocab_start, int V_local);
-    void (*embedding_bwd)(Backend *be, float *dtable, const float *dout, const int32_t *ids, float scale, int N,
-                          int C, int vocab_start, int V_local);
-    void (*add_positions)(Backend *be, float *x, int B, int T, int C);
-    void (*layernorm_fwd)(Backend *be, float *y, float *mean, float *rstd, const float *x, const float *gamma,
-                          const float *beta, int N, int C, float eps);
-    void (*layernorm_bwd)(Backend *be, float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
-                          const float *mean, const float *rstd, const float *gamma, int N, int C);
-    void (*act_fwd)(Backend *be, float *y, const float *x, size_t n_elems, Activation act);
-    void (*act_bwd)(Backend *be, float *dx, const float *dy, const float *x, size_t n_elems, Activation act);
-    void (*add)(Backend *be, float *out, const float *a, const float *b, size_t n_elems);
-    void (*accumulate)(Backend *be, float *y, const float *x, size_t n_elems);
-    void (*scale)(Backend *be, float *x, float s, size_t n_elems);
-    void (*sum_acc)(Backend *be, float *acc, const float *x, size_t n_elems);
-    void (*sumsq_acc)(Backend *be, float *acc, const float *x, size_t n_elems);
-    void (*clip_coef)(Backend *be, float *norm_coef, const float *sumsq, int n_parts, float max_norm);
-    void (*scale_by)(Backend *be, float *x, const float *s, size_t n_elems);
-    void (*to_bf16)(Backend *be, uint16_t *dst, const float *src, size_t n_elems);
-    void (*from_bf16)(Backend *be, float *dst, const uint16_t *src, size_t n_elems);
-    void (*softmax_fwd)(Backend *be, float *P, const float *S, const int32_t *k_len, int B, int H, int Tq, int Tk,
-                        float scale, bool causal);
-    void (*softmax_bwd)(Backend *be, float *dS, const float *dP, const float *P, int B, int H, int Tq, int Tk,
-                        float scale);
-    void (*attention_fwd)(Backend *be, float *out, float *P, const float *q, const float *k, const float *v,
-                          const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal);
-    void (*attention_bwd)(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *P,
-                          const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
-                          int Tk, int D);
-    void (*dropout_fwd)(Backend *be, float *out, const float *x, size_t n_elems, uint64_t first, float p,
-                        uint64_t seed, uint64_t stream);
-    void (*dropout_bwd)(Backend *be, float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
-                        uint64_t seed, uint64_t stream);
-    void (*residual_ln_fwd)(Backend *be, float *res_out, float *y, float *mean, float *rstd, const float *res_in,
-                            const float *branch, const float *bias, const float *gamma, const float *beta, int N,
-                            int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream);
-    void (*residual_ln_bwd)(Backend *be, float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
-                            const float *dy, const float *x, const float *mean, const float *rstd,
-                            const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
-                            uint64_t stream);
-    void (*xent_fwd)(Backend *be, float *losses, float *lse, const float *logits, const int32_t *targets, int N,
-                     int V, float eps, int32_t ignore_id);
-    void (*xent_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse, const int32_t *targets,
-                     float dloss, int N, int V, float eps, int32_t ignore_id);
-    void (*xent_vp_max)(Backend *be, float *row_max, const float *logits, int N, int V_local, int V_valid);
-    void (*xent_vp_sums)(Backend *be, float *stats, const float *logits, const float *row_max,
-                         const int32_t *targets, int N, int V_local, int V_valid, int vocab_start,
-                         int32_t ignore_id);
-    void (*xent_vp_loss)(Backend *be, float *losses, float *lse, const float *row_max, const float *stats,
-                         const int32_t *targets, int N, int V, float eps, int32_t ignore_id);
-    void (*xent_vp_bwd)(Backend *be, float *dlogits, const float *logits, const float *lse,
-                        const int32_t *targets, float dloss, int N, int V_local, int V_valid, int vocab_start,
-                        int V, float eps, int32_t ignore_id);
-    void (*xent_vp_grad_inplace)(Backend *be, float *logits, const float *lse, const int32_t *targets, float dloss,
-                                 int N, int V_local, int V_valid, int vocab_start, int V, float eps,
-                                 int32_t ignore_id);
-    void (*adamw)(Backend *be, float *p, const float *g, float *m, float *v, size_t n_elems, float lr,
-                  float beta1, float beta2, float eps, float wd, int t);
-    void (*sumsq_segs)(Backend *be, float *acc, const float *x, const OpSegTable *segs);
-    void (*adamw_segs)(Backend *be, float *p, const float *g, float *m, float *v, const OpSegTable *segs, float lr,
-                       float beta1, float beta2, float eps, float wd, int t);
+    /* ops: one entry per op of ops_list.h, void (*name)(Backend *be, parameters) */
+#define OP(name, cls, cpu, cuda, params, args) void (*name) TP_OP_WITH_BE params;
+#include "ops_list.h"
     /* time marks for --profile (kernels/profile.h): a set of n_marks points
      * taken in queue order (CUDA events recorded on the stream; the wall
      * clock on the CPU). marks_read waits for mark n - 1 and writes the

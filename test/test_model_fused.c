@@ -59,12 +59,12 @@ static void c_ln_bwd(Backend *be, float *dx, float *dg, float *db, const float *
 static void c_drop_fwd(Backend *be, float *o, const float *x, size_t n, uint64_t f, float p, uint64_t seed,
                        uint64_t st) {
     g_n.drop_fwd++;
-    g_real->dropout_fwd(be, o, x, n, f, p, seed, st);
+    g_real->dropout_fwd_at(be, o, x, n, f, p, seed, st);
 }
 static void c_drop_bwd(Backend *be, float *dx, const float *dy, size_t n, uint64_t f, float p, uint64_t seed,
                        uint64_t st) {
     g_n.drop_bwd++;
-    g_real->dropout_bwd(be, dx, dy, n, f, p, seed, st);
+    g_real->dropout_bwd_at(be, dx, dy, n, f, p, seed, st);
 }
 
 /* One step in recompute mode; the loss and a copy of the gradients out. */
@@ -102,7 +102,7 @@ int main(void) {
     g_real = m.be->ops;
     counted.residual_ln_fwd = c_res_fwd, counted.residual_ln_bwd = c_res_bwd;
     counted.layernorm_fwd = c_ln_fwd, counted.layernorm_bwd = c_ln_bwd;
-    counted.dropout_fwd = c_drop_fwd, counted.dropout_bwd = c_drop_bwd;
+    counted.dropout_fwd_at = c_drop_fwd, counted.dropout_bwd_at = c_drop_bwd;
     m.be->ops = &counted;
 
     float *g_none = TP_MALLOC(m.tab.n_elems * sizeof(float)), *g_full = TP_MALLOC(m.tab.n_elems * sizeof(float));

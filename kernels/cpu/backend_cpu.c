@@ -42,6 +42,11 @@ static void cpu_recast(Backend *be, void *c, const float *m, size_t n) {  // nev
 }
 static void cpu_destroy(Backend *be) { free(be); }
 
+/* The table's op entries, t_<name>, declared from ops_list.h: a definition
+ * below that differs from its entry does not compile. */
+#define OP(name, cls, cpu, cuda, params, args) static void t_##name TP_OP_WITH_BE params;
+#include "ops_list.h"
+
 /* ---- bf16 emulation of the GEMM operands ---------------------------------------- */
 
 static const float *rounded(const float *x, size_t n, float *dst) {
@@ -92,10 +97,7 @@ static void t_linear_bwd(Backend *be, float *dx, float *dW, float *db, const flo
 
 static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); }
 static void t_copy(Backend *be, float *d, const float *s, size_t n) { (void)be; cpu_copy(d, s, n); }
-static void t_copy_ids(Backend *be, int32_t *d, const int32_t *s, size_t n) {
-    (void)be;
-    if (n && d != s) memmove(d, s, n * sizeof *d);
-}
+static void t_copy_ids(Backend *be, int32_t *d, const int32_t *s, size_t n) { (void)be; cpu_copy_ids(d, s, n); }
 static void t_bias_add(Backend *be, float *y, const float *b, int N, int C) { (void)be; cpu_bias_add(y, b, N, C); }
 static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) { (void)be; cpu_bias_bwd(db, dy, N, C); }
 static void t_embedding_fwd(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N, int C,
@@ -169,12 +171,12 @@ static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const 
     (void)be;
     cpu_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
-static void t_dropout_fwd(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
+static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                           uint64_t st) {
     (void)be;
     cpu_dropout_fwd_at(o, x, n, first, p, seed, st);
 }
-static void t_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
+static void t_dropout_bwd_at(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
                           uint64_t st) {
     (void)be;
     cpu_dropout_bwd_at(dx, dy, n, first, p, seed, st);
@@ -252,19 +254,8 @@ static const BackendOps CPU_OPS = {
     .dev_alloc = cpu_dev_alloc, .dev_free = cpu_dev_free, .upload = cpu_upload, .download = cpu_download,
     .sync = cpu_sync, .host_alloc = cpu_host_alloc, .host_free = cpu_host_free, .upload_wait = cpu_upload,
     .stream = cpu_stream, .device_used = cpu_device_used, .recast = cpu_recast, .destroy = cpu_destroy,
-    .zero = t_zero, .copy = t_copy, .copy_ids = t_copy_ids, .gemm = t_gemm,
-    .linear_fwd = t_linear_fwd, .linear_bwd = t_linear_bwd, .bias_add = t_bias_add, .bias_bwd = t_bias_bwd,
-    .embedding_fwd = t_embedding_fwd, .embedding_bwd = t_embedding_bwd, .add_positions = t_add_positions,
-    .layernorm_fwd = t_layernorm_fwd, .layernorm_bwd = t_layernorm_bwd, .act_fwd = t_act_fwd,
-    .act_bwd = t_act_bwd, .add = t_add, .accumulate = t_accumulate, .scale = t_scale, .sum_acc = t_sum_acc,
-    .sumsq_acc = t_sumsq_acc, .clip_coef = t_clip_coef, .scale_by = t_scale_by,
-    .to_bf16 = t_to_bf16, .from_bf16 = t_from_bf16, .softmax_fwd = t_softmax_fwd,
-    .softmax_bwd = t_softmax_bwd, .attention_fwd = t_attention_fwd, .attention_bwd = t_attention_bwd,
-    .dropout_fwd = t_dropout_fwd, .dropout_bwd = t_dropout_bwd, .residual_ln_fwd = t_residual_ln_fwd,
-    .residual_ln_bwd = t_residual_ln_bwd, .xent_fwd = t_xent_fwd, .xent_bwd = t_xent_bwd,
-    .xent_vp_max = t_xent_vp_max, .xent_vp_sums = t_xent_vp_sums, .xent_vp_loss = t_xent_vp_loss,
-    .xent_vp_bwd = t_xent_vp_bwd, .xent_vp_grad_inplace = t_xent_vp_grad_inplace, .adamw = t_adamw,
-    .sumsq_segs = t_sumsq_segs, .adamw_segs = t_adamw_segs,
+#define OP(name, cls, cpu, cuda, params, args) .name = t_##name,
+#include "ops_list.h"
     .marks_new = cpu_marks_new, .mark = cpu_mark, .marks_read = cpu_marks_read, .marks_free = cpu_marks_free,
 };
 

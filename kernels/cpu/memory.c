@@ -12,3 +12,7 @@ void cpu_zero(float *x, size_t n_elems) {
 void cpu_copy(float *dst, const float *src, size_t n_elems) {
     if (n_elems && dst != src) memmove(dst, src, n_elems * sizeof *dst);
 }
+
+void cpu_copy_ids(int32_t *dst, const int32_t *src, size_t n_elems) {
+    if (n_elems && dst != src) memmove(dst, src, n_elems * sizeof *dst);
+}

@@ -182,6 +182,11 @@ static void cu_destroy(Backend *be) {
     free(be);
 }
 
+// The table's op entries, cu_<name>, declared from ops_list.h: a definition
+// below that differs from its entry does not compile.
+#define OP(name, cls, cpu, cuda, params, args) static void cu_##name TP_OP_WITH_BE params;
+#include "ops_list.h"
+
 // ---- GEMM and linear layers ----------------------------------------------------------
 // Shapes as ops.h: A (M, K) or (K, M), B (K, N) or (N, K), C (M, N); x (N, in),
 // W (out, in), b (out), y and dy (N, out).
@@ -307,13 +312,13 @@ static void cu_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const
                              int Tk, int D) {
     cuda_op_attention_bwd(dq, dk, dv, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
 }
-static void cu_dropout_fwd(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
+static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                            uint64_t st) {
-    cuda_op_dropout_fwd(o, x, n, first, p, seed, st, stream_of(be));
+    cuda_op_dropout_fwd_at(o, x, n, first, p, seed, st, stream_of(be));
 }
-static void cu_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
+static void cu_dropout_bwd_at(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
                            uint64_t st) {
-    cuda_op_dropout_bwd(dx, dy, n, first, p, seed, st, stream_of(be));
+    cuda_op_dropout_bwd_at(dx, dy, n, first, p, seed, st, stream_of(be));
 }
 static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, float *mean, float *rstd, const float *ri,
                                const float *br, const float *bias, const float *g, const float *b, int N, int C,
@@ -413,20 +418,8 @@ static BackendOps cuda_ops_table(void) {
     o.sync = cu_sync, o.recast = cu_recast, o.destroy = cu_destroy;
     o.host_alloc = cu_host_alloc, o.host_free = cu_host_free, o.upload_wait = cu_upload_wait;
     o.stream = cu_stream, o.device_used = cu_device_used;
-    o.zero = cu_zero, o.copy = cu_copy, o.copy_ids = cu_copy_ids, o.gemm = cu_gemm;
-    o.linear_fwd = cu_linear_fwd, o.linear_bwd = cu_linear_bwd, o.bias_add = cu_bias_add, o.bias_bwd = cu_bias_bwd;
-    o.embedding_fwd = cu_embedding_fwd, o.embedding_bwd = cu_embedding_bwd, o.add_positions = cu_add_positions;
-    o.layernorm_fwd = cu_layernorm_fwd, o.layernorm_bwd = cu_layernorm_bwd, o.act_fwd = cu_act_fwd;
-    o.act_bwd = cu_act_bwd, o.add = cu_add, o.accumulate = cu_accumulate, o.scale = cu_scale;
-    o.sum_acc = cu_sum_acc, o.sumsq_acc = cu_sumsq_acc, o.clip_coef = cu_clip_coef, o.scale_by = cu_scale_by;
-    o.to_bf16 = cu_to_bf16, o.from_bf16 = cu_from_bf16;
-    o.softmax_fwd = cu_softmax_fwd, o.softmax_bwd = cu_softmax_bwd, o.attention_fwd = cu_attention_fwd;
-    o.attention_bwd = cu_attention_bwd, o.dropout_fwd = cu_dropout_fwd, o.dropout_bwd = cu_dropout_bwd;
-    o.residual_ln_fwd = cu_residual_ln_fwd, o.residual_ln_bwd = cu_residual_ln_bwd;
-    o.xent_fwd = cu_xent_fwd, o.xent_bwd = cu_xent_bwd, o.xent_vp_max = cu_xent_vp_max;
-    o.xent_vp_sums = cu_xent_vp_sums, o.xent_vp_loss = cu_xent_vp_loss, o.xent_vp_bwd = cu_xent_vp_bwd;
-    o.xent_vp_grad_inplace = cu_xent_vp_grad_inplace;
-    o.adamw = cu_adamw, o.sumsq_segs = cu_sumsq_segs, o.adamw_segs = cu_adamw_segs;
+#define OP(name, cls, cpu, cuda, params, args) o.name = cu_##name;
+#include "ops_list.h"
     o.marks_new = cu_marks_new, o.mark = cu_mark, o.marks_read = cu_marks_read, o.marks_free = cu_marks_free;
     return o;
 }

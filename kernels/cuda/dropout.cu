@@ -60,14 +60,22 @@ static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t 
 
 // ---- exported ops ---------------------------------------------------------------------
 
-extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, uint64_t first, float p,
-                                    uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
-    TP_CHECK(p >= 0.0f && p <= 1.0f, "cuda_op_dropout_fwd: p = %g outside [0, 1]", (double)p);
-    TP_CHECK(first % 4 == 0, "cuda_op_dropout_fwd: window start %llu is not a multiple of 4",
-             (unsigned long long)first);
-    if (n_elems == 0) return;
-    TP_NEED_PTR("cuda_op_dropout_fwd", out);
-    TP_NEED_PTR("cuda_op_dropout_fwd", x);
+// The checks both ops make (names: the output's and the input's, for the
+// message); false when there is nothing to do (n_elems = 0).
+static bool dropout_args_ok(const char *op, const char *const names[2], const void *out, const void *in,
+                            size_t n_elems, uint64_t first, float p) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "%s: p = %g outside [0, 1]", op, (double)p);
+    TP_CHECK(first % 4 == 0, "%s: window start %llu is not a multiple of 4", op, (unsigned long long)first);
+    if (n_elems == 0) return false;
+    TP_CHECK(out != NULL, "%s: %s is NULL", op, names[0]);
+    TP_CHECK(in != NULL, "%s: %s is NULL", op, names[1]);
+    return true;
+}
+
+extern "C" void cuda_op_dropout_fwd_at(float *out, const float *x, size_t n_elems, uint64_t first, float p,
+                                       uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+    static const char *const names[2] = {"out", "x"};
+    if (!dropout_args_ok("cuda_op_dropout_fwd_at", names, out, x, n_elems, first, p)) return;
     if (p == 0.0f) {
         // a plain copy: out is x (no-op) or does not overlap it (ops.h)
         cuda_op_copy_bytes(out, x, n_elems * sizeof(float), NULL, stream);
@@ -76,14 +84,10 @@ extern "C" void cuda_op_dropout_fwd(float *out, const float *x, size_t n_elems, 
     dropout_launch(out, x, n_elems, first, p, seed, stream_id, false, stream);
 }
 
-extern "C" void cuda_op_dropout_bwd(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
-                                    uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
-    TP_CHECK(p >= 0.0f && p <= 1.0f, "cuda_op_dropout_bwd: p = %g outside [0, 1]", (double)p);
-    TP_CHECK(first % 4 == 0, "cuda_op_dropout_bwd: window start %llu is not a multiple of 4",
-             (unsigned long long)first);
-    if (n_elems == 0) return;
-    TP_NEED_PTR("cuda_op_dropout_bwd", dx);
-    TP_NEED_PTR("cuda_op_dropout_bwd", dy);
+extern "C" void cuda_op_dropout_bwd_at(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
+                                       uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+    static const char *const names[2] = {"dx", "dy"};
+    if (!dropout_args_ok("cuda_op_dropout_bwd_at", names, dx, dy, n_elems, first, p)) return;
     if (p == 0.0f) {
         cuda_op_accumulate(dx, dy, n_elems, stream);
         return;

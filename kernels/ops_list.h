@@ -1,0 +1,374 @@
+/* ops_list.h: every op of the backend table, its prototype written once.
+ *
+ * Each entry is OP(name, class, cpu, cuda, (parameters), (arguments)); the
+ * includer defines OP, includes this file, and it is undefined again at the
+ * end (so the file has no include guard: it is a table, read several times).
+ * From it come:
+ *   - backend.h: the BackendOps entry   void (*name)(Backend *be, parameters)
+ *   - ops.h:     the dispatch           op_<name>(Backend *be, parameters)
+ *   - cpu_ops.h: the fp32 reference     cpu_<name>(parameters)   (cpu column)
+ *   - cuda_ops.h: the CUDA launcher     cuda_op_<name>(parameters, tail) (cuda column)
+ *   - the backends' table entries (backend_cpu.c, backend_cuda.cu) are declared
+ *     from it before they are defined, and profile.c wraps every entry;
+ * so a backend function whose signature drifts from its entry, or an entry
+ * that a backend does not fill, is a compile error.
+ *
+ * Columns:
+ *   class  its row of --profile's table (ProfClass without PROF_).
+ *   cpu    REF: void cpu_<name>(parameters). COUNT: the same returning int,
+ *          the count of non-ignored rows. OWN: declared by hand in cpu_ops.h.
+ *   cuda   the launcher's trailing arguments after the parameters: STREAM
+ *          (cudaStream_t stream), SCRATCH (void *scratch, cudaStream_t stream:
+ *          at least the op's cuda_<op>_scratch_bytes bytes), STATUS
+ *          (CudaOpStatus *status, cudaStream_t stream). OWN: declared by hand
+ *          (the GEMM family, cuda_gemm.h).
+ *   (arguments) the parameters' names in order, for the forwarding calls.
+ *
+ * The contract of every op (shapes, accumulation, masks, precision) is the
+ * comment beside its entry; ops.h states the conventions they share.
+ */
+#ifndef OP
+#error "define OP(name, class, cpu, cuda, params, args) before including ops_list.h"
+#endif
+
+/* ---- Memory ------------------------------------------------------------- */
+OP(zero, ELEMENTWISE, REF, STREAM, (float *x, size_t n_elems), (x, n_elems))
+/* dst = src (memmove semantics: the ranges may overlap) */
+OP(copy, ELEMENTWISE, REF, SCRATCH, (float *dst, const float *src, size_t n_elems), (dst, src, n_elems))
+/* ids: dst = src (memmove semantics) */
+OP(copy_ids, ELEMENTWISE, REF, SCRATCH, (int32_t *dst, const int32_t *src, size_t n_elems), (dst, src, n_elems))
+
+/* ---- GEMM ---------------------------------------------------------------
+ * C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T.
+ * op(A): (M, K), op(B): (K, N), C: (M, N); A stored (M,K) or (K,M) when
+ * trans_a, B stored (K,N) or (N,K) when trans_b. beta = 0 overwrites C. */
+OP(gemm, GEMM, REF, OWN,
+   (bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, const float *B, float beta,
+    float *C),
+   (trans_a, trans_b, M, N, K, alpha, A, B, beta, C))
+
+/* ---- Linear (GEMM + bias) ----------------------------------------------
+ * y = x W^T + b. b may be NULL. */
+OP(linear_fwd, GEMM, REF, OWN,
+   (float *y,        // (N, out)
+    const float *x,  // (N, in)
+    const float *W,  // (out, in)
+    const float *b,  // (out) or NULL
+    int N, int in, int out),
+   (y, x, W, b, N, in, out))
+/* dx += dy W ; dW += dy^T x ; db += sum_rows(dy). dx, dW or db may be NULL
+ * to skip that gradient. */
+OP(linear_bwd, GEMM, REF, OWN,
+   (float *dx,        // (N, in) or NULL
+    float *dW,        // (out, in) or NULL
+    float *db,        // (out) or NULL
+    const float *dy,  // (N, out)
+    const float *x,   // (N, in)
+    const float *W,   // (out, in)
+    int N, int in, int out),
+   (dx, dW, db, dy, x, W, N, in, out))
+
+/* y[n, :] += b */
+OP(bias_add, ELEMENTWISE, REF, STREAM,
+   (float *y,        // (N, C)
+    const float *b,  // (C)
+    int N, int C),
+   (y, b, N, C))
+/* db += sum over rows of dy */
+OP(bias_bwd, ELEMENTWISE, REF, SCRATCH,
+   (float *db,        // (C)
+    const float *dy,  // (N, C)
+    int N, int C),
+   (db, dy, N, C))
+
+/* ---- Embedding -----------------------------------------------------------
+ * out[n] = scale * table[ids[n] - vocab_start] when the id falls in this
+ * shard's rows [vocab_start, vocab_start + V_local), else zeros (so a
+ * vocab-parallel shard contributes only its own rows; with one shard pass
+ * vocab_start = 0, V_local = V). Ids outside [0, V) of the full vocabulary
+ * are a caller bug and must be rejected before calling. */
+OP(embedding_fwd, EMBEDDING, REF, STREAM,
+   (float *out,          // (N, C)
+    const int32_t *ids,  // (N)
+    const float *table,  // (V_local, C)
+    float scale, int N, int C, int vocab_start, int V_local),
+   (out, ids, table, scale, N, C, vocab_start, V_local))
+/* dtable[ids[n] - vocab_start] += scale * dout[n] (scatter-add, own rows
+ * only; deterministic: rows are visited in order). */
+OP(embedding_bwd, EMBEDDING, REF, SCRATCH,
+   (float *dtable,       // (V_local, C)
+    const float *dout,   // (N, C)
+    const int32_t *ids,  // (N)
+    float scale, int N, int C, int vocab_start, int V_local),
+   (dtable, dout, ids, scale, N, C, vocab_start, V_local))
+
+/* Sinusoidal positions (Vaswani et al., interleaved):
+ * pe[t, 2i] = sin(t / 10000^(2i/C)), pe[t, 2i+1] = cos(t / 10000^(2i/C)).
+ * x[b, t, :] += pe[t, :]. C must be even. Positions are constant: no backward. */
+OP(add_positions, EMBEDDING, REF, STREAM,
+   (float *x,  // (B, T, C)
+    int B, int T, int C),
+   (x, B, T, C))
+
+/* ---- LayerNorm -----------------------------------------------------------
+ * y = (x - mean) * rstd * gamma + beta, per row; mean and rstd saved. */
+OP(layernorm_fwd, LAYERNORM, REF, STREAM,
+   (float *y,            // (N, C)
+    float *mean,         // (N)
+    float *rstd,         // (N)
+    const float *x,      // (N, C)
+    const float *gamma,  // (C)
+    const float *beta,   // (C)
+    int N, int C, float eps),
+   (y, mean, rstd, x, gamma, beta, N, C, eps))
+OP(layernorm_bwd, LAYERNORM, REF, SCRATCH,
+   (float *dx,           // (N, C)  accumulated
+    float *dgamma,       // (C)     accumulated
+    float *dbeta,        // (C)     accumulated
+    const float *dy,     // (N, C)
+    const float *x,      // (N, C)
+    const float *mean,   // (N)
+    const float *rstd,   // (N)
+    const float *gamma,  // (C)
+    int N, int C),
+   (dx, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C))
+
+/* ---- Activations (GELU is the exact erf form, as torch's default) ------- */
+OP(act_fwd, ELEMENTWISE, REF, STREAM, (float *y, const float *x, size_t n_elems, Activation act),
+   (y, x, n_elems, act))
+/* dx += dy * act'(x) */
+OP(act_bwd, ELEMENTWISE, REF, STREAM, (float *dx, const float *dy, const float *x, size_t n_elems, Activation act),
+   (dx, dy, x, n_elems, act))
+
+/* ---- Element-wise --------------------------------------------------------- */
+/* out = a + b (out may alias a or b) */
+OP(add, ELEMENTWISE, REF, STREAM, (float *out, const float *a, const float *b, size_t n_elems), (out, a, b, n_elems))
+/* y += x */
+OP(accumulate, ELEMENTWISE, REF, STREAM, (float *y, const float *x, size_t n_elems), (y, x, n_elems))
+/* x *= s */
+OP(scale, ELEMENTWISE, REF, STREAM, (float *x, float s, size_t n_elems), (x, s, n_elems))
+/* acc[0] += sum of x (summed in double, fixed order); acc is a device scalar. */
+OP(sum_acc, LOSS, REF, SCRATCH, (float *acc, const float *x, size_t n_elems), (acc, x, n_elems))
+/* acc[0] += sum of squares of x (summed in double, fixed order). */
+OP(sumsq_acc, OPTIMIZER, REF, SCRATCH, (float *acc, const float *x, size_t n_elems), (acc, x, n_elems))
+/* Global-norm clipping on the device, as torch.nn.utils.clip_grad_norm_:
+ * norm = sqrt(sum of sumsq[0..n_parts)); norm_coef[0] = norm,
+ * norm_coef[1] = min(1, max_norm / (norm + 1e-6)) (1 when max_norm <= 0). */
+OP(clip_coef, OPTIMIZER, REF, STREAM, (float *norm_coef, const float *sumsq, int n_parts, float max_norm),
+   (norm_coef, sumsq, n_parts, max_norm))
+/* x *= s[0], s a device scalar. */
+OP(scale_by, OPTIMIZER, REF, STREAM, (float *x, const float *s, size_t n_elems), (x, s, n_elems))
+
+/* For each segment s of the table (OpSeg, backend.h; made by op_segs_create,
+ * ops.h) in table order: acc[s.acc] += sum of squares of x[s.x_at ..
+ * s.x_at + s.n), each segment summed in double and added as op_sumsq_acc
+ * adds it (so the CPU matches one op_sumsq_acc per segment bit for bit).
+ * acc: device floats. One launch however many segments. */
+OP(sumsq_segs, OPTIMIZER, OWN, STREAM, (float *acc, const float *x, const OpSegTable *segs), (acc, x, segs))
+
+/* dst = src rounded to bfloat16 (nearest, ties to even; NaN stays NaN),
+ * kept as raw bits: the staging of bf16 collectives. */
+OP(to_bf16, CONVERT, REF, STREAM, (uint16_t *dst, const float *src, size_t n_elems), (dst, src, n_elems))
+/* dst = src widened to fp32 (exact). */
+OP(from_bf16, CONVERT, REF, STREAM, (float *dst, const uint16_t *src, size_t n_elems), (dst, src, n_elems))
+
+/* ---- Masked softmax ------------------------------------------------------
+ * Rows are (b, h, i) over Tk keys: P = softmax(scale * S) where key j is
+ * masked out when j >= k_len[b], or (causal) when j > i. Masked entries get
+ * probability 0. A row with no valid key (k_len[b] == 0) becomes all zeros. */
+OP(softmax_fwd, ATTENTION, REF, STREAM,
+   (float *P,              // (B, H, Tq, Tk)
+    const float *S,        // (B, H, Tq, Tk)
+    const int32_t *k_len,  // (B)
+    int B, int H, int Tq, int Tk, float scale, bool causal),
+   (P, S, k_len, B, H, Tq, Tk, scale, causal))
+/* dS += scale * P * (dP - sum_j(dP * P)) */
+OP(softmax_bwd, ATTENTION, REF, STREAM,
+   (float *dS,        // (B, H, Tq, Tk)
+    const float *dP,  // (B, H, Tq, Tk)
+    const float *P,   // (B, H, Tq, Tk)
+    int B, int H, int Tq, int Tk, float scale),
+   (dS, dP, P, B, H, Tq, Tk, scale))
+
+/* ---- Scaled dot-product attention, per head --------------------------------
+ * q, k, v hold H heads of width D side by side: head h of token t is
+ * q[t, h*D : (h+1)*D]. out = softmax(q k^T / sqrt(D), masks) v.
+ * P (the probabilities) is saved for backward. */
+OP(attention_fwd, ATTENTION, REF, STREAM,
+   (float *out,            // (B, Tq, H*D)
+    float *P,              // (B, H, Tq, Tk)
+    const float *q,        // (B, Tq, H*D)
+    const float *k,        // (B, Tk, H*D)
+    const float *v,        // (B, Tk, H*D)
+    const int32_t *k_len,  // (B)
+    int B, int H, int Tq, int Tk, int D, bool causal),
+   (out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal))
+/* dq, dk, dv accumulated. scratch holds B*H*Tq*Tk floats. */
+OP(attention_bwd, ATTENTION, REF, STREAM,
+   (float *dq,          // (B, Tq, H*D)
+    float *dk,          // (B, Tk, H*D)
+    float *dv,          // (B, Tk, H*D)
+    const float *dout,  // (B, Tq, H*D)
+    const float *P,     // (B, H, Tq, Tk)
+    const float *q,     // (B, Tq, H*D)
+    const float *k,     // (B, Tk, H*D)
+    const float *v,     // (B, Tk, H*D)
+    float *scratch,     // (B, H, Tq, Tk)
+    int B, int H, int Tq, int Tk, int D),
+   (dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D))
+
+/* ---- Dropout with a counter-based RNG --------------------------------------
+ * Philox4x32-10 keyed by `seed`; element i uses counter
+ * (i/4 lo, i/4 hi, stream_id lo, stream_id hi), word i%4. The mask is a pure
+ * function of (seed, stream_id, i): backward recomputes it, resume
+ * reproduces it. Kept elements are scaled by 1/(1-p). p == 0 copies. out may
+ * alias x. The _at forms take a window of a larger mask: out[i] is element
+ * first + i of it (first a multiple of 4), so the windows of a tensor split
+ * by rows together draw the mask of the whole (sequence parallelism);
+ * ops.h's op_dropout_fwd / op_dropout_bwd are the whole tensor (first = 0). */
+OP(dropout_fwd_at, ELEMENTWISE, REF, STREAM,
+   (float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
+   (out, x, n_elems, first, p, seed, stream_id))
+/* dx += mask * dy / (1-p) */
+OP(dropout_bwd_at, ELEMENTWISE, REF, STREAM,
+   (float *dx, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
+   (dx, dy, n_elems, first, p, seed, stream_id))
+
+/* ---- Residual + dropout + LayerNorm, fused --------------------------------
+ * The boundary of two pre-LN sub-blocks in one op each way, on the rows of
+ * a window of the whole (N, C) mask that starts at element `first` (a
+ * multiple of 4; 0 without sequence parallelism), as dropout_fwd_at.
+ * Forward: res_out = res_in + Dropout(branch + bias) (bias may be NULL),
+ * then y, mean, rstd = LayerNorm(res_out) as layernorm_fwd: equal to
+ * bias_add, dropout_fwd_at, add, layernorm_fwd in turn, bit for bit (the
+ * CPU reference is that sequence; CUDA shares its LayerNorm rows with
+ * layernorm.cu). res_out may alias res_in; y aliases nothing; branch is only
+ * read. */
+OP(residual_ln_fwd, LAYERNORM, REF, STREAM,
+   (float *res_out,       // (N, C)
+    float *y,             // (N, C)
+    float *mean,          // (N)
+    float *rstd,          // (N)
+    const float *res_in,  // (N, C)
+    const float *branch,  // (N, C)
+    const float *bias,    // (C) or NULL
+    const float *gamma,   // (C)
+    const float *beta,    // (C)
+    int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
+   (res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, first, p, seed, stream_id))
+/* Backward: d_res += the LayerNorm's input gradient from dy (x, mean, rstd
+ * as saved; dgamma, dbeta accumulated), as layernorm_bwd; then d_branch =
+ * the dropout's input gradient of the new d_res and d_bias += its column
+ * sums (d_bias NULL: skipped), as bias_bwd. d_branch is WRITTEN, not
+ * accumulated (it equals dropout_bwd_at into zeros): the one pass needs no
+ * zeroing before it. d_branch aliases neither dy nor d_res. */
+OP(residual_ln_bwd, LAYERNORM, REF, SCRATCH,
+   (float *d_res,         // (N, C) accumulated
+    float *d_branch,      // (N, C) written
+    float *dgamma,        // (C) accumulated
+    float *dbeta,         // (C) accumulated
+    float *d_bias,        // (C) accumulated, or NULL
+    const float *dy,      // (N, C)
+    const float *x,       // (N, C) the LayerNorm's input (res_out of the forward)
+    const float *mean,    // (N)
+    const float *rstd,    // (N)
+    const float *gamma,   // (C)
+    int N, int C, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
+   (d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C, first, p, seed, stream_id))
+
+/* ---- Label-smoothed cross-entropy ------------------------------------------
+ * For row n with target y = targets[n] (rows with y == ignore_id are skipped,
+ * loss 0): loss_n = (1-eps) * (-log p_y) + (eps/V) * sum_v (-log p_v),
+ * p = softmax(logits[n]), as torch's cross_entropy(label_smoothing=eps).
+ * Writes per-row losses and the row's log-sum-exp (saved for backward).
+ * (The count of non-ignored rows is the caller's: it knows the targets; the
+ * CPU reference returns it.) A target outside [0, V) is refused: the CPU
+ * dies at the row, CUDA records it in its status (cuda_ops.h). */
+OP(xent_fwd, LOSS, COUNT, STATUS,
+   (float *losses,           // (N)
+    float *lse,              // (N)
+    const float *logits,     // (N, V)
+    const int32_t *targets,  // (N)
+    int N, int V, float eps, int32_t ignore_id),
+   (losses, lse, logits, targets, N, V, eps, ignore_id))
+/* dlogits += dloss * (softmax(logits[n]) - (1-eps) onehot(y) - eps/V),
+ * zero for ignored rows. dloss is one scale for all rows (e.g. 1/n_tokens). */
+OP(xent_bwd, LOSS, REF, STREAM,
+   (float *dlogits,          // (N, V)
+    const float *logits,     // (N, V)
+    const float *lse,        // (N)
+    const int32_t *targets,  // (N)
+    float dloss, int N, int V, float eps, int32_t ignore_id),
+   (dlogits, logits, lse, targets, dloss, N, V, eps, ignore_id))
+
+/* ---- Vocab-parallel label-smoothed cross-entropy -----------------------------
+ * The logits of a row are split over tp ranks by vocabulary: this rank holds
+ * columns [vocab_start, vocab_start + V_local) of the V real ones, of which
+ * the first V_valid are real (the rest pad the vocabulary to a multiple of
+ * tp and are ignored). The full row is never gathered:
+ *   1. op_xent_vp_max: the shard's row max; the caller reduces it (MAX).
+ *   2. op_xent_vp_sums: with the global max, per row the shard's
+ *      {sum exp(x - max), sum x, x_target (0 if the target is elsewhere)};
+ *      the caller reduces them (SUM).
+ *   3. op_xent_vp_loss: losses and lse from the reduced statistics (every
+ *      rank computes the same values).
+ *   4. op_xent_vp_bwd: the shard's gradient.
+ * With one shard this is op_xent_fwd / op_xent_bwd. Rows whose target is
+ * ignore_id give loss 0 and no gradient. */
+OP(xent_vp_max, LOSS, REF, STREAM,
+   (float *row_max,       // (N)
+    const float *logits,  // (N, V_local)
+    int N, int V_local, int V_valid),
+   (row_max, logits, N, V_local, V_valid))
+OP(xent_vp_sums, LOSS, REF, STREAM,
+   (float *stats,            // (N, 3)
+    const float *logits,     // (N, V_local)
+    const float *row_max,    // (N) global
+    const int32_t *targets,  // (N)
+    int N, int V_local, int V_valid, int vocab_start, int32_t ignore_id),
+   (stats, logits, row_max, targets, N, V_local, V_valid, vocab_start, ignore_id))
+/* V is the real vocabulary size. A target outside [0, V) is refused as
+ * op_xent_fwd refuses it. */
+OP(xent_vp_loss, LOSS, COUNT, STATUS,
+   (float *losses,           // (N)
+    float *lse,              // (N)
+    const float *row_max,    // (N) global
+    const float *stats,      // (N, 3) reduced
+    const int32_t *targets,  // (N)
+    int N, int V, float eps, int32_t ignore_id),
+   (losses, lse, row_max, stats, targets, N, V, eps, ignore_id))
+/* dlogits += dloss * (exp(x - lse) - (1-eps) [v == y] - eps/V), valid columns only. */
+OP(xent_vp_bwd, LOSS, REF, STREAM,
+   (float *dlogits,          // (N, V_local)
+    const float *logits,     // (N, V_local)
+    const float *lse,        // (N)
+    const int32_t *targets,  // (N)
+    float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id),
+   (dlogits, logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id))
+/* The same gradient written over the logits, which the loss no longer
+ * needs: no (N, V_local) gradient buffer, no pass to zero one. Padding
+ * columns and ignored rows become 0. The one backward op that overwrites
+ * rather than accumulates: each element equals op_xent_vp_bwd's into zeros. */
+OP(xent_vp_grad_inplace, LOSS, REF, STREAM,
+   (float *logits,           // (N, V_local) in: logits; out: gradient
+    const float *lse,        // (N)
+    const int32_t *targets,  // (N)
+    float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id),
+   (logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id))
+
+/* ---- AdamW (decoupled weight decay, as torch.optim.AdamW) ------------------
+ * p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). step t >= 1. */
+OP(adamw, OPTIMIZER, REF, STREAM,
+   (float *p, const float *g, float *m, float *v, size_t n_elems, float lr, float beta1, float beta2, float eps,
+    float wd, int t),
+   (p, g, m, v, n_elems, lr, beta1, beta2, eps, wd, t))
+/* adamw over every segment s of the table in one launch: p[s.x_at..],
+ * g[s.g_at..], m and v [s.s_at..], s.n elements, weight decay wd where
+ * s.decay (else 0). Equal to one op_adamw per segment bit for bit. */
+OP(adamw_segs, OPTIMIZER, OWN, STREAM,
+   (float *p, const float *g, float *m, float *v, const OpSegTable *segs, float lr, float beta1, float beta2,
+    float eps, float wd, int t),
+   (p, g, m, v, segs, lr, beta1, beta2, eps, wd, t))
+
+#undef OP
