@@ -7,7 +7,6 @@
  * counts it. */
 #include "flags.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,41 +305,4 @@ const char *flags_last_given(const FlagTable *t, const FlagsParsed *p, const cha
         if (f && p->given[f - t->flags] > at) at = p->given[f - t->flags], last = f->name;
     }
     return last;
-}
-
-/* ---- the getopt_long check, until every program parses through its table ---- */
-
-int flags_check_exact(const char *prog, int argc, char *const *argv, const struct option *opts) {
-    int n_known = 0;
-    while (opts[n_known].name) n_known++;
-    const char **known = malloc((size_t)(n_known > 0 ? n_known : 1) * sizeof *known);
-    if (!known) return -1;
-    for (int k = 0; k < n_known; k++) known[k] = opts[k].name;
-    int rc = 0;
-    for (int i = 1; i < argc && rc == 0; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--") == 0) break;
-        if (a[0] != '-' || strcmp(a, "-") == 0) continue;  // an operand
-        const char *name = a + (a[1] == '-' ? 2 : 1);
-        const char *eq = strchr(name, '=');
-        const size_t n = eq ? (size_t)(eq - name) : strlen(name);
-        const struct option *o = NULL;
-        for (int k = 0; k < n_known && a[1] == '-'; k++)
-            if (strlen(opts[k].name) == n && strncmp(opts[k].name, name, n) == 0) o = &opts[k];
-        if (!o) {
-            flag_unknown(prog, a, known, n_known);
-            rc = -1;
-        } else if (o->has_arg == no_argument && eq) {
-            fprintf(stderr, "%s: --%s takes no value, got '%s'\n", prog, o->name, a);
-            rc = -1;
-        } else if (o->has_arg == required_argument && !eq) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "%s: --%s needs a value\n", prog, o->name);
-                rc = -1;
-            }
-            i++;  // the value, whatever it looks like
-        }
-    }
-    free(known);
-    return rc;
 }

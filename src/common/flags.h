@@ -151,9 +151,4 @@ void flags_echo(FILE *f, const FlagTable *t, const void *args);
  * Returns malloc'd text. */
 char *flags_echo_json(const FlagTable *t, const void *args);
 
-/* Checks argv against a getopt_long table as flags_check does against a
- * flag table (the programs not yet on a table). */
-struct option;
-int flags_check_exact(const char *prog, int argc, char *const *argv, const struct option *opts);
-
 #endif
