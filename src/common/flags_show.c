@@ -147,7 +147,7 @@ void flags_help(FILE *f, const FlagTable *t, const void *defaults) {
         const char *g = t->flags[i].group ? t->flags[i].group : "Options";
         bool seen = false;
         for (int k = 0; k < n_done; k++) seen = seen || strcmp(done[k], g) == 0;
-        if (seen) continue;
+        if (seen || n_done == FLAGS_MAX) continue;
         done[n_done++] = g;
         fprintf(f, "%s:\n", g);
         for (int k = i; k < t->n; k++) {
@@ -167,7 +167,7 @@ void flags_echo(FILE *f, const FlagTable *t, const void *args) {
         const char *g = t->flags[i].group ? t->flags[i].group : "Options";
         bool seen = false;
         for (int k = 0; k < n_done; k++) seen = seen || strcmp(done[k], g) == 0;
-        if (seen) continue;
+        if (seen || n_done == FLAGS_MAX) continue;
         done[n_done++] = g;
         int shown = 0;
         for (int k = i; k < t->n; k++) {
