@@ -18,9 +18,13 @@
  * scratch ops are wrapped to record what backend_cuda.cu asks for at each
  * call (the same size function, the same bf16-twin rule) runs a training
  * step, an evaluation and a beam search; the planner's walk must give the
- * same largest request, in fp32 and bf16. */
+ * same largest request, in fp32 and bf16, with weights whose bf16 twins are
+ * not all aligned, and on each rank of a tp = 2 model with sequence
+ * parallelism (forked ranks over shared memory). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "kernels/scratch_sizes.h"
@@ -177,6 +181,53 @@ static void plan(const ModelConfig *cfg, const ModelStage *st, int tp, int dp, i
     planner_memory(&in, rank, out);
 }
 
+/* A rank of a tp = 2 model with sequence parallelism (a forked process,
+ * the groups over shared memory): its training step against the walk for
+ * its shards and its share of the rows. Returns the exit status. */
+static int tp_rank(const ModelConfig *cfg, Dtype dtype, int B, int S, int T, const char *job, int rank) {
+    char err[256];
+    Comm *comm = comm_shm_create(job, "tp", rank, 2, 20.0, err, sizeof err);
+    if (!comm) return fprintf(stderr, "rank %d: %s\n", rank, err), 10;
+    Backend *be = recorder(dtype);
+    TpGroup g = {.size = 2, .rank = rank, .comm = comm};
+    Model m;
+    if (model_create(&m, be, cfg, &g, 5, err, sizeof err) || model_set_sequence_parallel(&m, true, err, sizeof err))
+        return fprintf(stderr, "rank %d: %s\n", rank, err), 11;
+    OwnedBatch tr;
+    fill_batch(&tr, B, S, T, cfg->vocab_size);
+    int n_tok = 0;
+    g_need = 0;
+    model_zero_grad(&m);
+    model_forward(&m, &tr.view, true, (DropoutKey){.seed = 1, .step = 1}, &n_tok);
+    model_backward(&m, &tr.view, true, (DropoutKey){.seed = 1, .step = 1}, 1.0f / (float)n_tok);
+    const ModelStage whole = model_stage_whole(cfg);
+    const size_t want = planner_scratch_stage(cfg, dtype == DTYPE_BF16, 2, &whole, true, B * S, B * T, true);
+    const int rc = g_need > 0 && g_need == want ? 0 : 1;
+    if (rc) fprintf(stderr, "rank %d of tp 2 (sp, %s): the model asks for %zu bytes of scratch, the planner %zu\n", rank,
+                    dtype_name(dtype), g_need, want);
+    owned_batch_free(&tr);
+    model_free(&m);
+    backend_destroy(be);
+    comm_free(comm);
+    return rc;
+}
+
+static void tp_against_walk(const ModelConfig *cfg, Dtype dtype, int B, int S, int T) {
+    char job[64];
+    snprintf(job, sizeof job, "tpgs%ld", (long)getpid());
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        fflush(NULL);
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(tp_rank(cfg, dtype, B, S, T, job, r));
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tp 2 rank %d (%s): status %d", r, dtype_name(dtype), st);
+    }
+}
+
 /* The arena's size is a function of the largest request alone (backend.c
  * grows it to scratch_arena_bytes), whatever the order; and a bf16 plan
  * with decoding on rank 0 counts the decode walk. */
@@ -292,6 +343,13 @@ int main(void) {
     odd.d_model = 36, odd.n_heads = 4, odd.d_ff = 52, odd.vocab_size = 61;
     model_against_walk(&odd, DTYPE_F32);
     model_against_walk(&odd, DTYPE_BF16);
+    tp_against_walk(&odd, DTYPE_BF16, 4, 9, 11);  // 36 and 44 rows: 18 and 22 each
+    /* fp32 with a wide model: the LayerNorm partials of a rank's share of
+     * 320 source rows (one chunk of 256, not the whole's two) are the
+     * largest request */
+    ModelConfig wide = cfg;
+    wide.d_model = 400, wide.n_heads = 4, wide.d_ff = 64, wide.vocab_size = 61, wide.enc_layers = wide.dec_layers = 1;
+    tp_against_walk(&wide, DTYPE_F32, 8, 40, 12);
     arena_checks(&cfg);
     nccl_checks(&cfg);
     return check_report("test_plan_gpu_sizes");
