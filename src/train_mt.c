@@ -842,6 +842,7 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
     in.staged = gpu && W > 1 &&
                 (runtime_choose_comm(a->comm, runtime_have_nccl(), true, W, W, in.slots, &comm, why, sizeof why) != 0 ||
                  comm == RUNTIME_COMM_SHM);
+    in.nccl = gpu && W > 1 && !in.staged;  // a GPU per rank: NCCL communicators
     in.gather_at_eval = !a->synthetic;  // the decoding rank, or a corpus with tp > 1 (a tp 1 group gathers on rank 0 only)
     in.decode = !a->synthetic;
     in.decode_n = ps->decode_n;
@@ -932,7 +933,7 @@ static void plan_layout(const TrainArgs *a, const PlanInput *in, const PlanCalib
     planner_time(in, c, ranks);
     for (int r = 0; r < W; r++) {
         PlanRank pr = ranks[r];
-        pr.tag[MEM_LIBRARY] = c->library_bytes;
+        pr.tag[MEM_LIBRARY] += c->library_bytes;  // NCCL's buffers (planned) and the measured context
         if (print) {
             printf("  %4d (%d,%d,%d)    |", r, pr.tp, pr.dp, pr.pp);  // the run's memory table, predicted
             for (int t = 0; t < MEM_N_TAGS; t++) printf(" %11.2f", pr.tag[t] * mib);
@@ -945,7 +946,7 @@ static void plan_layout(const TrainArgs *a, const PlanInput *in, const PlanCalib
             fprintf(json, ", \"allocator_peak\": %.0f, \"step_s\": %.6f, \"compute_s\": %.6f, \"comm_s\": %.6f, "
                     "\"bubble_s\": %.6f}", pr.allocator_peak, pr.t_step, pr.t_compute, pr.t_comm, pr.t_bubble);
         }
-        if (pr.allocator_peak + c->library_bytes > l->peak) l->peak = pr.allocator_peak + c->library_bytes, l->worst = r;
+        if (pr.allocator_peak + pr.tag[MEM_LIBRARY] > l->peak) l->peak = pr.allocator_peak + pr.tag[MEM_LIBRARY], l->worst = r;
         if (pr.t_step >= l->step) l->step = pr.t_step, l->compute = pr.t_compute, l->comm = pr.t_comm, l->bubble = pr.t_bubble;
     }
     free(ranks);
@@ -1218,11 +1219,16 @@ static int plan_main(TrainArgs *a, bool choose) {
                                                        : "; collectives not measured: run --plan through tprun once")
                                    : "");
         if (gpu)
-            printf("train_mt: --plan: the CUDA context and libraries took %.0f MiB of the GPU at start-up (the library "
-                   "column: measured, beyond the planner's control; every process on a GPU has its own); modelled: "
-                   "cuBLASLt's %zu MiB workspace (workspace) and, for ranks sharing a GPU, %zu MiB of page-locked "
-                   "staging per group with peers (comm)\n", cal.library_bytes / 1048576.0,
-                   backend_gemm_workspace_bytes(BACKEND_CUDA) >> 20, comm_shm_stage_bytes(2) >> 20);
+            printf("train_mt: --plan: not counted: the CUDA context and libraries, about %.0f MiB measured on %s at "
+                   "start (in use once they exist, less the allocator's; in the library column, beyond the planner's "
+                   "control; every process on a GPU has its own); modelled: cuBLASLt's %zu MiB workspace and the ops' "
+                   "scratch arena (workspace), %zu MiB of page-locked staging per group with peers for ranks sharing a "
+                   "GPU (comm), NCCL's buffers with a GPU per rank (library: %zu MiB x %d channels per ring peer per "
+                   "communicator, NCCL's documented sizes; the channel count assumed unless NCCL_MAX_NCHANNELS is set)\n",
+                   cal.library_bytes / 1048576.0, be->device_name, backend_gemm_workspace_bytes(BACKEND_CUDA) >> 20,
+                   comm_shm_stage_bytes(2) >> 20, planner_nccl_buffsize() >> 20, planner_nccl_channels());
+        else
+            printf("train_mt: --plan: not counted: a GPU's CUDA context and libraries (not measured on the CPU)\n");
         fflush(stdout);
         for (int i = 0; i < n; i++) {
             Layout *l = &ls[i];
