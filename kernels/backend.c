@@ -7,6 +7,7 @@
  * raw allocation and copies. */
 #include "backend.h"
 #include "profile.h"
+#include "scratch_sizes.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -247,8 +248,7 @@ void *backend_workspace(Backend *be, size_t n_bytes) {
         backend_sync(be);  // queued ops may still read the old arena
         backend_free(be, be->ws);
     }
-    size_t grow = be->ws_bytes + be->ws_bytes / 2;
-    be->ws_bytes = n_bytes > grow ? n_bytes : grow;
+    be->ws_bytes = scratch_arena_bytes(n_bytes);  // a step of a fixed grid: the planner's figure too
     be->ws = backend_alloc(be, be->ws_bytes, MEM_WORKSPACE);
     return be->ws;
 }

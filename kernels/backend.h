@@ -234,7 +234,8 @@ typedef struct {
  * collective reads and writes as they are. */
 bool backend_comm_copy(Backend *be, BackendCommCopy *out);
 /* At least n_bytes of scratch for the ops that need it (grows, never shrinks;
- * growing waits for queued work). Backends call it; callers may reserve. */
+ * growing waits for queued work). Backends call it; callers may reserve.
+ * The arena is scratch_arena_bytes(the largest request) (scratch_sizes.h). */
 void *backend_workspace(Backend *be, size_t n_bytes);
 
 void backend_upload(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes);

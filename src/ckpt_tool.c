@@ -34,25 +34,42 @@
 #include "train/ckpt_average.h"
 #include "transformer/export.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: ckpt inspect PATH\n"
-               "       ckpt export [--strict] PATH OUT_DIR\n"
-               "       ckpt average --last N DIR OUT\n"
-               "       ckpt average OUT CKPT1 CKPT2 ...\n"
-               "  PATH     a checkpoint directory (step_N, with manifest.json) or a folder of checkpoints\n"
-               "           (train_mt --save DIR: its latest, or else its newest complete step)\n"
-               "  inspect  prints step, model, saved layout, data cursor, optimizer and every file, then\n"
-               "           checks each file's size and CRC-32C against the manifest (exit 1 on a problem)\n"
-               "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
-               "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
-               "           the format of docs/model-and-export.md; a damaged optimizer shard (which the export\n"
-               "           does not need) is a warning naming the file, an error (exit 1) with --strict\n"
-               "  average  writes OUT, a new checkpoint whose weights are the exact mean of the inputs (summed in\n"
-               "           double, rounded once), loaded from whatever layouts they were saved with; the inputs\n"
-               "           must be one model. Optimizer state, step and tokenizer are the newest input's, so OUT\n"
-               "           loads with --resume, translate_mt --model and ckpt export. --last N: DIR's newest N\n"
-               "           complete step_N checkpoints\n");
-}
+/* The flags of the commands, one table: --strict belongs to export, --last to average. */
+typedef struct {
+    bool strict;
+    int last;  // 0: not given
+} CkptArgs;
+
+static const Flag CKPT_FLAGS[] = {
+    {.name = "strict", .kind = FLAG_SWITCH, .group = "export", FLAG_AT(CkptArgs, strict),
+     .help = "a damaged optimizer shard is an error (exit 1), not a warning"},
+    {.name = "last", .kind = FLAG_INT, .group = "average", .metavar = "N", .lo = 1, .hi = 1000000,
+     FLAG_AT(CkptArgs, last), .help = "average DIR's newest N complete step_N checkpoints"},
+};
+
+static const FlagTable CKPT_TABLE = {
+    .prog = "ckpt",
+    .usage = "usage: ckpt inspect PATH\n"
+             "       ckpt export [--strict] PATH OUT_DIR\n"
+             "       ckpt average --last N DIR OUT\n"
+             "       ckpt average OUT CKPT1 CKPT2 ...\n"
+             "  PATH     a checkpoint directory (step_N, with manifest.json) or a folder of checkpoints\n"
+             "           (train_mt --save DIR: its latest, or else its newest complete step)\n"
+             "  inspect  prints step, model, saved layout, data cursor, optimizer and every file, then\n"
+             "           checks each file's size and CRC-32C against the manifest (exit 1 on a problem)\n"
+             "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
+             "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
+             "           the format of docs/model-and-export.md; a damaged optimizer shard (which the export\n"
+             "           does not need) is a warning naming the file, an error (exit 1) with --strict\n"
+             "  average  writes OUT, a new checkpoint whose weights are the exact mean of the inputs (summed in\n"
+             "           double, rounded once), loaded from whatever layouts they were saved with; the inputs\n"
+             "           must be one model. Optimizer state, step and tokenizer are the newest input's, so OUT\n"
+             "           loads with --resume, translate_mt --model and ckpt export\n"
+             "Flags by command:\n",
+    .flags = CKPT_FLAGS,
+    .n = sizeof CKPT_FLAGS / sizeof CKPT_FLAGS[0],
+    .options = FLAGS_DASH_H,
+};
 
 /* PATH -> the checkpoint directory in out; 0, or -1 after printing why. */
 static int resolve(const char *arg, char *out, size_t out_len) {
@@ -288,38 +305,29 @@ static int cmd_export(const char *arg, const char *out_dir, bool strict) {
     return rc ? 1 : 0;
 }
 
-/* ckpt average: --last N DIR OUT, or OUT CKPT1 CKPT2 ... */
-static int cmd_average(int argc, char **argv) {
+/* ckpt average: --last N DIR OUT (operands DIR OUT), or OUT CKPT1 CKPT2 ... */
+static int cmd_average(int n_last, int argc, char **argv) {
     char err[1024];
-    const bool last = argc >= 2 && strcmp(argv[0], "--last") == 0;
-    if (last ? argc != 4 : argc < 2) {
+    const bool last = n_last > 0;
+    if (last ? argc != 2 : argc < 2) {
         fprintf(stderr, "ckpt: average takes --last N DIR OUT, or OUT CKPT1 CKPT2 ...\n");
         return 2;
     }
-    int n = last ? 0 : argc - 1;
-    if (last) {
-        char *end;
-        long v = strtol(argv[1], &end, 10);
-        if (*argv[1] == '\0' || *end || v < 1 || v > 1000000) {
-            fprintf(stderr, "ckpt: average --last: '%s' is not a count from 1 to 1000000\n", argv[1]);
-            return 2;
-        }
-        n = (int)v;
-    }
-    const char *out = last ? argv[3] : argv[0];
+    const int n = last ? n_last : argc - 1;
+    const char *out = last ? argv[1] : argv[0];
     char (*dirs)[4096] = TP_CALLOC((size_t)n, sizeof *dirs);
     const char **in = TP_CALLOC((size_t)n, sizeof *in);
     int rc = 0;
     if (last) {
         int64_t *steps;
-        const int have = ckpt_list_complete(argv[2], &steps);
+        const int have = ckpt_list_complete(argv[0], &steps);
         if (have < n) {
-            fprintf(stderr, "ckpt: average --last %d: %s holds %d complete checkpoint%s\n", n, argv[2], have,
+            fprintf(stderr, "ckpt: average --last %d: %s holds %d complete checkpoint%s\n", n, argv[0], have,
                     have == 1 ? "" : "s");
             rc = 1;
         }
         for (int i = 0; i < n && rc == 0; i++)  // oldest first: the order of the sum
-            pathf(dirs[i], sizeof dirs[i], "%s/step_%08lld", argv[2], (long long)steps[n - 1 - i]);
+            pathf(dirs[i], sizeof dirs[i], "%s/step_%08lld", argv[0], (long long)steps[n - 1 - i]);
         free(steps);
     } else {
         for (int i = 0; i < n && rc == 0; i++) rc = resolve(argv[1 + i], dirs[i], sizeof dirs[i]) ? 1 : 0;
@@ -339,34 +347,55 @@ static int cmd_average(int argc, char **argv) {
     return rc;
 }
 
+/* A command's flags and operands; the exit status of a refusal (printed),
+ * or -1 when all is well. A flag of another command is refused by name. */
+static int command_args(const char *cmd, int argc, char **argv, CkptArgs *a, FlagsParsed *p) {
+    memset(a, 0, sizeof *a);
+    const int rc = flags_parse(&CKPT_TABLE, argc, argv, a, p);
+    if (rc == 1) flags_help(stdout, &CKPT_TABLE, NULL);
+    if (rc) return rc == 1 ? 0 : 2;
+    for (int i = 0; i < CKPT_TABLE.n; i++)
+        if (p->given[i] && strcmp(CKPT_FLAGS[i].group, cmd) != 0) {
+            fprintf(stderr, "ckpt: --%s belongs to ckpt %s, not to %s\n", CKPT_FLAGS[i].name, CKPT_FLAGS[i].group,
+                    cmd);
+            return 2;
+        }
+    return -1;
+}
+
+static int run_command(const char *cmd, int argc, char **argv) {
+    CkptArgs a;
+    FlagsParsed p;
+    int rc = command_args(cmd, argc, argv, &a, &p);
+    const int n = p.n_operands;
+    if (rc < 0 && strcmp(cmd, "average") == 0) rc = cmd_average(a.last, n, p.operands);
+    else if (rc < 0 && strcmp(cmd, "inspect") == 0 && n == 1) rc = cmd_inspect(p.operands[0]);
+    else if (rc < 0 && strcmp(cmd, "export") == 0 && n == 2) rc = cmd_export(p.operands[0], p.operands[1], a.strict);
+    else if (rc < 0) {
+        fprintf(stderr, "ckpt: %s takes %s\n", cmd, strcmp(cmd, "inspect") == 0 ? "PATH" : "PATH OUT_DIR [--strict]");
+        rc = 2;
+    }
+    flags_parsed_free(&p);
+    return rc;
+}
+
 int main(int argc, char **argv) {
-    if (argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-        usage(stdout);
+    static const char *const commands[] = {"inspect", "export", "average"};
+    if (argc < 2) {
+        flags_help(stderr, &CKPT_TABLE, NULL);
+        return 2;
+    }
+    if (argv[1][0] == '-') {  // before a command only --help; one sentence for anything else
+        const FlagTable top = {.prog = "ckpt", .usage = "", .options = FLAGS_DASH_H};
+        if (flags_check(&top, 2, argv)) return 2;
+        flags_help(stdout, &CKPT_TABLE, NULL);
         return 0;
     }
-    if (argc == 3 && strcmp(argv[1], "inspect") == 0) return cmd_inspect(argv[2]);
-    if (argc >= 2 && strcmp(argv[1], "average") == 0) return cmd_average(argc - 2, argv + 2);
-    if (argc == 4 && strcmp(argv[1], "export") == 0) return cmd_export(argv[2], argv[3], false);
-    if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[2], "--strict") == 0)
-        return cmd_export(argv[3], argv[4], true);
-    if (argc == 5 && strcmp(argv[1], "export") == 0 && strcmp(argv[4], "--strict") == 0)
-        return cmd_export(argv[2], argv[3], true);
-    /* one sentence, through the programs' shared flag checks (common/flags.h) */
-    static const char *const flags[] = {"help"}, *const commands[] = {"inspect", "export", "average"};
-    if (argc >= 2 && argv[1][0] == '-') {
-        flag_unknown("ckpt", argv[1], flags, 1);
-        return 2;
-    }
-    if (argc >= 2 && strcmp(argv[1], "inspect") != 0 && strcmp(argv[1], "export") != 0) {
-        const char *near = flag_nearest(argv[1], commands, 3);
-        if (near) fprintf(stderr, "ckpt: unknown command '%s'; did you mean %s?\n", argv[1], near);
-        else fprintf(stderr, "ckpt: unknown command '%s'; the commands are inspect, export and average (ckpt --help)\n", argv[1]);
-        return 2;
-    }
-    if (argc >= 2) {
-        fprintf(stderr, "ckpt: %s takes %s\n", argv[1], strcmp(argv[1], "inspect") == 0 ? "PATH" : "PATH OUT_DIR [--strict]");
-        return 2;
-    }
-    usage(stderr);
+    for (int i = 0; i < 3; i++)
+        if (strcmp(argv[1], commands[i]) == 0) return run_command(argv[1], argc - 1, argv + 1);
+    const char *near = flag_nearest(argv[1], commands, 3);
+    if (near) fprintf(stderr, "ckpt: unknown command '%s'; did you mean %s?\n", argv[1], near);
+    else fprintf(stderr, "ckpt: unknown command '%s'; the commands are inspect, export and average (ckpt --help)\n",
+                 argv[1]);
     return 2;
 }

@@ -15,7 +15,6 @@
  * backend --device names (auto: a GPU when one is visible) and decoded
  * there; --dtype sets its GEMM precision as in train_mt. */
 #include <errno.h>
-#include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,170 +101,195 @@ static int32_t **encode_all(const Spm *spm, const TextNorm *norm, const Lines *l
     return ids;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: translate_mt --model DIR [--src FILE] [--ref FILE] [--score] [--beam K] [--lenpen A]\n"
-               "                    [--batch-size N] [--device auto|cpu|cuda] [--dtype fp32|bf16] [--tokenized]\n"
-               "  --model DIR     a model directory saved by train_mt --save\n"
-               "  --src FILE      source sentences, one per line, plain text (default: stdin): brought into the\n"
-               "                  form of the model's training text (lower-cased, punctuation split) first\n"
-               "  --ref FILE      references in the corpus's form: print corpus BLEU-4 and chrF2 on stderr,\n"
-               "                  scored on the model's tokenized output\n"
-               "  --tokenized     write the output as the model writes it (the corpus's form, words split with\n"
-               "                  spaces), not joined back into plain text\n"
-               "  --score         with --ref: print log p(ref | src) of each pair instead of translating\n"
-               "  --beam K        beam size, 0 to 1000 (default 5; 0 = greedy)\n"
-               "  --lenpen A      length penalty: score / length^A, A in [0, 10] (default 1.0)\n"
-               "  --batch-size N  sentences decoded together, 1 to 1048576 (default 64)\n"
-               "  --device D      auto | cpu | cuda: where the model runs (default auto: cuda when a GPU is\n"
-               "                  visible)\n"
-               "  --dtype T       fp32 | bf16: GEMM precision (default bf16 on cuda, fp32 on cpu)\n");
-}
+/* ---- flags --------------------------------------------------------------- */
 
-int main(int argc, char **argv) {
-    const char *model_dir = NULL, *src_path = NULL, *ref_path = NULL;
-    int beam = 5, batch = 64, score = 0, tokenized = 0;
-    float lenpen = 1.0f;
-    DeviceChoice device = DEVICE_AUTO;
-    Dtype dtype = DTYPE_F32;
-    bool dtype_given = false;
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"src", required_argument, 0, 's'},
-        {"ref", required_argument, 0, 'r'},   {"score", no_argument, 0, 'S'},
-        {"beam", required_argument, 0, 'b'},  {"lenpen", required_argument, 0, 'l'},
-        {"batch-size", required_argument, 0, 'B'}, {"device", required_argument, 0, 'd'},
-        {"dtype", required_argument, 0, 't'},     {"help", no_argument, 0, 'h'},
-        {"tokenized", no_argument, 0, 'T'},
-        {0, 0, 0, 0},
-    };
-    int c;
-    long v;
-    double d;
-    char perr[256];
-    if (flags_check_exact("translate_mt", argc, argv, opts)) return 2;  // exact names, one-line refusals
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int bad = 0;
-        switch (c) {
-        case 'm': model_dir = optarg; break;
-        case 's': src_path = optarg; break;
-        case 'r': ref_path = optarg; break;
-        case 'S': score = 1; break;
-        case 'T': tokenized = 1; break;
-        case 'b':
-            bad = parse_int("--beam", optarg, 0, MAX_BEAM, &v, perr, sizeof perr);
-            if (!bad) beam = (int)v;
-            break;
-        case 'l':
-            bad = parse_double("--lenpen", optarg, 0.0, MAX_LENPEN, &d, perr, sizeof perr);
-            if (!bad) lenpen = (float)d;
-            break;
-        case 'B':
-            bad = parse_int("--batch-size", optarg, 1, MAX_BATCH, &v, perr, sizeof perr);
-            if (!bad) batch = (int)v;
-            break;
-        case 'd':
-            if (device_choice_parse(optarg, &device)) {
-                fprintf(stderr, "translate_mt: --device must be auto, cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 't':
-            if (dtype_parse(optarg, &dtype)) {
-                fprintf(stderr, "translate_mt: --dtype must be fp32 or bf16, got '%s'\n", optarg);
-                return 2;
-            }
-            dtype_given = true;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "translate_mt: %s\n", perr);
-            return 2;
-        }
+typedef struct {
+    const char *model_dir, *src_path, *ref_path;
+    int beam, batch;
+    float lenpen;
+    bool score, tokenized;
+    DeviceChoice device;
+    Dtype dtype;
+    bool dtype_given;  // else the device's: bf16 on a GPU, fp32 on the CPU
+} TranslateArgs;
+
+static const int DEVICE_VALUES[] = {DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA};
+static const int DTYPE_VALUES[] = {DTYPE_F32, DTYPE_BF16};
+
+#define T TranslateArgs
+static const Flag TRANSLATE_FLAGS[] = {
+    {.name = "model", .kind = FLAG_STRING, .group = "Model", .metavar = "DIR", FLAG_AT(T, model_dir),
+     .help = "a model directory saved by train_mt --save (required)"},
+    {.name = "device", .kind = FLAG_CHOICE, .group = "Model", .choices = "auto|cpu|cuda", .values = DEVICE_VALUES,
+     .dflt = "auto", FLAG_AT(T, device), .help = "where the model runs (auto: cuda when a GPU is visible)"},
+    {.name = "dtype", .kind = FLAG_CHOICE, .group = "Model", .choices = "fp32|bf16", .values = DTYPE_VALUES,
+     .dflt_note = "bf16 on cuda, fp32 on cpu", FLAG_AT(T, dtype), .help = "GEMM precision"},
+    {.name = "src", .kind = FLAG_STRING, .group = "Data", .metavar = "FILE", FLAG_AT(T, src_path),
+     .dflt_note = "stdin",
+     .help = "source sentences, one per line, plain text: brought into the form of the model's training text "
+             "(lower-cased, punctuation split) first"},
+    {.name = "tokenized", .kind = FLAG_SWITCH, .group = "Data", FLAG_AT(T, tokenized),
+     .help = "write the output as the model writes it (the corpus's form, words split with spaces), not joined "
+             "back into plain text"},
+    {.name = "ref", .kind = FLAG_STRING, .group = "Evaluation", .metavar = "FILE", FLAG_AT(T, ref_path),
+     .help = "references in the corpus's form: print corpus BLEU-4 and chrF2 on stderr, scored on the model's "
+             "tokenized output"},
+    {.name = "score", .kind = FLAG_SWITCH, .group = "Evaluation", FLAG_AT(T, score),
+     .help = "with --ref: print log p(ref | src) of each pair instead of translating"},
+    {.name = "beam", .kind = FLAG_INT, .group = "Decoding", .metavar = "K", .lo = 0, .hi = MAX_BEAM, .dflt = "5",
+     FLAG_AT(T, beam), .help = "beam size (0: greedy)"},
+    {.name = "lenpen", .kind = FLAG_REAL, .group = "Decoding", .metavar = "A", .lo = 0.0, .hi = MAX_LENPEN,
+     .dflt = "1.0", FLAG_AT(T, lenpen), .help = "length penalty: score / length^A"},
+    {.name = "batch-size", .kind = FLAG_INT, .group = "Decoding", .metavar = "N", .lo = 1, .hi = MAX_BATCH,
+     .dflt = "64", FLAG_AT(T, batch), .help = "sentences decoded together"},
+};
+#undef T
+
+static const FlagTable TRANSLATE_TABLE = {
+    .prog = "translate_mt",
+    .usage = "usage: translate_mt --model DIR [--src FILE] [--ref FILE] [--score] [--beam K] [--lenpen A]\n"
+             "                    [--batch-size N] [--device auto|cpu|cuda] [--dtype fp32|bf16] [--tokenized]\n",
+    .flags = TRANSLATE_FLAGS,
+    .n = sizeof TRANSLATE_FLAGS / sizeof TRANSLATE_FLAGS[0],
+};
+
+/* Flags into a, checked before the model is read: -1 when all is well, else
+ * the exit status (0 after --help, 2 after one sentence). */
+static int parse_args(int argc, char **argv, TranslateArgs *a) {
+    memset(a, 0, sizeof *a);
+    if (flags_defaults(&TRANSLATE_TABLE, a)) return 2;
+    FlagsParsed p;
+    const int rc = flags_parse(&TRANSLATE_TABLE, argc, argv, a, &p);
+    const bool operand = rc == 0 && p.n_operands > 0;
+    if (operand) fprintf(stderr, "translate_mt: unexpected argument '%s'\n", p.operands[0]);
+    a->dtype_given = flags_given(&TRANSLATE_TABLE, &p, "dtype");
+    flags_parsed_free(&p);
+    if (rc == 1) {
+        flags_help(stdout, &TRANSLATE_TABLE, NULL);
+        return 0;
     }
-    if (!model_dir || optind < argc) {
-        usage(stderr);
+    if (rc || operand) return 2;
+    if (!a->model_dir) {
+        fprintf(stderr, "translate_mt: --model DIR is required (a model directory saved by train_mt --save); see "
+                        "translate_mt --help\n");
         return 2;
     }
-    if (score && !ref_path) {
+    if (a->score && !a->ref_path) {
         fprintf(stderr, "translate_mt: --score needs --ref (the targets to score)\n");
         return 2;
     }
+    if (!a->dtype_given)
+        a->dtype = a->device == DEVICE_CUDA || (a->device == DEVICE_AUTO && backend_cuda_available(NULL)) ? DTYPE_BF16
+                                                                                                      : DTYPE_F32;
+    return -1;
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+/* The backend and the model on it; the exit status on failure (printed). */
+static int open_model(const TranslateArgs *a, Backend **be, MtModel *mt) {
     char err[1024];
-    if (!dtype_given) dtype = device == DEVICE_CUDA || (device == DEVICE_AUTO && backend_cuda_available(NULL))
-                                  ? DTYPE_BF16 : DTYPE_F32;
-    Backend *be = backend_create(device, dtype, 0, err, sizeof err);  // one process: the first visible GPU
-    if (!be) {
+    *be = backend_create(a->device, a->dtype, 0, err, sizeof err);  // one process: the first visible GPU
+    if (!*be) {
         fprintf(stderr, "translate_mt: %s\n", err);
         return 2;
     }
-    MtModel mt;
-    if (mt_load_on(&mt, be, model_dir, err, sizeof err)) {
+    if (mt_load_on(mt, *be, a->model_dir, err, sizeof err)) {
         fprintf(stderr, "translate_mt: %s\n", err);
-        backend_destroy(be);
+        backend_destroy(*be);
         return 1;
     }
-    const int max_pieces = mt.model.cfg.max_len - 1;
-    const TextNorm *norm = &mt.model.cfg.text;
-    if (!norm->recorded)
+    if (!mt->model.cfg.text.recorded)
         fprintf(stderr, "translate_mt: %s does not record its training text's form (saved before the record "
                 "existed): assuming small_parallel_enja's, English lower-cased with punctuation split, Japanese "
-                "words split with spaces\n", model_dir);
-    Lines src, ref = {0};
-    if (load_lines(src_path, &src)) return 1;
-    if (ref_path && load_lines(ref_path, &ref)) return 1;
-    if (ref_path && ref.n != src.n) {
-        fprintf(stderr, "translate_mt: %s has %d lines but %s has %d\n", src_path ? src_path : "<stdin>", src.n,
-                ref_path, ref.n);
-        return 1;
+                "words split with spaces\n", a->model_dir);
+    return 0;
+}
+
+/* --src (or stdin) and --ref, which must have as many lines. 0 or -1 (printed). */
+static int read_inputs(const TranslateArgs *a, Lines *src, Lines *ref) {
+    memset(ref, 0, sizeof *ref);
+    if (load_lines(a->src_path, src)) return -1;
+    if (a->ref_path && load_lines(a->ref_path, ref)) return -1;
+    if (a->ref_path && ref->n != src->n) {
+        fprintf(stderr, "translate_mt: %s has %d lines but %s has %d\n", a->src_path ? a->src_path : "<stdin>",
+                src->n, a->ref_path, ref->n);
+        return -1;
     }
-    int *src_len = NULL, *ref_len = NULL;
-    int32_t **src_ids = encode_all(mt.spm, norm, &src, &src_len, max_pieces, src_path ? src_path : "<stdin>");
-    int rc = 0;
-    if (score) {
-        int32_t **ref_ids = encode_all(mt.spm, NULL, &ref, &ref_len, max_pieces, ref_path);
-        double *s = TP_MALLOC((size_t)(src.n > 0 ? src.n : 1) * sizeof(double));
-        mt_score_ids(&mt.model, (const int32_t *const *)src_ids, src_len, (const int32_t *const *)ref_ids, ref_len,
-                     src.n, batch, s);
-        for (int i = 0; i < src.n; i++) printf("%.6f\n", s[i]);
-        for (int i = 0; i < ref.n; i++) free(ref_ids[i]);
-        free(ref_ids);
-        free(s);
-    } else {
-        Hypotheses h;
-        mt_translate_ids(&mt.model, (const int32_t *const *)src_ids, src_len, src.n, beam, lenpen, batch, &h);
-        BleuStats bs;
-        ChrfStats cs;
-        bleu_init(&bs);
-        chrf_init(&cs);
-        for (int i = 0; i < src.n; i++) {
-            char *text = spm_decode(mt.spm, h.hyp[i], h.len[i]);
-            TP_CHECK(text, "the tokenizer failed to decode output %d", i + 1);
-            if (tokenized) {
-                printf("%s\n", text);
-            } else {
-                char *plain = textnorm_detok(norm, text);
-                printf("%s\n", plain);
-                free(plain);
-            }
-            if (ref_path) {
-                bleu_add(&bs, text, ref.line[i]);
-                chrf_add(&cs, text, ref.line[i]);
-            }
-            free(text);
+    return 0;
+}
+
+/* --score: log p(ref | src) of each pair, one per line. */
+static void score_pairs(const TranslateArgs *a, MtModel *mt, int32_t **src_ids, const int *src_len, const Lines *ref,
+                        int n) {
+    int *ref_len = NULL;
+    int32_t **ref_ids = encode_all(mt->spm, NULL, ref, &ref_len, mt->model.cfg.max_len - 1, a->ref_path);
+    double *s = TP_MALLOC((size_t)(n > 0 ? n : 1) * sizeof(double));
+    mt_score_ids(&mt->model, (const int32_t *const *)src_ids, src_len, (const int32_t *const *)ref_ids, ref_len, n,
+                 a->batch, s);
+    for (int i = 0; i < n; i++) printf("%.6f\n", s[i]);
+    for (int i = 0; i < ref->n; i++) free(ref_ids[i]);
+    free(ref_ids);
+    free(ref_len);
+    free(s);
+}
+
+static void print_scores(const BleuStats *bs, const ChrfStats *cs) {
+    double bp, p[4];
+    double bleu = bleu_score(bs, &bp, p);
+    fprintf(stderr, "BLEU = %.2f %.1f/%.1f/%.1f/%.1f (BP = %.3f, hyp_len = %ld, ref_len = %ld)\n", bleu, 100 * p[0],
+            100 * p[1], 100 * p[2], 100 * p[3], bp, bs->hyp_len, bs->ref_len);
+    double cp, cr;
+    double chrf = chrf_score(cs, &cp, &cr);
+    fprintf(stderr, "chrF2 = %.2f (character 1..%d-grams: P = %.1f, R = %.1f)\n", chrf, CHRF_ORDER, 100 * cp,
+            100 * cr);
+}
+
+/* The translations on stdout in input order; BLEU and chrF on stderr with --ref. */
+static void translate(const TranslateArgs *a, MtModel *mt, int32_t **src_ids, const int *src_len, const Lines *ref,
+                      int n) {
+    const TextNorm *norm = &mt->model.cfg.text;
+    Hypotheses h;
+    mt_translate_ids(&mt->model, (const int32_t *const *)src_ids, src_len, n, a->beam, a->lenpen, a->batch, &h);
+    BleuStats bs;
+    ChrfStats cs;
+    bleu_init(&bs);
+    chrf_init(&cs);
+    for (int i = 0; i < n; i++) {
+        char *text = spm_decode(mt->spm, h.hyp[i], h.len[i]);
+        TP_CHECK(text, "the tokenizer failed to decode output %d", i + 1);
+        if (a->tokenized) {
+            printf("%s\n", text);
+        } else {
+            char *plain = textnorm_detok(norm, text);
+            printf("%s\n", plain);
+            free(plain);
         }
-        if (ref_path) {
-            double bp, p[4];
-            double bleu = bleu_score(&bs, &bp, p);
-            fprintf(stderr, "BLEU = %.2f %.1f/%.1f/%.1f/%.1f (BP = %.3f, hyp_len = %ld, ref_len = %ld)\n", bleu,
-                    100 * p[0], 100 * p[1], 100 * p[2], 100 * p[3], bp, bs.hyp_len, bs.ref_len);
-            double cp, cr;
-            double chrf = chrf_score(&cs, &cp, &cr);
-            fprintf(stderr, "chrF2 = %.2f (character 1..%d-grams: P = %.1f, R = %.1f)\n", chrf, CHRF_ORDER, 100 * cp,
-                    100 * cr);
+        if (a->ref_path) {
+            bleu_add(&bs, text, ref->line[i]);
+            chrf_add(&cs, text, ref->line[i]);
         }
-        hypotheses_free(&h);
+        free(text);
     }
+    if (a->ref_path) print_scores(&bs, &cs);
+    hypotheses_free(&h);
+}
+
+int main(int argc, char **argv) {
+    TranslateArgs a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    Backend *be;
+    MtModel mt;
+    if ((rc = open_model(&a, &be, &mt))) return rc;
+    Lines src, ref;
+    if (read_inputs(&a, &src, &ref)) return 1;
+    int *src_len = NULL;
+    int32_t **src_ids = encode_all(mt.spm, &mt.model.cfg.text, &src, &src_len, mt.model.cfg.max_len - 1,
+                                   a.src_path ? a.src_path : "<stdin>");
+    if (a.score) score_pairs(&a, &mt, src_ids, src_len, &ref, src.n);
+    else translate(&a, &mt, src_ids, src_len, &ref, src.n);
+    rc = 0;
     if (fflush(stdout) != 0) {
         fprintf(stderr, "translate_mt: writing the output failed\n");
         rc = 1;
@@ -273,7 +297,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < src.n; i++) free(src_ids[i]);
     free(src_ids);
     free(src_len);
-    free(ref_len);
     free_lines(&src);
     free_lines(&ref);
     mt_free(&mt);

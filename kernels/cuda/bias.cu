@@ -14,7 +14,7 @@
 #define BIAS_THREADS 256u
 #define BIAS_COLS 32   // columns per block of pass 1 (= blockDim.x)
 #define BIAS_ROWT 8    // row-threads per block of pass 1 (= blockDim.y)
-#define BIAS_CHUNK_ROWS 256
+#define BIAS_CHUNK_ROWS SCRATCH_BIAS_CHUNK_ROWS  // kernels/scratch_sizes.h (the scratch size)
 
 // ---- kernels ---------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ static void bias_add_launch(float *y, const float *b, int N, int C, cudaStream_t
     CUDA_CHECK(cudaGetLastError());
 }
 
-static int bias_chunks(int N) { return (N + BIAS_CHUNK_ROWS - 1) / BIAS_CHUNK_ROWS; }
+static int bias_chunks(int N) { return scratch_bias_chunks(N); }
 
 static void bias_bwd_launch(float *db, const float *dy, int N, int C,
                             double *partials,  // (n_chunks, C)
@@ -92,8 +92,7 @@ extern "C" void cuda_op_bias_add(float *y, const float *b, int N, int C, cudaStr
 }
 
 extern "C" size_t cuda_bias_bwd_scratch_bytes(int N, int C) {
-    if (N <= 0 || C <= 0) return 0;
-    return tp_scratch_round((size_t)bias_chunks(N) * (size_t)C * sizeof(double));
+    return scratch_bias_bwd(N, C);
 }
 
 extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void *scratch,

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "cuda_common.h"
+#include "scratch_sizes.h"
 
 #define TP_WARP 32
 #define TP_FULL_MASK 0xffffffffu
@@ -38,11 +39,9 @@ static inline unsigned tp_grid_1d(size_t n_items, unsigned threads) {
 // (cuda_<op>_scratch_bytes, a function of its arguments) and carves it from
 // the scratch its caller passes (the backend's workspace arena). Regions
 // start on TP_SCRATCH_ALIGN boundaries; the size functions add the padding.
-#define TP_SCRATCH_ALIGN ((size_t)256)
+#define TP_SCRATCH_ALIGN SCRATCH_ALIGN  // kernels/scratch_sizes.h: the planner's figure too
 
-static inline size_t tp_scratch_round(size_t n_bytes) {
-    return (n_bytes + TP_SCRATCH_ALIGN - 1) / TP_SCRATCH_ALIGN * TP_SCRATCH_ALIGN;
-}
+static inline size_t tp_scratch_round(size_t n_bytes) { return scratch_round(n_bytes); }
 
 typedef struct {
     char *base;       // (cap) device scratch, TP_SCRATCH_ALIGN-aligned

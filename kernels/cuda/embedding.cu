@@ -111,11 +111,7 @@ static void embedding_fwd_launch(float *out, const int32_t *ids, const float *ta
 }
 
 // Keys take values 0..V_local: sort only the bits that can be set.
-static int key_bits(int V_local) {
-    int end_bit = 0;
-    while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)V_local) end_bit++;
-    return end_bit;
-}
+static int key_bits(int V_local) { return scratch_key_bits(V_local); }
 
 // CUB's temporary storage for sorting N pairs (a size query: nothing runs).
 static size_t sort_temp_bytes(int N, int V_local) {
@@ -134,8 +130,14 @@ static void embedding_bwd_launch(float *dtable, const float *dout, const int32_t
     uint32_t *keys_out = (uint32_t *)tp_carve(cv, arr_bytes);  // (N)
     int32_t *vals_in = (int32_t *)tp_carve(cv, arr_bytes);     // (N)
     int32_t *vals_out = (int32_t *)tp_carve(cv, arr_bytes);    // (N)
-    size_t sort_bytes = sort_temp_bytes(N, V_local);
-    void *sort_temp = tp_carve(cv, sort_bytes);                // CUB's temporary storage
+    // CUB's temporary storage: the planned bound (kernels/scratch_sizes.h),
+    // which what this CUB asks for must not exceed
+    size_t sort_bytes = scratch_sort_pairs_bound(N, key_bits(V_local));  // (CUB takes it by reference)
+    const size_t cub_bytes = sort_temp_bytes(N, V_local);
+    TP_CHECK(cub_bytes <= sort_bytes,
+             "cuda_op_embedding_bwd: CUB's radix sort of %d pairs asks for %zu bytes of temporary storage, more than "
+             "the %zu of scratch_sort_pairs_bound (kernels/scratch_sizes.c): raise the bound", N, cub_bytes, sort_bytes);
+    void *sort_temp = tp_carve(cv, sort_bytes);
 
     embedding_keys_kernel<<<tp_grid_1d((size_t)N, 256), 256, 0, stream>>>(keys_in, vals_in, ids,
                                                                           N, vocab_start, V_local);
@@ -174,9 +176,7 @@ extern "C" void cuda_op_embedding_fwd(float *out, const int32_t *ids, const floa
 }
 
 extern "C" size_t cuda_embedding_bwd_scratch_bytes(int N, int V_local) {
-    if (N <= 0 || V_local <= 0) return 0;
-    return 4 * tp_scratch_round((size_t)N * sizeof(uint32_t)) +
-           tp_scratch_round(sort_temp_bytes(N, V_local));
+    return scratch_embedding_bwd(N, V_local);
 }
 
 extern "C" void cuda_op_embedding_bwd(float *dtable, const float *dout, const int32_t *ids,

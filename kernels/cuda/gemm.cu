@@ -85,8 +85,7 @@ static cudaDataType_t ab_type_of(const CudaGemmCtx *ctx) {
 // Scratch for the bf16 copy of an n_elems operand (none in fp32 or when the
 // caller has a copy).
 static size_t operand_bytes(const CudaGemmCtx *ctx, size_t n_elems, bool has_bf16) {
-    if (ctx->precision == CUDA_GEMM_FP32 || has_bf16 || n_elems == 0) return 0;
-    return tp_scratch_round(n_elems * sizeof(uint16_t));
+    return scratch_gemm_operand(ctx->precision == CUDA_GEMM_BF16, n_elems, has_bf16);
 }
 
 // The operand in the context's precision: the fp32 values, the caller's
@@ -131,8 +130,7 @@ static void gemm_prepared(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, i
 
 extern "C" size_t cuda_gemm_scratch_bytes(const CudaGemmCtx *ctx, int M, int N, int K, bool a_has_bf16,
                                           bool b_has_bf16) {
-    if (M <= 0 || N <= 0 || K <= 0) return 0;
-    return operand_bytes(ctx, (size_t)M * K, a_has_bf16) + operand_bytes(ctx, (size_t)K * N, b_has_bf16);
+    return scratch_gemm(ctx->precision == CUDA_GEMM_BF16, M, N, K, a_has_bf16, b_has_bf16);
 }
 
 extern "C" void cuda_op_gemm(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -152,8 +150,7 @@ extern "C" void cuda_op_gemm(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M
 }
 
 extern "C" size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16) {
-    if (N <= 0 || in <= 0 || out <= 0) return 0;
-    return operand_bytes(ctx, (size_t)N * in, false) + operand_bytes(ctx, (size_t)out * in, w_has_bf16);
+    return scratch_linear_fwd(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16);
 }
 
 extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx,
@@ -190,16 +187,8 @@ static bool fuse_bgrad(const CudaGemmCtx *ctx) { return ctx->fuse && ctx->precis
 
 extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
                                                 int N, int in, int out, bool w_has_bf16) {
-    if (N <= 0 || out <= 0) return 0;
-    size_t n_bytes = 0;
-    if (want_db)  // the epilogue's vector, and the separate kernel's partials should cuBLASLt refuse it
-        n_bytes += (fuse_bgrad(ctx) && want_dW && in > 0 ? tp_scratch_round((size_t)out * sizeof(float)) : 0) +
-                   cuda_bias_bwd_scratch_bytes(N, out);
-    if (in <= 0) return n_bytes;
-    if (want_dx || want_dW) n_bytes += operand_bytes(ctx, (size_t)N * out, false);  // dy
-    if (want_dx) n_bytes += operand_bytes(ctx, (size_t)out * in, w_has_bf16);      // W
-    if (want_dW) n_bytes += operand_bytes(ctx, (size_t)N * in, false);             // x
-    return n_bytes;
+    return scratch_linear_bwd(ctx->precision == CUDA_GEMM_BF16, fuse_bgrad(ctx), want_dx, want_dW, want_db, N, in, out,
+                              w_has_bf16);
 }
 
 extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx,

@@ -22,7 +22,7 @@
 #define LN_ROWS_PER_BLOCK (LN_THREADS / TP_WARP)
 #define LN_COLS 32      // columns per block of the column pass (= blockDim.x)
 #define LN_ROWT 8       // row-threads per block of the column pass (= blockDim.y)
-#define LN_CHUNK_ROWS 256
+#define LN_CHUNK_ROWS SCRATCH_LN_CHUNK_ROWS  // kernels/scratch_sizes.h (the scratch size)
 
 // ---- kernels ---------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ static void layernorm_fwd_launch(float *y, float *mean, float *rstd, const float
     CUDA_CHECK(cudaGetLastError());
 }
 
-static int ln_chunks(int N) { return (N + LN_CHUNK_ROWS - 1) / LN_CHUNK_ROWS; }
+static int ln_chunks(int N) { return scratch_ln_chunks(N); }
 
 static void layernorm_bwd_launch(float *dx, float *dgamma, float *dbeta, const float *dy,
                                  const float *x, const float *mean, const float *rstd,
@@ -169,8 +169,7 @@ extern "C" void cuda_op_layernorm_fwd(float *y, float *mean, float *rstd, const 
 }
 
 extern "C" size_t cuda_layernorm_bwd_scratch_bytes(int N, int C) {
-    if (N <= 0 || C <= 0) return 0;
-    return 2 * tp_scratch_round((size_t)ln_chunks(N) * (size_t)C * sizeof(double));
+    return scratch_layernorm_bwd(N, C);
 }
 
 extern "C" void cuda_op_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy,

@@ -23,8 +23,8 @@
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
-#define SUM_THREADS 256u
-#define SUM_MAX_BLOCKS 1024u  // = threads of the final pass
+#define SUM_THREADS SCRATCH_SUM_THREADS        // kernels/scratch_sizes.h (the scratch size)
+#define SUM_MAX_BLOCKS SCRATCH_SUM_MAX_BLOCKS  // = threads of the final pass
 #define SCALE_THREADS 256u
 #define SEGS_THREADS 256u
 
@@ -151,8 +151,7 @@ __global__ void scale_by_kernel(float *x,        // (n_elems)
 // ---- launchers ---------------------------------------------------------------------
 
 static unsigned sum_blocks(size_t n_elems) {
-    unsigned n_blocks = tp_grid_1d(n_elems, SUM_THREADS);
-    return n_blocks > SUM_MAX_BLOCKS ? SUM_MAX_BLOCKS : n_blocks;
+    return scratch_sum_blocks(n_elems);
 }
 
 static void sum_launch(float *acc, const float *x, size_t n_elems, bool square,
@@ -192,7 +191,7 @@ static void scale_by_launch(float *x, const float *s, size_t n_elems, cudaStream
 // ---- exported ops ---------------------------------------------------------------------
 
 extern "C" size_t cuda_sum_scratch_bytes(size_t n_elems) {
-    return n_elems ? tp_scratch_round(sum_blocks(n_elems) * sizeof(double)) : 0;
+    return scratch_sum(n_elems);
 }
 
 static void sum_op(const char *op, float *acc, const float *x, size_t n_elems, bool square,

@@ -100,28 +100,76 @@ typedef struct {
     char **prog_argv;  // PROGRAM ARGS..., NULL-terminated
 } Opts;
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tprun [--nproc_per_node N|gpu|auto] [--nnodes N] [--node_rank R] [--master_addr A]\n"
-            "             [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]\n"
-            "             [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]\n"
-            "Starts nproc_per_node copies of PROGRAM (looked up next to tprun, then in PATH) with\n"
-            "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
-            "TPRUN_TOKEN and TPRUN_JOB_ID set. With --nnodes > 1, every node needs the same\n"
-            "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n"
-            "--nproc_per_node gpu: one worker per visible GPU (nvidia-smi -L, CUDA_VISIBLE_DEVICES honoured);\n"
-            "auto: the GPUs if any, else the CPU cores. Inside a SLURM allocation --nnodes, --node_rank and\n"
-            "--master_addr default to SLURM_NNODES, SLURM_NODEID and the first host of SLURM_JOB_NODELIST.\n"
-            "SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers (a second one: SIGKILL).\n"
-            "Exit status: 0; 75 when every worker ended with 0 or 75 (\"saved on signal\") and some with\n"
-            "75; 128+signal when tprun was signalled; 1 when a worker failed.\n");
+/* --nproc_per_node N|gpu|auto: a word is resolved after parsing (resolve_nproc). */
+static int set_nproc(void *args, const Flag *f, const char *s, double num, char *err, size_t err_len) {
+    (void)f, (void)num;
+    Opts *o = args;
+    o->nproc_word = strcmp(s, "gpu") == 0 || strcmp(s, "auto") == 0 ? s : NULL;
+    long v;
+    if (o->nproc_word) return 0;
+    if (parse_int("--nproc_per_node", s, 1, 4096, &v, err, err_len)) return -1;
+    o->nproc = (int)v;
+    return 0;
+}
+static void show_nproc(const void *args, const Flag *f, char *buf, size_t len) {
+    (void)f;
+    const Opts *o = args;
+    if (o->nproc_word) snprintf(buf, len, "%s", o->nproc_word);
+    else snprintf(buf, len, "%d", o->nproc);
 }
 
-/* Numbers through the project's strict parser (common/parse.h). */
-static int flag_int(const char *flag, const char *v, int lo, int hi, int *out) {
+static const Flag TPRUN_FLAGS[] = {
+    {.name = "nproc_per_node", .kind = FLAG_STRING, .group = "Workers", .metavar = "N|gpu|auto", .dflt = "1",
+     .set = set_nproc, .show = show_nproc,
+     .help = "workers on this node, 1 to 4096; gpu: one per visible GPU (nvidia-smi -L, CUDA_VISIBLE_DEVICES "
+             "honoured); auto: the GPUs if any, else the CPU cores"},
+    {.name = "max_restarts", .kind = FLAG_INT, .group = "Workers", .metavar = "N", .lo = 0, .hi = 1000000,
+     .dflt = "0", FLAG_AT(Opts, max_restarts),
+     .help = "after a worker fails, restart all workers up to N times (a single node)"},
+    {.name = "grace", .kind = FLAG_REAL, .group = "Workers", .metavar = "S", .lo = 0.0, .hi = 86400.0,
+     .dflt = "5", FLAG_AT(Opts, grace), .help = "seconds between SIGTERM and SIGKILL when the workers are stopped"},
+    {.name = "nnodes", .kind = FLAG_INT, .group = "Nodes", .metavar = "N", .lo = 1, .hi = 65536,
+     .dflt_note = "1, or SLURM_NNODES", FLAG_AT(Opts, nnodes), .help = "nodes of the job, one tprun on each"},
+    {.name = "node_rank", .kind = FLAG_INT, .group = "Nodes", .metavar = "R", .lo = 0, .hi = 65535,
+     .dflt_note = "0, or SLURM_NODEID", FLAG_AT(Opts, node_rank), .help = "this node's rank"},
+    {.name = "master_addr", .kind = FLAG_STRING, .group = "Nodes", .metavar = "A", FLAG_AT(Opts, master_addr),
+     .dflt_note = "127.0.0.1, or the first host of SLURM_JOB_NODELIST", .help = "node 0's address (the store)"},
+    {.name = "master_port", .kind = FLAG_INT, .group = "Nodes", .metavar = "P", .lo = 0, .hi = 65535,
+     .dflt_note = "a free port on one node, 29500 with several", FLAG_AT(Opts, master_port),
+     .help = "the store's port"},
+    {.name = "standalone", .kind = FLAG_SWITCH, .group = "Nodes", FLAG_AT(Opts, standalone),
+     .help = "one node, the store on a free port (SLURM's variables ignored)"},
+    {.name = "log_dir", .kind = FLAG_STRING, .group = "Output", .metavar = "DIR", FLAG_AT(Opts, log_dir),
+     .help = "each rank's output also in DIR/rank_R.log"},
+    {.name = "tee", .kind = FLAG_INT, .group = "Output", .metavar = "0|1|2|3", .lo = 0, .hi = 3, .dflt = "0",
+     FLAG_AT(Opts, tee),
+     .help = "with --log_dir, the streams that also go to the terminal: 1 stdout, 2 stderr, 3 both (torchrun's --tee)"},
+};
+
+static const FlagTable TPRUN_TABLE = {
+    .prog = "tprun",
+    .usage = "usage: tprun [--nproc_per_node N|gpu|auto] [--nnodes N] [--node_rank R] [--master_addr A]\n"
+             "             [--master_port P] [--standalone] [--max_restarts N] [--log_dir DIR]\n"
+             "             [--tee 0|1|2|3] [--grace S] PROGRAM [ARGS...]\n"
+             "Starts nproc_per_node copies of PROGRAM (looked up next to tprun, then in PATH) with\n"
+             "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,\n"
+             "TPRUN_TOKEN and TPRUN_JOB_ID set. With --nnodes > 1, every node needs the same\n"
+             "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n",
+    .epilog = "Inside a SLURM allocation --nnodes, --node_rank and --master_addr default to SLURM_NNODES,\n"
+              "SLURM_NODEID and the first host of SLURM_JOB_NODELIST.\n"
+              "SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers (a second one: SIGKILL).\n"
+              "Exit status: 0; 75 when every worker ended with 0 or 75 (\"saved on signal\") and some with\n"
+              "75; 128+signal when tprun was signalled; 1 when a worker failed.\n",
+    .flags = TPRUN_FLAGS,
+    .n = sizeof TPRUN_FLAGS / sizeof TPRUN_FLAGS[0],
+    .options = FLAGS_UNDERSCORE | FLAGS_STOP | FLAGS_DASH_H,
+};
+
+/* Numbers of the environment through the project's strict parser (common/parse.h). */
+static int env_int(const char *name, const char *v, int lo, int hi, int *out) {
     char err[256];
     long x;
-    if (parse_int(flag, v, lo, hi, &x, err, sizeof err)) {
+    if (parse_int(name, v, lo, hi, &x, err, sizeof err)) {
         fprintf(stderr, "tprun: %s\n", err);
         return -1;
     }
@@ -171,8 +219,8 @@ static int from_slurm(Opts *o) {
         return -1;
     }
     int nnodes, node_rank = 0;
-    if (flag_int("SLURM_NNODES", nn, 1, 65536, &nnodes)) return -1;
-    if (id && flag_int("SLURM_NODEID", id, 0, 65535, &node_rank)) return -1;
+    if (env_int("SLURM_NNODES", nn, 1, 65536, &nnodes)) return -1;
+    if (id && env_int("SLURM_NODEID", id, 0, 65535, &node_rank)) return -1;
     if (!id && nnodes > 1 && !o->given_node_rank) {
         fprintf(stderr, "tprun: SLURM_NNODES is %d but SLURM_NODEID is not set: start tprun with srun "
                         "(one task per node), or give --node_rank\n", nnodes);
@@ -207,81 +255,23 @@ static int from_slurm(Opts *o) {
 
 /* 0 ok, 1 help printed, -1 error printed. */
 static int parse_args(int argc, char **argv, Opts *o) {
-    *o = (Opts){.nproc = 1, .nnodes = 1, .node_rank = 0, .master_port = -1, .grace = 5.0};
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--") == 0) {
-            i++;
-            break;
-        }
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return 1;
-        }
-        if (strncmp(a, "--", 2) != 0) break;  // PROGRAM
-        char name[64];
-        const char *eq = strchr(a, '=');
-        size_t n = eq ? (size_t)(eq - a) : strlen(a);
-        if (n >= sizeof name) n = sizeof name - 1;
-        memcpy(name, a, n);
-        name[n] = 0;
-        for (char *p = name + 2; *p; p++)
-            if (*p == '-') *p = '_';
-        if (strcmp(name, "--standalone") == 0) {
-            if (eq) {
-                fprintf(stderr, "tprun: --standalone takes no value\n");
-                return -1;
-            }
-            o->standalone = 1;
-            continue;
-        }
-        static const char *valued[] = {"--nproc_per_node", "--nnodes",       "--node_rank", "--master_addr",
-                                       "--master_port",    "--max_restarts", "--log_dir",   "--tee",
-                                       "--grace"};
-        int known = 0;
-        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(name, valued[k]) == 0;
-        if (!known) {
-            static const char *const names[] = {"nproc_per_node", "nnodes", "node_rank", "master_addr",
-                                                "master_port",    "max_restarts", "log_dir", "tee",
-                                                "grace",          "standalone",   "help"};
-            flag_unknown("tprun", name, names, sizeof names / sizeof *names);
-            return -1;
-        }
-        const char *v = eq ? eq + 1 : NULL;
-        if (!v) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "tprun: %s needs a value\n", name);
-                return -1;
-            }
-            v = argv[++i];
-        }
-        int rc = 0;
-        if (strcmp(name, "--nproc_per_node") == 0) {
-            o->nproc_word = strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0 ? v : NULL;
-            if (!o->nproc_word) rc = flag_int(name, v, 1, 4096, &o->nproc);
-        } else if (strcmp(name, "--nnodes") == 0) rc = flag_int(name, v, 1, 65536, &o->nnodes), o->given_nnodes = 1;
-        else if (strcmp(name, "--node_rank") == 0) rc = flag_int(name, v, 0, 65535, &o->node_rank), o->given_node_rank = 1;
-        else if (strcmp(name, "--master_port") == 0) rc = flag_int(name, v, 0, 65535, &o->master_port);
-        else if (strcmp(name, "--max_restarts") == 0) rc = flag_int(name, v, 0, 1000000, &o->max_restarts);
-        else if (strcmp(name, "--tee") == 0) rc = flag_int(name, v, 0, 3, &o->tee);
-        else if (strcmp(name, "--master_addr") == 0) o->master_addr = v;
-        else if (strcmp(name, "--log_dir") == 0) o->log_dir = v;
-        else if (strcmp(name, "--grace") == 0) {
-            char err[256];
-            if (parse_double(name, v, 0.0, 86400.0, &o->grace, err, sizeof err)) {
-                fprintf(stderr, "tprun: %s\n", err);
-                return -1;
-            }
-        }
-        if (rc) return -1;
-    }
-    if (i >= argc) {
+    *o = (Opts){.master_port = -1};
+    if (flags_defaults(&TPRUN_TABLE, o)) return -1;
+    o->nnodes = 1;
+    FlagsParsed p;
+    const int rc = flags_parse(&TPRUN_TABLE, argc, argv, o, &p);
+    o->given_nnodes = flags_given(&TPRUN_TABLE, &p, "nnodes");
+    o->given_node_rank = flags_given(&TPRUN_TABLE, &p, "node_rank");
+    const int at = rc == 0 && p.n_operands > 0 ? argc - p.n_operands : -1;  // PROGRAM ARGS... end argv
+    flags_parsed_free(&p);
+    if (rc == 1) flags_help(stdout, &TPRUN_TABLE, NULL);
+    if (rc) return rc;
+    if (at < 0) {
         fprintf(stderr, "tprun: no PROGRAM given\n");
-        usage(stderr);
+        flags_help(stderr, &TPRUN_TABLE, NULL);
         return -1;
     }
-    o->prog_argv = argv + i;
+    o->prog_argv = argv + at;
     if (resolve_nproc(o) || (!o->standalone && from_slurm(o))) return -1;
     if (o->standalone) {
         if (o->nnodes != 1) {
@@ -858,13 +848,28 @@ static void report_failure(Agent *a, const Worker *early, Outcome *out) {
     publish_failure(a, out->report);
 }
 
-/* Runs one attempt of all local workers to the end. */
-static void run_attempt(Agent *a, int restart, Outcome *out) {
+/* Where one attempt stands: the loop's state between rounds of poll(). */
+typedef struct {
+    int stopping, killed;  // SIGTERM sent to all / SIGKILL sent to all
+    double kill_deadline, drain_deadline, next_store_poll;
+    int have_failure, reported;
+    double settle_deadline;  // the first failure's FAILURE_SETTLE_S window
+    const Worker *early;     // the first worker to exit 0 while others still ran
+    struct pollfd *pfds;     // the signal pipe, then every open stream
+    Stream **pstreams;
+    Worker **pworkers;
+} Attempt;
+
+/* SIGTERM to every worker group, SIGKILL after --grace seconds from now. */
+static void stop_all(Agent *a, Attempt *t, double now) {
+    t->stopping = 1;
+    t->kill_deadline = now + a->o.grace;
+    signal_groups(a, SIGTERM);
+}
+
+/* Every worker's rank, log file and environment, before any is started. */
+static void workers_prepare(Agent *a, int restart, const char *job_id) {
     const Opts *o = &a->o;
-    char job_id[17];
-    attempt_id(a->job_base, restart, job_id);
-    memset(out, 0, sizeof *out);
-    out->kind = OUT_OK;
     for (int i = 0; i < o->nproc; i++) {
         Worker *w = &a->w[i];
         memset(w, 0, sizeof *w);
@@ -880,168 +885,148 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
         }
         w->envp = build_env(a, w, restart, job_id);
     }
+}
 
-    int stopping = 0, killed = 0;  // SIGTERM sent to all / SIGKILL sent to all
-    double kill_deadline = INFINITY, drain_deadline = INFINITY;
-    double next_store_poll = a->store ? tp_now_s() + STORE_POLL_S : INFINITY;
-    int have_failure = 0, reported = 0;
-    double settle_deadline = INFINITY;  // the first failure's FAILURE_SETTLE_S window
-    const Worker *early = NULL;  // the first worker to exit 0 while others still ran
-    a->n_seen = 0;
-
-    for (int i = 0; i < o->nproc; i++) {
+/* Starts every worker; one that cannot start is the failure and stops the rest. */
+static void workers_spawn(Agent *a, Attempt *t, Outcome *out) {
+    for (int i = 0; i < a->o.nproc; i++) {
         if (spawn(a, &a->w[i]) != 0) {
             snprintf(out->report, sizeof out->report, "rank %d (local rank %d) on host %s could not be started",
                      a->w[i].rank, i, a->host);
             out->kind = OUT_FAILED;
             out->status = 1 << 8;  // as an exit code 1
-            have_failure = reported = 1;
+            t->have_failure = t->reported = 1;
             publish_failure(a, out->report);
-            stopping = 1;
-            kill_deadline = tp_now_s() + o->grace;
-            signal_groups(a, SIGTERM);
+            stop_all(a, t, tp_now_s());
             break;
         }
     }
+}
 
-    size_t cap_pfds = 1 + 2 * (size_t)o->nproc;
-    struct pollfd *pfds = TP_MALLOC(cap_pfds * sizeof *pfds);
-    Stream **pstreams = TP_MALLOC(cap_pfds * sizeof *pstreams);
-    Worker **pworkers = TP_MALLOC(cap_pfds * sizeof *pworkers);
-    for (;;) {
-        // Where are we: every worker reaped? every group empty? pipes closed?
-        int n_running = 0, n_groups = 0, n_orphan_groups = 0, n_streams = 0;
-        for (int i = 0; i < o->nproc; i++) {
-            Worker *w = &a->w[i];
-            n_running += w->running;
-            if (w->group_alive && !group_has_members(w->pid)) w->group_alive = 0;
-            n_groups += w->group_alive;
-            n_orphan_groups += w->group_alive && !w->running;
-            n_streams += (w->out.fd >= 0) + (w->err.fd >= 0);
-        }
-        if (have_failure && !reported && (n_running == 0 || stopping || tp_now_s() >= settle_deadline)) {
-            reported = 1;
-            report_failure(a, early, out);
-            if (!stopping) {
-                stopping = 1;
-                kill_deadline = tp_now_s() + o->grace;
-                signal_groups(a, SIGTERM);
-            }
-        }
-        if (n_running == 0 && n_groups > 0 && !stopping) {
-            // Every worker is done but left processes in its group: stop them.
-            stopping = 1;
-            kill_deadline = tp_now_s() + o->grace;
-            signal_groups(a, SIGTERM);
-        }
-        if (n_running == 0 && n_groups == 0) {
-            if (n_streams == 0) break;
-            if (isinf(drain_deadline)) drain_deadline = tp_now_s() + DRAIN_S;
-            if (tp_now_s() >= drain_deadline) break;  // a writer escaped the group: stop reading
-        }
+/* The next poll() deadline: draining, SIGKILL, the store, the settle
+ * window, or a tick while a group outlives its leader. */
+static double attempt_deadline(const Attempt *t, int n_orphan_groups) {
+    double deadline = t->drain_deadline;
+    if (t->stopping && !t->killed && t->kill_deadline < deadline) deadline = t->kill_deadline;
+    if (!t->stopping && t->next_store_poll < deadline) deadline = t->next_store_poll;
+    if (t->have_failure && !t->reported && t->settle_deadline < deadline) deadline = t->settle_deadline;
+    if (n_orphan_groups > 0) {  // a group outlives its leader: no SIGCHLD will tell when it empties
+        double tick = tp_now_s() + (t->stopping ? GROUP_TICK_S : 10 * GROUP_TICK_S);
+        if (tick < deadline) deadline = tick;
+    }
+    return deadline;
+}
 
-        double deadline = drain_deadline;
-        if (stopping && !killed && kill_deadline < deadline) deadline = kill_deadline;
-        if (!stopping && next_store_poll < deadline) deadline = next_store_poll;
-        if (have_failure && !reported && settle_deadline < deadline) deadline = settle_deadline;
-        if (n_orphan_groups > 0) {  // a group outlives its leader: no SIGCHLD will tell when it empties
-            double tick = tp_now_s() + (stopping ? GROUP_TICK_S : 10 * GROUP_TICK_S);
-            if (tick < deadline) deadline = tick;
+/* poll() on the signal pipe and every open stream until deadline, then the
+ * streams that have something read. -1 when poll failed (printed). */
+static int poll_streams(Agent *a, Attempt *t, double deadline) {
+    size_t np = 0;
+    t->pfds[np++] = (struct pollfd){.fd = g_sig_pipe[0], .events = POLLIN};
+    for (int i = 0; i < a->o.nproc; i++) {
+        Stream *ss[2] = {&a->w[i].out, &a->w[i].err};
+        for (int k = 0; k < 2; k++) {
+            if (ss[k]->fd < 0) continue;
+            t->pstreams[np] = ss[k];
+            t->pworkers[np] = &a->w[i];
+            t->pfds[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
         }
+    }
+    int rc = poll(t->pfds, np, ms_until(deadline));
+    if (rc < 0 && errno != EINTR) {
+        fprintf(stderr, "tprun: poll failed: %s\n", strerror(errno));
+        return -1;
+    }
+    for (size_t k = 1; rc > 0 && k < np; k++)
+        if (t->pfds[k].revents) stream_read(a, t->pworkers[k], t->pstreams[k]);
+    return 0;
+}
 
-        size_t np = 0;
-        pfds[np++] = (struct pollfd){.fd = g_sig_pipe[0], .events = POLLIN};
-        for (int i = 0; i < o->nproc; i++) {
-            Stream *ss[2] = {&a->w[i].out, &a->w[i].err};
-            for (int k = 0; k < 2; k++) {
-                if (ss[k]->fd < 0) continue;
-                pstreams[np] = ss[k];
-                pworkers[np] = &a->w[i];
-                pfds[np++] = (struct pollfd){.fd = ss[k]->fd, .events = POLLIN};
-            }
-        }
-        int rc = poll(pfds, np, ms_until(deadline));
-        if (rc < 0 && errno != EINTR) {
-            fprintf(stderr, "tprun: poll failed: %s\n", strerror(errno));
-            break;
-        }
-        for (size_t k = 1; rc > 0 && k < np; k++)
-            if (pfds[k].revents) stream_read(a, pworkers[k], pstreams[k]);
-
-        // Signals: reap children, forward termination requests.
-        unsigned char sigs[64];
-        ssize_t ns;
-        while ((ns = read(g_sig_pipe[0], sigs, sizeof sigs)) > 0) {
-            for (ssize_t k = 0; k < ns; k++) {
-                int sig = sigs[k];
-                if (sig == SIGCHLD) continue;  // reaping below covers every child
-                if (!out->sig) {
-                    out->sig = sig;
-                    char report[512];
-                    snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a->host,
-                             o->node_rank, signal_name(sig));
-                    publish_failure(a, report);
-                    signal_groups(a, sig);
-                    if (!stopping) {
-                        stopping = 1;
-                        kill_deadline = tp_now_s() + o->grace;
-                    }
-                } else if (!killed) {  // asked twice: no more grace
-                    killed = 1;
-                    signal_groups(a, SIGKILL);
+/* Signals to tprun: forwarded to the workers (the first), SIGKILL (the second). */
+static void handle_signals(Agent *a, Attempt *t, Outcome *out) {
+    unsigned char sigs[64];
+    ssize_t ns;
+    while ((ns = read(g_sig_pipe[0], sigs, sizeof sigs)) > 0) {
+        for (ssize_t k = 0; k < ns; k++) {
+            int sig = sigs[k];
+            if (sig == SIGCHLD) continue;  // reaping covers every child
+            if (!out->sig) {
+                out->sig = sig;
+                char report[512];
+                snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a->host,
+                         a->o.node_rank, signal_name(sig));
+                publish_failure(a, report);
+                signal_groups(a, sig);
+                if (!t->stopping) {
+                    t->stopping = 1;
+                    t->kill_deadline = tp_now_s() + a->o.grace;
                 }
-            }
-        }
-        int status;
-        pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-            Worker *w = NULL;
-            for (int i = 0; i < o->nproc && !w; i++)
-                if (a->w[i].pid == pid && a->w[i].running) w = &a->w[i];
-            if (!w) continue;  // an orphaned grandchild handed to us as subreaper
-            w->running = 0;
-            w->status = status;
-            if (w->out.fd >= 0) stream_read(a, w, &w->out);  // what it wrote before it exited comes first
-            if (w->err.fd >= 0) stream_read(a, w, &w->err);
-            w->reaped_seq = ++a->seq;
-            /* "saved on signal" is no failure: the job agreed to stop and saved */
-            int failed = !(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == TP_EXIT_SAVED_ON_SIGNAL));
-            if (!failed && !early && !stopping && !have_failure) {
-                int others = 0;
-                for (int i = 0; i < o->nproc; i++) others += a->w[i].running;
-                if (others) early = w;
-            }
-            if (failed && !have_failure && !stopping) {
-                have_failure = 1;  // named once the window closes (report_failure)
-                settle_deadline = tp_now_s() + FAILURE_SETTLE_S;
-            }
-        }
-
-        double t = tp_now_s();
-        if (stopping && !killed && t >= kill_deadline) {
-            killed = 1;
-            int lingering = 0;
-            for (int i = 0; i < o->nproc; i++) lingering += a->w[i].group_alive && a->w[i].running;
-            if (lingering)
-                fprintf(stderr, "tprun: %d worker%s still running %.1f s after SIGTERM: sending SIGKILL\n", lingering,
-                        lingering == 1 ? "" : "s", o->grace);
-            signal_groups(a, SIGKILL);
-        } else if (killed) {
-            signal_groups(a, SIGKILL);  // anything forked since the last round
-        }
-        if (a->store && !stopping && t >= next_store_poll) {
-            next_store_poll = t + STORE_POLL_S;
-            if (poll_job(a, out->report, sizeof out->report)) {
-                out->kind = OUT_REMOTE;
-                stopping = 1;
-                kill_deadline = t + o->grace;
-                signal_groups(a, SIGTERM);
+            } else if (!t->killed) {  // asked twice: no more grace
+                t->killed = 1;
+                signal_groups(a, SIGKILL);
             }
         }
     }
-    free(pfds);
-    free(pstreams);
-    free(pworkers);
+}
+
+/* Reaps the workers that exited: the first failure opens the settle window,
+ * a clean exit while others run is remembered as early. */
+static void reap_workers(Agent *a, Attempt *t) {
+    const Opts *o = &a->o;
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        Worker *w = NULL;
+        for (int i = 0; i < o->nproc && !w; i++)
+            if (a->w[i].pid == pid && a->w[i].running) w = &a->w[i];
+        if (!w) continue;  // an orphaned grandchild handed to us as subreaper
+        w->running = 0;
+        w->status = status;
+        if (w->out.fd >= 0) stream_read(a, w, &w->out);  // what it wrote before it exited comes first
+        if (w->err.fd >= 0) stream_read(a, w, &w->err);
+        w->reaped_seq = ++a->seq;
+        /* "saved on signal" is no failure: the job agreed to stop and saved */
+        int failed = !(WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == TP_EXIT_SAVED_ON_SIGNAL));
+        if (!failed && !t->early && !t->stopping && !t->have_failure) {
+            int others = 0;
+            for (int i = 0; i < o->nproc; i++) others += a->w[i].running;
+            if (others) t->early = w;
+        }
+        if (failed && !t->have_failure && !t->stopping) {
+            t->have_failure = 1;  // named once the window closes (report_failure)
+            t->settle_deadline = tp_now_s() + FAILURE_SETTLE_S;
+        }
+    }
+}
+
+/* After a round: SIGKILL once --grace has passed, and the job's failure flag
+ * in the store (several nodes). */
+static void escalate(Agent *a, Attempt *t, Outcome *out) {
+    const Opts *o = &a->o;
+    double now = tp_now_s();
+    if (t->stopping && !t->killed && now >= t->kill_deadline) {
+        t->killed = 1;
+        int lingering = 0;
+        for (int i = 0; i < o->nproc; i++) lingering += a->w[i].group_alive && a->w[i].running;
+        if (lingering)
+            fprintf(stderr, "tprun: %d worker%s still running %.1f s after SIGTERM: sending SIGKILL\n", lingering,
+                    lingering == 1 ? "" : "s", o->grace);
+        signal_groups(a, SIGKILL);
+    } else if (t->killed) {
+        signal_groups(a, SIGKILL);  // anything forked since the last round
+    }
+    if (a->store && !t->stopping && now >= t->next_store_poll) {
+        t->next_store_poll = now + STORE_POLL_S;
+        if (poll_job(a, out->report, sizeof out->report)) {
+            out->kind = OUT_REMOTE;
+            stop_all(a, t, now);
+        }
+    }
+}
+
+/* Streams closed, logs closed, every worker reaped; the attempt's outcome
+ * and its shared memory released. */
+static void attempt_finish(Agent *a, const char *job_id, Outcome *out) {
+    const Opts *o = &a->o;
     for (int i = 0; i < o->nproc; i++) {
         Worker *w = &a->w[i];
         stream_close(a, w, &w->out);
@@ -1070,6 +1055,56 @@ static void run_attempt(Agent *a, int restart, Outcome *out) {
     /* Every rank of this attempt is reaped: its shared memory is nobody's now
      * (a rank killed while its group formed leaves the segment behind). */
     shm_reclaim_job(NULL, job_id, NULL);
+}
+
+/* Runs one attempt of all local workers to the end. */
+static void run_attempt(Agent *a, int restart, Outcome *out) {
+    const Opts *o = &a->o;
+    char job_id[17];
+    attempt_id(a->job_base, restart, job_id);
+    memset(out, 0, sizeof *out);
+    out->kind = OUT_OK;
+    workers_prepare(a, restart, job_id);
+    Attempt t = {.kill_deadline = INFINITY, .drain_deadline = INFINITY, .settle_deadline = INFINITY,
+                 .next_store_poll = a->store ? tp_now_s() + STORE_POLL_S : INFINITY};
+    a->n_seen = 0;
+    workers_spawn(a, &t, out);
+    size_t cap_pfds = 1 + 2 * (size_t)o->nproc;
+    t.pfds = TP_MALLOC(cap_pfds * sizeof *t.pfds);
+    t.pstreams = TP_MALLOC(cap_pfds * sizeof *t.pstreams);
+    t.pworkers = TP_MALLOC(cap_pfds * sizeof *t.pworkers);
+    for (;;) {
+        // Where are we: every worker reaped? every group empty? pipes closed?
+        int n_running = 0, n_groups = 0, n_orphan_groups = 0, n_streams = 0;
+        for (int i = 0; i < o->nproc; i++) {
+            Worker *w = &a->w[i];
+            n_running += w->running;
+            if (w->group_alive && !group_has_members(w->pid)) w->group_alive = 0;
+            n_groups += w->group_alive;
+            n_orphan_groups += w->group_alive && !w->running;
+            n_streams += (w->out.fd >= 0) + (w->err.fd >= 0);
+        }
+        if (t.have_failure && !t.reported && (n_running == 0 || t.stopping || tp_now_s() >= t.settle_deadline)) {
+            t.reported = 1;
+            report_failure(a, t.early, out);
+            if (!t.stopping) stop_all(a, &t, tp_now_s());
+        }
+        // Every worker is done but left processes in its group: stop them.
+        if (n_running == 0 && n_groups > 0 && !t.stopping) stop_all(a, &t, tp_now_s());
+        if (n_running == 0 && n_groups == 0) {
+            if (n_streams == 0) break;
+            if (isinf(t.drain_deadline)) t.drain_deadline = tp_now_s() + DRAIN_S;
+            if (tp_now_s() >= t.drain_deadline) break;  // a writer escaped the group: stop reading
+        }
+        if (poll_streams(a, &t, attempt_deadline(&t, n_orphan_groups))) break;
+        handle_signals(a, &t, out);
+        reap_workers(a, &t);
+        escalate(a, &t, out);
+    }
+    free(t.pfds);
+    free(t.pstreams);
+    free(t.pworkers);
+    attempt_finish(a, job_id, out);
 }
 
 /* ---- multi-node coordination ------------------------------------------------ */
@@ -1147,12 +1182,30 @@ fail:
 
 /* ---- main ------------------------------------------------------------------- */
 
-int main(int argc, char **argv) {
-    Agent a;
-    memset(&a, 0, sizeof a);
-    int prc = parse_args(argc, argv, &a.o);
-    if (prc) return prc > 0 ? 0 : 2;
-    const Opts *o = &a.o;
+/* The job token: TPRUN_TOKEN with several nodes, else a random one. 0 or 1 (printed). */
+static int agent_token(Agent *a) {
+    const Opts *o = &a->o;
+    if (o->nnodes > 1) {
+        const char *tok = getenv("TPRUN_TOKEN");
+        if (!tok || !tok[0] || strlen(tok) >= sizeof a->token) {
+            fprintf(stderr,
+                    "tprun: --nnodes %d needs the same job token on every node: set TPRUN_TOKEN (1 to %zu "
+                    "characters, e.g. from 'head -c16 /dev/urandom | od -An -tx1 | tr -d \" \\n\"')\n",
+                    o->nnodes, sizeof a->token - 1);
+            return 1;
+        }
+        snprintf(a->token, sizeof a->token, "%s", tok);
+    } else if (random_hex(a->token, 32) != 0) {
+        fprintf(stderr, "tprun: cannot read /dev/urandom: %s\n", strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+/* Everything before the store: signals' pipe, host, PROGRAM, --log_dir,
+ * the job id and token. 0, or the exit status (printed). */
+static int agent_setup(Agent *a) {
+    const Opts *o = &a->o;
     // The handlers come after the node rendezvous: until then the default
     // dispositions let Ctrl-C end a tprun that has no workers yet.
     if (pipe2(g_sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -1161,9 +1214,9 @@ int main(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
-    if (gethostname(a.host, sizeof a.host - 1) != 0) snprintf(a.host, sizeof a.host, "localhost");
-    a.program = resolve_program(o->prog_argv[0]);
-    if (!a.program) return 1;
+    if (gethostname(a->host, sizeof a->host - 1) != 0) snprintf(a->host, sizeof a->host, "localhost");
+    a->program = resolve_program(o->prog_argv[0]);
+    if (!a->program) return 1;
     if (o->nproc > 1 && !getenv("OMP_NUM_THREADS"))
         fprintf(stderr, "tprun: OMP_NUM_THREADS is not set; each of the %d workers gets %ld thread(s) "
                         "(cores / nproc_per_node)\n", o->nproc, tp_threads_per_worker(o->nproc));
@@ -1178,26 +1231,104 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tprun: cannot create --log_dir %s: %s\n", o->log_dir, strerror(errno));
         return 1;
     }
-    a.dev_null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (a.dev_null < 0 || random_hex(a.job_base, 16) != 0) {
+    a->dev_null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (a->dev_null < 0 || random_hex(a->job_base, 16) != 0) {
         fprintf(stderr, "tprun: cannot open /dev/null or /dev/urandom: %s\n", strerror(errno));
         return 1;
     }
-    if (o->nnodes > 1) {
-        const char *tok = getenv("TPRUN_TOKEN");
-        if (!tok || !tok[0] || strlen(tok) >= sizeof a.token) {
-            fprintf(stderr,
-                    "tprun: --nnodes %d needs the same job token on every node: set TPRUN_TOKEN (1 to %zu "
-                    "characters, e.g. from 'head -c16 /dev/urandom | od -An -tx1 | tr -d \" \\n\"')\n",
-                    o->nnodes, sizeof a.token - 1);
-            return 1;
-        }
-        snprintf(a.token, sizeof a.token, "%s", tok);
-    } else if (random_hex(a.token, 32) != 0) {
-        fprintf(stderr, "tprun: cannot read /dev/urandom: %s\n", strerror(errno));
-        return 1;
-    }
+    return agent_token(a);
+}
 
+/* The attempts: the first, then one per restart while a worker fails. */
+static void run_attempts(Agent *a, Outcome *out) {
+    const Opts *o = &a->o;
+    a->w = TP_CALLOC((size_t)o->nproc, sizeof *a->w);
+    for (int restart = 0;; restart++) {
+        run_attempt(a, restart, out);
+        if (out->kind == OUT_FAILED && !out->sig && restart < o->max_restarts) {
+            fprintf(stderr, "tprun: %s; restarting all workers (restart %d of %d)\n", out->report, restart + 1,
+                    o->max_restarts);
+            continue;
+        }
+        break;
+    }
+}
+
+/* The outcome said, and tprun's exit status from it; *sig: the signal
+ * that counts (none when the workers saved on it). */
+static int outcome_code(const Agent *a, const Outcome *out, int *sig) {
+    if (out->kind == OUT_FAILED) fprintf(stderr, "tprun: %s\n", out->report);
+    if (out->kind == OUT_REMOTE) fprintf(stderr, "tprun: node %d stopped its workers: %s\n", a->o.node_rank, out->report);
+    /* Every worker done without failure and some saved on a signal (sent to
+     * tprun or to a rank): the job's status is theirs. */
+    const int saved = out->kind == OUT_OK && out->saved_on_signal;
+    if (out->sig && saved)
+        fprintf(stderr, "tprun: received %s; the workers saved a checkpoint and stopped (exit status %d)\n",
+                signal_name(out->sig), TP_EXIT_SAVED_ON_SIGNAL);
+    else if (out->sig) fprintf(stderr, "tprun: received %s; stopped all workers\n", signal_name(out->sig));
+    *sig = saved ? 0 : out->sig;
+    /* the failed rank's own exit status, as torchrun passes it on (a death by
+     * signal as the shell writes it, 128 + the signal) */
+    int failed_code = WIFEXITED(out->status) ? WEXITSTATUS(out->status)
+                      : WIFSIGNALED(out->status) ? 128 + WTERMSIG(out->status) : 1;
+    return saved ? TP_EXIT_SAVED_ON_SIGNAL
+           : *sig ? 128 + *sig
+           : out->kind == OUT_OK ? 0
+           : out->kind == OUT_FAILED && failed_code ? failed_code : 1;
+}
+
+/* Several nodes: this node's success still needs every node's success;
+ * then every agent acknowledges and node 0 keeps the store up until all
+ * have. Returns the exit status. */
+static int finish_nodes(Agent *a, const Outcome *out, int sig, int code) {
+    const Opts *o = &a->o;
+    char report[1024];
+    if (out->kind == OUT_OK && !sig) {
+        long dummy;
+        store_add(a->store, "tprun/done", 1, &dummy);
+        if (wait_counter(a, "tprun/done", o->nnodes, INFINITY, 1, &sig, report, sizeof report) != 1) {
+            if (sig) {
+                fprintf(stderr, "tprun: received %s while waiting for the other nodes\n", signal_name(sig));
+                snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a->host,
+                         o->node_rank, signal_name(sig));
+                publish_failure(a, report);
+                code = 128 + sig;
+            } else {
+                fprintf(stderr, "tprun: node %d finished, but the job failed: %s\n", o->node_rank, report);
+                code = 1;
+            }
+        }
+    }
+    long dummy;
+    store_add(a->store, "tprun/exited", 1, &dummy);
+    if (o->node_rank == 0) {
+        int ignored = 0;
+        wait_counter(a, "tprun/exited", o->nnodes - a->n_silent, o->grace + 5.0, 0, &ignored, report, sizeof report);
+    }
+    return code;
+}
+
+static void agent_free(Agent *a) {
+    store_close(a->store);
+    store_server_stop(a->server);
+    free(a->w);
+    free(a->node_host);
+    free(a->hb_seen);
+    free(a->hb_when);
+    free(a->seen);
+    free(a->program);
+    if (a->dev_null >= 0) close(a->dev_null);
+}
+
+int main(int argc, char **argv) {
+    Agent a;
+    memset(&a, 0, sizeof a);
+    a.dev_null = -1;
+    int prc = parse_args(argc, argv, &a.o);
+    if (prc) return prc > 0 ? 0 : 2;
+    const Opts *o = &a.o;
+    int code = agent_setup(&a);
+    if (code) return code;
     char err[512];
     a.port = o->master_port;
     if (o->node_rank == 0) {
@@ -1208,84 +1339,18 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    int code = 0;
     if (o->nnodes > 1 && join_nodes(&a) != 0) {
         code = 1;
-        goto done;
-    }
-
-    if (install_signals() != 0) {
+    } else if (install_signals() != 0) {
         fprintf(stderr, "tprun: cannot install signal handlers: %s\n", strerror(errno));
         code = 1;
-        goto done;
+    } else {
+        Outcome out;
+        run_attempts(&a, &out);
+        int sig;
+        code = outcome_code(&a, &out, &sig);
+        if (a.store) code = finish_nodes(&a, &out, sig, code);
     }
-    a.w = TP_CALLOC((size_t)o->nproc, sizeof *a.w);
-    Outcome out;
-    for (int restart = 0;; restart++) {
-        run_attempt(&a, restart, &out);
-        if (out.kind == OUT_FAILED && !out.sig && restart < o->max_restarts) {
-            fprintf(stderr, "tprun: %s; restarting all workers (restart %d of %d)\n", out.report, restart + 1,
-                    o->max_restarts);
-            continue;
-        }
-        break;
-    }
-    if (out.kind == OUT_FAILED) fprintf(stderr, "tprun: %s\n", out.report);
-    if (out.kind == OUT_REMOTE) fprintf(stderr, "tprun: node %d stopped its workers: %s\n", o->node_rank, out.report);
-    /* Every worker done without failure and some saved on a signal (sent to
-     * tprun or to a rank): the job's status is theirs. */
-    const int saved = out.kind == OUT_OK && out.saved_on_signal;
-    if (out.sig && saved)
-        fprintf(stderr, "tprun: received %s; the workers saved a checkpoint and stopped (exit status %d)\n",
-                signal_name(out.sig), TP_EXIT_SAVED_ON_SIGNAL);
-    else if (out.sig) fprintf(stderr, "tprun: received %s; stopped all workers\n", signal_name(out.sig));
-    int sig = saved ? 0 : out.sig;
-    /* the failed rank's own exit status, as torchrun passes it on (a death by
-     * signal as the shell writes it, 128 + the signal) */
-    int failed_code = WIFEXITED(out.status) ? WEXITSTATUS(out.status)
-                      : WIFSIGNALED(out.status) ? 128 + WTERMSIG(out.status) : 1;
-    code = saved ? TP_EXIT_SAVED_ON_SIGNAL
-           : sig ? 128 + sig
-           : out.kind == OUT_OK ? 0
-           : out.kind == OUT_FAILED && failed_code ? failed_code : 1;
-
-    if (a.store) {
-        // This node's success still needs every node's success; then every
-        // agent acknowledges and node 0 keeps the store up until all have.
-        char report[1024];
-        if (out.kind == OUT_OK && !sig) {
-            long dummy;
-            store_add(a.store, "tprun/done", 1, &dummy);
-            if (wait_counter(&a, "tprun/done", o->nnodes, INFINITY, 1, &sig, report, sizeof report) != 1) {
-                if (sig) {
-                    fprintf(stderr, "tprun: received %s while waiting for the other nodes\n", signal_name(sig));
-                    snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a.host,
-                             o->node_rank, signal_name(sig));
-                    publish_failure(&a, report);
-                    code = 128 + sig;
-                } else {
-                    fprintf(stderr, "tprun: node %d finished, but the job failed: %s\n", o->node_rank, report);
-                    code = 1;
-                }
-            }
-        }
-        long dummy;
-        store_add(a.store, "tprun/exited", 1, &dummy);
-        if (o->node_rank == 0) {
-            int ignored = 0;
-            wait_counter(&a, "tprun/exited", o->nnodes - a.n_silent, o->grace + 5.0, 0, &ignored, report,
-                         sizeof report);
-        }
-    }
-done:
-    store_close(a.store);
-    store_server_stop(a.server);
-    free(a.w);
-    free(a.node_host);
-    free(a.hb_seen);
-    free(a.hb_when);
-    free(a.seen);
-    free(a.program);
-    if (a.dev_null >= 0) close(a.dev_null);
+    agent_free(&a);
     return code;
 }

@@ -17,6 +17,7 @@
 #include "transformer/decode.h"
 #include "transformer/params.h"
 #include "tp/comm_shm.h"
+#include "kernels/scratch_sizes.h"
 
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
 
@@ -88,6 +89,64 @@ static double seg_tables_bytes(const ParamTable *tab) {
     return 2.0 * (double)op_segs_bytes(n, chunks);
 }
 
+/* ---- NCCL's buffers ---------------------------------------------------------
+ * As NCCL documents them: NCCL_BUFFSIZE bytes (default 4 MiB) per channel
+ * for each peer a rank connects to (a ring: one peer with two ranks, two
+ * with more), in every communicator of more than one rank. The channel
+ * count is NCCL's choice by topology; NCCL_MAX_NCHANNELS (else
+ * NCCL_MIN_NCHANNELS) fixes it where set, else PLAN_NCCL_CHANNELS is
+ * assumed. A run measures the real figure (comm_nccl_device_bytes, the
+ * library column of its memory report). */
+static size_t env_size(const char *name, size_t dflt) {
+    const char *s = getenv(name);
+    char *end = NULL;
+    const unsigned long long v = s && *s ? strtoull(s, &end, 10) : 0;
+    return s && *s && end && *end == '\0' && v > 0 ? (size_t)v : dflt;
+}
+
+size_t planner_nccl_buffsize(void) { return env_size("NCCL_BUFFSIZE", PLAN_NCCL_BUFFSIZE); }
+
+int planner_nccl_channels(void) {
+    return (int)env_size("NCCL_MAX_NCHANNELS", env_size("NCCL_MIN_NCHANNELS", PLAN_NCCL_CHANNELS));
+}
+
+double planner_nccl_bytes(int n_ranks) {
+    if (n_ranks < 2) return 0.0;
+    const int peers = n_ranks == 2 ? 1 : 2;
+    return (double)planner_nccl_channels() * peers * (double)planner_nccl_buffsize();
+}
+
+/* The most source and target tokens of shapes[i] for i = first, first + step, ... < end. */
+static void rows_max(const PlanShape *shapes, size_t first, size_t step, size_t end, int *Ns, int *Nt) {
+    for (size_t i = first; i < end; i += step) {
+        *Ns = *Ns > shapes[i].B * shapes[i].S ? *Ns : shapes[i].B * shapes[i].S;
+        *Nt = *Nt > shapes[i].B * shapes[i].T ? *Nt : shapes[i].B * shapes[i].T;
+    }
+}
+
+size_t planner_scratch_arena(const PlanInput *in, int rank) {
+    if (!in->gpu) return 0;  // the CPU's arena holds bf16 operand copies only: not modelled
+    const int tp = in->tp, dp = in->dp, pp = in->pp, M = in->micro;
+    const int r_dp = (rank / tp) % dp, r_pp = rank / (tp * dp);
+    const bool bf16 = in->dtype == DTYPE_BF16;
+    const ModelStage *st = &in->stages[r_pp];
+    int Ns = 0, Nt = 0;
+    for (int s = 0; s < in->n_steps; s++)
+        rows_max(in->train, ((size_t)s * dp + r_dp) * M, 1, ((size_t)s * dp + r_dp + 1) * M, &Ns, &Nt);
+    size_t need = planner_scratch_stage(&in->cfg, bf16, tp, st, in->seq_par, Ns, Nt, true);
+    if (r_dp == 0 && (pp == 1 || r_pp == 0) && in->n_eval > 0) {  // evaluation (pp > 1: the whole stack, no sp)
+        const ModelStage whole = model_stage_whole(&in->cfg);
+        Ns = Nt = 0;
+        rows_max(in->eval, 0, 1, (size_t)in->n_eval, &Ns, &Nt);
+        const size_t e = planner_scratch_stage(&in->cfg, bf16, tp, pp > 1 ? &whole : st, pp == 1 && in->seq_par,
+                                               Ns, Nt, false);
+        need = max_z(need, e);
+    }
+    if (rank == 0 && in->decode)
+        need = max_z(need, planner_scratch_decode(&in->cfg, bf16, in->decode_n, in->decode_S, in->beam));
+    return scratch_arena_bytes(need);
+}
+
 void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     memset(out, 0, sizeof *out);
     const int tp = in->tp, dp = in->dp, pp = in->pp, M = in->micro;
@@ -120,6 +179,15 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     /* the model's loss scalars, the step's scalars, the segment tables, and the
      * GEMM library's workspace the backend allocates at creation (cuBLASLt's on a GPU) */
     double ws = (2 + 5) * (double)f + segs + (double)backend_gemm_workspace_bytes(in->gpu ? BACKEND_CUDA : BACKEND_CPU);
+    /* the ops' scratch arena: what the largest request grows it to (a GPU) */
+    out->scratch = (double)planner_scratch_arena(in, rank);
+    ws += out->scratch;
+    /* NCCL (a GPU per rank): the world's communicator and the tp, dp and pp
+     * groups split from it hold NCCL's buffers, the library's share */
+    if (in->nccl)
+        out->nccl = planner_nccl_bytes(tp * dp * pp) + planner_nccl_bytes(tp) + planner_nccl_bytes(dp) +
+                    planner_nccl_bytes(pp);
+    tag[MEM_LIBRARY] = out->nccl;
     /* staged groups (ranks sharing a GPU): each group with peers holds a
      * page-locked host buffer, tagged comm but not device memory */
     if (in->staged)

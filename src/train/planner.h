@@ -41,6 +41,7 @@ typedef struct {
     GradSyncConfig grad;        // zero, bucket_elems, dtype, overlap (staged is set from pp)
     bool gpu;                   // a CUDA backend (batch ids uploaded, bf16 compute copies, cuBLASLt's workspace)
     bool staged;                // the data groups are shared memory staging device buffers (ranks share a GPU)
+    bool nccl;                  // the groups are NCCL communicators (a GPU per rank)
     Dtype dtype;
     int slots;                  // ranks that compute at once without slowing each other: the cores on
                                 // CPU, the GPUs on a GPU machine (0: as many as ranks)
@@ -62,6 +63,8 @@ typedef struct {
     double allocator_peak;      // predicted peak of the allocator's device total (all tags but the library,
                                 // less the page-locked host staging counted under comm)
     double staging;             // of tag[MEM_COMM]: the groups' host staging buffers (comm_shm_stage_bytes)
+    double scratch;             // of tag[MEM_WORKSPACE]: the ops' scratch arena (planner_scratch_arena)
+    double nccl;                // tag[MEM_LIBRARY] before the measured context: NCCL's buffers (planner_nccl_bytes)
     /* seconds per step */
     double t_compute, t_comm, t_bubble, t_step;
     size_t n_params;            // this rank's parameters (its stage's table)
@@ -70,6 +73,25 @@ typedef struct {
 /* Rank r's (the mesh order: tp fastest, then dp, then pp) predicted memory
  * into out (the time fields are left 0). */
 void planner_memory(const PlanInput *in, int rank, PlanRank *out);
+/* The CUDA ops' scratch arena of a rank (0 on the CPU): scratch_arena_bytes
+ * of its largest request over training, evaluation and decoding. */
+size_t planner_scratch_arena(const PlanInput *in, int rank);
+/* NCCL's device buffers in a communicator of n_ranks (0 for one), as NCCL
+ * documents them: NCCL_BUFFSIZE (default PLAN_NCCL_BUFFSIZE) per channel
+ * per ring peer; channels from NCCL_MAX_NCHANNELS or NCCL_MIN_NCHANNELS,
+ * else the PLAN_NCCL_CHANNELS assumed (NCCL picks by topology). */
+#define PLAN_NCCL_BUFFSIZE ((size_t)4 << 20)
+#define PLAN_NCCL_CHANNELS 16
+double planner_nccl_bytes(int n_ranks);
+size_t planner_nccl_buffsize(void);
+int planner_nccl_channels(void);
+/* The largest scratch request (kernels/scratch_sizes.h) of a model of stage
+ * st on tp shards for Ns source and Nt target tokens: forward, and with
+ * backward its gradients; of decoding n sentences of S source tokens
+ * (beam rows each) on the whole model (plan_scratch.c). */
+size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const ModelStage *st, bool seq_par, int Ns,
+                             int Nt, bool backward);
+size_t planner_scratch_decode(const ModelConfig *cfg, bool bf16, int n, int S, int beam);
 
 /* ---- time ------------------------------------------------------------------ */
 

@@ -310,6 +310,9 @@ void test_embedding(const Target *t, Rng *rng) {
     embedding_case(t, "shard 10..23 of 40", 300, 96, 40, 10, 13, rng);
     embedding_case(t, "wide rows, many repeats", 1000, 300, 7, 2, 4, rng);
     embedding_case(t, "one row", 1, 33, 5, 0, 5, rng);
+    /* past CUB's single-tile sort, two 8-bit passes: on a GPU, CUB's storage
+     * must fit scratch_sort_pairs_bound (embedding.cu dies otherwise) */
+    embedding_case(t, "20000 ids of 32000 (multi-pass sort)", 20000, 8, 32000, 0, 32000, rng);
 }
 
 void test_positions(const Target *t, Rng *rng) {

@@ -1,0 +1,148 @@
+/* plan_scratch.c: the largest scratch a rank's CUDA ops ask of the backend's
+ * workspace arena (planner.h), walked op by op as transformer/model.c and
+ * decode.c call them, each op's size from kernels/scratch_sizes.h, the
+ * functions the CUDA ops carve with.
+ *
+ * Why a walk and not a formula: the largest request depends on the layout
+ * (the logits' backward in bf16, the LayerNorm partials or the embedding's
+ * sort in fp32), and which weights have an aligned bf16 twin depends on the
+ * tensors' offsets. Every op's size depends on one row count (source or
+ * target tokens, or decode rows) and grows with it, so the walk needs only
+ * the largest of each. test_plan_gpu_sizes runs the real model on the CPU
+ * with every scratch request recorded through the same functions and
+ * compares. */
+#include <stdio.h>
+
+#include "kernels/scratch_sizes.h"
+#include "train/planner.h"
+#include "transformer/params.h"
+
+typedef struct {
+    const ParamTable *tab;
+    bool bf16, fused_bgrad;  // fused_bgrad: fp32 (the dW GEMM's bias epilogue)
+    int tp;
+    bool sp;
+    size_t need;
+} Walk;
+
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+
+/* The CUDA backend takes a weight's bf16 twin when it is 16-byte aligned:
+ * the compute copy (a fresh allocation) at the tensor's element offset. */
+static bool twin(const Walk *w, const char *prefix, const char *weight) {
+    char name[160];
+    snprintf(name, sizeof name, "%s%s%s.weight", prefix, *prefix ? "." : "", weight);
+    const ParamInfo *p = param_table_find(w->tab, name);
+    return p && p->offset % 8 == 0;
+}
+
+static int rows(const Walk *w, int N) { return w->sp ? (N + w->tp - 1) / w->tp : N; }
+
+static void fwd(Walk *w, const char *prefix, const char *weight, int N, int in, int out) {
+    w->need = max_z(w->need, scratch_linear_fwd(w->bf16, N, in, out, twin(w, prefix, weight)));
+}
+
+static void bwd(Walk *w, const char *prefix, const char *weight, bool db, int N, int in, int out) {
+    w->need = max_z(w->need, scratch_linear_bwd(w->bf16, w->fused_bgrad, true, true, db, N, in, out,
+                                                twin(w, prefix, weight)));
+}
+
+/* attn_fwd / attn_bwd (model.c): N query rows, Nk key rows. */
+static void attn(Walk *w, const ModelConfig *c, const char *layer, const char *kind, int N, int Nk, bool backward) {
+    const int C = c->d_model, Cl = C / w->tp;
+    char p[128];
+    snprintf(p, sizeof p, "%s.%s", layer, kind);
+    fwd(w, p, "q_proj", N, C, Cl);
+    fwd(w, p, "k_proj", Nk, C, Cl);
+    fwd(w, p, "v_proj", Nk, C, Cl);
+    fwd(w, p, "out_proj", N, Cl, C);
+    if (!backward) return;
+    w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));  // residual_bwd
+    bwd(w, p, "out_proj", false, N, Cl, C);
+    bwd(w, p, "q_proj", true, N, C, Cl);
+    bwd(w, p, "k_proj", false, Nk, C, Cl);
+    bwd(w, p, "v_proj", true, Nk, C, Cl);
+    w->need = max_z(w->need, scratch_layernorm_bwd(rows(w, N), C));
+}
+
+static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool backward) {
+    const int C = c->d_model, Fl = c->d_ff / w->tp;
+    char p[128];
+    snprintf(p, sizeof p, "%s.ffn", layer);
+    fwd(w, p, "fc1", N, C, Fl);
+    fwd(w, p, "fc2", N, Fl, C);
+    if (!backward) return;
+    w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
+    bwd(w, p, "fc2", false, N, Fl, C);
+    bwd(w, p, "fc1", true, N, C, Fl);
+    w->need = max_z(w->need, scratch_layernorm_bwd(rows(w, N), C));
+}
+
+size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const ModelStage *st, bool seq_par, int Ns,
+                             int Nt, bool backward) {
+    ParamTable tab;
+    param_table_build_stage(cfg, tp, st, &tab);
+    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = !bf16, .tp = tp, .sp = seq_par && tp > 1};
+    const int C = cfg->d_model, Vl = vocab_padded(cfg, tp) / tp;
+    char layer[64];
+    for (int l = st->enc_lo; l < st->enc_hi; l++) {
+        snprintf(layer, sizeof layer, "encoder.layers.%d", l);
+        attn(&w, cfg, layer, "self_attn", Ns, Ns, backward);
+        ffn(&w, cfg, layer, Ns, backward);
+    }
+    for (int l = st->dec_lo; l < st->dec_hi; l++) {
+        snprintf(layer, sizeof layer, "decoder.layers.%d", l);
+        attn(&w, cfg, layer, "self_attn", Nt, Nt, backward);
+        attn(&w, cfg, layer, "cross_attn", Nt, Ns, backward);
+        ffn(&w, cfg, layer, Nt, backward);
+    }
+    if (st->head) {  // the tied output layer, the loss sum
+        fwd(&w, "", "embed", Nt, C, Vl);
+        w.need = max_z(w.need, scratch_sum((size_t)Nt));
+        if (backward) {
+            w.need = max_z(w.need, scratch_linear_bwd(bf16, w.fused_bgrad, true, true, false, Nt, C, Vl,
+                                                      twin(&w, "", "embed")));
+            w.need = max_z(w.need, scratch_layernorm_bwd(rows(&w, Nt), C));  // the decoder's final LayerNorm
+        }
+    }
+    if (backward) {
+        if (st->enc_ln) w.need = max_z(w.need, scratch_layernorm_bwd(rows(&w, Ns), C));
+        if (st->enc_embed) w.need = max_z(w.need, scratch_embedding_bwd(Ns, Vl));
+        if (st->dec_embed) w.need = max_z(w.need, scratch_embedding_bwd(Nt, Vl));
+    }
+    param_table_free(&tab);
+    return w.need;
+}
+
+size_t planner_scratch_decode(const ModelConfig *cfg, bool bf16, int n, int S, int beam) {
+    const ModelStage whole = model_stage_whole(cfg);
+    ParamTable tab;
+    param_table_build_stage(cfg, 1, &whole, &tab);
+    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = !bf16, .tp = 1};
+    const int C = cfg->d_model, F = cfg->d_ff, Ns = n * S, R = n * (beam > 0 ? beam : 1);
+    char layer[64], p[96];
+    for (int l = 0; l < cfg->enc_layers; l++) {  // model_encode
+        snprintf(layer, sizeof layer, "encoder.layers.%d", l);
+        attn(&w, cfg, layer, "self_attn", Ns, Ns, false);
+        ffn(&w, cfg, layer, Ns, false);
+    }
+    for (int l = 0; l < cfg->dec_layers; l++) {  // state_init's cross keys and values, then a step's rows
+        snprintf(layer, sizeof layer, "decoder.layers.%d", l);
+        snprintf(p, sizeof p, "%s.cross_attn", layer);
+        fwd(&w, p, "k_proj", Ns, C, C);
+        fwd(&w, p, "v_proj", Ns, C, C);
+        fwd(&w, p, "q_proj", R, C, C);
+        fwd(&w, p, "out_proj", R, C, C);
+        snprintf(p, sizeof p, "%s.self_attn", layer);
+        fwd(&w, p, "q_proj", R, C, C);
+        fwd(&w, p, "k_proj", R, C, C);
+        fwd(&w, p, "v_proj", R, C, C);
+        fwd(&w, p, "out_proj", R, C, C);
+        snprintf(p, sizeof p, "%s.ffn", layer);
+        fwd(&w, p, "fc1", R, C, F);
+        fwd(&w, p, "fc2", R, F, C);
+    }
+    fwd(&w, "", "embed", R, C, cfg->vocab_size);
+    param_table_free(&tab);
+    return w.need;
+}
