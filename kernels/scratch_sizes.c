@@ -49,6 +49,11 @@ size_t scratch_layernorm_bwd(int N, int C) {  // the gamma and the beta partials
     return 2 * scratch_round((size_t)scratch_ln_chunks(N) * (size_t)C * sizeof(double));
 }
 
+size_t scratch_residual_ln_bwd(int N, int C) {  // the gamma, beta and bias partials
+    if (N <= 0 || C <= 0) return 0;
+    return scratch_round(3 * (size_t)scratch_ln_chunks(N) * (size_t)C * sizeof(double));
+}
+
 unsigned scratch_sum_blocks(size_t n_elems) {
     size_t g = (n_elems + SCRATCH_SUM_THREADS - 1) / SCRATCH_SUM_THREADS;
     if (g == 0) g = 1;

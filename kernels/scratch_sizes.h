@@ -56,6 +56,10 @@ int scratch_bias_chunks(int N);
 size_t scratch_bias_bwd(int N, int C);
 int scratch_ln_chunks(int N);
 size_t scratch_layernorm_bwd(int N, int C);
+/* The fused residual + dropout + LayerNorm backward (residual_ln.cu): the
+ * gamma, beta and bias partials in one region, in LayerNorm chunks (which
+ * equal the bias gradient's, so its sums are bias.cu's). */
+size_t scratch_residual_ln_bwd(int N, int C);
 unsigned scratch_sum_blocks(size_t n_elems);
 size_t scratch_sum(size_t n_elems);
 /* The bits a radix sort of keys 0..V_local must look at. */

@@ -88,6 +88,12 @@ static void r_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const 
     note(scratch_layernorm_bwd(N, C));
     g_cpu->layernorm_bwd(be, dx, dg, db, dy, x, mean, rstd, g, N, C);
 }
+static void r_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
+                              const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
+                              uint64_t first, float p, uint64_t seed, uint64_t st) {
+    note(scratch_residual_ln_bwd(N, C));
+    g_cpu->residual_ln_bwd(be, dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
+}
 static void r_sum_acc(Backend *be, float *acc, const float *x, size_t n) {
     note(scratch_sum(n));
     g_cpu->sum_acc(be, acc, x, n);
@@ -105,7 +111,7 @@ static Backend *recorder(Dtype dtype) {
     g_ops = *be->ops;
     g_ops.gemm = r_gemm, g_ops.linear_fwd = r_linear_fwd, g_ops.linear_bwd = r_linear_bwd, g_ops.copy = r_copy;
     g_ops.bias_bwd = r_bias_bwd, g_ops.embedding_bwd = r_embedding_bwd, g_ops.layernorm_bwd = r_layernorm_bwd;
-    g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc;
+    g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc, g_ops.residual_ln_bwd = r_residual_ln_bwd;
     be->ops = &g_ops;
     return be;
 }
@@ -125,8 +131,9 @@ static void fill_batch(OwnedBatch *ob, int B, int S, int T, int V) {
 }
 
 /* The model's training step, then an evaluation at other shapes, then a
- * beam search, each against the planner's walk for the same rows. */
-static void model_against_walk(const ModelConfig *cfg, Dtype dtype) {
+ * beam search, each against the planner's walk for the same rows. Returns
+ * the training step's largest request. */
+static size_t model_against_walk(const ModelConfig *cfg, Dtype dtype) {
     const bool b16 = dtype == DTYPE_BF16;
     const char *dt = b16 ? "bf16" : "fp32";
     Backend *be = recorder(dtype);
@@ -164,6 +171,7 @@ static void model_against_walk(const ModelConfig *cfg, Dtype dtype) {
     owned_batch_free(&ev);
     model_free(&m);
     backend_destroy(be);
+    return train;
 }
 
 static PlanInput plan_input(const ModelConfig *cfg, const ModelStage *st, int tp, int dp, int pp, bool gpu,
@@ -350,6 +358,13 @@ int main(void) {
     ModelConfig wide = cfg;
     wide.d_model = 400, wide.n_heads = 4, wide.d_ff = 64, wide.vocab_size = 61, wide.enc_layers = wide.dec_layers = 1;
     tp_against_walk(&wide, DTYPE_F32, 8, 40, 12);
+    /* fp32, wider still, one rank: the fused residual + LayerNorm backward
+     * (its gamma, beta and bias partials) is the largest request */
+    ModelConfig wider = wide;
+    wider.d_model = 1024;
+    const size_t fused = scratch_residual_ln_bwd(4 * 10, wider.d_model);
+    CHECK(model_against_walk(&wider, DTYPE_F32) == fused, "the wide fp32 model's largest request is not the fused "
+          "residual + LayerNorm backward's %zu bytes", fused);
     arena_checks(&cfg);
     nccl_checks(&cfg);
     return check_report("test_plan_gpu_sizes");

@@ -32,7 +32,8 @@
 #define RLN_ROWS_PER_BLOCK (RLN_THREADS / TP_WARP)
 #define RLN_COLS 32      // columns per block of the column pass (= blockDim.x)
 #define RLN_ROWT 8       // row-threads per block of the column pass (= blockDim.y)
-#define RLN_CHUNK_ROWS 256  // = layernorm.cu's LN_CHUNK_ROWS and bias.cu's BIAS_CHUNK_ROWS: their very sums
+#define RLN_CHUNK_ROWS SCRATCH_LN_CHUNK_ROWS  // kernels/scratch_sizes.h: layernorm.cu's chunks, and bias.cu's:
+static_assert(SCRATCH_LN_CHUNK_ROWS == SCRATCH_BIAS_CHUNK_ROWS, "the fused sums follow layernorm.cu's and bias.cu's");
 
 // The dropout of one run: keep when (word >> 8) * 2^-24 >= p (dropout.cu).
 typedef struct {
@@ -252,7 +253,7 @@ static bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 
 
 static unsigned rln_row_blocks(int N) { return tp_grid_1d((size_t)N, RLN_ROWS_PER_BLOCK); }
 
-static int rln_chunks(int N) { return (N + RLN_CHUNK_ROWS - 1) / RLN_CHUNK_ROWS; }
+static int rln_chunks(int N) { return scratch_ln_chunks(N); }
 
 static void residual_ln_fwd_launch(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
                                    const float *branch, const float *bias, const float *gamma, const float *beta,
@@ -324,10 +325,7 @@ extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, float *mean, f
                            rln_drop_of(first, p, seed, stream_id), stream);
 }
 
-extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) {
-    if (N <= 0 || C <= 0) return 0;
-    return tp_scratch_round(3 * (size_t)rln_chunks(N) * (size_t)C * sizeof(double));
-}
+extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) { return scratch_residual_ln_bwd(N, C); }
 
 extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
                                         const float *dy, const float *x, const float *mean, const float *rstd,

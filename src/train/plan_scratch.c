@@ -47,8 +47,18 @@ static void bwd(Walk *w, const char *prefix, const char *weight, bool db, int N,
                                                 twin(w, prefix, weight)));
 }
 
-/* attn_fwd / attn_bwd (model.c): N query rows, Nk key rows. */
-static void attn(Walk *w, const ModelConfig *c, const char *layer, const char *kind, int N, int Nk, bool backward) {
+/* The first LayerNorm's backward of a sub-block: fused with the residual
+ * backward of the sub-block before it in the layer (model.c's ln_bwd), or
+ * alone. */
+static void ln_bwd(Walk *w, int N, int C, bool fused) {
+    w->need = max_z(w->need, fused ? scratch_residual_ln_bwd(rows(w, N), C) : scratch_layernorm_bwd(rows(w, N), C));
+}
+
+/* attn_fwd / attn_bwd (model.c): N query rows, Nk key rows. In backward,
+ * res_done: the output gradient came from the next sub-block's fused op
+ * (no bias gradient pass of its own); fused: its LayerNorm's backward is. */
+static void attn(Walk *w, const ModelConfig *c, const char *layer, const char *kind, int N, int Nk, bool backward,
+                 bool res_done, bool fused) {
     const int C = c->d_model, Cl = C / w->tp;
     char p[128];
     snprintf(p, sizeof p, "%s.%s", layer, kind);
@@ -57,12 +67,12 @@ static void attn(Walk *w, const ModelConfig *c, const char *layer, const char *k
     fwd(w, p, "v_proj", Nk, C, Cl);
     fwd(w, p, "out_proj", N, Cl, C);
     if (!backward) return;
-    w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));  // residual_bwd
+    if (!res_done) w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));  // residual_bwd
     bwd(w, p, "out_proj", false, N, Cl, C);
     bwd(w, p, "q_proj", true, N, C, Cl);
     bwd(w, p, "k_proj", false, Nk, C, Cl);
     bwd(w, p, "v_proj", true, Nk, C, Cl);
-    w->need = max_z(w->need, scratch_layernorm_bwd(rows(w, N), C));
+    ln_bwd(w, N, C, fused);
 }
 
 static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool backward) {
@@ -75,7 +85,7 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
     bwd(w, p, "fc2", false, N, Fl, C);
     bwd(w, p, "fc1", true, N, C, Fl);
-    w->need = max_z(w->need, scratch_layernorm_bwd(rows(w, N), C));
+    ln_bwd(w, N, C, true);  // with the attention's residual before it
 }
 
 size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const ModelStage *st, bool seq_par, int Ns,
@@ -87,13 +97,13 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
     char layer[64];
     for (int l = st->enc_lo; l < st->enc_hi; l++) {
         snprintf(layer, sizeof layer, "encoder.layers.%d", l);
-        attn(&w, cfg, layer, "self_attn", Ns, Ns, backward);
+        attn(&w, cfg, layer, "self_attn", Ns, Ns, backward, true, false);
         ffn(&w, cfg, layer, Ns, backward);
     }
     for (int l = st->dec_lo; l < st->dec_hi; l++) {
         snprintf(layer, sizeof layer, "decoder.layers.%d", l);
-        attn(&w, cfg, layer, "self_attn", Nt, Nt, backward);
-        attn(&w, cfg, layer, "cross_attn", Nt, Ns, backward);
+        attn(&w, cfg, layer, "self_attn", Nt, Nt, backward, true, false);
+        attn(&w, cfg, layer, "cross_attn", Nt, Ns, backward, true, true);
         ffn(&w, cfg, layer, Nt, backward);
     }
     if (st->head) {  // the tied output layer, the loss sum
@@ -123,7 +133,7 @@ size_t planner_scratch_decode(const ModelConfig *cfg, bool bf16, int n, int S, i
     char layer[64], p[96];
     for (int l = 0; l < cfg->enc_layers; l++) {  // model_encode
         snprintf(layer, sizeof layer, "encoder.layers.%d", l);
-        attn(&w, cfg, layer, "self_attn", Ns, Ns, false);
+        attn(&w, cfg, layer, "self_attn", Ns, Ns, false, false, false);
         ffn(&w, cfg, layer, Ns, false);
     }
     for (int l = 0; l < cfg->dec_layers; l++) {  // state_init's cross keys and values, then a step's rows
