@@ -1,0 +1,75 @@
+/* args.h: train_mt's settings, as its command line leaves them.
+ *
+ * One struct every part of the trainer's front end (src/app/) reads, so
+ * each part takes the settings it needs from one place; parse_args fills
+ * it (train_mt.c: defaults from the preset, the flags, the cross-flag
+ * refusals, exit 2 on a bad one).
+ */
+#ifndef TPTRAIN_APP_ARGS_H
+#define TPTRAIN_APP_ARGS_H
+
+#include <stdbool.h>
+
+#include "data/dataset.h"
+#include "data/synthetic.h"
+#include "kernels/backend.h"
+#include "tp/runtime.h"
+#include "train/grad_sync.h"
+#include "transformer/config.h"
+#include "transformer/model.h"
+#include "transformer/optim.h"
+
+enum { MAX_PP = 1024 };  // pipeline stages (a stage holds at least one layer)
+enum { KEEP_NONE, KEEP_BLEU, KEEP_LOSS };  // --keep-best
+
+/* Bounds of the run length: steps are counted in int (and the dropout key's
+ * 32-bit step), so a run, however it is asked for, stays below this. */
+#define MAX_RUN_STEPS (1L << 30)
+
+typedef struct {
+    const char *preset;
+    ModelConfig cfg;
+    OptimConfig opt;
+    bool synthetic;          // --task given: no corpus
+    SynthTask task;
+    int batch_size, min_len, max_len;
+    const char *data_dir, *cache_dir;
+    Direction dir;
+    int batch_tokens, spm_vocab;
+    int length_bucket;       // --length-bucket: padded lengths are multiples of this (1: none)
+    bool profile;            // --profile: time per class of operation
+    int micro_batches;  // per dp rank and step (gradient accumulation)
+    bool strict;
+    int max_steps, epochs, log_interval, eval_interval, beam;
+    bool steps_given;        // --max-steps on the command line (not the preset's)
+    unsigned long long seed;
+    const char *save_dir, *metrics_path, *resume, *export_dir;
+    const char *dump_batches; // --dump-batches FILE, or NULL
+    double max_minutes;       // --max-minutes: wall time after which the run ends (0: none)
+    int save_interval, keep_last;
+    int keep_best;            // --keep-best: KEEP_NONE, KEEP_BLEU or KEEP_LOSS
+    int patience;             // --patience N: evaluations without improvement that end the run (0: none)
+    int average_last;         // --average-last N: average the newest N checkpoints at the end (0: none)
+    int tp, dp;               // 0: automatic
+    int pp;                   // pipeline stages (1: none)
+    const char *pp_layout;    // --pp-layout, or NULL: balanced by cost
+    ModelRecompute recompute; // --recompute
+    bool seq_par;             // --sequence-parallel
+    RuntimeComm comm;         // --comm
+    double comm_timeout;
+    DeviceChoice device;
+    Dtype dtype;
+    bool dtype_given;
+    GradSyncConfig grad;      // --zero, --grad-bucket-mb, --grad-comm-dtype, --grad-overlap
+    bool plan;                // --plan: predict memory and step time, train nothing
+    double memory_limit;      // --memory-limit in bytes (0: default_memory_limit)
+    const char *plan_cache;   // --plan-cache FILE: the machine's calibration
+    bool layout_auto;         // --layout auto
+    const char *layout_flag;  // a layout flag given (--tp, --dp, ...), which --layout auto refuses
+} TrainArgs;
+
+/* Fills *a from the command line; a bad flag or combination prints one
+ * sentence and exits 2, --help prints the usage and exits 0. */
+void parse_args(int argc, char **argv, TrainArgs *a);
+
+#endif
