@@ -149,6 +149,7 @@ static double flag_real(const char *flag, const char *s, double lo, double hi, i
     return v;
 }
 
+/* Bounds of the run length: MAX_RUN_STEPS (app/args.h) and the passes over a corpus. */
 #define MAX_EPOCHS (1L << 20)
 
 /* Training defaults per preset. cpu: the candidate with the best dev BLEU
