@@ -33,6 +33,9 @@ import os
 import sys
 
 PANELS = ["loss", "learning rate", "gradient norm", "tokens/s", "dev BLEU", "peak memory per rank (MiB)"]
+# Records train_mt writes beside the rows drawn here: --profile's table,
+# --keep-best's new best, --patience's stop, --average-last's result.
+SIDE_RECORDS = ("profile", "best", "early_stop", "averaged")
 TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
 
 
@@ -69,6 +72,8 @@ def load(path):
                 raise MetricsError(f"{where}: not a JSON line ({e})") from None
             if not isinstance(row, dict):
                 raise MetricsError(f"{where}: not a JSON object")
+            if any(k in row for k in SIDE_RECORDS):
+                continue  # train_mt's other records: nothing to draw
             step = row.get("step")
             if not isinstance(step, int) or isinstance(step, bool) or step < 0:
                 raise MetricsError(f"{where}: no integer \"step\"")

@@ -4,8 +4,8 @@
  * fp32 or bf16, or ZeRO-1's reduce-scatter), the global norm over the
  * tensor-parallel group and clipping, AdamW (on this rank's shard under
  * ZeRO, then the allgather of the updated weights), the re-cast of the
- * compute weights, and the step's one read of its scalars. train_mt.c's
- * main only wires flags, data, evaluation and checkpoints to it. The
+ * compute weights, and the step's one read of its scalars. train_mt's run
+ * (src/app/run.c) only wires flags, data, evaluation and checkpoints to it. The
  * micro-batches run through the pipeline schedule (train/pipeline.h). */
 #ifndef TPTRAIN_STEP_H
 #define TPTRAIN_STEP_H

@@ -1,0 +1,20 @@
+/* app.h: the few helpers every part of train_mt's front end (src/app/)
+ * shares: the default --dtype (it follows where the run will be:
+ * device_is_gpu in args.h), and the check of a control collective.
+ */
+#ifndef TPTRAIN_APP_APP_H
+#define TPTRAIN_APP_APP_H
+
+#include <stdbool.h>
+
+#include "app/args.h"
+#include "kernels/backend.h"
+#include "tp/comm.h"
+
+/* --dtype when not given: bf16 on a GPU, fp32 on a CPU. */
+void app_default_dtype(TrainArgs *a);
+
+/* A control collective that failed ends the run with the communicator's reason. */
+void comm_ok(int rc, const Comm *c);
+
+#endif

@@ -1,0 +1,52 @@
+/* source.h: where a run's batches come from: a corpus folder (prepared
+ * and cached by data/corpus.h, batched by data/dataset.h) or a synthetic
+ * copy/reverse task; and how many steps the run takes over it.
+ *
+ * The plan (--plan, --layout auto) reads the same token files to learn the
+ * batch shapes a layout would see, so the struct is open to it.
+ */
+#ifndef TPTRAIN_APP_SOURCE_H
+#define TPTRAIN_APP_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "app/args.h"
+#include "data/batch.h"
+#include "data/corpus.h"
+#include "data/dataset.h"
+#include "data/spm.h"
+#include "tp/runtime.h"
+
+/* Where batches come from: the corpus, or a synthetic task. */
+typedef struct {
+    const TrainArgs *args;
+    const ModelConfig *cfg;
+    const Mesh *mesh;
+    /* corpus */
+    Spm *spm;
+    char spm_path[4096];
+    TokenFile train_tf, dev_tf;
+    Dataset train, dev;
+    /* synthetic */
+    uint64_t synth_index;
+} Source;
+
+/* Rank 0 prepares the corpus cache (tokenizer, token files); the others
+ * wait for it and then map the same files. Sets cfg's vocabulary, token
+ * ids and text form from the tokenizer and the corpus. 0, or -1 with err
+ * (source_close is still called). */
+int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, char *err, size_t err_len);
+void source_close(Source *src);
+
+/* This rank's micro-batches b[0..M) of the next global batch (share
+ * dp_rank + i dp of dp x M); *global_tokens = target tokens of the whole
+ * global batch (the divisor of the mean loss). */
+void source_next(Source *src, OwnedBatch *b, long *global_tokens);
+
+/* Steps of the run: --max-steps (or the preset's), or --epochs passes over
+ * n_batches global batches, counted in 64 bits and bounded so the step
+ * counter never wraps. A run too long for it is refused (exit 2). */
+int run_steps(const TrainArgs *a, int n_batches);
+
+#endif
