@@ -114,21 +114,6 @@ static const cJSON *manifest_files(const char *dir, cJSON **root) {
     return files;
 }
 
-/* Size and CRC-32C of a manifest entry; 0, or -1 with err when malformed. */
-static int entry_fields(const cJSON *e, const char *dir, double *n_bytes, const char **crc, char *err,
-                        size_t err_len) {
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(e, "bytes");
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "crc32c");
-    if (!cJSON_IsNumber(b) || !cJSON_IsString(c)) {
-        tp_error_set(err, err_len, "%s/manifest.json: file '%s' is not listed with its bytes and crc32c", dir,
-                     e->string);
-        return -1;
-    }
-    *n_bytes = b->valuedouble;
-    *crc = c->valuestring;
-    return 0;
-}
-
 static int cmd_inspect(const char *arg) {
     char dir[4096], err[1024];
     if (resolve(arg, dir, sizeof dir)) return 1;
@@ -174,7 +159,7 @@ static int cmd_inspect(const char *arg) {
     cJSON_ArrayForEach(e, files) {
         double n_bytes;
         const char *crc;
-        if (entry_fields(e, dir, &n_bytes, &crc, err, sizeof err)) {
+        if (ckpt_manifest_entry(e, dir, &n_bytes, &crc, err, sizeof err)) {
             fprintf(stderr, "ckpt: %s\n", err);
             rc = 1;
             break;

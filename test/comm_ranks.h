@@ -31,6 +31,23 @@
 
 static char g_job[64];
 
+/* The launcher's environment of rank `rank` of n on one node, in job g_job
+ * (tprun's variables), and its removal. */
+static inline void rank_env_set(int rank, int n) {
+    char v[32];
+    snprintf(v, sizeof v, "%d", n);
+    setenv("WORLD_SIZE", v, 1);
+    setenv("LOCAL_WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", rank);
+    setenv("RANK", v, 1);
+    setenv("LOCAL_RANK", v, 1);
+    setenv("TPRUN_JOB_ID", g_job, 1);
+}
+static inline void rank_env_clear(void) {
+    const char *names[] = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TPRUN_JOB_ID"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unsetenv(names[i]);
+}
+
 /* ---- running ranks ---- */
 
 typedef void (*RankFn)(int rank, int n, int out_fd, void *arg);
@@ -197,6 +214,23 @@ static inline void init_job(const char *prefix) {
     clock_gettime(CLOCK_REALTIME, &ts);
     snprintf(g_job, sizeof g_job, "%s%dx%lx", prefix, (int)getpid(),
              (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 8)) & 0xffffffUL);
+}
+
+/* Runs fn on worlds of 1..n_max ranks (checks each: check_all_ok), printing
+ * each world's time as "LABEL n=N: S s", then checks that no shared-memory
+ * segment is left. */
+static inline void run_world_sizes(const char *label, int n_max, RankFn fn, void *arg) {
+    Run *run = malloc(sizeof *run);
+    char what[64];
+    for (int n = 1; n <= n_max; n++) {
+        snprintf(what, sizeof what, "%s n=%d", label, n);
+        const double t0 = tp_now_s();
+        run_ranks(what, n, fn, arg, run);
+        check_all_ok(what, run);
+        printf("%s: %.2f s\n", what, tp_now_s() - t0);
+    }
+    CHECK(shm_leftovers() == 0, "segments left in /dev/shm");
+    free(run);
 }
 
 #endif

@@ -16,6 +16,7 @@
 #include "transformer/export.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
+#include "testmodel.h"
 
 /* Right-padded batch: B = 3, S = 7, T = 8, every row a different length. */
 static const int32_t SRC[3 * 7] = {5, 9, 12, 30, 7, 0, 0, 11, 0, 0, 0, 0, 0, 0, 4, 8, 15, 16, 23, 38, 39};
@@ -33,16 +34,7 @@ int main(int argc, char **argv) {
     }
     const char *out = argv[1];
     char err[512], path[4096];
-    ModelConfig cfg;
-    config_preset("tiny", &cfg, err, sizeof err);
-    cfg.d_model = 32;
-    cfg.n_heads = 4;
-    cfg.d_ff = 48;
-    cfg.enc_layers = 2;
-    cfg.dec_layers = 2;
-    cfg.vocab_size = 40;
-    cfg.dropout = 0.0f;
-    cfg.label_smoothing = 0.1f;
+    ModelConfig cfg = test_model_config(32, 4, 48, 40, 2, 0.0f);
     TP_CHECK(activation_parse(argv[2], &cfg.act) == 0, "activation must be relu or gelu");
     Model m;
     TP_CHECK(model_create(&m, NULL, &cfg, NULL, 1234, err, sizeof err) == 0, "%s", err);
@@ -113,19 +105,14 @@ int main(int argc, char **argv) {
         st_writer_add(w, names[2 * i], ST_F32, p->ndim, shape, m.grads + p->offset);
         st_writer_add(w, names[2 * i + 1], ST_F32, p->ndim, shape, updated + p->offset);
     }
-    char buf[64];
-    snprintf(buf, sizeof buf, "%.9g", step_cfg.lr);
-    st_writer_meta(w, "lr", buf);
-    snprintf(buf, sizeof buf, "%.9g", step_cfg.beta1);
-    st_writer_meta(w, "beta1", buf);
-    snprintf(buf, sizeof buf, "%.9g", step_cfg.beta2);
-    st_writer_meta(w, "beta2", buf);
-    snprintf(buf, sizeof buf, "%.9g", step_cfg.eps);
-    st_writer_meta(w, "adam_eps", buf);
-    snprintf(buf, sizeof buf, "%.9g", step_cfg.weight_decay);
-    st_writer_meta(w, "weight_decay", buf);
-    snprintf(buf, sizeof buf, "%.9g", step_cfg.clip_norm);
-    st_writer_meta(w, "clip_norm", buf);
+    const struct { const char *key; double value; } meta[] = {
+        {"lr", step_cfg.lr}, {"beta1", step_cfg.beta1}, {"beta2", step_cfg.beta2}, {"adam_eps", step_cfg.eps},
+        {"weight_decay", step_cfg.weight_decay}, {"clip_norm", step_cfg.clip_norm}};
+    for (size_t i = 0; i < sizeof meta / sizeof meta[0]; i++) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.9g", meta[i].value);
+        st_writer_meta(w, meta[i].key, buf);
+    }
     snprintf(path, sizeof path, "%s/case.safetensors", out);
     TP_CHECK(st_writer_write(w, path, err, sizeof err) == 0, "%s", err);
     st_writer_free(w);

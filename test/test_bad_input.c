@@ -281,11 +281,7 @@ static void test_float_fields(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/test_bad_input.XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!make_scratch_dir(g_dir, sizeof g_dir, "test_bad_input")) return 1;
     test_configs();
     test_float_fields();
     test_exports();

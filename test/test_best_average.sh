@@ -23,16 +23,10 @@
 # Usage: test_best_average.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$1 corpus=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 train=$build/train_mt
 ckpt=$build/ckpt
-fail() { echo "FAIL: $*" >&2; exit 1; }
-run() {
-  local log=$1; shift
-  "$@" > "$log" 2>&1 || { local rc=$?; echo "FAIL: exit status $rc from: $*"; tail -n 30 "$log"; exit 1; }
-}
 # refuse PATTERN ARGS...: train_mt ARGS must exit 2 with one line matching PATTERN.
 refuse() {
   local pat=$1; shift

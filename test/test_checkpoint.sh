@@ -34,20 +34,13 @@
 set -euo pipefail
 build=$1 corpus=$2 parts=${3:-all}
 case $parts in all | main | crash) ;; *) echo "test_checkpoint: PARTS must be all, main or crash, got '$parts'"; exit 2 ;; esac
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 train=$build/train_mt
 LOSS_RTOL=1e-5
 t0=$SECONDS
 
-fail() { echo "FAIL: $*" >&2; exit 1; }  # stderr: also seen from inside $(...)
-# run LOG CMD...: CMD must succeed; its output goes to LOG (shown on failure).
-run() {
-  local log=$1; shift
-  "$@" > "$log" 2>&1 || { local rc=$?; echo "FAIL: exit status $rc from: $*"; tail -n 30 "$log"; exit 1; }
-}
+# fail and run: lib.sh (fail writes to stderr: also seen from inside $(...)).
 # status LOG CMD...: runs CMD (output to LOG) and prints its exit status
 # (137 = killed by SIGKILL); the subshell keeps bash's "Killed" notice quiet.
 status() {
@@ -471,8 +464,6 @@ refuse() {
   ((rc < 128)) || { tail -n 20 "refuse-$name.log"; fail "$name: died with exit status $rc"; }
   grep -qF -- "$want" "refuse-$name.log" || { cat "refuse-$name.log"; fail "$name: no '$want'"; }
 }
-# copy_of NAME SRC: a fresh copy of checkpoint SRC to damage.
-copy_of() { rm -rf "$1"; cp -r "$2" "$1"; }
 crc_of() { sed -n "/\"$2\"/,/}/s/.*\"crc32c\":[[:space:]]*\"\([0-9a-f]*\)\".*/\1/p" "$1/manifest.json"; }
 # reseal DIR: recomputes the manifest's checksum line after an edit, so that
 # the check behind it (of the edited field) is the one that refuses.

@@ -12,33 +12,10 @@
 # Usage: test_ckpt_checks.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$1 corpus=$2
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 train=$build/train_mt ckpt=$build/ckpt
 HANG_LIMIT=20
-fail() { echo "FAIL: $*" >&2; exit 1; }
-sanitizer_clean() {  # the ASan build of this test: no report in any log
-  ! grep -qE "runtime error|LeakSanitizer|AddressSanitizer" "$1" || { cat "$1"; fail "$1: sanitizer report"; }
-}
-run() {
-  local log=$1; shift
-  "$@" > "$log" 2>&1 || { local rc=$?; echo "FAIL: exit status $rc from: $*"; tail -n 30 "$log"; exit 1; }
-  sanitizer_clean "$log"
-}
-refuse() {  # refuse NAME EXPECTED CMD...: a plain non-zero exit within HANG_LIMIT, printing EXPECTED
-  local name=$1 want=$2; shift 2
-  local rc=0
-  timeout "$HANG_LIMIT" "$@" > "refuse-$name.log" 2>&1 || rc=$?
-  ((rc != 0)) || { cat "refuse-$name.log"; fail "$name: accepted"; }
-  ((rc != 124)) || fail "$name: still running after $HANG_LIMIT s"
-  ((rc < 128)) || { tail -n 20 "refuse-$name.log"; fail "$name: died with exit status $rc"; }
-  grep -qF -- "$want" "refuse-$name.log" || { cat "refuse-$name.log"; fail "$name: no '$want'"; }
-  sanitizer_clean "refuse-$name.log"
-}
-seal() { /usr/bin/python3 "$here/manifest_seal.py" "$@"; }
-copy_of() { rm -rf "$1"; cp -r "$2" "$1"; }
 # edit_header FILE OLD NEW: replaces text in a safetensors header (length field rewritten).
 edit_header() {
   /usr/bin/python3 - "$@" <<'PY'

@@ -7,13 +7,8 @@
 # Usage: test_cli_input.sh BUILD_DIR
 set -uo pipefail
 build=$(cd "$1" && pwd)
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work" || exit 1
-fails=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 
 # refused WANT_RC SENTENCE CMD...: CMD exits WANT_RC and its stderr has SENTENCE as a whole line.
 refused() {

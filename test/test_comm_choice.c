@@ -110,14 +110,9 @@ static void count_to_device(void *ctx, void *dst, const void *src, size_t n_byte
     memcpy(dst, src, n_bytes);
 }
 
-static void clear_env(void) {
-    const char *names[] = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TPRUN_JOB_ID"};
-    for (int i = 0; i < 5; i++) unsetenv(names[i]);
-}
-
 /* A world of one: impossible requests are refused, shm on GPU buffers needs hooks. */
 static void check_solo(void) {
-    clear_env();
+    rank_env_clear();
     Runtime rt;
     char err[512] = "";
     RuntimeOptions o = {.n_heads = 4, .d_ff = 8, .timeout_s = 5.0, .comm = RUNTIME_COMM_NCCL};
@@ -141,15 +136,8 @@ static void check_solo(void) {
 static void rank_shared_gpu(int rank, int n, int fd, void *arg) {
     (void)fd;
     (void)arg;
-    char v[32];
-    clear_env();
-    snprintf(v, sizeof v, "%d", n);
-    setenv("WORLD_SIZE", v, 1);
-    setenv("LOCAL_WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", rank);
-    setenv("RANK", v, 1);
-    setenv("LOCAL_RANK", v, 1);
-    setenv("TPRUN_JOB_ID", g_job, 1);
+    rank_env_clear();
+    rank_env_set(rank, n);
     Counter k = {0, 0};
     const CommDeviceCopy hooks = {.ctx = &k, .to_host = count_to_host, .to_device = count_to_device};
     const RuntimeOptions o = {.pp = 2,

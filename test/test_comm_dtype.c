@@ -171,16 +171,6 @@ static void rank_bf16(int rank, int n, int fd, void *arg) {
 int main(void) {
     init_job("td");
     check_conversions();
-    Run *run = malloc(sizeof *run);
-    char what[64];
-    for (int n = 1; n <= 4; n++) {
-        snprintf(what, sizeof what, "bf16 n=%d", n);
-        const double t0 = tp_now_s();
-        run_ranks(what, n, rank_bf16, NULL, run);
-        check_all_ok(what, run);
-        printf("%s: %.2f s\n", what, tp_now_s() - t0);
-    }
-    CHECK(shm_leftovers() == 0, "segments left in /dev/shm");
-    free(run);
+    run_world_sizes("bf16", 4, rank_bf16, NULL);
     return check_report("test_comm_dtype");
 }

@@ -290,16 +290,6 @@ static void rank_staged(int rank, int n, int fd, void *arg) {
 
 int main(void) {
     init_job("ts");
-    Run *run = malloc(sizeof *run);
-    char what[64];
-    for (int n = 1; n <= 4; n++) {
-        snprintf(what, sizeof what, "staged n=%d", n);
-        const double t0 = tp_now_s();
-        run_ranks(what, n, rank_staged, NULL, run);
-        check_all_ok(what, run);
-        printf("%s: %.2f s\n", what, tp_now_s() - t0);
-    }
-    CHECK(shm_leftovers() == 0, "segments left in /dev/shm");
-    free(run);
+    run_world_sizes("staged", 4, rank_staged, NULL);
     return check_report("test_comm_staged");
 }

@@ -667,11 +667,7 @@ static void test_tokenizer_per_config(void) {
 }
 
 int main(void) {
-    snprintf(g_root, sizeof g_root, "/tmp/test_corpus.XXXXXX");
-    if (!mkdtemp(g_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!make_scratch_dir(g_root, sizeof g_root, "test_corpus")) return 1;
     test_clean_and_deterministic();
     test_line_count_mismatch();
     test_empty_lines();

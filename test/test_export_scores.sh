@@ -22,12 +22,9 @@
 # Usage: test_export_scores.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$1 corpus=$2
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-head -n 100 "$corpus/dev.en" > src.en
-head -n 100 "$corpus/dev.ja" > ref.ja
+. "$(dirname "$0")/lib.sh"
+enter_workdir
+dev_pairs 100
 
 t0=$SECONDS
 "$build/tprun" --standalone --nproc_per_node 4 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny \

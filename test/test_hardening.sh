@@ -24,40 +24,14 @@
 # Usage: test_hardening.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$1 corpus=$2
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'chmod -R u+w "$work" 2> /dev/null; rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 train=$build/train_mt ckpt=$build/ckpt translate=$build/translate_mt
 HANG_LIMIT=20   # seconds: a reader that waits on a named pipe fails the case instead of hanging the suite
 t0=$SECONDS
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
 elapsed() { echo "$((SECONDS - t0)) s"; }
-sanitizer_clean() {
-  ! grep -qE "runtime error|LeakSanitizer|AddressSanitizer" "$1" || { cat "$1"; fail "$1: sanitizer report"; }
-}
-# run LOG CMD...: CMD must succeed (output to LOG, shown on failure).
-run() {
-  local log=$1; shift
-  "$@" > "$log" 2>&1 || { local rc=$?; echo "FAIL: exit status $rc from: $*"; tail -n 30 "$log"; exit 1; }
-  sanitizer_clean "$log"
-}
-# refuse NAME EXPECTED CMD...: CMD must end within HANG_LIMIT with a plain
-# non-zero exit status and print EXPECTED (a fixed string).
-refuse() {
-  local name=$1 want=$2; shift 2
-  local rc=0
-  timeout "$HANG_LIMIT" "$@" > "refuse-$name.log" 2>&1 || rc=$?
-  ((rc != 0)) || { cat "refuse-$name.log"; fail "$name: accepted"; }
-  ((rc != 124)) || fail "$name: still running after $HANG_LIMIT s (waiting on a named pipe?)"
-  ((rc < 128)) || { tail -n 20 "refuse-$name.log"; fail "$name: died with exit status $rc"; }
-  grep -qF -- "$want" "refuse-$name.log" || { cat "refuse-$name.log"; fail "$name: no '$want'"; }
-  sanitizer_clean "refuse-$name.log"
-}
-seal() { /usr/bin/python3 "$here/manifest_seal.py" "$@"; }
-copy_of() { rm -rf "$1"; cp -r "$2" "$1"; }
 # flip_bit FILE OFFSET BIT: flips one bit in place.
 flip_bit() {
   /usr/bin/python3 - "$@" <<'PY'

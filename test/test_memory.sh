@@ -15,9 +15,8 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 run() {  # name nproc flags...
   local name=$1 n=$2
   shift 2

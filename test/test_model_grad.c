@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "transformer/model.h"
+#include "testmodel.h"
 #include "cpu_ops.h"
 
 #define FD_H 1e-2f
@@ -36,15 +37,8 @@ static float loss_of(Model *m, const Batch *b, bool train, DropoutKey key) {
 }
 
 static void run(float dropout, Activation act) {
-    ModelConfig cfg;
     char err[256];
-    config_preset("tiny", &cfg, err, sizeof err);
-    cfg.d_model = 16;
-    cfg.n_heads = 2;
-    cfg.d_ff = 24;
-    cfg.vocab_size = 24;
-    cfg.dropout = dropout;
-    cfg.label_smoothing = 0.1f;
+    ModelConfig cfg = test_model_config(16, 2, 24, 24, 2, dropout);  // 2 layers each: the tiny preset's
     cfg.act = act;
     Model m;
     CHECK(model_create(&m, NULL, &cfg, NULL, 7, err, sizeof err) == 0, "%s", err);

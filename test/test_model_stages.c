@@ -24,6 +24,7 @@
 
 #include "check.h"
 #include "transformer/model.h"
+#include "testmodel.h"
 
 enum { PMAX = 6, NMB = 2 };
 
@@ -39,20 +40,7 @@ static const int32_t TGT_IN1[2 * 3] = {2, 11, 12, 2, 13, 0};
 static const int32_t TGT_OUT1[2 * 3] = {11, 12, 3, 13, 3, 0};
 static const int32_t TGT_LEN1[2] = {3, 2};
 
-static ModelConfig config(void) {
-    ModelConfig cfg;
-    char err[256];
-    config_preset("tiny", &cfg, err, sizeof err);
-    cfg.d_model = 16;
-    cfg.n_heads = 2;
-    cfg.d_ff = 24;
-    cfg.vocab_size = 24;
-    cfg.enc_layers = 3;
-    cfg.dec_layers = 3;
-    cfg.dropout = 0.1f;
-    cfg.label_smoothing = 0.1f;
-    return cfg;
-}
+static ModelConfig config(void) { return test_model_config(16, 2, 24, 24, 3, 0.1f); }
 
 static void batches(Batch b[NMB]) {
     b[0] = (Batch){.B = 3, .S = 5, .T = 6, .src = SRC0, .src_len = SRC_LEN0, .tgt_in = TGT_IN0,

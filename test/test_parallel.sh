@@ -14,10 +14,8 @@
 # Usage: test_parallel.sh BUILD_DIR
 set -euo pipefail
 build=$1
-here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 args=(--task copy --max-steps 20 --lr 5e-3 --warmup 5 --log-interval 1 --eval-interval 20 --dropout 0
       --activation gelu --batch-size 32 --comm-timeout 60)
 "$build/train_mt" "${args[@]}" --metrics single.jsonl --export single > single.log

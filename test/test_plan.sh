@@ -17,9 +17,8 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 py=${PYTHON:-/usr/bin/python3}
 dev=()
 [ -z "${PLAN_DEVICE:-}" ] || dev=(--device "$PLAN_DEVICE" --comm shm)

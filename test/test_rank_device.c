@@ -33,32 +33,16 @@
 #define STAGE_BYTES_T ((size_t)4 << 20)  // STAGE_BYTES of comm_shm_impl.h
 #define GPU_N_ELEMS ((size_t)3 << 19)    // 6 MiB of floats: two staging pieces
 
-static void rank_env(int rank, int n) {
-    char v[32];
-    snprintf(v, sizeof v, "%d", n);
-    setenv("WORLD_SIZE", v, 1);
-    setenv("LOCAL_WORLD_SIZE", v, 1);
-    snprintf(v, sizeof v, "%d", rank);
-    setenv("RANK", v, 1);
-    setenv("LOCAL_RANK", v, 1);
-    setenv("TPRUN_JOB_ID", g_job, 1);
-}
-
-static void clear_env(void) {
-    const char *names[] = {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TPRUN_JOB_ID"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) unsetenv(names[i]);
-}
-
 /* ---- cpu ---- */
 
 static void check_cpu_solo(void) {
     char err[512] = "";
-    clear_env();
+    rank_env_clear();
     setenv("LOCAL_RANK", "1x", 1);
     CHECK(rank_backend_create(DEVICE_CPU, DTYPE_F32, err, sizeof err) == NULL && strstr(err, "LOCAL_RANK") &&
               strstr(err, "1x") && !strchr(err, '\n'),
           "a bad LOCAL_RANK is refused naming it: %s", err);
-    clear_env();
+    rank_env_clear();
     Backend *be = rank_backend_create(DEVICE_CPU, DTYPE_F32, err, sizeof err);
     CHECK(be != NULL, "cpu backend: %s", err);
     if (!be) return;
@@ -109,8 +93,8 @@ static void check_cpu_solo(void) {
 
 static void rank_cpu(int rank, int n, int fd, void *arg) {
     (void)fd, (void)arg;
-    clear_env();
-    rank_env(rank, n);
+    rank_env_clear();
+    rank_env_set(rank, n);
     char err[512] = "";
     Backend *be = rank_backend_create(DEVICE_CPU, DTYPE_F32, err, sizeof err);
     CHECK(be != NULL, "rank %d: %s", rank, err);
@@ -203,8 +187,8 @@ static void check_op(Backend *be, Comm *staged, Comm *plain, Op op, int rank, in
 
 static void rank_gpu(int rank, int n, int fd, void *arg) {
     (void)fd, (void)arg;
-    clear_env();
-    rank_env(rank, n);
+    rank_env_clear();
+    rank_env_set(rank, n);
     char err[512] = "";
     Backend *be = rank_backend_create(DEVICE_CUDA, DTYPE_F32, err, sizeof err);
     CHECK(be != NULL, "rank %d: %s", rank, err);

@@ -571,11 +571,7 @@ static void test_fifo(void) {
 }
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/test_safetensors.XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!make_scratch_dir(g_dir, sizeof g_dir, "test_safetensors")) return 1;
     test_crc32c();
     test_round_trip();
     test_damaged();

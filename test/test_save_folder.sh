@@ -11,12 +11,8 @@
 set -uo pipefail
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work" || exit 1
-fails=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 train=$build/train_mt
 small=(--preset tiny --task copy --layers 1 --d-model 16 --heads 2 --ffn-hidden-size 32 --max-len 16 --seq-len 8
        --batch-size 8 --log-interval 1 --eval-interval 0)

@@ -207,11 +207,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *data = argv[1], *script = argv[2];
-    snprintf(g_root, sizeof g_root, "/tmp/test_spm.XXXXXX");
-    if (!mkdtemp(g_root)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    if (!make_scratch_dir(g_root, sizeof g_root, "test_spm")) return 1;
     char cache[256], model[300], err[1024];
     snprintf(cache, sizeof cache, "%s/cache", g_root);
     snprintf(model, sizeof model, "%s/spm.model", cache);

@@ -4,8 +4,8 @@
 # load back. Usage: test_train_copy.sh TRAIN_MT
 set -euo pipefail
 train=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 "$train" --preset tiny --task copy --max-steps 300 --lr 5e-3 --warmup 50 --log-interval 50 \
          --eval-interval 100 --seed 3 --metrics "$work/metrics.jsonl" --export "$work/model"
 test -s "$work/model/model.safetensors"
@@ -33,23 +33,11 @@ PY
 
 # --device cuda where no GPU can be used: refused in one sentence, exit 2.
 if ! nvidia-smi -L > /dev/null 2>&1; then
-  set +e
-  msg=$("$1" --device cuda --task copy --preset tiny --max-steps 1 2>&1 > /dev/null)
-  rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || { echo "FAIL: --device cuda without a GPU exited $rc"; exit 1; }
-  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "train_mt: --device cuda: "* ]] ||
-    { echo "FAIL: --device cuda without a GPU said: $msg"; exit 1; }
-  echo "refused as expected: $msg"
+  one_line_refusal "--device cuda without a GPU" "train_mt: --device cuda: " \
+    "$1" --device cuda --task copy --preset tiny --max-steps 1
 fi
 
 # --comm nccl for a model in host memory: refused in one sentence, exit 2
 # (the reason this build has: no NCCL, or the model is not on a GPU).
-set +e
-msg=$("$1" --device cpu --comm nccl --task copy --preset tiny --max-steps 1 2>&1 > /dev/null)
-rc=$?
-set -e
-[ "$rc" -eq 2 ] || { echo "FAIL: --comm nccl on the CPU exited $rc"; exit 1; }
-[ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "train_mt: --comm nccl "* ]] ||
-  { echo "FAIL: --comm nccl on the CPU said: $msg"; exit 1; }
-echo "refused as expected: $msg"
+one_line_refusal "--comm nccl on the CPU" "train_mt: --comm nccl " \
+  "$1" --device cpu --comm nccl --task copy --preset tiny --max-steps 1

@@ -5,11 +5,9 @@
 # Usage: test_translate.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$1 corpus=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-head -n 40 "$corpus/dev.en" > src.en
-head -n 40 "$corpus/dev.ja" > ref.ja
+. "$(dirname "$0")/lib.sh"
+enter_workdir
+dev_pairs 40
 
 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 30 --warmup 10 --lr 3e-3 \
     --log-interval 10 --eval-interval 30 --metrics m.jsonl --save ckpt --export model > train.log
@@ -121,16 +119,9 @@ grep -q "does not record its training text's form.*assuming small_parallel_enja'
 "$build/translate_mt" --model model --src src.en --beam 0 --device cpu --dtype bf16 > bf16.ja
 test "$(wc -l < bf16.ja)" -eq 40
 refused() {  # WHAT EXPECTED_PREFIX ARGS...: exit 2 and one line starting with the prefix
-  local what=$1 want=$2 msg rc
+  local what=$1 want=$2
   shift 2
-  set +e
-  msg=$("$build/translate_mt" "$@" 2>&1 > /dev/null)
-  rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || { echo "FAIL: $what exited $rc: $msg"; exit 1; }
-  [ "$(printf '%s\n' "$msg" | wc -l)" -eq 1 ] && [[ "$msg" == "$want"* ]] ||
-    { echo "FAIL: $what said: $msg"; exit 1; }
-  echo "refused as expected: $msg"
+  one_line_refusal "$what" "$want" "$build/translate_mt" "$@"
 }
 refused "--device tpu" "translate_mt: --device must be auto, cpu or cuda" --model model --src src.en --device tpu
 refused "--dtype fp16" "translate_mt: --dtype must be fp32 or bf16" --model model --src src.en --dtype fp16

@@ -36,6 +36,15 @@ static inline uint8_t *read_bytes(const char *path, size_t *n) {
     return buf;
 }
 
+/* A fresh scratch directory /tmp/NAME.XXXXXX into dir (len bytes); false,
+ * with the reason on stderr, when it cannot be made. */
+static inline bool make_scratch_dir(char *dir, size_t len, const char *name) {
+    snprintf(dir, len, "/tmp/%s.XXXXXX", name);
+    if (mkdtemp(dir)) return true;
+    perror("mkdtemp");
+    return false;
+}
+
 /* Removes dir and the plain files in it, one level of subdirectories deep. */
 static inline void remove_tree(const char *dir) {
     DIR *d = opendir(dir);

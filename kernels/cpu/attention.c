@@ -121,16 +121,9 @@ void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
         }
 }
 
-void cpu_attention_bwd(float *dq,          // (B, Tq, H*D)
-                      float *dk,          // (B, Tk, H*D)
-                      float *dv,          // (B, Tk, H*D)
-                      const float *dout,  // (B, Tq, H*D)
-                      const float *P,     // (B, H, Tq, Tk)
-                      const float *q,     // (B, Tq, H*D)
-                      const float *k,     // (B, Tk, H*D)
-                      const float *v,     // (B, Tk, H*D)
-                      float *scratch,     // (B, H, Tq, Tk)
-                      int B, int H, int Tq, int Tk, int D) {
+// dq, dout, q (B, Tq, H*D); dk, dv, k, v (B, Tk, H*D); P, scratch (B, H, Tq, Tk)
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                       const float *k, const float *v, float *scratch, int B, int H, int Tq, int Tk, int D) {
     TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0,
              "op_attention_bwd: negative size");
     if (B == 0 || H == 0 || Tq == 0 || Tk == 0 || D == 0) return;

@@ -13,13 +13,9 @@
 #include "cpu_ops.h"
 #include "err.h"
 
-void cpu_layernorm_fwd(float *y,            // (N, C)
-                      float *mean,         // (N)
-                      float *rstd,         // (N)
-                      const float *x,      // (N, C)
-                      const float *gamma,  // (C)
-                      const float *beta,   // (C)
-                      int N, int C, float eps) {
+// y, x (N, C); mean, rstd (N); gamma, beta (C)
+void cpu_layernorm_fwd(float *y, float *mean, float *rstd, const float *x, const float *gamma, const float *beta,
+                       int N, int C, float eps) {
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;
         float *yr = y + (size_t)n * C;
@@ -40,15 +36,9 @@ void cpu_layernorm_fwd(float *y,            // (N, C)
     }
 }
 
-void cpu_layernorm_bwd(float *dx,           // (N, C)  accumulated
-                      float *dgamma,       // (C)     accumulated
-                      float *dbeta,        // (C)     accumulated
-                      const float *dy,     // (N, C)
-                      const float *x,      // (N, C)
-                      const float *mean,   // (N)
-                      const float *rstd,   // (N)
-                      const float *gamma,  // (C)
-                      int N, int C) {
+// dx, dy, x (N, C); dgamma, dbeta, gamma (C); mean, rstd (N). dx, dgamma, dbeta accumulated.
+void cpu_layernorm_bwd(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x, const float *mean,
+                       const float *rstd, const float *gamma, int N, int C) {
     if (C <= 0 || N <= 0) return;  // adds nothing
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * C;

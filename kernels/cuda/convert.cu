@@ -34,18 +34,21 @@ __global__ void from_bf16_kernel(float *dst,           // (n_elems)
 
 // ---- exported ops ------------------------------------------------------------------
 
-extern "C" void cuda_op_to_bf16(uint16_t *dst, const float *src, size_t n_elems, cudaStream_t stream) {
+// The checks of both ops, then one launch of kernel over n_elems.
+template <typename Dst, typename Src>
+static void convert_launch(const char *op, void (*kernel)(Dst *, const Src *, size_t), Dst *dst, const Src *src,
+                           size_t n_elems, cudaStream_t stream) {
     if (n_elems == 0) return;
-    TP_NEED_PTR("cuda_op_to_bf16", dst);
-    TP_NEED_PTR("cuda_op_to_bf16", src);
-    to_bf16_kernel<<<tp_grid_1d(n_elems, CONVERT_THREADS), CONVERT_THREADS, 0, stream>>>(dst, src, n_elems);
+    TP_CHECK(dst != NULL, "%s: dst is NULL", op);
+    TP_CHECK(src != NULL, "%s: src is NULL", op);
+    kernel<<<tp_grid_1d(n_elems, CONVERT_THREADS), CONVERT_THREADS, 0, stream>>>(dst, src, n_elems);
     CUDA_CHECK(cudaGetLastError());
 }
 
+extern "C" void cuda_op_to_bf16(uint16_t *dst, const float *src, size_t n_elems, cudaStream_t stream) {
+    convert_launch("cuda_op_to_bf16", to_bf16_kernel, dst, src, n_elems, stream);
+}
+
 extern "C" void cuda_op_from_bf16(float *dst, const uint16_t *src, size_t n_elems, cudaStream_t stream) {
-    if (n_elems == 0) return;
-    TP_NEED_PTR("cuda_op_from_bf16", dst);
-    TP_NEED_PTR("cuda_op_from_bf16", src);
-    from_bf16_kernel<<<tp_grid_1d(n_elems, CONVERT_THREADS), CONVERT_THREADS, 0, stream>>>(dst, src, n_elems);
-    CUDA_CHECK(cudaGetLastError());
+    convert_launch("cuda_op_from_bf16", from_bf16_kernel, dst, src, n_elems, stream);
 }

@@ -153,11 +153,8 @@ extern "C" size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, i
     return scratch_linear_fwd(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16);
 }
 
-extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx,
-                                   float *y,           // (N, out)
-                                   const float *x,     // (N, in)
-                                   CudaGemmOperand W,  // (out, in)
-                                   const float *b,     // (out) or NULL
+// y (N, out), x (N, in), W (out, in), b (out) or NULL
+extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, const float *x, CudaGemmOperand W, const float *b,
                                    int N, int in, int out, void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_fwd: negative size N=%d in=%d out=%d", N, in, out);
     if (N == 0 || out == 0) return;
@@ -191,14 +188,9 @@ extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool wan
                               w_has_bf16);
 }
 
-extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx,
-                                   float *dx,          // (N, in) or NULL
-                                   float *dW,          // (out, in) or NULL
-                                   float *db,          // (out) or NULL
-                                   const float *dy,    // (N, out)
-                                   const float *x,     // (N, in)
-                                   CudaGemmOperand W,  // (out, in)
-                                   int N, int in, int out, void *scratch, size_t scratch_bytes) {
+// dx (N, in), dW (out, in), db (out), each or NULL; dy (N, out), x (N, in), W (out, in)
+extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, float *dW, float *db, const float *dy, const float *x,
+                                   CudaGemmOperand W, int N, int in, int out, void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_bwd: negative size N=%d in=%d out=%d", N, in, out);
     if (N == 0) return;  // nothing to add to any gradient
     TP_CHECK(out == 0 || dy, "cuda_op_linear_bwd: dy is NULL");

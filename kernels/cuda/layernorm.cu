@@ -26,13 +26,9 @@
 
 // ---- kernels ---------------------------------------------------------------------
 
-__global__ void layernorm_fwd_kernel(float *y,            // (N, C)
-                                     float *mean,         // (N)
-                                     float *rstd,         // (N)
-                                     const float *x,      // (N, C)
-                                     const float *gamma,  // (C)
-                                     const float *beta,   // (C)
-                                     int N, int C, float eps) {
+// y, x (N, C); mean, rstd (N); gamma, beta (C)
+__global__ void layernorm_fwd_kernel(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                                     const float *beta, int N, int C, float eps) {
     const int lane = threadIdx.x % TP_WARP;
     for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * LN_ROWS_PER_BLOCK) {

@@ -260,15 +260,16 @@ static bool parse_hex32(const char *s, uint32_t *out) {
     return true;
 }
 
-/* Validates f->buffer (f->file_bytes long) and fills the rest of f. */
-static int parse_file(const char *path, StFile *f, char *err, size_t err_len) {
+/* The length field and the JSON header of f->buffer: sets f's data section
+ * and returns the header object (caller frees), or NULL + err. */
+static cJSON *parse_header(const char *path, StFile *f, char *err, size_t err_len) {
     const uint8_t *b = f->buffer;
     size_t size = f->file_bytes;
     if (size < 8) {
         tp_error_set(err, err_len,
                      "%s: file is %zu bytes, shorter than the 8-byte header length field",
                      path, size);
-        return -1;
+        return NULL;
     }
     uint64_t header_bytes = 0;
     for (int i = 0; i < 8; i++) header_bytes |= (uint64_t)b[i] << (8 * i);
@@ -277,7 +278,7 @@ static int parse_file(const char *path, StFile *f, char *err, size_t err_len) {
                      "%s: header length %" PRIu64
                      " plus the 8-byte length field exceeds file size %zu (file truncated?)",
                      path, header_bytes, size);
-        return -1;
+        return NULL;
     }
     const char *hdr = (const char *)b + 8;
     size_t hlen = (size_t)header_bytes;
@@ -291,29 +292,103 @@ static int parse_file(const char *path, StFile *f, char *err, size_t err_len) {
         tp_error_set(err, err_len,
                      "%s: header is not valid JSON (parse error near byte %zu of %zu)",
                      path, at, hlen);
-        return -1;
+        return NULL;
     }
-
-    int rc = -1;
-    PendingTensor *pend = NULL;
-    int n_pend = 0;
-    char **names = NULL;
-
     for (const char *p = parse_end; p < hdr + hlen; p++) {
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             tp_error_set(err, err_len,
                          "%s: header is not valid JSON (stray bytes after the object at byte %zu)",
                          path, (size_t)(p - hdr));
-            goto done;
+            cJSON_Delete(root);
+            return NULL;
         }
     }
     if (!cJSON_IsObject(root)) {
         tp_error_set(err, err_len, "%s: header is not a JSON object", path);
-        goto done;
+        cJSON_Delete(root);
+        return NULL;
     }
+    return root;
+}
 
-    int n_items = cJSON_GetArraySize(root);
-    pend = TP_CALLOC((size_t)n_items, sizeof *pend);
+/* Every tensor name appears once. */
+static int check_names_unique(const char *path, const PendingTensor *pend, int n_pend, char *err,
+                              size_t err_len) {
+    char **names = TP_CALLOC((size_t)n_pend, sizeof *names);
+    for (int i = 0; i < n_pend; i++) names[i] = pend[i].t.name;
+    qsort(names, (size_t)n_pend, sizeof *names, cmp_name_ptr);
+    int rc = 0;
+    for (int i = 1; i < n_pend && rc == 0; i++) {
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            tp_error_set(err, err_len, "%s: tensor name '%s' appears twice in the header",
+                         path, names[i]);
+            rc = -1;
+        }
+    }
+    free(names);
+    return rc;
+}
+
+/* Ranges: no overlap, and together exactly the data section (sorts pend by range). */
+static int check_ranges(const char *path, PendingTensor *pend, int n_pend, size_t data_bytes, char *err,
+                        size_t err_len) {
+    qsort(pend, (size_t)n_pend, sizeof *pend, cmp_pending);
+    uint64_t covered = 0, max_end = 0;
+    int max_i = -1;
+    for (int i = 0; i < n_pend; i++) {
+        if (max_i >= 0 && pend[i].begin < max_end) {
+            const PendingTensor *a = &pend[max_i], *c = &pend[i];
+            tp_error_set(err, err_len,
+                         "%s: tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64
+                         ", %" PRIu64 ") overlap",
+                         path, a->t.name, a->begin, a->end, c->t.name, c->begin, c->end);
+            return -1;
+        }
+        covered += pend[i].end - pend[i].begin;
+        if (max_i < 0 || pend[i].end >= max_end) {
+            max_end = pend[i].end;
+            max_i = i;
+        }
+    }
+    if (covered != data_bytes) {
+        tp_error_set(err, err_len,
+                     "%s: data section has %zu bytes but tensors cover %" PRIu64
+                     " (holes and trailing bytes are not allowed)",
+                     path, data_bytes, covered);
+        return -1;
+    }
+    return 0;
+}
+
+/* The data section's CRC-32C against the header's, where it has one. */
+static int check_crc(const char *path, const StFile *f, char *err, size_t err_len) {
+    const char *crc_text = st_meta(f, ST_CRC_KEY);
+    if (!crc_text) return 0;
+    uint32_t want;
+    if (!parse_hex32(crc_text, &want)) {
+        tp_error_set(err, err_len,
+                     "%s: " ST_META_KEY " value for '" ST_CRC_KEY "' is '%s', not 8 hex digits",
+                     path, crc_text);
+        return -1;
+    }
+    uint32_t got = crc32c(0, f->data_section, f->data_bytes);
+    if (got != want) {
+        tp_error_set(err, err_len,
+                     "%s: checksum mismatch: data section crc32c is %08" PRIx32
+                     ", header says %s (file corrupted)",
+                     path, got, crc_text);
+        return -1;
+    }
+    return 0;
+}
+
+/* Validates f->buffer (f->file_bytes long) and fills the rest of f. */
+static int parse_file(const char *path, StFile *f, char *err, size_t err_len) {
+    cJSON *root = parse_header(path, f, err, err_len);
+    if (!root) return -1;
+    int rc = -1;
+    int n_pend = 0;
+    PendingTensor *pend = TP_CALLOC((size_t)cJSON_GetArraySize(root), sizeof *pend);
     bool seen_meta = false;
     const cJSON *item;
     cJSON_ArrayForEach(item, root) {
@@ -330,64 +405,9 @@ static int parse_file(const char *path, StFile *f, char *err, size_t err_len) {
             goto done;
         n_pend++;
     }
-
-    /* names unique */
-    names = TP_CALLOC((size_t)n_pend, sizeof *names);
-    for (int i = 0; i < n_pend; i++) names[i] = pend[i].t.name;
-    qsort(names, (size_t)n_pend, sizeof *names, cmp_name_ptr);
-    for (int i = 1; i < n_pend; i++) {
-        if (strcmp(names[i - 1], names[i]) == 0) {
-            tp_error_set(err, err_len, "%s: tensor name '%s' appears twice in the header",
-                         path, names[i]);
-            goto done;
-        }
-    }
-
-    /* ranges: no overlap, and together exactly the data section */
-    qsort(pend, (size_t)n_pend, sizeof *pend, cmp_pending);
-    uint64_t covered = 0, max_end = 0;
-    int max_i = -1;
-    for (int i = 0; i < n_pend; i++) {
-        if (max_i >= 0 && pend[i].begin < max_end) {
-            const PendingTensor *a = &pend[max_i], *c = &pend[i];
-            tp_error_set(err, err_len,
-                         "%s: tensors '%s' [%" PRIu64 ", %" PRIu64 ") and '%s' [%" PRIu64
-                         ", %" PRIu64 ") overlap",
-                         path, a->t.name, a->begin, a->end, c->t.name, c->begin, c->end);
-            goto done;
-        }
-        covered += pend[i].end - pend[i].begin;
-        if (max_i < 0 || pend[i].end >= max_end) {
-            max_end = pend[i].end;
-            max_i = i;
-        }
-    }
-    if (covered != f->data_bytes) {
-        tp_error_set(err, err_len,
-                     "%s: data section has %zu bytes but tensors cover %" PRIu64
-                     " (holes and trailing bytes are not allowed)",
-                     path, f->data_bytes, covered);
+    if (check_names_unique(path, pend, n_pend, err, err_len) ||
+        check_ranges(path, pend, n_pend, f->data_bytes, err, err_len) || check_crc(path, f, err, err_len))
         goto done;
-    }
-
-    const char *crc_text = st_meta(f, ST_CRC_KEY);
-    if (crc_text) {
-        uint32_t want;
-        if (!parse_hex32(crc_text, &want)) {
-            tp_error_set(err, err_len,
-                         "%s: " ST_META_KEY " value for '" ST_CRC_KEY "' is '%s', not 8 hex digits",
-                         path, crc_text);
-            goto done;
-        }
-        uint32_t got = crc32c(0, f->data_section, f->data_bytes);
-        if (got != want) {
-            tp_error_set(err, err_len,
-                         "%s: checksum mismatch: data section crc32c is %08" PRIx32
-                         ", header says %s (file corrupted)",
-                         path, got, crc_text);
-            goto done;
-        }
-    }
 
     f->tensors = TP_CALLOC((size_t)n_pend, sizeof *f->tensors);
     for (int i = 0; i < n_pend; i++) {
@@ -399,10 +419,8 @@ static int parse_file(const char *path, StFile *f, char *err, size_t err_len) {
     rc = 0;
 
 done:
-    if (pend)
-        for (int i = 0; i < n_pend; i++) free(pend[i].t.name);
+    for (int i = 0; i < n_pend; i++) free(pend[i].t.name);
     free(pend);
-    free(names);
     cJSON_Delete(root);
     return rc;
 }

@@ -7,6 +7,7 @@
  * well under a second.
  */
 #include "data/bleu.h"
+#include "data/ngram.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -79,27 +80,6 @@ static int grams(const int32_t *ids, int len, int n, Gram *out) {
     return m;
 }
 
-/* Sum over distinct hypothesis n-grams of min(hyp count, ref count). */
-static long clipped_matches(const Gram *h, int nh, const Gram *r, int nr) {
-    long match = 0;
-    int i = 0, j = 0;
-    while (i < nh && j < nr) {
-        int c = cmp_gram(&h[i], &r[j]);
-        if (c < 0) {
-            i++;
-        } else if (c > 0) {
-            j++;
-        } else {
-            int ci = 0, cj = 0;
-            const Gram g = h[i];
-            while (i < nh && cmp_gram(&h[i], &g) == 0) { i++; ci++; }
-            while (j < nr && cmp_gram(&r[j], &g) == 0) { j++; cj++; }
-            match += ci < cj ? ci : cj;
-        }
-    }
-    return match;
-}
-
 void bleu_init(BleuStats *s) { memset(s, 0, sizeof *s); }
 
 void bleu_add(BleuStats *s, const char *hyp, const char *ref) {
@@ -127,7 +107,7 @@ void bleu_add(BleuStats *s, const char *hyp, const char *ref) {
         int mh = grams(ids, nh, k, gh);
         int mr = grams(ids + nh, nr, k, gr);
         s->total[k - 1] += mh;
-        s->match[k - 1] += clipped_matches(gh, mh, gr, mr);
+        s->match[k - 1] += ngram_clipped_matches(gh, mh, gr, mr, sizeof *gh, cmp_gram);
     }
     free(tok);
     free(ids);

@@ -6,6 +6,7 @@
  * lists gives the clipped matches: exact counts, O(L log L) per sentence of
  * L characters. */
 #include "data/chrf.h"
+#include "data/ngram.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -96,27 +97,6 @@ static int grams(const uint32_t *c, int len, int n, Gram *out) {
     return m;
 }
 
-/* Sum over distinct n-grams of min(hyp count, ref count). */
-static long clipped_matches(const Gram *h, int nh, const Gram *r, int nr) {
-    long match = 0;
-    int i = 0, j = 0;
-    while (i < nh && j < nr) {
-        const int c = cmp_gram(&h[i], &r[j]);
-        if (c < 0) {
-            i++;
-        } else if (c > 0) {
-            j++;
-        } else {
-            const Gram g = h[i];
-            int ci = 0, cj = 0;
-            while (i < nh && cmp_gram(&h[i], &g) == 0) i++, ci++;
-            while (j < nr && cmp_gram(&r[j], &g) == 0) j++, cj++;
-            match += ci < cj ? ci : cj;
-        }
-    }
-    return match;
-}
-
 void chrf_init(ChrfStats *s) { memset(s, 0, sizeof *s); }
 
 void chrf_add(ChrfStats *s, const char *hyp, const char *ref) {
@@ -131,7 +111,7 @@ void chrf_add(ChrfStats *s, const char *hyp, const char *ref) {
         const int mh = grams(ch, nh, n, gh), mr = grams(ch + nh, nr, n, gr);
         s->hyp[n - 1] += mh;
         s->ref[n - 1] += mr;
-        s->match[n - 1] += clipped_matches(gh, mh, gr, mr);
+        s->match[n - 1] += ngram_clipped_matches(gh, mh, gr, mr, sizeof *gh, cmp_gram);
     }
     free(ch);
     free(gh);

@@ -497,14 +497,8 @@ int token_file_open(TokenFile *tf, const char *path, int vocab_size, char *err, 
                      (unsigned long long)i, tokens[i], vocab_size);
     }
 #undef TOK_FAIL
-    tf->n_pairs = (int)n_pairs;
-    tf->en_off = en_off;
-    tf->ja_off = ja_off;
-    tf->line = line;
-    tf->tokens = tokens;
-    tf->n_tokens = n_tokens;
-    tf->map = map;
-    tf->map_bytes = (size_t)file_bytes;
+    *tf = (TokenFile){.n_pairs = (int)n_pairs, .en_off = en_off, .ja_off = ja_off, .line = line, .tokens = tokens,
+                      .n_tokens = n_tokens, .map = map, .map_bytes = (size_t)file_bytes};
     return 0;
 }
 

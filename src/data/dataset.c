@@ -300,17 +300,9 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
             return -1;
         }
     }
-    ds->tf = tf;
-    ds->dir = dir;
-    ds->max_len = max_len;
-    ds->batch_tokens = batch_tokens;
-    ds->dp_rank = dp_rank;
-    ds->dp_size = dp_size;
-    ds->pad_id = pad_id;
-    ds->bos_id = bos_id;
-    ds->eos_id = eos_id;
-    ds->length_bucket = 1;
-    ds->cursor = (DataCursor){.seed = seed, .epoch = 0, .position = 0};
+    *ds = (Dataset){.tf = tf, .dir = dir, .max_len = max_len, .batch_tokens = batch_tokens, .dp_rank = dp_rank,
+                    .dp_size = dp_size, .pad_id = pad_id, .bos_id = bos_id, .eos_id = eos_id, .plan_epoch = -1,
+                    .length_bucket = 1, .cursor = (DataCursor){.seed = seed, .epoch = 0, .position = 0}};
 
     /* Usable pairs: both sides 1..max_len-1 pieces. A side over the limit
      * counts as too long; an empty side (the corpus step drops those) is

@@ -32,14 +32,8 @@ int mesh_init(Mesh *m, int world, int rank, int tp, int dp, int pp, char *err, s
         tp_error_set(err, err_len, "rank %d is outside the world of size %d", rank, world);
         return -1;
     }
-    m->world = world;
-    m->rank = rank;
-    m->tp = tp;
-    m->dp = dp;
-    m->pp = pp;
-    m->tp_rank = rank % tp;
-    m->dp_rank = (rank / tp) % dp;
-    m->pp_rank = rank / (tp * dp);
+    *m = (Mesh){.world = world, .rank = rank, .tp = tp, .dp = dp, .pp = pp,
+                .tp_rank = rank % tp, .dp_rank = (rank / tp) % dp, .pp_rank = rank / (tp * dp)};
     return 0;
 }
 

@@ -159,6 +159,25 @@ static void add_shard_meta(StWriter *w, const Runtime *rt, const char *kind, con
     st_writer_meta(w, "tensors", tensors_json);
 }
 
+/* Adds the whole moments of the tensors dealt to this dp rank (tensor i
+ * goes to rank i % dp) to w, from the host views om, ov; the names live in
+ * *names until the file is written (caller frees). */
+static void opt_moments_add(StWriter *w, const ParamTable *tab, const Mesh *me, const float *om, const float *ov,
+                            char **names_out) {
+    char (*names)[112] = TP_MALLOC((size_t)(2 * tab->n + 1) * sizeof *names);
+    int k = 0;
+    for (int i = 0; i < tab->n; i++) {
+        if (i % me->dp != me->dp_rank) continue;
+        const ParamInfo *p = &tab->t[i];
+        int64_t shape[2] = {p->local[0], p->local[1]};
+        snprintf(names[k], sizeof names[k], "exp_avg.%s", p->name);
+        st_writer_add(w, names[k++], ST_F32, p->ndim, shape, om + p->offset);
+        snprintf(names[k], sizeof names[k], "exp_avg_sq.%s", p->name);
+        st_writer_add(w, names[k++], ST_F32, p->ndim, shape, ov + p->offset);
+    }
+    *names_out = (char *)names;
+}
+
 static int write_shards(const char *tmp, const Runtime *rt, const Model *m, const AdamW *opt, char *err,
                         size_t err_len) {
     const Mesh *me = &rt->mesh;
@@ -183,32 +202,12 @@ static int write_shards(const char *tmp, const Runtime *rt, const Model *m, cons
         st_writer_free(w);
         ckpt_fault_point("after a model shard");
     }
-    if (rc == 0 && opt->sharded) {  // ZeRO: this rank's pieces, as they lie
+    if (rc == 0) {  // ZeRO: this rank's pieces, as they lie; else the whole moments dealt to it
         StWriter *w = st_writer_new();
         add_shard_meta(w, rt, "tptrain-checkpoint-optim", meta);
         char *names = NULL;
-        opt_pieces_add(w, &m->tab, opt, om, ov, &names);
-        pathf(path, sizeof path, "%s/optim-tp%d-pp%d-dp%d.safetensors", tmp, me->tp_rank, me->pp_rank,
-                 me->dp_rank);
-        ckpt_fault_point("before an optimizer shard");
-        rc = st_writer_write(w, path, err, err_len);
-        st_writer_free(w);
-        free(names);
-        ckpt_fault_point("after an optimizer shard");
-    } else if (rc == 0) {
-        StWriter *w = st_writer_new();
-        add_shard_meta(w, rt, "tptrain-checkpoint-optim", meta);
-        char (*names)[112] = TP_MALLOC((size_t)(2 * m->tab.n + 1) * sizeof *names);
-        int k = 0;
-        for (int i = 0; i < m->tab.n; i++) {
-            if (i % me->dp != me->dp_rank) continue;
-            const ParamInfo *p = &m->tab.t[i];
-            int64_t shape[2] = {p->local[0], p->local[1]};
-            snprintf(names[k], sizeof names[k], "exp_avg.%s", p->name);
-            st_writer_add(w, names[k++], ST_F32, p->ndim, shape, om + p->offset);
-            snprintf(names[k], sizeof names[k], "exp_avg_sq.%s", p->name);
-            st_writer_add(w, names[k++], ST_F32, p->ndim, shape, ov + p->offset);
-        }
+        if (opt->sharded) opt_pieces_add(w, &m->tab, opt, om, ov, &names);
+        else opt_moments_add(w, &m->tab, me, om, ov, &names);
         pathf(path, sizeof path, "%s/optim-tp%d-pp%d-dp%d.safetensors", tmp, me->tp_rank, me->pp_rank,
                  me->dp_rank);
         ckpt_fault_point("before an optimizer shard");
@@ -1069,10 +1068,8 @@ done:
     return rc;
 }
 
-/* Streams dir/NAME (a regular file: a FIFO or device is refused at open)
- * through CRC-32C in constant memory and compares size and CRC with the
- * manifest entry e (named NAME). */
-static int verify_entry(const char *dir, const cJSON *e, char *err, size_t err_len) {
+int ckpt_manifest_entry(const struct cJSON *e, const char *dir, double *n_bytes, const char **crc, char *err,
+                        size_t err_len) {
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(e, "bytes");
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "crc32c");
     if (!cJSON_IsNumber(b) || !cJSON_IsString(c)) {
@@ -1080,6 +1077,18 @@ static int verify_entry(const char *dir, const cJSON *e, char *err, size_t err_l
                      e->string);
         return -1;
     }
+    *n_bytes = b->valuedouble;
+    *crc = c->valuestring;
+    return 0;
+}
+
+/* Streams dir/NAME (a regular file: a FIFO or device is refused at open)
+ * through CRC-32C in constant memory and compares size and CRC with the
+ * manifest entry e (named NAME). */
+static int verify_entry(const char *dir, const cJSON *e, char *err, size_t err_len) {
+    double want_bytes;
+    const char *want_crc;
+    if (ckpt_manifest_entry(e, dir, &want_bytes, &want_crc, err, err_len)) return -1;
     char path[4096], why[1024];
     pathf(path, sizeof path, "%s/%s", dir, e->string);
     int fd = tp_open_regular(path, NULL, why, sizeof why);
@@ -1105,15 +1114,15 @@ static int verify_entry(const char *dir, const cJSON *e, char *err, size_t err_l
         tp_error_set(err, err_len, "%s: read error (%s)", path, strerror(bad_read));
         return -1;
     }
-    if ((double)n_bytes != b->valuedouble) {
+    if ((double)n_bytes != want_bytes) {
         tp_error_set(err, err_len, "%s: %zu bytes, the manifest says %.0f (truncated or replaced)", path, n_bytes,
-                     b->valuedouble);
+                     want_bytes);
         return -1;
     }
     char have[16];
     snprintf(have, sizeof have, "%08x", crc);
-    if (strcmp(have, c->valuestring) != 0) {
-        tp_error_set(err, err_len, "%s: CRC-32C %s, the manifest says %s (corrupted)", path, have, c->valuestring);
+    if (strcmp(have, want_crc) != 0) {
+        tp_error_set(err, err_len, "%s: CRC-32C %s, the manifest says %s (corrupted)", path, have, want_crc);
         return -1;
     }
     return 0;
@@ -1325,6 +1334,56 @@ static const StFile *saved_file(SavedFiles *sf, int p, int t, int k, char *err, 
     return &sf->f[i];
 }
 
+/* A checkpoint opened for reading (what a load and a verify both start
+ * from): its manifest's figures, the saved stages with their parameter
+ * tables, and the files, read on first use; with_optim counts the
+ * optimizer shards among them. saved_close frees all of it, also after a
+ * failed saved_open. */
+typedef struct {
+    ModelConfig cfg;
+    int tp, dp;
+    TrainState *saved;
+    cJSON *man;
+    ModelStage *st;    // [saved->pp]
+    ParamTable *tabs;  // [saved->pp]
+    SavedFiles sf;
+} SavedCkpt;
+
+static int saved_open(SavedCkpt *c, const char *dir, bool with_optim, char *err, size_t err_len) {
+    char path[4096], why[512];
+    memset(c, 0, sizeof *c);
+    c->saved = TP_MALLOC(sizeof *c->saved);
+    if (ckpt_read_manifest(dir, &c->cfg, &c->tp, &c->dp, NULL, NULL, c->saved, err, err_len)) return -1;
+    c->man = load_manifest(dir, path, sizeof path, err, err_len);
+    if (!c->man) return -1;
+    const int pp = c->saved->pp;
+    c->st = TP_MALLOC((size_t)pp * sizeof *c->st);
+    TP_CHECK(model_stages_make(&c->cfg, pp, c->saved->pp_layout, c->st, why, sizeof why) == 0, "%s", why);
+    c->tabs = TP_CALLOC((size_t)pp, sizeof *c->tabs);
+    for (int p = 0; p < pp; p++) param_table_build_stage(&c->cfg, c->tp, &c->st[p], &c->tabs[p]);
+    const int per = 1 + (with_optim ? c->dp : 0), n_files = pp * c->tp * per;
+    c->sf = (SavedFiles){.dir = dir, .files = cJSON_GetObjectItemCaseSensitive(c->man, "files"), .tp = c->tp,
+                         .dp = c->dp, .pp = pp, .per = per, .tabs = c->tabs,
+                         .f = TP_CALLOC((size_t)n_files, sizeof *c->sf.f),
+                         .loaded = TP_CALLOC((size_t)n_files, sizeof *c->sf.loaded),
+                         .path = TP_CALLOC((size_t)n_files, sizeof *c->sf.path)};
+    return 0;
+}
+
+static void saved_close(SavedCkpt *c) {
+    SavedFiles *sf = &c->sf;
+    for (int i = 0; sf->loaded && i < sf->pp * sf->tp * sf->per; i++)
+        if (sf->loaded[i]) st_free(&sf->f[i]);
+    free(sf->f);
+    free(sf->loaded);
+    free(sf->path);
+    for (int p = 0; c->tabs && p < c->saved->pp; p++) param_table_free(&c->tabs[p]);
+    free(c->tabs);
+    free(c->st);
+    free(c->saved);
+    cJSON_Delete(c->man);
+}
+
 /* Reads the saved tensor (kind 0: weights, 1: exp_avg, 2: exp_avg_sq) of
  * saved stage p's tensor i, every tp shard of it that is needed, into whole
  * (global layout): in the same tp layout only this rank's shard, otherwise
@@ -1358,38 +1417,23 @@ static int read_saved(SavedFiles *sf, int p, int i, int kind, bool pieces, int m
 }
 
 int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) {
-    ModelConfig cfg;
-    int old_tp, old_dp;
     char path[4096], why[512];
-    TrainState *saved = TP_MALLOC(sizeof *saved);
-    cJSON *man = NULL;
-    ModelStage *old_st = NULL;
-    ParamTable *old = NULL;
-    SavedFiles sf = {0};
+    SavedCkpt c;
     int rc = -1;
-    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, saved, err, err_len)) goto done;
-    const bool pieces = saved->zero_stage > 0;
+    if (saved_open(&c, dir, opt != NULL, err, err_len)) goto done;
     pathf(path, sizeof path, "%s/manifest.json", dir);
-    if (config_diff(&cfg, "the checkpoint", &m->cfg, "this run", why, sizeof why)) {
+    if (config_diff(&c.cfg, "the checkpoint", &m->cfg, "this run", why, sizeof why)) {
         tp_error_set(err, err_len, "%s: the checkpoint's model differs from this run's: %s", path, why);
         goto done;
     }
-    man = load_manifest(dir, path, sizeof path, err, err_len);
-    if (!man) goto done;
-    const int old_pp = saved->pp;
-    old_st = TP_MALLOC((size_t)old_pp * sizeof *old_st);
-    TP_CHECK(model_stages_make(&cfg, old_pp, saved->pp_layout, old_st, why, sizeof why) == 0, "%s", why);
-    old = TP_CALLOC((size_t)old_pp, sizeof *old);
-    for (int p = 0; p < old_pp; p++) param_table_build_stage(&cfg, old_tp, &old_st[p], &old[p]);
+    const bool pieces = c.saved->zero_stage > 0;
+    const int old_pp = c.saved->pp, old_tp = c.tp;
+    const ModelStage *old_st = c.st;
+    const ParamTable *old = c.tabs;
     /* A rank reads only the files it needs: of the saved stages holding its
      * tensors (its own stage first, when the layout is the same), and in
      * the same tp layout only its own tp rank's shards; another tp layout
      * reads every shard and re-cuts. */
-    const int per = 1 + (opt ? old_dp : 0), n_files = old_pp * old_tp * per;
-    sf = (SavedFiles){.dir = dir, .files = cJSON_GetObjectItemCaseSensitive(man, "files"), .tp = old_tp,
-                      .dp = old_dp, .pp = old_pp, .per = per, .tabs = old, .f = TP_CALLOC((size_t)n_files, sizeof *sf.f),
-                      .loaded = TP_CALLOC((size_t)n_files, sizeof *sf.loaded),
-                      .path = TP_CALLOC((size_t)n_files, sizeof *sf.path)};
     const int my_tp = old_tp == m->tp.size ? m->tp.rank : -1;
     int own = -1;  // the saved stage equal to this model's, if any
     for (int p = 0; p < old_pp && own < 0; p++)
@@ -1416,7 +1460,7 @@ int ckpt_load(const char *dir, Model *m, AdamW *opt, char *err, size_t err_len) 
         TP_CHECK(op, "tensor '%s' is on none of the saved stages", np->name);
         const int i = (int)(op - old[p].t);
         for (int kind = 0; kind < (opt ? 3 : 1); kind++) {  // 0: weights, 1: exp_avg, 2: exp_avg_sq
-            if (read_saved(&sf, p, i, kind, pieces, my_tp, whole, loc, err, err_len)) goto unstage;
+            if (read_saved(&c.sf, p, i, kind, pieces, my_tp, whole, loc, err, err_len)) goto unstage;
             if (kind == 0) {
                 shard_extract(np, m->tp.rank, whole, stage[0] + np->offset);
             } else {
@@ -1438,22 +1482,14 @@ unstage:
     backend_recast_weights(m->be);
     if (!staged_ok) goto done;
     if (opt) {
+        ModelConfig cfg;
         int t;
         if (ckpt_read_manifest(dir, &cfg, NULL, NULL, NULL, &t, NULL, err, err_len)) goto done;
         opt->t = t;
     }
     rc = 0;
 done:
-    for (int i = 0; sf.loaded && i < sf.pp * sf.tp * sf.per; i++)
-        if (sf.loaded[i]) st_free(&sf.f[i]);
-    free(sf.f);
-    free(sf.loaded);
-    free(sf.path);
-    for (int p = 0; old && p < saved->pp; p++) param_table_free(&old[p]);
-    free(old);
-    free(old_st);
-    free(saved);
-    cJSON_Delete(man);
+    saved_close(&c);
     return rc;
 }
 
@@ -1502,56 +1538,29 @@ static void release_shards(SavedFiles *sf, int p, int t) {
 }
 
 int ckpt_verify(const char *dir, int what, char *err, size_t err_len) {
-    ModelConfig cfg;
-    int old_tp, old_dp;
-    char path[4096], why[512];
-    TrainState *saved = TP_MALLOC(sizeof *saved);
-    cJSON *man = NULL;
-    ModelStage *st = NULL;
-    ParamTable *tabs = NULL;
-    SavedFiles sf = {0};
+    SavedCkpt c;
     float *loc = NULL;
     int rc = -1;
-    if (ckpt_read_manifest(dir, &cfg, &old_tp, &old_dp, NULL, NULL, saved, err, err_len)) goto done;
-    man = load_manifest(dir, path, sizeof path, err, err_len);
-    if (!man) goto done;
-    const int pp = saved->pp;
-    st = TP_MALLOC((size_t)pp * sizeof *st);
-    TP_CHECK(model_stages_make(&cfg, pp, saved->pp_layout, st, why, sizeof why) == 0, "%s", why);
-    tabs = TP_CALLOC((size_t)pp, sizeof *tabs);
+    if (saved_open(&c, dir, true, err, err_len)) goto done;
     size_t max_local = 1;
-    for (int p = 0; p < pp; p++) {
-        param_table_build_stage(&cfg, old_tp, &st[p], &tabs[p]);
-        for (int i = 0; i < tabs[p].n; i++) max_local = tabs[p].t[i].n_elems > max_local ? tabs[p].t[i].n_elems : max_local;
-    }
-    const int per = 1 + old_dp, n_files = pp * old_tp * per;
-    sf = (SavedFiles){.dir = dir, .files = cJSON_GetObjectItemCaseSensitive(man, "files"), .tp = old_tp,
-                      .dp = old_dp, .pp = pp, .per = per, .tabs = tabs, .f = TP_CALLOC((size_t)n_files, sizeof *sf.f),
-                      .loaded = TP_CALLOC((size_t)n_files, sizeof *sf.loaded),
-                      .path = TP_CALLOC((size_t)n_files, sizeof *sf.path)};
+    for (int p = 0; p < c.saved->pp; p++)
+        for (int i = 0; i < c.tabs[p].n; i++)
+            max_local = c.tabs[p].t[i].n_elems > max_local ? c.tabs[p].t[i].n_elems : max_local;
     loc = TP_MALLOC(max_local * sizeof(float));
-    for (int p = 0; p < pp; p++)
-        for (int t = 0; t < old_tp; t++) {
-            if ((what & CKPT_VERIFY_MODEL) && verify_model_shard(&sf, p, t, err, err_len)) goto done;
+    for (int p = 0; p < c.saved->pp; p++)
+        for (int t = 0; t < c.tp; t++) {
+            if ((what & CKPT_VERIFY_MODEL) && verify_model_shard(&c.sf, p, t, err, err_len)) goto done;
             if ((what & CKPT_VERIFY_OPTIM) &&
-                verify_optim_shards(&sf, p, t, saved->zero_stage > 0, loc, err, err_len))
+                verify_optim_shards(&c.sf, p, t, c.saved->zero_stage > 0, loc, err, err_len))
                 goto done;
-            release_shards(&sf, p, t);
+            release_shards(&c.sf, p, t);
         }
-    if ((what & CKPT_VERIFY_MODEL) && saved->corpus && ckpt_verify_file(dir, sf.files, "spm.model", err, err_len))
+    if ((what & CKPT_VERIFY_MODEL) && c.saved->corpus &&
+        ckpt_verify_file(dir, c.sf.files, "spm.model", err, err_len))
         goto done;
     rc = 0;
 done:
-    for (int i = 0; sf.loaded && i < sf.pp * sf.tp * sf.per; i++)
-        if (sf.loaded[i]) st_free(&sf.f[i]);
-    free(sf.f);
-    free(sf.loaded);
-    free(sf.path);
     free(loc);
-    for (int p = 0; tabs && p < saved->pp; p++) param_table_free(&tabs[p]);
-    free(tabs);
-    free(st);
-    free(saved);
-    cJSON_Delete(man);
+    saved_close(&c);
     return rc;
 }

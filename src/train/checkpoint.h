@@ -106,6 +106,11 @@ int ckpt_read_manifest(const char *ckpt_dir, ModelConfig *cfg, int *tp, int *dp,
 /* The verified manifest as JSON (checksum, format and version checked; the
  * caller frees it with cJSON_Delete), or NULL + err. */
 struct cJSON *ckpt_manifest(const char *ckpt_dir, char *err, size_t err_len);
+/* The size and CRC-32C (8 hex digits) of the manifest's entry e (an item of
+ * its "files", named by e->string) of checkpoint dir; 0, or -1 with one
+ * sentence in err when the entry lacks either. */
+int ckpt_manifest_entry(const struct cJSON *e, const char *dir, double *n_bytes, const char **crc, char *err,
+                        size_t err_len);
 
 /* 0 when the checkpoint's tokenizer (spm.model as the manifest records it)
  * has the same bytes as spm_path, else -1 with one sentence. */
