@@ -10,12 +10,8 @@ set -uo pipefail
 build=$(cd "$1" && pwd)
 script=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
 readme=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work" || exit 1
-fails=0
-ok() { echo "ok   $*"; }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
+. "$(dirname "$0")/lib.sh"
+enter_workdir
 tm=$build/train_mt
 
 # ---- --help: groups in order, every flag listed once ----

@@ -11,16 +11,10 @@
 #include "cpu_ops.h"
 #include "err.h"
 
-void cpu_residual_ln_fwd(float *res_out,       // (N, C)
-                         float *y,             // (N, C) LayerNorm(res_out)
-                         float *mean,          // (N)
-                         float *rstd,          // (N)
-                         const float *res_in,  // (N, C)
-                         const float *branch,  // (N, C)
-                         const float *bias,    // (C) or NULL
-                         const float *gamma,   // (C)
-                         const float *beta,    // (C)
-                         int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream) {
+/* Shapes and aliasing: the op's entry in kernels/ops_list.h. */
+void cpu_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, const float *res_in, const float *branch,
+                         const float *bias, const float *gamma, const float *beta, int N, int C, float eps,
+                         uint64_t first, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(N >= 0 && C >= 0, "op_residual_ln_fwd: N = %d, C = %d must not be negative", N, C);
     const size_t n_elems = (size_t)N * C;
     TP_CHECK(n_elems == 0 || (y != res_in && y != branch && y != res_out),
@@ -32,17 +26,9 @@ void cpu_residual_ln_fwd(float *res_out,       // (N, C)
     cpu_layernorm_fwd(y, mean, rstd, res_out, gamma, beta, N, C, eps);
 }
 
-void cpu_residual_ln_bwd(float *d_res,         // (N, C) accumulated
-                         float *d_branch,      // (N, C) written
-                         float *dgamma,        // (C) accumulated
-                         float *dbeta,         // (C) accumulated
-                         float *d_bias,        // (C) accumulated, or NULL
-                         const float *dy,      // (N, C)
-                         const float *x,       // (N, C) the LayerNorm's input (res_out of the forward)
-                         const float *mean,    // (N)
-                         const float *rstd,    // (N)
-                         const float *gamma,   // (C)
-                         int N, int C, uint64_t first, float p, uint64_t seed, uint64_t stream) {
+void cpu_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias, const float *dy,
+                         const float *x, const float *mean, const float *rstd, const float *gamma, int N, int C,
+                         uint64_t first, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(N >= 0 && C >= 0, "op_residual_ln_bwd: N = %d, C = %d must not be negative", N, C);
     const size_t n_elems = (size_t)N * C;
     TP_CHECK(n_elems == 0 || (d_branch != dy && d_branch != d_res),

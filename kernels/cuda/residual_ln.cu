@@ -99,16 +99,9 @@ __device__ __forceinline__ void rln_fwd_residual(const RlnDrop &d, float *ro, co
 }
 
 template <bool VEC>
-__global__ void residual_ln_fwd_kernel(float *res_out,       // (N, C)
-                                       float *y,             // (N, C)
-                                       float *mean,          // (N)
-                                       float *rstd,          // (N)
-                                       const float *res_in,  // (N, C)
-                                       const float *branch,  // (N, C)
-                                       const float *bias,    // (C) or NULL
-                                       const float *gamma,   // (C)
-                                       const float *beta,    // (C)
-                                       int N, int C, float eps, RlnDrop d) {
+__global__ void residual_ln_fwd_kernel(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+                                       const float *branch, const float *bias, const float *gamma, const float *beta,
+                                       int N, int C, float eps, RlnDrop d) {  // shapes: ops_list.h
     const int lane = threadIdx.x % TP_WARP;
     for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * RLN_ROWS_PER_BLOCK) {

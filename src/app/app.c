@@ -1,10 +1,21 @@
 /* app.c: the helpers src/app/ shares (see app.h). */
 #include "app/app.h"
 
+#include <stdio.h>
+
 #include "err.h"
+#include "train/device.h"
 
 void app_default_dtype(TrainArgs *a) {
     if (!a->dtype_given) a->dtype = device_is_gpu(a->device) ? DTYPE_BF16 : DTYPE_F32;
+}
+
+Backend *app_backend_open(TrainArgs *a) {
+    char err[1024];
+    app_default_dtype(a);
+    Backend *be = rank_backend_create(a->device, a->dtype, err, sizeof err);
+    if (!be) fprintf(stderr, "train_mt: %s\n", err);
+    return be;
 }
 
 void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }

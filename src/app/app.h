@@ -14,6 +14,10 @@
 /* --dtype when not given: bf16 on a GPU, fp32 on a CPU. */
 void app_default_dtype(TrainArgs *a);
 
+/* This rank's backend for --device and --dtype (the default dtype set
+ * first), or NULL after printing why. */
+Backend *app_backend_open(TrainArgs *a);
+
 /* A control collective that failed ends the run with the communicator's reason. */
 void comm_ok(int rc, const Comm *c);
 

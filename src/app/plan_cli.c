@@ -192,12 +192,7 @@ typedef struct {
 static int plan_open(Plan *p) {
     TrainArgs *a = p->a;
     char err[1024];
-    app_default_dtype(a);
-    p->be = rank_backend_create(a->device, a->dtype, err, sizeof err);
-    if (!p->be) {
-        fprintf(stderr, "train_mt: %s\n", err);
-        return 2;
-    }
+    if (!(p->be = app_backend_open(a))) return 2;
     p->world = env_int("WORLD_SIZE", 1), p->local_world = env_int("LOCAL_WORLD_SIZE", p->world);
     RuntimeOptions ro = {.tp = 1, .dp = 0, .pp = 1, .n_heads = a->cfg.n_heads, .d_ff = a->cfg.d_ff,
                          .timeout_s = a->comm_timeout, .comm = RUNTIME_COMM_SHM};

@@ -33,12 +33,7 @@
 static int run_open_device(Run *r) {
     TrainArgs *a = r->a;
     char err[1024];
-    app_default_dtype(a);
-    r->be = rank_backend_create(a->device, a->dtype, err, sizeof err);
-    if (!r->be) {
-        fprintf(stderr, "train_mt: %s\n", err);
-        return 2;
-    }
+    if (!(r->be = app_backend_open(a))) return 2;
     /* The stages first: an impossible --pp or --pp-layout is refused before any rank meets. */
     if (model_stages_make(&a->cfg, a->pp, a->pp_layout, r->stages, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);

@@ -139,21 +139,24 @@ static void help_flag(FILE *out, const Flag *f, const void *defaults) {
     wrap(out, text, HELP_COL);
 }
 
+static const char *group_of(const Flag *f) { return f->group ? f->group : "Options"; }
+
+/* Whether entry i is the first of its group: groups are shown in the order
+ * they first appear, each with all its flags wherever they stand. */
+static bool group_first(const FlagTable *t, int i) {
+    for (int k = 0; k < i; k++)
+        if (strcmp(group_of(&t->flags[k]), group_of(&t->flags[i])) == 0) return false;
+    return true;
+}
+
 void flags_help(FILE *f, const FlagTable *t, const void *defaults) {
     fputs(t->usage, f);
-    const char *done[FLAGS_MAX];
-    int n_done = 0;
     for (int i = 0; i < t->n; i++) {
-        const char *g = t->flags[i].group ? t->flags[i].group : "Options";
-        bool seen = false;
-        for (int k = 0; k < n_done; k++) seen = seen || strcmp(done[k], g) == 0;
-        if (seen || n_done == FLAGS_MAX) continue;
-        done[n_done++] = g;
+        if (!group_first(t, i)) continue;
+        const char *g = group_of(&t->flags[i]);
         fprintf(f, "%s:\n", g);
-        for (int k = i; k < t->n; k++) {
-            const char *gk = t->flags[k].group ? t->flags[k].group : "Options";
-            if (strcmp(gk, g) == 0) help_flag(f, &t->flags[k], defaults);
-        }
+        for (int k = i; k < t->n; k++)
+            if (strcmp(group_of(&t->flags[k]), g) == 0) help_flag(f, &t->flags[k], defaults);
     }
     fprintf(f, "  --help                 this text\n");
     if (t->epilog) fputs(t->epilog, f);
@@ -161,18 +164,13 @@ void flags_help(FILE *f, const FlagTable *t, const void *defaults) {
 
 void flags_echo(FILE *f, const FlagTable *t, const void *args) {
     fprintf(f, "%s: configuration\n", t->prog);
-    const char *done[FLAGS_MAX];
-    int n_done = 0;
     for (int i = 0; i < t->n; i++) {
-        const char *g = t->flags[i].group ? t->flags[i].group : "Options";
-        bool seen = false;
-        for (int k = 0; k < n_done; k++) seen = seen || strcmp(done[k], g) == 0;
-        if (seen || n_done == FLAGS_MAX) continue;
-        done[n_done++] = g;
+        if (!group_first(t, i)) continue;
+        const char *g = group_of(&t->flags[i]);
         int shown = 0;
         for (int k = i; k < t->n; k++) {
             const Flag *fk = &t->flags[k];
-            if (strcmp(fk->group ? fk->group : "Options", g) != 0) continue;
+            if (strcmp(group_of(fk), g) != 0) continue;
             char v[512];
             flags_value_text(fk, args, v, sizeof v);
             if (!is_set(fk, v)) continue;

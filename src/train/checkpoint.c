@@ -223,15 +223,21 @@ static int write_shards(const char *tmp, const Runtime *rt, const Model *m, cons
     return rc;
 }
 
+/* A file's size and CRC-32C (as the manifest writes it: 8 hex digits). 0, or -1 with err set. */
+static int file_crc(const char *path, size_t *n, char crc[16], char *err, size_t err_len) {
+    uint8_t *bytes = read_file_bytes(path, n, err, err_len);
+    if (!bytes) return -1;
+    snprintf(crc, 16, "%08x", crc32c(0, bytes, *n));
+    free(bytes);
+    return 0;
+}
+
 static cJSON *file_entry(const char *dir, const char *name, char *err, size_t err_len) {
     char path[4096];
     pathf(path, sizeof path, "%s/%s", dir, name);
     size_t n = 0;
-    uint8_t *bytes = read_file_bytes(path, &n, err, err_len);
-    if (!bytes) return NULL;
     char crc[16];
-    snprintf(crc, sizeof crc, "%08x", crc32c(0, bytes, n));
-    free(bytes);
+    if (file_crc(path, &n, crc, err, err_len)) return NULL;
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "bytes", (double)n);
     cJSON_AddStringToObject(e, "crc32c", crc);
@@ -1154,11 +1160,8 @@ int ckpt_check_tokenizer(const char *dir, const char *spm_path, char *err, size_
     /* the checkpoint's own copy, as a load checks every file it relies on */
     if (verify_entry(dir, e, err, err_len)) goto done;
     size_t n = 0;
-    uint8_t *mine = read_file_bytes(spm_path, &n, err, err_len);
-    if (!mine) goto done;
     char have[16];
-    snprintf(have, sizeof have, "%08x", crc32c(0, mine, n));
-    free(mine);
+    if (file_crc(spm_path, &n, have, err, err_len)) goto done;
     if ((double)n != bytes->valuedouble || strcmp(have, crc->valuestring) != 0) {
         tp_error_set(err, err_len,
                      "%s was trained with another tokenizer: its spm.model (%.0f bytes, crc32c %s) is not %s (%zu "
