@@ -12,7 +12,8 @@
 #      other weights), the loss equal to the single rank's (LOSS_RTOL, as
 #      test_parallel.sh);
 #   3. --resume from step 5 continues the same schedule (the checkpoint
-#      carries the time spent): steps 6-10 bit for bit; a resume of the
+#      carries the time spent; ckpt inspect shows it): steps 6-10 bit for
+#      bit; a resume of the
 #      spent run trains nothing; a damaged clock is refused naming its field;
 #   4. --max-steps 6 ends first: the cosine follows the steps to 0 at step 6.
 # Usage: test_lr_horizon.sh BUILD_DIR
@@ -83,6 +84,9 @@ PY
 grep -q -- "--max-minutes 1 already spent (1.0 minutes trained up to step 10): nothing to train" r4.log ||
   fail "spent: $(cat r4.log)"
 if grep -q "^step " r4.log; then fail "spent: a step was trained"; fi
+"$build/ckpt" inspect ck/step_00000005 > inspect.log || fail "ckpt inspect: $(cat inspect.log)"
+grep -q "^clock      30.0 s of training (--max-minutes), the last step 6.000 s; warm-up over" inspect.log ||
+  fail "ckpt inspect: no clock line: $(cat inspect.log)"
 cp -r ck/step_00000005 bad
 sed -i 's/"train_seconds":\t30/"train_seconds":\t-30/' bad/manifest.json
 /usr/bin/python3 "$here/manifest_seal.py" reseal bad/manifest.json

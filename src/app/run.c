@@ -289,7 +289,9 @@ static void run_log(Run *r, int step, float loss, float lr, float gnorm) {
     if (r->tty) {
         double per_step = (t - r->clock.t_start - r->clock.t_eval) / step;
         char eta[32];
-        fmt_duration(eta, sizeof eta, per_step * (r->total - step));
+        double left = per_step * (r->total - step);
+        if (r->hz.budget_s > 0.0 && r->hz.budget_s - r->hz.train_s < left) left = r->hz.budget_s - r->hz.train_s;
+        fmt_duration(eta, sizeof eta, left > 0.0 ? left : 0.0);
         printf("\r\033[K%d/%d | loss %.4f | %.0f tok/s | ETA %s", step, r->total, loss,
                r->tok_window / (t - r->t_window > 1e-9 ? t - r->t_window : 1e-9), eta);
         fflush(stdout);
