@@ -13,8 +13,8 @@
 #      test_parallel.sh);
 #   3. --resume from step 5 continues the same schedule (the checkpoint
 #      carries the time spent; ckpt inspect shows it): steps 6-10 bit for
-#      bit; a resume of the
-#      spent run trains nothing; a damaged clock is refused naming its field;
+#      bit; a resume of the spent run trains nothing; a damaged clock is
+#      refused naming its field;
 #   4. --max-steps 6 ends first: the cosine follows the steps to 0 at step 6.
 # Usage: test_lr_horizon.sh BUILD_DIR
 set -euo pipefail
