@@ -55,8 +55,9 @@ static const FlagTable CKPT_TABLE = {
              "       ckpt average OUT CKPT1 CKPT2 ...\n"
              "  PATH     a checkpoint directory (step_N, with manifest.json) or a folder of checkpoints\n"
              "           (train_mt --save DIR: its latest, or else its newest complete step)\n"
-             "  inspect  prints step, model, saved layout, data cursor, optimizer and every file, then\n"
-             "           checks each file's size and CRC-32C against the manifest (exit 1 on a problem)\n"
+             "  inspect  prints step, model, saved layout, data cursor, optimizer, a --max-minutes run's\n"
+             "           clock and every file, then checks each file's size and CRC-32C against the\n"
+             "           manifest (exit 1 on a problem)\n"
              "  export   assembles the whole model from any layout and writes OUT_DIR/config.json,\n"
              "           model.safetensors and spm.model (the tokenizer, when the run trained on a corpus),\n"
              "           the format of docs/model-and-export.md; a damaged optimizer shard (which the export\n"
@@ -147,6 +148,9 @@ static int cmd_inspect(const char *arg) {
                (unsigned long long)st.seed);
     printf("optimizer  adamw: lr %g, warmup %d, betas (%g, %g), eps %g, weight decay %g, clip norm %g; t %d\n", oc.lr,
            oc.warmup, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, oc.clip_norm, adam_t);
+    if (st.has_clock)
+        printf("clock      %.1f s of training (--max-minutes), the last step %.3f s; warm-up %s\n", st.train_s,
+               st.step_s, st.warmup_end_s >= 0.0 ? "over" : "not over");
     if (st.zero_stage > 0)
         printf("           state saved as ZeRO-%d pieces (buckets of %llu elements), each dp rank its own\n",
                st.zero_stage, (unsigned long long)st.zero_bucket_elems);

@@ -3,7 +3,8 @@
  * formulas as the paper and the documentation state them), plus the
  * shape facts a run relies on: the warmup ramp, the peak at the end of the
  * warmup, cosine reaching 0 exactly at the run's last step and staying
- * there, and the flag names round-tripping. */
+ * there, the time horizon of --max-minutes (whichever of steps and time
+ * ends first), and the flag names round-tripping. */
 #include <math.h>
 #include <string.h>
 #include "check.h"
@@ -50,6 +51,21 @@ int main(void) {
     c.warmup = 300;
     c.decay_steps = 100;  // a run shorter than its warmup never leaves the ramp
     CHECK_CLOSE(lr_at(&c, 50), c.lr / 6.0, LR_RTOL, 0.0, "cosine in a run shorter than its warmup");
+
+    /* The time horizon (--max-minutes): the cosine follows whichever of the
+     * step and time fractions is further on; the warmup and inv-sqrt ignore it. */
+    c.warmup = 200;
+    c.decay_steps = 1500;
+    CHECK(lr_at_frac(&c, 850, -1.0) == lr_at(&c, 850), "no horizon: lr_at");
+    CHECK(lr_at_frac(&c, 850, 0.1) == lr_at(&c, 850), "steps further on than the time: the steps' cosine");
+    CHECK_CLOSE(lr_at_frac(&c, 300, 0.5), c.lr * 0.5, LR_RTOL, 0.0, "time further on: half the peak midway");
+    CHECK_CLOSE(lr_at_frac(&c, 300, 0.25), cosine_ref(c.lr, 0, 4, 1), LR_RTOL, 0.0, "the time's cosine");
+    CHECK(lr_at_frac(&c, 300, 1.0) == 0.0f && lr_at_frac(&c, 300, 7.0) == 0.0f, "0 once the time is spent");
+    CHECK(lr_at_frac(&c, 100, 0.9) == lr_at(&c, 100), "the warmup stays in steps");
+    c.decay_steps = 100;  // a step count inside the warmup: the time alone decays after it
+    CHECK_CLOSE(lr_at_frac(&c, 250, 0.5), c.lr * 0.5, LR_RTOL, 0.0, "time horizon after a short step count");
+    c.schedule = LR_INV_SQRT;
+    CHECK(lr_at_frac(&c, 800, 0.99) == lr_at(&c, 800), "inv-sqrt has no horizon");
 
     LrSchedule s;
     CHECK(lr_schedule_parse("cosine", &s) == 0 && s == LR_COSINE, "parse cosine");

@@ -204,7 +204,8 @@ static const Flag TRAIN_FLAGS[] = {
      .help = "linear warmup steps"},
     {CHOICE_("lr-schedule", "Training", "inv-sqrt|cosine", SCHED_VALUES, opt.schedule), .metavar = "S",
      .dflt_note = PRESET_NOTE,
-     .help = "after the warmup: inv-sqrt (lr * sqrt(warmup / step)) or cosine (to 0 at the last step)"},
+     .help = "after the warmup: inv-sqrt (lr * sqrt(warmup / step)) or cosine (to 0 at the last step, or when "
+             "--max-minutes runs out if that comes first)"},
     {REAL_("weight-decay", "Training", "W", opt.weight_decay, 0.0, 100.0, PARSE_CLOSED), .help = "AdamW weight decay"},
     {REAL_("clip-grad", "Training", "C", opt.clip_norm, 0.0, 1e6, PARSE_CLOSED),
      .help = "clip the global gradient norm to C (0: no clipping)"},
@@ -215,8 +216,10 @@ static const Flag TRAIN_FLAGS[] = {
      .help = "length of the run in steps (or --epochs)"},
     {INT_("epochs", "Training", "N", epochs, 1, MAX_EPOCHS), .help = "length of the run in passes over the corpus"},
     {REAL_("max-minutes", "Training", "M", max_minutes, 0.0, 1e7, PARSE_LO_OPEN),
-     .help = "end the run at the first log step after M minutes of wall time (its last evaluation, save and export "
-             "as at --max-steps; the schedule is unchanged)"},
+     .help = "end the run after the step that passes M minutes of training time (from the first step, set-up left "
+             "out; a --resume goes on from the time its checkpoint had spent), with its last evaluation, save and "
+             "export as at --max-steps, which still bounds the run; the cosine schedule ends at whichever of the two "
+             "comes first (the warmup stays in steps)"},
     {INT_("seed", "Training", "N", seed, 0, 0x7fffffffL), .dflt = "1", .help = "initialisation, data order, dropout"},
     /* Parallelism */
     {INT_("tp", "Parallelism", "N", tp, 1, 4096),

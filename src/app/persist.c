@@ -19,7 +19,7 @@
 #include "train/preempt.h"
 
 int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int total, int *first_step,
-           char *err, size_t err_len) {
+           TrainState *clock, char *err, size_t err_len) {
     const bool is_auto = strcmp(a->resume, "auto") == 0;
     const char *where = is_auto ? a->save_dir : a->resume;
     char dir[4096];
@@ -69,6 +69,10 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
         src->synth_index = st.synth_index;
     }
     *first_step = (int)st.step + 1;
+    clock->has_clock = st.has_clock;
+    clock->train_s = st.train_s;
+    clock->step_s = st.step_s;
+    clock->warmup_end_s = st.warmup_end_s;
     if (rt->mesh.rank == 0)
         printf("train_mt: resumed from %s: step %lld, saved as tp %d x dp %d x pp %d, loaded as tp %d x dp %d x pp %d "
                "in %.2f s\n", dir, (long long)st.step, old_tp, old_dp, st.pp, rt->mesh.tp, rt->mesh.dp, rt->mesh.pp,
@@ -77,8 +81,9 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
 }
 
 void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, const char *pp_layout,
-          int step) {
+          const Horizon *hz, int step) {
     TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index};
+    horizon_save(hz, &st);
     snprintf(st.pp_layout, sizeof st.pp_layout, "%s", pp_layout);
     if (!a->synthetic) st.cursor = dataset_cursor(&src->train);
     char err[1024];
@@ -196,7 +201,7 @@ int average_report(const TrainArgs *a, Backend *be, Source *src, double top, int
 }
 
 void stop_on_signal(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src,
-                    const char *pp_layout, int step, int saved_step, int sig, int total) {
+                    const char *pp_layout, const Horizon *hz, int step, int saved_step, int sig, int total) {
     const bool lead = rt->mesh.rank == 0;
     if (!a->save_dir) {
         if (lead)
@@ -209,7 +214,7 @@ void stop_on_signal(const TrainArgs *a, const Runtime *rt, const Model *m, const
                total);
         fflush(stdout);
     }
-    if (saved_step != step) save(a, rt, m, opt, src, pp_layout, step);
+    if (saved_step != step) save(a, rt, m, opt, src, pp_layout, hz, step);
     if (lead) {
         printf("train_mt: saved on %s: %s/step_%08d; continue with --resume auto --save %s (exit status %d)\n",
                preempt_signal_name(sig), a->save_dir, step, a->save_dir, TP_EXIT_SAVED_ON_SIGNAL);

@@ -14,18 +14,21 @@
 
 #include "app/args.h"
 #include "app/source.h"
+#include "train/horizon.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
 /* Loads the checkpoint --resume names into this layout and moves the data
  * source to where it stood; *first_step receives the next step to run
- * (untouched when --resume auto finds nothing yet). 0, or -1 with err. */
+ * (untouched when --resume auto finds nothing yet) and *clock the
+ * checkpoint's --max-minutes clock (has_clock 0: none). 0, or -1 with err. */
 int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *src, int total, int *first_step,
-           char *err, size_t err_len);
+           TrainState *clock, char *err, size_t err_len);
 
-/* Writes checkpoint `step` (collective); a failed save ends the run. */
+/* Writes checkpoint `step` with the schedule's clock hz (collective); a
+ * failed save ends the run. */
 void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, const char *pp_layout,
-          int step);
+          const Horizon *hz, int step);
 
 /* Rank 0's record of the kept figure: the best so far, its step, and the
  * evaluations since (what --patience counts). */
@@ -61,6 +64,6 @@ int average_report(const TrainArgs *a, Backend *be, Source *src, double top, int
  * the checkpoint of that step, where it is and how to go on; without
  * --save, a clear word that nothing is saved. Collective. */
 void stop_on_signal(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src,
-                    const char *pp_layout, int step, int saved_step, int sig, int total);
+                    const char *pp_layout, const Horizon *hz, int step, int saved_step, int sig, int total);
 
 #endif

@@ -125,6 +125,19 @@ static int run_build_model(Run *r) {
     return 0;
 }
 
+/* --max-minutes: the schedule's horizon, going on from the clock a resumed
+ * checkpoint carries; a budget it already spent leaves nothing to train. */
+static void run_start_horizon(Run *r, const TrainState *clock) {
+    const TrainArgs *a = r->a;
+    horizon_start(&r->hz, a->max_minutes, a->opt.warmup, r->first_step, clock);
+    if (r->hz.budget_s > 0.0 && r->hz.train_s >= r->hz.budget_s && r->first_step <= r->total) {
+        if (r->lead)
+            printf("train_mt: --max-minutes %g already spent (%.1f minutes trained up to step %d): nothing to train; "
+                   "raise it to go on\n", a->max_minutes, r->hz.train_s / 60.0, r->first_step - 1);
+        r->total = r->first_step - 1;
+    }
+}
+
 /* The run's length, the gradient sync and AdamW, --resume, --metrics. 0, 1 or 2. */
 static int run_build_optimizer(Run *r) {
     TrainArgs *a = r->a;
@@ -135,7 +148,9 @@ static int run_build_optimizer(Run *r) {
     r->gsync = grad_sync_create(r->be, r->rt.dp, &r->m, &a->grad);
     grad_sync_adamw_init(r->gsync, &r->opt, r->be, &a->opt);
     r->first_step = 1;
-    if (a->resume && resume(a, &r->rt, &r->m, &r->opt, &r->src, r->total, &r->first_step, err, sizeof err)) {
+    TrainState clock = {.has_clock = 0};
+    if (a->resume &&
+        resume(a, &r->rt, &r->m, &r->opt, &r->src, r->total, &r->first_step, &clock, err, sizeof err)) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
         adamw_free(&r->opt);
         grad_sync_free(r->gsync);
@@ -146,6 +161,7 @@ static int run_build_optimizer(Run *r) {
         backend_destroy(r->be);
         return 1;
     }
+    run_start_horizon(r, &clock);
     if (a->metrics_path && r->lead) {
         r->metrics = fopen(a->metrics_path, r->first_step > 1 ? "a" : "w");
         if (!r->metrics) {
@@ -212,7 +228,7 @@ static int run_step(Run *r, int step, float *lr, StepResult *sr) {
     }
     /* Masks differ across data-parallel ranks (other sentences), never across tp ranks. */
     DropoutKey key = {.seed = a->seed, .step = (uint32_t)step, .micro = (uint32_t)r->mesh->dp_rank};
-    *lr = lr_at(&a->opt, step);
+    *lr = lr_at_frac(&a->opt, step, horizon_frac(&r->hz));
     const CommStats tp0 = r->rt.tp ? comm_stats(r->rt.tp) : (CommStats){0};
     const double t_step = tp_now_s();
     backend_profile_step_begin(r->be);
@@ -243,15 +259,16 @@ static int run_step(Run *r, int step, float *lr, StepResult *sr) {
     return 0;
 }
 
-/* --max-minutes, at a log step: rank 0's clock decides for every rank
- * whether the run ends here (its last evaluation, save and export as at
- * --max-steps). */
+/* --max-minutes, after every step: rank 0's clock (train/horizon.h)
+ * decides for every rank whether the run ends here (its last evaluation,
+ * save and export as at --max-steps) and where the next step stands on the
+ * schedule. A step past the budget would train at the floor: none is taken. */
 static void run_check_minutes(Run *r, int step) {
     const TrainArgs *a = r->a;
-    if (!(a->max_minutes > 0.0 && step < r->total && step % a->log_interval == 0)) return;
-    int stop = r->lead && tp_now_s() - r->clock.t_start >= 60.0 * a->max_minutes;
-    comm_ok(comm_broadcast(r->rt.ctrl, &stop, sizeof stop, 0), r->rt.ctrl);
-    if (stop) {
+    if (!(a->max_minutes > 0.0)) return;
+    const int stop = horizon_tick(&r->hz, r->rt.ctrl, r->lead, step);  // also at the last step: its clock is saved
+    comm_ok(stop < 0 ? -1 : 0, r->rt.ctrl);
+    if (stop && step < r->total) {
         if (r->lead)
             printf("%strain_mt: --max-minutes %g reached at step %d of %d: ending the run here\n",
                    r->tty ? "\r\033[K" : "", a->max_minutes, step, r->total);
@@ -267,7 +284,9 @@ static void run_log(Run *r, int step, float loss, float lr, float gnorm) {
     if (r->tty) {
         double per_step = (t - r->clock.t_start - r->clock.t_eval) / step;
         char eta[32];
-        fmt_duration(eta, sizeof eta, per_step * (r->total - step));
+        double left = per_step * (r->total - step);
+        if (r->hz.budget_s > 0.0 && r->hz.budget_s - r->hz.train_s < left) left = r->hz.budget_s - r->hz.train_s;
+        fmt_duration(eta, sizeof eta, left > 0.0 ? left : 0.0);
         printf("\r\033[K%d/%d | loss %.4f | %.0f tok/s | ETA %s", step, r->total, loss,
                r->tok_window / (t - r->t_window > 1e-9 ? t - r->t_window : 1e-9), eta);
         fflush(stdout);
@@ -298,7 +317,7 @@ static void run_log(Run *r, int step, float loss, float lr, float gnorm) {
 }
 
 static void run_save(Run *r, int step) {
-    save(r->a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, step);
+    save(r->a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, step);
     r->saved_step = step;
 }
 
@@ -357,6 +376,7 @@ int run_train(Run *r) {
     trainer_set_pipeline(&r->trainer, r->rt.pp);
     r->tty = r->lead && isatty(STDOUT_FILENO);
     r->clock.t_start = r->t_window = tp_now_s();
+    horizon_begin(&r->hz);
     r->saved_step = r->first_step - 1;
     best_restore(a, r->first_step, r->lead, &r->best);
     r->dump = a->dump_batches ? batch_dump_new(r->first_step, a->micro_batches) : NULL;
@@ -380,7 +400,8 @@ int run_train(Run *r) {
         }
         if (step < r->total && (r->stop_sig = preempt_agree(r->rt.ctrl)) != 0) {  // one small allreduce per step
             comm_ok(r->stop_sig < 0 ? -1 : 0, r->rt.ctrl);
-            stop_on_signal(a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, step, r->saved_step, r->stop_sig, r->total);
+            stop_on_signal(a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, step, r->saved_step, r->stop_sig,
+                           r->total);
             r->saved_step = r->total = step;
             break;
         }
@@ -390,7 +411,8 @@ int run_train(Run *r) {
 
 int run_finish(Run *r) {
     const TrainArgs *a = r->a;
-    if (a->save_dir && r->saved_step != r->total) save(a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, r->total);
+    if (a->save_dir && r->saved_step != r->total)
+        save(a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, r->total);
     int rc = 0;
     if (r->lead && a->keep_best && r->best.have)
         printf("train_mt: best checkpoint: step %d, %s %.4f: %s/best\n", r->best.step, keep_label(a->keep_best),

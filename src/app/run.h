@@ -20,6 +20,7 @@
 #include "data/batch_dump.h"
 #include "train/checkpoint.h"
 #include "train/grad_sync.h"
+#include "train/horizon.h"
 #include "train/step.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
@@ -47,6 +48,7 @@ typedef struct {
     /* the loop's state */
     bool tty;  // rank 0 on a terminal: a progress line updated in place
     RunClock clock;
+    Horizon hz;  // --max-minutes: the schedule's time horizon and the stop (rank 0's clock)
     double t_window, pad_slots, all_slots;  // the log window's start, padded and total batch slots
     long tok_window;
     double *mem_last;  // the memory figures last reported

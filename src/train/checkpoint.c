@@ -333,6 +333,12 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON_AddNumberToObject(data, "epoch", (double)st->cursor.epoch);
     cJSON_AddNumberToObject(data, "position", (double)st->cursor.position);
     cJSON_AddNumberToObject(data, "synth_index", (double)st->synth_index);
+    if (st->has_clock) {  // --max-minutes: the time horizon's clock
+        cJSON *clk = cJSON_AddObjectToObject(o, "clock");
+        cJSON_AddNumberToObject(clk, "train_seconds", st->train_s);
+        cJSON_AddNumberToObject(clk, "step_seconds", st->step_s);
+        if (st->warmup_end_s >= 0.0) cJSON_AddNumberToObject(clk, "warmup_end_seconds", st->warmup_end_s);
+    }
     cJSON *rng = cJSON_AddObjectToObject(o, "rng");
     cJSON_AddNumberToObject(rng, "seed", (double)st->seed);
     cJSON_AddStringToObject(rng, "scheme", "philox4x32-10 keyed by (seed, step, micro-batch, layer, site)");
@@ -766,6 +772,7 @@ int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t e
 #define CKPT_MAX_WARMUP (1 << 30)
 #define CKPT_MAX_SEED 0x7fffffffLL         /* --seed's range */
 #define CKPT_MAX_POSITION INT_MAX          /* batches in an epoch are counted in int */
+#define CKPT_MAX_SECONDS 1e12              /* a --max-minutes run's clock (the flag allows 6e8 s) */
 #define CKPT_JSON_EXACT_MAX (1LL << 53)    /* larger JSON numbers lose digits */
 /* A shard's header (tensor entries and the split metadata): a few hundred
  * bytes per tensor, far below this even at the largest configuration. */
@@ -967,6 +974,27 @@ static int check_files(const cJSON *files, const ModelConfig *cfg, int tp, int d
     return rc;
 }
 
+/* The optional "clock" of a --max-minutes run into st (absent: has_clock 0). */
+static int read_clock(const cJSON *o, TrainState *st, const char *path, char *err, size_t err_len) {
+    const cJSON *clk = cJSON_GetObjectItemCaseSensitive(o, "clock");
+    st->warmup_end_s = -1.0;
+    if (!clk) return 0;
+    if (!cJSON_IsObject(clk)) {
+        tp_error_set(err, err_len, "%s: field 'clock' must be an object", path);
+        return -1;
+    }
+    if (need_real(clk, "clock", "train_seconds", 0.0, false, CKPT_MAX_SECONDS, false, &st->train_s, path, err,
+                  err_len) ||
+        need_real(clk, "clock", "step_seconds", 0.0, false, CKPT_MAX_SECONDS, false, &st->step_s, path, err, err_len))
+        return -1;
+    if (cJSON_GetObjectItemCaseSensitive(clk, "warmup_end_seconds") &&
+        need_real(clk, "clock", "warmup_end_seconds", 0.0, false, st->train_s, false, &st->warmup_end_s, path, err,
+                  err_len))
+        return -1;
+    st->has_clock = 1;
+    return 0;
+}
+
 int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, OptimConfig *oc, int *adam_t,
                        TrainState *st, char *err, size_t err_len) {
     char path[4096], why[512];
@@ -1066,6 +1094,7 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         st->zero_bucket_elems = (uint64_t)bucket_elems;
         st->pp = (int)mpp;
         snprintf(st->pp_layout, sizeof st->pp_layout, "%s", layout);
+        if (read_clock(o, st, path, err, err_len)) goto done;
     }
     rc = 0;
 done:

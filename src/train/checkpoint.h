@@ -56,6 +56,12 @@ typedef struct {
     int pp;                 // read: the pipeline stages of the saved layout (1: none)
     char pp_layout[CKPT_MAX_LAYOUT];  // the stages' layers (model_stages_format); written from it
                                       // when the run has pp > 1, read back for any pp
+    /* --max-minutes: the schedule's clock, so a resumed run goes on along
+     * the same time horizon (the manifest's "clock", written when has_clock). */
+    int has_clock;
+    double train_s;       // training seconds spent by the end of `step` (over the runs it resumed)
+    double step_s;        // the last step's seconds
+    double warmup_end_s;  // train_s when the warmup ended (< 0: not yet)
 } TrainState;
 
 /* Saves step st->step under dir. Collective over rt->world: every rank

@@ -53,12 +53,18 @@ void adamw_free(AdamW *opt) {
     memset(opt, 0, sizeof *opt);
 }
 
-float lr_at(const OptimConfig *cfg, int step) {
+float lr_at(const OptimConfig *cfg, int step) { return lr_at_frac(cfg, step, -1.0); }
+
+float lr_at_frac(const OptimConfig *cfg, int step, double time_frac) {
     if (step < 1) step = 1;
     const double s = step, w = cfg->warmup;
     if (s < w) return (float)(cfg->lr * s / w);
     if (cfg->schedule == LR_COSINE) {
         const double span = (double)cfg->decay_steps - w;
+        if (time_frac >= 0.0 && (span <= 0.0 || time_frac > (s - w) / span)) {  // the clock ends first
+            if (time_frac >= 1.0) return 0.0f;
+            return (float)(cfg->lr * 0.5 * (1.0 + cos(TP_PI * time_frac)));
+        }
         if (span <= 0.0) return cfg->lr;
         if (s >= (double)cfg->decay_steps) return 0.0f;
         return (float)(cfg->lr * 0.5 * (1.0 + cos(TP_PI * (s - w) / span)));

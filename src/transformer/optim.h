@@ -17,7 +17,7 @@
 /* After the warmup: inverse square root of the step (Vaswani et al.; no
  * end in sight, so a run can be extended), or a cosine from the peak to 0
  * at decay_steps (the run's last step), which spends a short run's budget
- * better. */
+ * better (or at the time horizon of --max-minutes: lr_at_frac). */
 typedef enum { LR_INV_SQRT = 0, LR_COSINE = 1 } LrSchedule;
 
 typedef struct {
@@ -71,6 +71,13 @@ void adamw_free(AdamW *opt);
  * LR_COSINE: peak * (1 + cos(pi * (step - warmup) / (decay_steps - warmup))) / 2,
  * 0 from decay_steps on. */
 float lr_at(const OptimConfig *cfg, int step);
+/* lr_at with a time horizon (--max-minutes): time_frac is the fraction of
+ * the decay's time span used by the end of this step (>= 0; < 0: no
+ * horizon). After the warmup, LR_COSINE follows whichever of the step
+ * fraction (step - warmup) / (decay_steps - warmup) and time_frac is
+ * further on, so it reaches 0 when either the steps or the time run out;
+ * the warmup stays in steps and LR_INV_SQRT ignores the horizon. */
+float lr_at_frac(const OptimConfig *cfg, int step, double time_frac);
 
 /* "inv-sqrt" or "cosine" into *out; -1 for anything else. */
 int lr_schedule_parse(const char *s, LrSchedule *out);
