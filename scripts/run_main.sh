@@ -11,6 +11,8 @@
 # translates the test set and prints its BLEU and chrF. The run's curves
 # (scripts/plot_metrics.py on checkpoints/enja.jsonl) go to
 # checkpoints/enja.png, beside the checkpoint; the last line names it.
+# With --direction ja-en among the extra flags the model translates
+# Japanese to English: saved to checkpoints/jaen, scored on test.ja -> test.en.
 #   bash scripts/run_main.sh [CORPUS_DIR] [extra train_mt flags...]
 # RUN_MAIN_DRY_RUN=1 prints the choice and the training command, and stops.
 set -euo pipefail
@@ -42,16 +44,28 @@ else
   echo "run_main: no GPU visible (nvidia-smi -L${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}): 4 ranks on the CPU, the cpu preset, data parallel" \
        "(tp 1 x dp 4, 1024 tokens per rank and step: the best BLEU for its time, docs/cpu-default.md)"
 fi
+# The direction (train_mt's --direction, en-ja unless the extra flags say otherwise; the last one wins).
+src=en tgt=ja prev=
+for f in "$@"; do
+  v=$f
+  [ "$prev" = --direction ] && v=--direction=$f  # "--direction ja-en" as two words
+  case "$v" in
+    --direction=ja-en) src=ja tgt=en ;;
+    --direction=en-ja) src=en tgt=ja ;;
+  esac
+  prev=$f
+done
+out=checkpoints/$src$tgt
+echo "run_main: direction $src->$tgt: the model and its curves in $out"
 cmd=(./build/tprun "${nproc[@]}" train_mt --data "$corpus" --log-interval 100 "${layout[@]}"
-     --metrics checkpoints/enja.jsonl --save checkpoints/enja "$@")
+     --metrics "$out.jsonl" --save "$out" "$@")
 echo "run_main: ${cmd[*]}"
 [ "${RUN_MAIN_DRY_RUN:-0}" != 1 ] || exit 0
 bash scripts/install_deps.sh --plot
 BUILD_DIR=build bash scripts/build.sh
 [ -s "$corpus/train.en" ] || bash scripts/get_data.sh "$corpus"
 "${cmd[@]}"
-./build/translate_mt --model checkpoints/enja --src "$corpus/test.en" --ref "$corpus/test.ja" \
-  > checkpoints/enja.test.ja
-/usr/bin/python3 scripts/plot_metrics.py checkpoints/enja.jsonl -o checkpoints/enja.png > /dev/null
-echo "run_main: translations of the test set: $(pwd)/checkpoints/enja.test.ja"
-echo "run_main: training curves: $(pwd)/checkpoints/enja.png"
+./build/translate_mt --model "$out" --src "$corpus/test.$src" --ref "$corpus/test.$tgt" > "$out.test.$tgt"
+/usr/bin/python3 scripts/plot_metrics.py "$out.jsonl" -o "$out.png" > /dev/null
+echo "run_main: translations of the test set: $(pwd)/$out.test.$tgt"
+echo "run_main: training curves: $(pwd)/$out.png"

@@ -3,7 +3,8 @@
 # choice and the command, nothing run), with a stand-in nvidia-smi first on
 # PATH: no GPU keeps the CPU's 4 data-parallel ranks; 1 and 4 GPUs give one
 # rank per GPU (tprun --nproc_per_node=gpu) and the planner's layout
-# (--layout auto); CUDA_VISIBLE_DEVICES narrows the count.
+# (--layout auto); CUDA_VISIBLE_DEVICES narrows the count; --direction ja-en
+# among the extra flags saves to checkpoints/jaen.
 # Usage: test_run_main.sh RUN_MAIN_SH
 set -uo pipefail
 script=$1
@@ -49,5 +50,13 @@ choice cvd 4 CUDA_VISIBLE_DEVICES=1,3
 has "CUDA_VISIBLE_DEVICES=1,3 of 4: two GPUs" cvd "run_main: 2 GPU(s) visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES=1,3)"
 choice hidden 4 CUDA_VISIBLE_DEVICES=
 has "CUDA_VISIBLE_DEVICES empty: the CPU choice" hidden "run_main: no GPU visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES=): 4 ranks"
+# --direction among the extra flags: the model's folder and the test set's sides follow it.
+has "en-ja by default: checkpoints/enja" cpu "--metrics checkpoints/enja.jsonl --save checkpoints/enja"
+for form in "--direction ja-en" "--direction=ja-en"; do
+  env -u CUDA_VISIBLE_DEVICES PATH="$(smi 0):$PATH" RUN_MAIN_DRY_RUN=1 bash "$script" "$corpus" $form --max-steps 5 \
+    > "$work/jaen.out" 2>&1 || bad "$form: exit $?: $(cat "$work/jaen.out")"
+  has "$form: direction ja->en" jaen "run_main: direction ja->en: the model and its curves in checkpoints/jaen"
+  has "$form: saved to checkpoints/jaen" jaen "--metrics checkpoints/jaen.jsonl --save checkpoints/jaen $form --max-steps 5"
+done
 [ "$fails" -eq 0 ] || { echo "test_run_main: $fails failed"; exit 1; }
 echo "test_run_main: all passed"
