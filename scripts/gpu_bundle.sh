@@ -202,6 +202,10 @@ for b in "${bins[@]}"; do
     else cp -L "$path" "$dest/lib/$soname"; fi
     copied[$soname]=$path
   done <<< "$out"
+  # cuBLASLt is opened at run time (kernels/cuda/cublaslt_load.c), so ldd
+  # misses it: the soname the binary opens is in its strings.
+  lt=$(grep -ao 'libcublasLt\.so\.[0-9][0-9]*' "$src_bin" | head -n 1 || true)
+  [ -z "$lt" ] || cuda_needs+=("$lt")
   needs_lines+=("$b"$'\t'"${cuda_needs[*]:--}")
 done
 chmod 644 "$dest"/lib/*.so* "$dest"/lib/fallback/*.so* 2>/dev/null || true
