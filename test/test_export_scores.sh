@@ -21,11 +21,13 @@
 # key moves the worst of the 100 scores by 4.0, 6.9 and 0.47.
 # Usage: test_export_scores.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
+. "$(dirname "$0")/corpus_cache.sh"
 build=$1 corpus=$2
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
+use_corpus_cache cache
 head -n 100 "$corpus/dev.en" > src.en
 head -n 100 "$corpus/dev.ja" > ref.ja
 

@@ -13,11 +13,13 @@
 # gradient bytes are equal.
 #   test_memory.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
+. "$(dirname "$0")/corpus_cache.sh"
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
+use_corpus_cache "cache/$(basename "$corpus")"
 run() {  # name nproc flags...
   local name=$1 n=$2
   shift 2
