@@ -126,7 +126,9 @@ for t in tests:
     labels = ",".join(props.get("LABELS", [])) or "-"
     timeout = str(int(float(props.get("TIMEOUT", 1500))))
     wd = rewrite(props.get("WORKING_DIRECTORY", build), name)
-    env = ";".join(rewrite(e, name) for e in props.get("ENVIRONMENT", [])) or "-"
+    # KEY=VALUE: the value is a path like any argument (the corpus fixture's folder)
+    env = ";".join(e.split("=", 1)[0] + "=" + rewrite(e.split("=", 1)[1], name) if "=" in e else rewrite(e, name)
+                   for e in props.get("ENVIRONMENT", [])) or "-"
     cmd = [rewrite(a, name) for a in t["command"]]
     rows.append("\t".join([name, labels, timeout, wd, env] + cmd))
 with open(os.path.join(dest, "tests.tsv"), "w") as f:

@@ -7,12 +7,15 @@
 # save_folder, hardening, test_corpus) keep preparing their own.
 #   use_corpus_cache DEST: copies the prepared cache root to DEST (a
 #   --cache-dir, or cache/<corpus folder name>, train_mt's default) when
-#   the fixture's folder is given; otherwise leaves DEST to be prepared.
+#   the fixture's folder is given and exists; otherwise leaves DEST to be
+#   prepared.
 use_corpus_cache() {
   local dest=$1
   [ -n "${TPTRAIN_TEST_CORPUS_CACHE:-}" ] || return 0
-  [ -d "$TPTRAIN_TEST_CORPUS_CACHE" ] ||
-    { echo "FAIL: TPTRAIN_TEST_CORPUS_CACHE=$TPTRAIN_TEST_CORPUS_CACHE is not a folder (run the corpus_cache test)" >&2; exit 1; }
+  if [ ! -d "$TPTRAIN_TEST_CORPUS_CACHE" ]; then  # run outside ctest's fixture (a bundle): prepare as before
+    echo "corpus_cache: no $TPTRAIN_TEST_CORPUS_CACHE (the corpus_cache test did not run); preparing the corpus here"
+    return 0
+  fi
   mkdir -p "$(dirname "$dest")"
   rm -rf "$dest"
   cp -rp "$TPTRAIN_TEST_CORPUS_CACHE" "$dest"
