@@ -126,7 +126,9 @@ for t in tests:
     labels = ",".join(props.get("LABELS", [])) or "-"
     timeout = str(int(float(props.get("TIMEOUT", 1500))))
     wd = rewrite(props.get("WORKING_DIRECTORY", build), name)
-    env = ";".join(rewrite(e, name) for e in props.get("ENVIRONMENT", [])) or "-"
+    # KEY=VALUE: the value is a path like any argument (the corpus fixture's folder)
+    env = ";".join(e.split("=", 1)[0] + "=" + rewrite(e.split("=", 1)[1], name) if "=" in e else rewrite(e, name)
+                   for e in props.get("ENVIRONMENT", [])) or "-"
     cmd = [rewrite(a, name) for a in t["command"]]
     rows.append("\t".join([name, labels, timeout, wd, env] + cmd))
 with open(os.path.join(dest, "tests.tsv"), "w") as f:
@@ -202,6 +204,10 @@ for b in "${bins[@]}"; do
     else cp -L "$path" "$dest/lib/$soname"; fi
     copied[$soname]=$path
   done <<< "$out"
+  # cuBLASLt is opened at run time (kernels/cuda/cublaslt_load.c), so ldd
+  # misses it: the soname the binary opens is in its strings.
+  lt=$(grep -ao 'libcublasLt\.so\.[0-9][0-9]*' "$src_bin" | head -n 1 || true)
+  [ -z "$lt" ] || cuda_needs+=("$lt")
   needs_lines+=("$b"$'\t'"${cuda_needs[*]:--}")
 done
 chmod 644 "$dest"/lib/*.so* "$dest"/lib/fallback/*.so* 2>/dev/null || true

@@ -348,6 +348,9 @@ if [ -n "$glibc_need" ] && [ "$glibc_need" != none ] && [ -n "$glibc_have" ] \
    && [ "$(printf '%s\n%s\n' "$glibc_need" "$glibc_have" | sort -V | head -n 1)" != "$glibc_need" ]; then
   glibc_ok=0
 fi
+# Needed libraries ldd does not see (cuBLASLt, opened at run time).
+nf=$(awk '$1 == "*" && $2 ~ /^libcublasLt/ && $4 == "not" { print $2 }' "$out/libraries.txt" | tr '\n' ' ')
+[ -z "$nf" ] || missing="$missing needed by the bundle: $nf;"
 if [ "$have_gpu" = 1 ] && grep -q '^  libcuda.so.1 => not found' "$out/libraries.txt"; then
   missing="$missing the driver's libcuda.so.1;"
 fi

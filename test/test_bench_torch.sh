@@ -19,12 +19,14 @@
 # tptrain's side (the dump written, and the refusals of --dump-batches and
 # --length-bucket): ctest's bench_dump, the part that runs under the sanitizers.
 set -euo pipefail
+. "$(dirname "$0")/corpus_cache.sh"
 build=$1 corpus=$2 only_dump=${3:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=/usr/bin/python3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
+use_corpus_cache "$work/cache"
 fail() { echo "test_bench_torch: FAIL: $*" >&2; exit 1; }
 # tiny model, small batches: a few seconds per run on one core
 common=(--data "$corpus" --cache-dir "$work/cache" --preset tiny --batch-tokens 512 --dropout 0

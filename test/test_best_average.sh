@@ -143,7 +143,7 @@ echo "part 4: averages of a tp 2 and two tp 1 checkpoints equal the exact mean; 
 
 # ---- 5. the corpus: --keep-best bleu and translate_mt --model DIR/best -----------------------
 run c.log "$train" --data "$corpus" --cache-dir cache --preset tiny --spm-vocab-size 2000 --max-steps 12 --warmup 4 \
-  --lr 3e-3 --eval-interval 4 --log-interval 100 --save c --keep-best bleu --average-last 2 --metrics c.jsonl
+  --batch-tokens 512 --lr 3e-3 --eval-interval 4 --log-interval 100 --save c --keep-best bleu --average-last 2 --metrics c.jsonl
 grep -q "train_mt: best dev BLEU so far, .* kept as c/best" c.log || fail "no best line in c.log"
 grep -q "train_mt: averaged the newest 2 checkpoints .* dev BLEU [0-9.]*; best single checkpoint: dev BLEU" c.log ||
   fail "no averaged dev BLEU beside the best in c.log"

@@ -21,9 +21,11 @@
 # key moves the worst of the 100 scores by 4.0, 6.9 and 0.47.
 # Usage: test_export_scores.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
+. "$(dirname "$0")/corpus_cache.sh"
 build=$1 corpus=$2
 . "$(dirname "$0")/lib.sh"
 enter_workdir
+use_corpus_cache cache
 dev_pairs 100
 
 t0=$SECONDS

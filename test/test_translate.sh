@@ -10,13 +10,14 @@ enter_workdir
 dev_pairs 40
 
 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 30 --warmup 10 --lr 3e-3 \
-    --log-interval 10 --eval-interval 30 --metrics m.jsonl --save ckpt --export model > train.log
+    --batch-tokens 512 --log-interval 10 --eval-interval 30 --metrics m.jsonl --save ckpt --export model > train.log
 for f in config.json model.safetensors spm.model; do test -s "model/$f"; done
 test -s ckpt/step_00000030/manifest.json
 grep -q '"dev_bleu"' m.jsonl
 grep -q "reusing" train.log && { echo "FAIL: first run claims to reuse a cache"; exit 1; }
 # A second run reuses the prepared cache instead of rebuilding it.
-"$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 1 --eval-interval 1000 > again.log
+"$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 1 --batch-tokens 512 --eval-interval 0 \
+    > again.log
 grep -q "reusing cache/spm-unigram-v8000/spm.model" again.log || { echo "FAIL: tokenizer not reused"; cat again.log; exit 1; }
 grep -q "train: reusing" again.log || { echo "FAIL: token file not reused"; cat again.log; exit 1; }
 

@@ -20,6 +20,7 @@
 # Usage: test_zero.sh BUILD_DIR [CORPUS_DIR [bf16]]; with "bf16", the corpus
 # runs alone (ctest's zero_bf16; zero runs the rest, in both builds).
 set -euo pipefail
+. "$(dirname "$0")/corpus_cache.sh"
 build=$1
 corpus=${2:-}
 only_bf16=0
@@ -107,6 +108,7 @@ PY
 fi  # the copy-task runs
 
 if [ -n "$corpus" ]; then
+  use_corpus_cache "$work/cache"
   cargs=(--data "$corpus" --cache-dir "$work/cache" --preset tiny --max-steps 200 --log-interval 10 --batch-tokens 512
          --eval-interval 200 --tp 1 --dp 2 --seed 3 --comm-timeout 120)
   for dt in fp32 bf16; do

@@ -86,6 +86,16 @@ typedef struct {
 
 typedef struct CudaGemmCtx CudaGemmCtx;
 
+/* cuBLASLt is opened at run time (cublaslt_load.c), not linked: programs
+ * that stay on the CPU never pay its start-up. cublaslt_load opens the
+ * toolkit's soname once and resolves every function the context calls:
+ * 0, or -1 with one sentence in err (the library, and why). Called by
+ * backend_cuda_create before the first context; _from takes another
+ * soname (the tests' missing library). */
+int cublaslt_load(char *err, size_t err_len);
+int cublaslt_load_from(const char *soname, char *err, size_t err_len);
+bool cublaslt_is_loaded(void);
+
 /* Creates the cuBLASLt handle on the current device (every call on the
  * context must run with that device current). workspace: the caller's
  * device buffer of workspace_bytes for cuBLASLt (it must outlive every
