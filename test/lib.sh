@@ -17,6 +17,14 @@ enter_workdir() {
   cd "$work" || exit 1
 }
 
+# corpus_workdir: enter_workdir, then the corpus prepared once per ctest run
+# (corpus_cache.sh) copied to train_mt's default cache folder for $corpus.
+corpus_workdir() {
+  . "$here/corpus_cache.sh"
+  enter_workdir
+  use_corpus_cache "cache/$(basename "$corpus")"
+}
+
 # Tallies for tests that go on after a failed case: ok / bad, then
 # `exit $((fails > 0))` (or their own summary) at the end.
 fails=0

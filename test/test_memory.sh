@@ -13,12 +13,10 @@
 # gradient bytes are equal.
 #   test_memory.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
-. "$(dirname "$0")/corpus_cache.sh"
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
 . "$(dirname "$0")/lib.sh"
-enter_workdir
-use_corpus_cache "cache/$(basename "$corpus")"
+corpus_workdir
 run() {  # name nproc flags...
   local name=$1 n=$2
   shift 2

@@ -15,12 +15,10 @@
 # gpu_check.sh's plumbing needs no more); PYTHON (a python3, default
 # /usr/bin/python3; the standard library is enough).
 set -euo pipefail
-. "$(dirname "$0")/corpus_cache.sh"
 build=$(cd "$1" && pwd)
 corpus=$(cd "$2" && pwd)
 . "$(dirname "$0")/lib.sh"
-enter_workdir
-use_corpus_cache "cache/$(basename "$corpus")"
+corpus_workdir
 py=${PYTHON:-/usr/bin/python3}
 dev=()
 [ -z "${PLAN_DEVICE:-}" ] || dev=(--device "$PLAN_DEVICE" --comm shm)
