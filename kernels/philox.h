@@ -45,4 +45,17 @@ PHILOX_FN void philox4x32_10_inline(const uint32_t ctr[4], const uint32_t key[2]
     out[3] = c3;
 }
 
+/* The dropout mask, one definition for the CPU reference and every CUDA
+ * kernel that drops: block b (elements 4b..4b+3) of the (seed, stream)
+ * mask is Philox of counter {b lo, b hi, stream lo, stream hi} under key
+ * {seed lo, seed hi}; an element keeps when (word >> 8) * 2^-24 (exact in
+ * fp32) >= p, and a kept value is scaled by dropout_scale(p). */
+PHILOX_FN void dropout_block_words(uint64_t block, const uint32_t key[2], uint32_t stream_lo, uint32_t stream_hi,
+                                   uint32_t out[4]) {
+    const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), stream_lo, stream_hi};
+    philox4x32_10_inline(ctr, key, out);
+}
+PHILOX_FN int dropout_keeps(uint32_t word, float p) { return (float)(word >> 8) * (1.0f / 16777216.0f) >= p; }
+PHILOX_FN float dropout_scale(float p) { return p < 1.0f ? 1.0f / (1.0f - p) : 0.0f; }
+
 #endif

@@ -30,18 +30,14 @@ uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
  * (seed, stream). With accumulate, out[i] += instead. out may alias x. */
 static void apply_mask(float *out, const float *x, size_t n_elems, uint64_t first, float p,
                        uint64_t seed, uint64_t stream, bool accumulate) {
-    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+    const float scale = dropout_scale(p);
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     for (size_t base = 0; base < n_elems; base += 4) {
-        uint64_t block = (first + base) / 4;
-        uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream,
-                           (uint32_t)(stream >> 32)};
         uint32_t words[4];
-        philox4x32_10(ctr, key, words);
+        dropout_block_words((first + base) / 4, key, (uint32_t)stream, (uint32_t)(stream >> 32), words);
         for (size_t w = 0; w < 4 && base + w < n_elems; w++) {
             size_t i = base + w;
-            float uniform = (float)(words[w] >> 8) * 0x1p-24f;
-            float val = uniform >= p ? x[i] * scale : 0.0f;
+            float val = dropout_keeps(words[w], p) ? x[i] * scale : 0.0f;
             out[i] = accumulate ? out[i] + val : val;
         }
     }

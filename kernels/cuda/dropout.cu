@@ -29,17 +29,14 @@ __global__ void dropout_kernel(float *out,      // (n_elems)
     const uint32_t key[2] = {seed_lo, seed_hi};
     for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < n_groups;
          grp += (size_t)gridDim.x * blockDim.x) {
-        const uint64_t block = first_block + grp;
-        const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), stream_lo, stream_hi};
         uint32_t words[4];
-        philox4x32_10_inline(ctr, key, words);
+        dropout_block_words(first_block + grp, key, stream_lo, stream_hi, words);
         const size_t base = grp * 4;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             const size_t i = base + w;
             if (i < n_elems) {
-                const float uniform = (float)(words[w] >> 8) * (1.0f / 16777216.0f);
-                const float val = uniform >= p ? __fmul_rn(x[i], scale) : 0.0f;
+                const float val = dropout_keeps(words[w], p) ? __fmul_rn(x[i], scale) : 0.0f;
                 out[i] = accumulate ? __fadd_rn(out[i], val) : val;
             }
         }
@@ -50,7 +47,7 @@ __global__ void dropout_kernel(float *out,      // (n_elems)
 
 static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed,
                            uint64_t stream_id, bool accumulate, cudaStream_t stream) {
-    const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the CPU's expression
+    const float scale = dropout_scale(p);  // the CPU's expression (philox.h)
     const size_t n_groups = (n_elems + 3) / 4;
     dropout_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
         out, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)stream_id,

@@ -35,7 +35,7 @@
 #define RLN_CHUNK_ROWS SCRATCH_LN_CHUNK_ROWS  // kernels/scratch_sizes.h: layernorm.cu's chunks, and bias.cu's:
 static_assert(SCRATCH_LN_CHUNK_ROWS == SCRATCH_BIAS_CHUNK_ROWS, "the fused sums follow layernorm.cu's and bias.cu's");
 
-// The dropout of one run: keep when (word >> 8) * 2^-24 >= p (dropout.cu).
+// The dropout of one run: the mask of philox.h, as dropout.cu draws it.
 typedef struct {
     uint64_t first;           // the window's first element in the whole mask
     float p, scale;           // scale = 1/(1-p), the CPU's expression
@@ -47,15 +47,13 @@ typedef struct {
 // ---- device helpers ------------------------------------------------------------
 
 __device__ __forceinline__ void rln_words(const RlnDrop &d, uint64_t block, uint32_t w[4]) {
-    const uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), d.stream_lo, d.stream_hi};
-    philox4x32_10_inline(ctr, d.key, w);
+    dropout_block_words(block, d.key, d.stream_lo, d.stream_hi, w);
 }
 
 // Dropout of v with its mask word: v * scale or 0 (v itself when off).
 __device__ __forceinline__ float rln_drop(const RlnDrop &d, float v, uint32_t word) {
     if (!d.on) return v;
-    const float uniform = (float)(word >> 8) * (1.0f / 16777216.0f);
-    return uniform >= d.p ? __fmul_rn(v, d.scale) : 0.0f;
+    return dropout_keeps(word, d.p) ? __fmul_rn(v, d.scale) : 0.0f;
 }
 
 // The word of element i (an index into the window) for the scalar path.
@@ -233,7 +231,7 @@ static RlnDrop rln_drop_of(uint64_t first, float p, uint64_t seed, uint64_t stre
     RlnDrop d;
     d.first = first;
     d.p = p;
-    d.scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;  // the CPU's expression
+    d.scale = dropout_scale(p);  // the CPU's expression (philox.h)
     d.key[0] = (uint32_t)seed;
     d.key[1] = (uint32_t)(seed >> 32);
     d.stream_lo = (uint32_t)stream_id;

@@ -18,4 +18,16 @@ Backend *app_backend_open(TrainArgs *a) {
     return be;
 }
 
+int app_runtime_open(Backend *be, RuntimeOptions *ro, Runtime *rt, const char *what) {
+    char err[1024];
+    CommDeviceCopy hooks;
+    rank_device_options(be, ro, &hooks);
+    const int rc = runtime_init(rt, ro, err, sizeof err);
+    ro->device_copy = NULL;  // the communicators copied the hooks, which end here
+    if (rc == 0) return 0;
+    fprintf(stderr, "train_mt: %s%s\n", what, err);
+    backend_destroy(be);
+    return 2;
+}
+
 void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }

@@ -191,18 +191,11 @@ typedef struct {
  * collectives; alone, the layout's size is planned. 0 or 2. */
 static int plan_open(Plan *p) {
     TrainArgs *a = p->a;
-    char err[1024];
     if (!(p->be = app_backend_open(a))) return 2;
     p->world = env_int("WORLD_SIZE", 1), p->local_world = env_int("LOCAL_WORLD_SIZE", p->world);
     RuntimeOptions ro = {.tp = 1, .dp = 0, .pp = 1, .n_heads = a->cfg.n_heads, .d_ff = a->cfg.d_ff,
                          .timeout_s = a->comm_timeout, .comm = RUNTIME_COMM_SHM};
-    CommDeviceCopy hooks;
-    rank_device_options(p->be, &ro, &hooks);
-    if (runtime_init(&p->rt, &ro, err, sizeof err)) {
-        fprintf(stderr, "train_mt: --plan: %s\n", err);
-        backend_destroy(p->be);
-        return 2;
-    }
+    if (app_runtime_open(p->be, &ro, &p->rt, "--plan: ")) return 2;
     p->lead = p->rt.mesh.rank == 0;
     return 0;
 }

@@ -43,13 +43,7 @@ static int run_open_device(Run *r) {
     model_stages_format(r->stages, a->pp, r->pp_layout, sizeof r->pp_layout);
     RuntimeOptions ro = {.tp = a->tp, .dp = a->dp, .pp = a->pp, .n_heads = a->cfg.n_heads, .d_ff = a->cfg.d_ff,
                          .timeout_s = a->comm_timeout, .comm = a->comm};
-    CommDeviceCopy hooks;
-    rank_device_options(r->be, &ro, &hooks);
-    if (runtime_init(&r->rt, &ro, err, sizeof err)) {
-        fprintf(stderr, "train_mt: %s\n", err);
-        backend_destroy(r->be);
-        return 2;
-    }
+    if (app_runtime_open(r->be, &ro, &r->rt, "")) return 2;
     backend_note_library(r->be, runtime_library_bytes(&r->rt));  // NCCL's buffers (0 with shm)
     r->mesh = &r->rt.mesh;
     r->lead = r->mesh->rank == 0;
@@ -265,7 +259,6 @@ static int run_step(Run *r, int step, float *lr, StepResult *sr) {
  * schedule. A step past the budget would train at the floor: none is taken. */
 static void run_check_minutes(Run *r, int step) {
     const TrainArgs *a = r->a;
-    if (!(a->max_minutes > 0.0)) return;
     const int stop = horizon_tick(&r->hz, r->rt.ctrl, r->lead, step);  // also at the last step: its clock is saved
     comm_ok(stop < 0 ? -1 : 0, r->rt.ctrl);
     if (stop && step < r->total) {
