@@ -196,6 +196,10 @@ if [ -f "$bundle_arg/tests.tsv" ] && [ -x "$bundle_arg/bin/train_mt" ]; then
   bundle=$(cd "$bundle_arg" && pwd)
 fi
 BIN=$bundle/bin
+# The test programs travel packed (gpu_bundle.sh): unpacked once, beside the programs.
+if [ -n "$bundle" ] && [ -f "$BIN/test.tar.gz" ] && [ ! -d "$BIN/test" ]; then
+  tar -xzf "$BIN/test.tar.gz" -C "$BIN" || { echo "gpu_check: cannot unpack $BIN/test.tar.gz" >&2; exit 2; }
+fi
 export BUNDLE=$bundle
 note "- bundle: ${bundle:-$bundle_arg (missing)}; $(grep -h '^commit' "$bundle/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
 note "- output: $out; time budget ${budget} s"

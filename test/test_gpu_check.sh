@@ -71,6 +71,8 @@ printf '#!/bin/sh\necho "hanging"\nsleep 600\n' > "$b/bin/test/test_hang"
 # shellcheck disable=SC2016  # expanded by the stand-in, not here
 printf '#!/bin/sh\necho "cpu_ok: in $(pwd), corpus arg: $1, FAKE_VAR=$FAKE_VAR"\n' > "$b/bin/test/cpu_ok"
 chmod +x "$b/bin/train_mt" "$b"/bin/test/*
+# bin/test travels packed, as gpu_bundle.sh packs it: gpu_check.sh unpacks it first.
+tar -czf "$b/bin/test.tar.gz" -C "$b/bin" test && rm -rf "$b/bin/test"
 {
   printf '# name labels timeout folder env command...\n'
   printf 'test_backend_ops_gpu\tgpu\t300\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_backend_ops_gpu\n'
