@@ -19,6 +19,20 @@
 // j < k_len[b] and, if causal, j <= i (the CPU's valid_keys): masked scores
 // are never read, masked probabilities are written as exact zeros, and a
 // row without a valid key is all zeros.
+//
+// Those are the general path. Translation batches are short (tens of tokens),
+// and there the general path is all overhead: 32x32 tiles mostly padding,
+// and every intermediate going through global memory between five or six
+// launches. So when one (b, h) pair's operands fit in shared memory
+// (attn_fused_*_smem_bytes within the device's per-block limit), one fused
+// kernel per direction does the whole pair in a block: its q, k, v (and
+// dout, P) rows are read once, the products and the softmax run out of
+// shared memory, and only P and the results go back. Each element is
+// computed by the same expression in the same order as on the general path
+// (fmaf along the reduced index from 0, the warp-per-row softmax), so the
+// two paths agree bit for bit: test_backend_ops checks that on a GPU
+// (cuda_attention_set_fused). Shapes too big for shared memory (long
+// decoding contexts, long sentences in backward) take the general path.
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
@@ -36,6 +50,47 @@ __device__ __forceinline__ int valid_keys(int k_len, int i, int Tk, bool causal)
     return n < 0 ? 0 : n;
 }
 
+// One softmax row, by one warp (lane = its lane): p[j] = softmax(scale * s)
+// over the n_valid first keys, exact zeros after them; all zeros when
+// n_valid is 0. p may be s: each lane rewrites only the elements it read.
+__device__ __forceinline__ void softmax_row_fwd(float *p, const float *s, int n_valid, int Tk, float scale,
+                                                int lane) {
+    if (n_valid > 0) {
+        // z = scale * s rounded alone (no FMA with - max), as on the CPU
+        float max = -INFINITY;
+        for (int j = lane; j < n_valid; j += TP_WARP) max = fmaxf(max, __fmul_rn(scale, s[j]));
+        max = tp_warp_max(max);
+        float sum = 0.0f;
+        for (int j = lane; j < n_valid; j += TP_WARP) {
+            float e = expf(__fmul_rn(scale, s[j]) - max);
+            p[j] = e;
+            sum += e;
+        }
+        sum = tp_warp_sum(sum);
+        const float inv_sum = 1.0f / sum;
+        for (int j = lane; j < n_valid; j += TP_WARP) p[j] *= inv_sum;
+    }
+    for (int j = n_valid + lane; j < Tk; j += TP_WARP) p[j] = 0.0f;
+}
+
+// One softmax-backward row, by one warp: v = scale * p * (dp - sum_j dp * p);
+// ds += v (ACCUM) or ds = v. ds may be dp: each lane reads its elements
+// before writing them.
+template <bool ACCUM>
+__device__ __forceinline__ void softmax_row_bwd(float *ds, const float *dp, const float *p, int Tk, float scale,
+                                                int lane) {
+    float dot = 0.0f;
+    for (int j = lane; j < Tk; j += TP_WARP) dot += dp[j] * p[j];
+    dot = tp_warp_sum(dot);
+    for (int j = lane; j < Tk; j += TP_WARP) {
+        float v = scale * p[j] * (dp[j] - dot);
+        if (ACCUM)
+            ds[j] += v;
+        else
+            ds[j] = v;
+    }
+}
+
 // P[row] = masked softmax(scale * S[row]); one warp per row of Tk. P may be S.
 __global__ void softmax_fwd_kernel(float *P,              // (B, H, Tq, Tk)
                                    const float *S,        // (B, H, Tq, Tk)
@@ -47,30 +102,11 @@ __global__ void softmax_fwd_kernel(float *P,              // (B, H, Tq, Tk)
          r += (size_t)gridDim.x * SM_ROWS_PER_BLOCK) {
         const int i = (int)(r % Tq);
         const int b = (int)(r / ((size_t)H * Tq));
-        const int n_valid = valid_keys(k_len[b], i, Tk, causal);
-        const float *s = S + r * Tk;
-        float *p = P + r * Tk;
-        if (n_valid > 0) {
-            // z = scale * s rounded alone (no FMA with - max), as on the CPU
-            float max = -INFINITY;
-            for (int j = lane; j < n_valid; j += TP_WARP) max = fmaxf(max, __fmul_rn(scale, s[j]));
-            max = tp_warp_max(max);
-            float sum = 0.0f;
-            for (int j = lane; j < n_valid; j += TP_WARP) {
-                float e = expf(__fmul_rn(scale, s[j]) - max);
-                p[j] = e;  // each lane rewrites only the elements it read
-                sum += e;
-            }
-            sum = tp_warp_sum(sum);
-            const float inv_sum = 1.0f / sum;
-            for (int j = lane; j < n_valid; j += TP_WARP) p[j] *= inv_sum;
-        }
-        for (int j = n_valid + lane; j < Tk; j += TP_WARP) p[j] = 0.0f;
+        softmax_row_fwd(P + r * Tk, S + r * Tk, valid_keys(k_len[b], i, Tk, causal), Tk, scale, lane);
     }
 }
 
-// v = scale * P * (dP - sum_j dP * P); dS += v (ACCUM) or dS = v. One warp per
-// row. dS may be dP: each lane reads its elements before writing them.
+// dS (+)= scale * P * (dP - sum_j dP * P), one warp per row. dS may be dP.
 template <bool ACCUM>
 __global__ void softmax_bwd_kernel(float *dS,        // (n_rows, Tk)
                                    const float *dP,  // (n_rows, Tk)
@@ -78,21 +114,8 @@ __global__ void softmax_bwd_kernel(float *dS,        // (n_rows, Tk)
                                    int Tk, size_t n_rows, float scale) {
     const int lane = threadIdx.x % TP_WARP;
     for (size_t r = blockIdx.x * (size_t)SM_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; r < n_rows;
-         r += (size_t)gridDim.x * SM_ROWS_PER_BLOCK) {
-        const float *dp = dP + r * Tk;
-        const float *p = P + r * Tk;
-        float *ds = dS + r * Tk;
-        float dot = 0.0f;
-        for (int j = lane; j < Tk; j += TP_WARP) dot += dp[j] * p[j];
-        dot = tp_warp_sum(dot);
-        for (int j = lane; j < Tk; j += TP_WARP) {
-            float v = scale * p[j] * (dp[j] - dot);
-            if (ACCUM)
-                ds[j] += v;
-            else
-                ds[j] = v;
-        }
-    }
+         r += (size_t)gridDim.x * SM_ROWS_PER_BLOCK)
+        softmax_row_bwd<ACCUM>(dS + r * Tk, dP + r * Tk, P + r * Tk, Tk, scale, lane);
 }
 
 // A strided per-(b, h) matrix view (see the top of the file).
@@ -162,7 +185,172 @@ __global__ void bh_gemm_kernel(OutView Cv, MatView Av, MatView Bv, int M, int N,
     }
 }
 
+// ---- fused kernels: one (b, h) pair per block, out of shared memory -------------------
+
+#define FUSED_THREADS 256                     // 8 warps: softmax rows go warp by warp
+#define FUSED_WARPS (FUSED_THREADS / TP_WARP)
+#define FUSED_QROWS 32                        // query rows per pass of the forward
+
+// Rows [0, n) of one head of a (B, T, H*D) tensor (row stride HD, from row
+// pointer x) into dst (row stride ld), read along d so the block coalesces.
+__device__ __forceinline__ void fused_load_rows(float *dst, int ld, const float *x, long long HD, int n, int D) {
+    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        dst[r * ld + d] = x[r * HD + d];
+    }
+}
+
+// The forward of pair z = b*H + h per block (grid-stride over pairs). Shared
+// memory (floats): K (Tk, D+1), V (Tk, D), a query tile (FUSED_QROWS, D+1)
+// and its scores (FUSED_QROWS, Tk). The +1 pads rows read across threads.
+__global__ void __launch_bounds__(FUSED_THREADS)
+attn_fused_fwd_kernel(float *out, float *P, const float *q, const float *k, const float *v,
+                      const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, float scale) {
+    extern __shared__ float smem[];
+    const int Dp = D + 1;
+    float *Ks = smem, *Vs = Ks + Tk * Dp, *Qs = Vs + Tk * D, *Ss = Qs + FUSED_QROWS * Dp;
+    const int warp = threadIdx.x / TP_WARP, lane = threadIdx.x % TP_WARP;
+    const long long HD = (long long)H * D;
+    for (long long z = blockIdx.x; z < (long long)B * H; z += gridDim.x) {
+        const int b = (int)(z / H), h = (int)(z % H);
+        const size_t head = (size_t)h * D;
+        __syncthreads();  // the last pair is done with shared memory
+        fused_load_rows(Ks, Dp, k + (size_t)b * Tk * HD + head, HD, Tk, D);
+        fused_load_rows(Vs, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);
+        const int klen = k_len[b];
+        for (int i0 = 0; i0 < Tq; i0 += FUSED_QROWS) {
+            const int nq = Tq - i0 < FUSED_QROWS ? Tq - i0 : FUSED_QROWS;
+            __syncthreads();  // the last tile is done with Qs and Ss
+            fused_load_rows(Qs, Dp, q + ((size_t)b * Tq + i0) * HD + head, HD, nq, D);
+            __syncthreads();
+            for (int e = threadIdx.x; e < nq * Tk; e += blockDim.x) {  // S = q k^T
+                const int i = e / Tk, j = e % Tk;
+                float acc = 0.0f;
+                for (int d = 0; d < D; d++) acc = fmaf(Qs[i * Dp + d], Ks[j * Dp + d], acc);
+                Ss[i * Tk + j] = acc;
+            }
+            __syncthreads();
+            for (int i = warp; i < nq; i += FUSED_WARPS) {  // P = softmax, in place, and saved
+                float *srow = Ss + i * Tk;
+                softmax_row_fwd(srow, srow, valid_keys(klen, i0 + i, Tk, causal), Tk, scale, lane);
+                __syncwarp();
+                float *prow = P + ((size_t)z * Tq + i0 + i) * Tk;
+                for (int j = lane; j < Tk; j += TP_WARP) prow[j] = srow[j];
+            }
+            __syncthreads();
+            float *ob = out + ((size_t)b * Tq + i0) * HD + head;
+            for (int e = threadIdx.x; e < nq * D; e += blockDim.x) {  // out = P v
+                const int i = e / D, d = e % D;
+                float acc = 0.0f;
+                for (int j = 0; j < Tk; j++) acc = fmaf(Ss[i * Tk + j], Vs[j * D + d], acc);
+                ob[i * HD + d] = acc;
+            }
+        }
+    }
+}
+
+// dst rows (B, T, H*D) head view += acc, for the (n, D) results of one pair
+// computed by f(r, d) (the block's threads split the elements).
+template <typename F>
+__device__ __forceinline__ void fused_accumulate(float *x, long long HD, int n, int D, F f) {
+    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        float *o = x + r * HD + d;
+        *o = *o + f(r, d);
+    }
+}
+
+// The backward of pair z per block. Shared memory (floats): q and dout
+// (Tq, D+1), k and v (Tk, D+1), P and dP-then-dS (Tq, Tk).
+__global__ void __launch_bounds__(FUSED_THREADS)
+attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
+                      const float *k, const float *v, int B, int H, int Tq, int Tk, int D, float scale) {
+    extern __shared__ float smem[];
+    const int Dp = D + 1;
+    float *Qs = smem, *dOs = Qs + Tq * Dp, *Ks = dOs + Tq * Dp, *Vs = Ks + Tk * Dp;
+    float *Ps = Vs + Tk * Dp, *dSs = Ps + Tq * Tk;
+    const int warp = threadIdx.x / TP_WARP, lane = threadIdx.x % TP_WARP;
+    const long long HD = (long long)H * D;
+    for (long long z = blockIdx.x; z < (long long)B * H; z += gridDim.x) {
+        const int b = (int)(z / H), h = (int)(z % H);
+        const size_t head = (size_t)h * D, qrow0 = (size_t)b * Tq * HD + head, krow0 = (size_t)b * Tk * HD + head;
+        __syncthreads();  // the last pair is done with shared memory
+        fused_load_rows(Qs, Dp, q + qrow0, HD, Tq, D);
+        fused_load_rows(dOs, Dp, dout + qrow0, HD, Tq, D);
+        fused_load_rows(Ks, Dp, k + krow0, HD, Tk, D);
+        fused_load_rows(Vs, Dp, v + krow0, HD, Tk, D);
+        const float *pz = P + (size_t)z * Tq * Tk;
+        for (int e = threadIdx.x; e < Tq * Tk; e += blockDim.x) Ps[e] = pz[e];
+        __syncthreads();
+        fused_accumulate(dv + krow0, HD, Tk, D, [&](int j, int d) {  // dv += P^T dout
+            float acc = 0.0f;
+            for (int i = 0; i < Tq; i++) acc = fmaf(Ps[i * Tk + j], dOs[i * Dp + d], acc);
+            return acc;
+        });
+        for (int e = threadIdx.x; e < Tq * Tk; e += blockDim.x) {  // dP = dout v^T
+            const int i = e / Tk, j = e % Tk;
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++) acc = fmaf(dOs[i * Dp + d], Vs[j * Dp + d], acc);
+            dSs[e] = acc;
+        }
+        __syncthreads();
+        for (int i = warp; i < Tq; i += FUSED_WARPS)  // dS = softmax backward, in place
+            softmax_row_bwd<false>(dSs + i * Tk, dSs + i * Tk, Ps + i * Tk, Tk, scale, lane);
+        __syncthreads();
+        fused_accumulate(dq + qrow0, HD, Tq, D, [&](int i, int d) {  // dq += dS k
+            float acc = 0.0f;
+            for (int j = 0; j < Tk; j++) acc = fmaf(dSs[i * Tk + j], Ks[j * Dp + d], acc);
+            return acc;
+        });
+        fused_accumulate(dk + krow0, HD, Tk, D, [&](int j, int d) {  // dk += dS^T q
+            float acc = 0.0f;
+            for (int i = 0; i < Tq; i++) acc = fmaf(dSs[i * Tk + j], Qs[i * Dp + d], acc);
+            return acc;
+        });
+    }
+}
+
 // ---- launchers ---------------------------------------------------------------------
+
+// ---- the fused path's shared memory ------------------------------------------------
+
+static size_t attn_fused_fwd_smem_bytes(int Tk, int D) {
+    return sizeof(float) * ((size_t)Tk * (D + 1) + (size_t)Tk * D + (size_t)FUSED_QROWS * (D + 1) +
+                            (size_t)FUSED_QROWS * Tk);
+}
+static size_t attn_fused_bwd_smem_bytes(int Tq, int Tk, int D) {
+    return sizeof(float) * (2 * (size_t)(Tq + Tk) * (D + 1) + 2 * (size_t)Tq * Tk);
+}
+
+static bool g_fused_on = true;  // cuda_attention_set_fused: the tests' switch
+
+extern "C" void cuda_attention_set_fused(bool on) { g_fused_on = on; }
+
+// Whether a block may have smem_bytes of dynamic shared memory on this
+// device (its opt-in limit, asked once per device).
+static bool fused_fits(size_t smem_bytes) {
+    if (!g_fused_on) return false;
+    static int optin[64];  // per device ordinal; 0 = not asked yet
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64) return false;
+    if (optin[dev] == 0) {
+        int v = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        optin[dev] = v > 0 ? v : -1;
+    }
+    return optin[dev] > 0 && smem_bytes <= (size_t)optin[dev];
+}
+
+template <typename Kernel, typename... Args>
+static void fused_launch(Kernel kernel, size_t smem_bytes, int BH, cudaStream_t stream, Args... args) {
+    if (smem_bytes > 48 * 1024)  // above the default, a block must opt in
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+    const unsigned grid = BH < (1 << 20) ? (unsigned)BH : (1u << 20);
+    kernel<<<grid, FUSED_THREADS, smem_bytes, stream>>>(args...);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 
 static unsigned softmax_blocks(size_t n_rows) { return tp_grid_1d(n_rows, SM_ROWS_PER_BLOCK); }
 
@@ -226,6 +414,11 @@ static void attention_fwd_launch(float *out, float *P, const float *q, const flo
                                  int Tk, int D, bool causal, cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
+    if (fused_fits(attn_fused_fwd_smem_bytes(Tk, D))) {
+        fused_launch(attn_fused_fwd_kernel, attn_fused_fwd_smem_bytes(Tk, D), BH, stream, out, P, q, k, v, k_len,
+                     B, H, Tq, Tk, D, causal, scale);
+        return;
+    }
     // P = q k^T: (Tq, D) x (D, Tk)
     bh_gemm_launch(probs_out(P, H, Tq, Tk), tokens(q, Tq, H, D), tokens_t(k, Tk, H, D), Tq, Tk, D,
                    H, BH, false, stream);
@@ -241,6 +434,11 @@ static void attention_bwd_launch(float *dq, float *dk, float *dv, const float *d
                                  cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
+    if (fused_fits(attn_fused_bwd_smem_bytes(Tq, Tk, D))) {
+        fused_launch(attn_fused_bwd_kernel, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, dq, dk, dv, dout, P,
+                     q, k, v, B, H, Tq, Tk, D, scale);
+        return;
+    }
     // dv += P^T dout: (Tk, Tq) x (Tq, D)
     bh_gemm_launch(tokens_out(dv, Tk, H, D), probs_t(P, H, Tq, Tk), tokens(dout, Tq, H, D), Tk, D,
                    Tq, H, BH, true, stream);

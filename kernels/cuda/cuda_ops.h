@@ -94,6 +94,10 @@ size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C);
 size_t cuda_sum_scratch_bytes(size_t n_elems);  // sum_acc and sumsq_acc
 /* The bytes version of cuda_op_copy. */
 void cuda_op_copy_bytes(void *dst, const void *src, size_t n_bytes, void *scratch, cudaStream_t stream);
+/* Attention's fused path (one (b, h) pair per block, out of shared memory;
+ * on by default): off sends every call down the general path, which gives
+ * the same bits. For the tests that prove that. Process-wide. */
+void cuda_attention_set_fused(bool on);
 
 #ifdef __cplusplus
 }

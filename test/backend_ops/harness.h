@@ -157,6 +157,8 @@ void test_no_hidden_allocs(const Target *t, Rng *rng);
 size_t gpu_free_bytes(void);
 size_t gpu_pool_reserved_bytes(const Backend *be);  // the device's default cudaMallocAsync pool
 void gpu_set_fused_epilogues(const Backend *be, bool on);
+/* attention's fused kernels on (the default) or off: cuda_attention_set_fused */
+void gpu_set_fused_attention(bool on);
 typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
 } GpuGemmCounts;

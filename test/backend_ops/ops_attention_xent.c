@@ -139,6 +139,28 @@ static void attention_case(const Target *t, const char *name, const int32_t *k_l
     snprintf(what, sizeof what, "attention bwd dv %s", name);
     check_rel(t, what, got_dv, dv, dv0, nk, tol(t, ATTN_BWD_RTOL));
 
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) {  // the general path (fused kernels off) gives the fused path's bits
+        gpu_set_fused_attention(false);
+        op_attention_fwd(be, d_out, d_P, d_q, d_k, d_v, d_klen, B, H, Tq, Tk, D, causal);
+        float *gen_out = dev_fetch(t, d_out, nq), *gen_P = dev_fetch(t, d_P, np);
+        backend_upload(be, d_P, P, np * sizeof(float));
+        backend_upload(be, d_dq, dq0, nq * sizeof(float));
+        backend_upload(be, d_dk, dk0, nk * sizeof(float));
+        backend_upload(be, d_dv, dv0, nk * sizeof(float));
+        op_attention_bwd(be, d_dq, d_dk, d_dv, d_dout, d_P, d_q, d_k, d_v, d_scratch, B, H, Tq, Tk, D);
+        float *gen_dq = dev_fetch(t, d_dq, nq), *gen_dk = dev_fetch(t, d_dk, nk), *gen_dv = dev_fetch(t, d_dv, nk);
+        gpu_set_fused_attention(true);
+        const float *gen[] = {gen_out, gen_P, gen_dq, gen_dk, gen_dv}, *fused[] = {got_out, got_P, got_dq, got_dk, got_dv};
+        const char *names[] = {"fwd out", "fwd P", "bwd dq", "bwd dk", "bwd dv"};
+        const size_t sizes[] = {nq, np, nq, nk, nk};
+        for (int i = 0; i < 5; i++) {
+            snprintf(what, sizeof what, "attention %s %s: general path = fused path", names[i], name);
+            check_exact(t, what, gen[i], fused[i], sizes[i]);
+            free((void *)gen[i]);
+        }
+    }
+#endif
     float *host_bufs[] = {q, k, v, out, P, got_out, got_P, dout, dq0, dk0, dv0, dq, dk, dv, scratch, got_dq, got_dk, got_dv};
     for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
     free(masked);
@@ -160,6 +182,9 @@ void test_attention(const Target *t, Rng *rng) {
     attention_case(t, "causal Tq=Tk=160 D64 (decoder)", dec_len, 2, 4, 160, 160, 64, true, rng);
     const int32_t enc_len[2] = {200, 131};
     attention_case(t, "cross Tq130 Tk200 D32", enc_len, 2, 4, 130, 200, 32, false, rng);
+    // keys beyond any device's shared memory (2 x 1700 x 65 floats): the general path both ways
+    const int32_t ctx_len[1] = {1650};
+    attention_case(t, "Tq2 Tk1700 D64 (long context)", ctx_len, 1, 2, 2, 1700, 64, false, rng);
     // more (batch, head) pairs than one grid dimension holds (65,535)
     int32_t *many_len = TP_MALLOC(35000 * sizeof(int32_t));
     for (int b = 0; b < 35000; b++) many_len[b] = 1 + b % 3;

@@ -6,6 +6,7 @@
 
 #include "backend_ops/harness.h"
 #include "cuda/backend_cuda.h"
+#include "cuda/cuda_ops.h"
 #include "err.h"
 
 #define TEST_CUDA(call)                                                                                       \
@@ -27,6 +28,8 @@ size_t gpu_pool_reserved_bytes(const Backend *be) {
     TEST_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
     return (size_t)reserved;
 }
+
+void gpu_set_fused_attention(bool on) { cuda_attention_set_fused(on); }
 
 void gpu_set_fused_epilogues(const Backend *be, bool on) { cuda_gemm_set_fused_epilogues(backend_cuda_gemm(be), on); }
 
