@@ -49,6 +49,25 @@ static __global__ void gemm_f32_to_bf16_kernel(__nv_bfloat16 *dst,  // (n_elems)
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// The same rounding, 8 elements a thread: two 16-byte loads, one 16-byte
+// store (the operand copies are the GEMMs' main memory traffic besides the
+// products). Both pointers 16-byte aligned; n_vec = n_elems / 8.
+static __global__ void gemm_f32_to_bf16_x8_kernel(uint4 *dst,          // (n_vec)
+                                                  const float4 *src,   // (2 n_vec)
+                                                  size_t n_vec) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += (size_t)gridDim.x * blockDim.x) {
+        const float4 a = src[2 * i], b = src[2 * i + 1];
+        const __nv_bfloat162 p0 = __floats2bfloat162_rn(a.x, a.y), p1 = __floats2bfloat162_rn(a.z, a.w);
+        const __nv_bfloat162 p2 = __floats2bfloat162_rn(b.x, b.y), p3 = __floats2bfloat162_rn(b.z, b.w);
+        uint4 o;
+        o.x = *(const unsigned *)&p0;
+        o.y = *(const unsigned *)&p1;
+        o.z = *(const unsigned *)&p2;
+        o.w = *(const unsigned *)&p3;
+        dst[i] = o;
+    }
+}
+
 static __global__ void gemm_accumulate_kernel(float *y,        // (n_elems)
                                               const float *x,  // (n_elems)
                                               size_t n_elems) {
@@ -66,8 +85,19 @@ static __global__ void gemm_scale_kernel(float *x,  // (n_elems)
 
 static void launch_f32_to_bf16(cudaStream_t stream, void *dst, const float *src, size_t n_elems) {
     if (n_elems == 0) return;
-    gemm_f32_to_bf16_kernel<<<tp_grid_1d(n_elems, BLOCK), BLOCK, 0, stream>>>((__nv_bfloat16 *)dst, src, n_elems);
-    CUDA_CHECK(cudaGetLastError());
+    size_t done = 0;
+    if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0 && n_elems >= 8) {
+        const size_t n_vec = n_elems / 8;
+        gemm_f32_to_bf16_x8_kernel<<<tp_grid_1d(n_vec, BLOCK), BLOCK, 0, stream>>>((uint4 *)dst, (const float4 *)src,
+                                                                                  n_vec);
+        CUDA_CHECK(cudaGetLastError());
+        done = n_vec * 8;
+    }
+    if (done < n_elems) {  // unaligned operands, and the tail of aligned ones
+        gemm_f32_to_bf16_kernel<<<tp_grid_1d(n_elems - done, BLOCK), BLOCK, 0, stream>>>(
+            (__nv_bfloat16 *)dst + done, src + done, n_elems - done);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
 static void launch_accumulate(cudaStream_t stream, float *y, const float *x, size_t n_elems) {

@@ -363,7 +363,7 @@ void test_compute_weights(const Target *t, Rng *rng) {
     const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f /* 1 + 2^-8: tie, stays 1 */,
                               1.01171875f /* 1 + 3*2^-8: tie, up to 1 + 2^-6 */, 3.14159265f, 65504.0f,
                               1e-40f /* denormal */, 3.0e38f, INFINITY, -INFINITY, NAN};
-    const size_t n_special = sizeof specials / sizeof specials[0], n = n_special + 4099;
+    const size_t n_special = sizeof specials / sizeof specials[0], n = n_special + 4102;  // 8-wide conversion and a 3-element tail
     float *h = rand_floats(n, rng, -1000, 1000);
     memcpy(h, specials, sizeof specials);
     float *master = backend_alloc(be, n * sizeof(float), MEM_MASTER);
