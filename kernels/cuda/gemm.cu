@@ -112,12 +112,6 @@ static cudaDataType_t ab_type_of(const CudaGemmCtx *ctx) {
     return ctx->precision == CUDA_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-// Scratch for the bf16 copy of an n_elems operand (none in fp32 or when the
-// caller has a copy).
-static size_t operand_bytes(const CudaGemmCtx *ctx, size_t n_elems, bool has_bf16) {
-    return scratch_gemm_operand(ctx->precision == CUDA_GEMM_BF16, n_elems, has_bf16);
-}
-
 // The operand in the context's precision: the fp32 values, the caller's
 // bf16 copy, or a bf16 copy made now in scratch.
 static const void *operand(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand x, size_t n_elems) {
