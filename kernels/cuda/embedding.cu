@@ -10,23 +10,38 @@
 //      val[n] = n;
 //   2. CUB's radix sort of (key, val) pairs: stable, so rows of one token
 //      stay in increasing n;
-//   3. one block per sorted position; the block that starts a run of equal
-//      keys owns that table row and adds the run's dout rows into it, in
-//      increasing n, one fp32 multiply and add at a time (the __fmul_rn /
-//      __fadd_rn intrinsics stop nvcc from fusing them into an FMA).
+//   3. one block per (group of columns, sorted position); the blocks that
+//      start a run of equal keys own that table row and add the run's dout
+//      rows into it, in increasing n, one fp32 multiply and add at a time
+//      (the __fmul_rn / __fadd_rn intrinsics stop nvcc from fusing them
+//      into an FMA).
 // That is exactly the CPU's order of operations per table element, so the
 // result is bit-identical to op_embedding_bwd and independent of scheduling.
-// Cost: O(N log V_local) to sort, O(N * C) to add; a token repeated r times
-// is summed serially by one block (r steps), which is fine at these batch
-// sizes (splitting long runs would break bit-equality with the CPU).
+// Cost: O(N log V_local) to sort, O(N * C) to add. A token repeated r times
+// (EOS, BOS, padding, punctuation: thousands of times in a batch) still needs
+// r dependent adds per column (splitting a run would break bit-equality with
+// the CPU), so the latency of the loads is what a long run must hide: each
+// warp owns 32 columns of the run (one per lane) and walks it 32 rows at a
+// time: the lanes read the chunk's keys and rows at once (the ballot of equal
+// keys finds the run's end: no serial scan), all 32 dout values are loaded
+// into registers, and only then added, in order; the next chunk's keys and
+// rows are read while those loads are in flight. The column groups of one
+// run are separate blocks launched side by side, and runs start in key
+// order, so the long runs of the small special ids (padding, BOS, EOS)
+// start first rather than queueing behind short ones.
 // The keys, values and CUB's temporary storage live in the caller's scratch
 // (cuda_embedding_bwd_scratch_bytes): no allocation.
+//
+// add_positions adds the sinusoid of (t, i), computed once per thread in
+// double as the CPU does, to EMB_POS_BATCH rows of the batch per thread.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
 #define EMB_MAX_THREADS 256
+#define EMB_RUN_CHUNK TP_WARP  // rows of a run one warp has in flight
+#define EMB_POS_BATCH 8        // rows of the batch one add_positions thread updates
 
 // ---- kernels ---------------------------------------------------------------------
 
@@ -55,28 +70,64 @@ __global__ void embedding_keys_kernel(uint32_t *keys,      // (N)
     }
 }
 
-// One block per sorted position s; only the first position of a run works.
-__global__ void embedding_bwd_runs_kernel(float *dtable,           // (V_local, C) accumulated
-                                          const float *dout,       // (N, C)
-                                          const uint32_t *keys,    // (N) sorted
-                                          const int32_t *vals,     // (N) row of each key
+// One warp's 32 columns (c = first column + lane) of the run of `key` that
+// starts at sorted position s: acc = dst[c], then + scale * dout row for each
+// row of the run in increasing position, EMB_RUN_CHUNK rows at a time.
+__device__ void embedding_run_columns(float *dst, const float *__restrict__ dout,
+                                      const uint32_t *__restrict__ keys,
+                                      const int32_t *__restrict__ vals, uint32_t key, int s,
+                                      float scale, int N, int C, int c) {
+    const int lane = threadIdx.x % TP_WARP;
+    const bool col = c < C;
+    float acc = col ? dst[c] : 0.0f;
+    int p = s + lane;
+    bool in = p < N && keys[p] == key;
+    int32_t row = p < N ? vals[p] : 0;
+    for (;;) {
+        // keys are sorted: the lanes in the run are a prefix of the warp
+        const int cnt = __popc(__ballot_sync(TP_FULL_MASK, in));
+        float v[EMB_RUN_CHUNK];
+#pragma unroll
+        for (int k = 0; k < EMB_RUN_CHUNK; k++) {
+            const int32_t r = __shfl_sync(TP_FULL_MASK, row, k);
+            v[k] = (col && k < cnt) ? dout[(size_t)r * C + c] : 0.0f;
+        }
+        p += EMB_RUN_CHUNK;  // the next chunk's keys and rows, read while v[] arrives
+        const bool more = cnt == EMB_RUN_CHUNK && p < N;
+        in = more && keys[p] == key;
+        row = more ? vals[p] : 0;
+#pragma unroll
+        for (int k = 0; k < EMB_RUN_CHUNK; k++)
+            if (k < cnt) acc = __fadd_rn(acc, __fmul_rn(scale, v[k]));
+        if (cnt < EMB_RUN_CHUNK) break;
+    }
+    if (col) dst[c] = acc;
+}
+
+// Grid (column groups of blockDim.x, sorted positions): a run's column
+// groups are neighbours in launch order. Only the first position of a run
+// works. Every warp's loop bounds are uniform across it.
+__global__ void embedding_bwd_runs_kernel(float *dtable,                    // (V_local, C) accumulated
+                                          const float *__restrict__ dout,   // (N, C)
+                                          const uint32_t *__restrict__ keys,  // (N) sorted
+                                          const int32_t *__restrict__ vals,   // (N) row of each key
                                           float scale, int N, int C, int V_local) {
-    for (int s = blockIdx.x; s < N; s += gridDim.x) {
+    const int warp_col = blockIdx.x * blockDim.x + threadIdx.x / TP_WARP * TP_WARP;
+    const int col_stride = gridDim.x * blockDim.x;
+    for (int s = blockIdx.y; s < N; s += gridDim.y) {
         const uint32_t key = keys[s];
         if (key >= (uint32_t)V_local) continue;      // another shard's id
         if (s > 0 && keys[s - 1] == key) continue;   // not the start of the run
-        int end = s + 1;
-        while (end < N && keys[end] == key) end++;
         float *dst = dtable + (size_t)key * C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float acc = dst[c];
-            for (int j = s; j < end; j++)
-                acc = __fadd_rn(acc, __fmul_rn(scale, dout[(size_t)vals[j] * C + c]));
-            dst[c] = acc;
-        }
+        for (int c0 = warp_col; c0 < C; c0 += col_stride)
+            embedding_run_columns(dst, dout, keys, vals, key, s, scale, N, C, c0 + threadIdx.x % TP_WARP);
     }
 }
 
+// Grid (pairs (t, i), groups of EMB_POS_BATCH rows of the batch): the angle
+// once per thread, then the group's loads all issued before its stores (a
+// loop of read-modify-writes over b would wait out each load in turn: the
+// compiler cannot prove the rows apart).
 __global__ void add_positions_kernel(float *x,  // (B, T, C)
                                      int B, int T, int C) {
     const int half = C / 2;
@@ -87,10 +138,16 @@ __global__ void add_positions_kernel(float *x,  // (B, T, C)
         // the CPU's expression, in double, rounded once
         const double angle = t * pow(10000.0, -(2.0 * i) / C);
         const float s = (float)sin(angle), c = (float)cos(angle);
-        for (int b = 0; b < B; b++) {
-            float *row = x + ((size_t)b * T + t) * C;
-            row[2 * i] += s;
-            row[2 * i + 1] += c;
+        for (int b0 = blockIdx.y * EMB_POS_BATCH; b0 < B; b0 += gridDim.y * EMB_POS_BATCH) {
+            float *base = x + ((size_t)b0 * T + t) * C + 2 * i;
+            const size_t step = (size_t)T * C;  // one row of the batch
+            float even[EMB_POS_BATCH], odd[EMB_POS_BATCH];
+#pragma unroll
+            for (int q = 0; q < EMB_POS_BATCH; q++)
+                if (b0 + q < B) even[q] = base[q * step], odd[q] = base[q * step + 1];
+#pragma unroll
+            for (int q = 0; q < EMB_POS_BATCH; q++)
+                if (b0 + q < B) base[q * step] = even[q] + s, base[q * step + 1] = odd[q] + c;
         }
     }
 }
@@ -144,14 +201,17 @@ static void embedding_bwd_launch(float *dtable, const float *dout, const int32_t
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys_in, keys_out, vals_in,
                                                vals_out, N, 0, key_bits(V_local), stream));
-    embedding_bwd_runs_kernel<<<tp_grid_1d((size_t)N, 1), row_threads(C), 0, stream>>>(
-        dtable, dout, keys_out, vals_out, scale, N, C, V_local);
+    const unsigned threads = row_threads(C);
+    const dim3 grid(tp_grid_1d((size_t)C, threads), tp_grid_1d((size_t)N, 1));
+    embedding_bwd_runs_kernel<<<grid, threads, 0, stream>>>(dtable, dout, keys_out, vals_out, scale,
+                                                            N, C, V_local);
     CUDA_CHECK(cudaGetLastError());
 }
 
 static void add_positions_launch(float *x, int B, int T, int C, cudaStream_t stream) {
     const size_t n_pairs = (size_t)T * (C / 2);
-    add_positions_kernel<<<tp_grid_1d(n_pairs, 256), 256, 0, stream>>>(x, B, T, C);
+    const dim3 grid(tp_grid_1d(n_pairs, 256), tp_grid_1d((size_t)B, EMB_POS_BATCH));
+    add_positions_kernel<<<grid, 256, 0, stream>>>(x, B, T, C);
     CUDA_CHECK(cudaGetLastError());
 }
 

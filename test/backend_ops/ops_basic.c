@@ -268,15 +268,12 @@ void test_bias(const Target *t, Rng *rng) {
 
 /* ---- embedding and positions ----------------------------------------------------------- */
 
-static void embedding_case(const Target *t, const char *name, int N, int C, int V, int vocab_start, int V_local,
-                           Rng *rng) {
+/* Forward and backward of the ids given (freed here) against the CPU, bit for bit. */
+static void embedding_check(const Target *t, const char *name, int32_t *ids, int N, int C, int vocab_start,
+                            int V_local, Rng *rng) {
     Backend *be = t->be;
     char what[96];
     const size_t nc = (size_t)N * C, vc = (size_t)V_local * C;
-    int32_t *ids = TP_MALLOC((size_t)N * sizeof(int32_t));
-    for (int n = 0; n < N; n++) ids[n] = (int32_t)(rng_next(rng) % (uint64_t)V);
-    ids[0] = vocab_start;                    // first row of the shard
-    ids[N - 1] = vocab_start + V_local - 1;  // last row of the shard
     float *table = rand_floats(vc, rng, -1, 1);
     const float scale = sqrtf((float)C);
     int32_t *d_ids = dev_from_i32(t, ids, N);
@@ -305,6 +302,40 @@ static void embedding_case(const Target *t, const char *name, int N, int C, int 
     dev_free(t, d_ids), dev_free(t, d_table), dev_free(t, d_out), dev_free(t, d_dout), dev_free(t, d_dtable);
 }
 
+static void embedding_case(const Target *t, const char *name, int N, int C, int V, int vocab_start, int V_local,
+                           Rng *rng) {
+    int32_t *ids = TP_MALLOC((size_t)N * sizeof(int32_t));
+    for (int n = 0; n < N; n++) ids[n] = (int32_t)(rng_next(rng) % (uint64_t)V);
+    ids[0] = vocab_start;                    // first row of the shard
+    ids[N - 1] = vocab_start + V_local - 1;  // last row of the shard
+    embedding_check(t, name, ids, N, C, vocab_start, V_local, rng);
+}
+
+/* Ids with runs of given lengths (a token repeated runs[r][1] times, as EOS,
+ * padding and punctuation are in a batch), the other rows random ids of [0, V)
+ * outside the runs, then shuffled: the GPU's backward adds a run's rows in
+ * chunks of 32, and must still add them in increasing row order. */
+static void embedding_runs_case(const Target *t, const char *name, int N, int C, int V, int vocab_start,
+                                int V_local, const int (*runs)[2], int n_runs, Rng *rng) {
+    int32_t *ids = TP_MALLOC((size_t)N * sizeof(int32_t));
+    int n = 0;
+    for (int r = 0; r < n_runs; r++)
+        for (int k = 0; k < runs[r][1]; k++) ids[n++] = runs[r][0];
+    TP_CHECK(n <= N, "embedding_runs_case %s: runs of %d rows in %d", name, n, N);
+    while (n < N) {
+        const int32_t id = (int32_t)(rng_next(rng) % (uint64_t)V);
+        int taken = 0;
+        for (int r = 0; r < n_runs; r++) taken |= id == runs[r][0];
+        if (!taken) ids[n++] = id;
+    }
+    for (int i = N - 1; i > 0; i--) {  // Fisher-Yates
+        const int j = (int)(rng_next(rng) % (uint64_t)(i + 1));
+        const int32_t x = ids[i];
+        ids[i] = ids[j], ids[j] = x;
+    }
+    embedding_check(t, name, ids, N, C, vocab_start, V_local, rng);
+}
+
 void test_embedding(const Target *t, Rng *rng) {
     embedding_case(t, "one shard", 300, 96, 40, 0, 40, rng);
     embedding_case(t, "shard 10..23 of 40", 300, 96, 40, 10, 13, rng);
@@ -313,6 +344,15 @@ void test_embedding(const Target *t, Rng *rng) {
     /* past CUB's single-tile sort, two 8-bit passes: on a GPU, CUB's storage
      * must fit scratch_sort_pairs_bound (embedding.cu dies otherwise) */
     embedding_case(t, "20000 ids of 32000 (multi-pass sort)", 20000, 8, 32000, 0, 32000, rng);
+    /* the shard's last id 3000 times, its first 500, one 64 (two full chunks of
+     * 32), the rest random over 1000 ids (other shards' too); C = 300: two
+     * column groups of 256, the last warp partly past C */
+    const int long_runs[3][2] = {{499, 3000}, {100, 500}, {200, 64}};
+    embedding_runs_case(t, "long runs (3000, 500, 64 of 4096 rows)", 4096, 300, 1000, 100, 400, long_runs, 3, rng);
+    /* one shard, only runs of 32 and 96 rows: the last run ends the sort on a chunk boundary */
+    const int chunk_runs[2][2] = {{0, 32}, {1, 96}};
+    embedding_runs_case(t, "runs of 32 and 96 ending the sort", 128, 40, 2, 0, 2, chunk_runs, 2, rng);
+
 }
 
 void test_positions(const Target *t, Rng *rng) {
