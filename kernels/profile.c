@@ -80,11 +80,11 @@ void backend_profile_region_end(Backend *be) {
 
 /* ---- the wrappers --------------------------------------------------------------- */
 
-#define WRAP(name, params, args)                       \
-    static void w_##name params {                      \
+#define WRAP(name, params, args)                          \
+    static void w_##name params {                         \
         backend_profile_region_begin(be, PROF_OP_##name); \
-        be->profile->inner->name args;                 \
-        backend_profile_region_end(be);                \
+        be->profile->inner->name args;                    \
+        backend_profile_region_end(be);                   \
     }
 
 WRAP(upload, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
