@@ -8,11 +8,14 @@
  * a collective's region, count with their caller) and only on the thread
  * that enabled profiling. A step whose marks outgrow the set is counted as
  * skipped and the set doubles for the next.
+ * Time is kept per op (ProfOp) only; a class's row is its ops summed when
+ * the totals are read, so the two tables agree by construction.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "profile.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +28,7 @@ struct OpProfile {
     const BackendOps *inner; // the real table
     pthread_t owner;         // the thread whose ops are marked
     void *marks;             // (cap) the backend's marks
-    int8_t *cls;             // (cap) class of the op mark i opens, -1 for other marks
+    int16_t *op;             // (cap) the ProfOp mark i opens, -1 for other marks
     double *t;               // (cap) the marks' seconds, read at the step's end
     int cap, n, depth;
     bool in_step, overflow, open;
@@ -41,18 +44,30 @@ static const char *const KEYS[PROF_N_CLASSES] = {"gemm", "attention", "layernorm
 const char *prof_class_name(ProfClass c) { return c >= 0 && c < PROF_N_CLASSES ? NAMES[c] : "?"; }
 const char *prof_class_key(ProfClass c) { return c >= 0 && c < PROF_N_CLASSES ? KEYS[c] : "?"; }
 
+static const char *const OP_NAMES[PROF_N_OPS] = {
+#define OP(name, cls, cpu, cuda, params, args) #name,
+#include "ops_list.h"
+    "upload", "download", "upload_wait", "recast", "collectives"};
+static const ProfClass OP_CLASSES[PROF_N_OPS] = {
+#define OP(name, cls, cpu, cuda, params, args) PROF_##cls,
+#include "ops_list.h"
+    PROF_COPY, PROF_COPY, PROF_COPY, PROF_CONVERT, PROF_COMM};
+
+const char *prof_op_name(ProfOp op) { return op >= 0 && op < PROF_N_OPS ? OP_NAMES[op] : "?"; }
+ProfClass prof_op_class(ProfOp op) { return op >= 0 && op < PROF_N_OPS ? OP_CLASSES[op] : PROF_HOST_GAP; }
+
 static bool marking(const struct OpProfile *p) { return p->in_step && pthread_equal(pthread_self(), p->owner); }
 
-static void put_mark(Backend *be, struct OpProfile *p, int cls) {
-    p->cls[p->n] = (int8_t)cls;
+static void put_mark(Backend *be, struct OpProfile *p, int op) {
+    p->op[p->n] = (int16_t)op;
     p->inner->mark(be, p->marks, p->n++);
 }
 
-void backend_profile_region_begin(Backend *be, ProfClass c) {
+void backend_profile_region_begin(Backend *be, ProfOp op) {
     struct OpProfile *p = be->profile;
     if (!p || !marking(p) || p->depth++ > 0) return;
     p->open = p->n + 3 <= p->cap;  // room for this pair and the step's closing mark
-    if (p->open) put_mark(be, p, (int)c);
+    if (p->open) put_mark(be, p, (int)op);
     else p->overflow = true;
 }
 
@@ -65,19 +80,19 @@ void backend_profile_region_end(Backend *be) {
 
 /* ---- the wrappers --------------------------------------------------------------- */
 
-#define WRAP(name, cls, params, args)                  \
-    static void w_##name params {                      \
-        backend_profile_region_begin(be, cls);         \
-        be->profile->inner->name args;                 \
-        backend_profile_region_end(be);                \
+#define WRAP(name, params, args)                          \
+    static void w_##name params {                         \
+        backend_profile_region_begin(be, PROF_OP_##name); \
+        be->profile->inner->name args;                    \
+        backend_profile_region_end(be);                   \
     }
 
-WRAP(upload, PROF_COPY, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
-WRAP(download, PROF_COPY, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
-WRAP(upload_wait, PROF_COPY, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
-WRAP(recast, PROF_CONVERT, (Backend *be, void *c, const float *m, size_t n), (be, c, m, n))
-/* Every op of ops_list.h, marked in its class. */
-#define OP(name, cls, cpu, cuda, params, args) WRAP(name, PROF_##cls, TP_OP_WITH_BE params, TP_OP_ARGS_WITH_BE args)
+WRAP(upload, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
+WRAP(download, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
+WRAP(upload_wait, (Backend *be, void *d, const void *s, size_t n), (be, d, s, n))
+WRAP(recast, (Backend *be, void *c, const float *m, size_t n), (be, c, m, n))
+/* Every op of ops_list.h, marked as itself (its class from OP_CLASSES). */
+#define OP(name, cls, cpu, cuda, params, args) WRAP(name, TP_OP_WITH_BE params, TP_OP_ARGS_WITH_BE args)
 #include "ops_list.h"
 
 /* The wrapped table: the real one with every op entry replaced. */
@@ -93,11 +108,11 @@ static BackendOps wrapped(const BackendOps *in) {
 
 static void set_capacity(Backend *be, struct OpProfile *p, int cap) {
     if (p->marks) p->inner->marks_free(be, p->marks);
-    free(p->cls);
+    free(p->op);
     free(p->t);
     p->cap = cap;
     p->marks = p->inner->marks_new(be, cap);
-    p->cls = TP_MALLOC((size_t)cap);
+    p->op = TP_MALLOC((size_t)cap * sizeof *p->op);
     p->t = TP_MALLOC((size_t)cap * sizeof(double));
 }
 
@@ -118,7 +133,7 @@ void backend_profile_disable(Backend *be) {
     be->ops = p->inner;
     be->profile = NULL;
     p->inner->marks_free(be, p->marks);
-    free(p->cls);
+    free(p->op);
     free(p->t);
     free(p);
 }
@@ -147,10 +162,10 @@ void backend_profile_step_end(Backend *be, double step_wall_s) {
     p->inner->marks_read(be, p->marks, p->n, p->t);
     double prev_end = p->t[0], gap = 0.0;
     for (int i = 1; i + 1 < p->n; i += 2) {  // (open, close) pairs between the step's first and last mark
-        const int c = p->cls[i];
+        const int op = p->op[i];
         gap += p->t[i] - prev_end;
-        p->tot.seconds[c] += p->t[i + 1] - p->t[i];
-        p->tot.n_ops[c]++;
+        p->tot.op_seconds[op] += p->t[i + 1] - p->t[i];
+        p->tot.op_calls[op]++;
         prev_end = p->t[i + 1];
     }
     gap += p->t[p->n - 1] - prev_end;
@@ -160,13 +175,52 @@ void backend_profile_step_end(Backend *be, double step_wall_s) {
     p->tot.steps++;
 }
 
+/* The classes are their ops summed (host gaps are kept apart as they come). */
 ProfTotals backend_profile_totals(const Backend *be) {
-    ProfTotals z;
-    memset(&z, 0, sizeof z);
-    return be->profile ? be->profile->tot : z;
+    ProfTotals t;
+    memset(&t, 0, sizeof t);
+    if (!be->profile) return t;
+    t = be->profile->tot;
+    for (int op = 0; op < PROF_N_OPS; op++) {
+        t.seconds[OP_CLASSES[op]] += t.op_seconds[op];
+        t.n_ops[OP_CLASSES[op]] += t.op_calls[op];
+    }
+    return t;
 }
 
 /* ---- output ------------------------------------------------------------------------ */
+
+/* The ops that ran, by time descending (ties in table order); returns how many. */
+static int ops_by_time(const ProfTotals *t, int order[PROF_N_OPS]) {
+    int n = 0;
+    for (int op = 0; op < PROF_N_OPS; op++) {
+        if (t->op_calls[op] == 0) continue;
+        int j = n++;
+        for (; j > 0 && t->op_seconds[order[j - 1]] < t->op_seconds[op]; j--) order[j] = order[j - 1];
+        order[j] = op;
+    }
+    return n;
+}
+
+static void print_ops(FILE *f, const ProfTotals *t, const char *device_name) {
+    const double n = t->steps > 0 ? t->steps : 1, step_ms = 1e3 * t->step_s / n;
+    int order[PROF_N_OPS];
+    const int n_ran = ops_by_time(t, order);
+    fprintf(f, "profile: time per op, per training step (mean of %d step%s; %s; %d op%s ran)\n", t->steps,
+            t->steps == 1 ? "" : "s", device_name, n_ran, n_ran == 1 ? "" : "s");
+    fprintf(f, "  %-24s %10s %7s %10s %10s  %s\n", "op", "ms/step", "share", "calls/step", "us/call", "class");
+    double sum = 0.0, calls = 0.0;
+    for (int i = 0; i < n_ran; i++) {
+        const int op = order[i];
+        const double ms = 1e3 * t->op_seconds[op] / n;
+        sum += ms, calls += t->op_calls[op] / n;
+        fprintf(f, "  %-24s %10.3f %6.1f%% %10.1f %10.2f  %s\n", OP_NAMES[op], ms,
+                step_ms > 0 ? 100.0 * ms / step_ms : 0.0, t->op_calls[op] / n,
+                1e6 * t->op_seconds[op] / (double)t->op_calls[op], NAMES[OP_CLASSES[op]]);
+    }
+    fprintf(f, "  %-24s %10.3f %6.1f%% %10.1f %10s  (the classes above less host gaps)\n", "all ops", sum,
+            step_ms > 0 ? 100.0 * sum / step_ms : 0.0, calls, "-");
+}
 
 void prof_print_table(FILE *f, const ProfTotals *t, const char *device_name) {
     const double n = t->steps > 0 ? t->steps : 1, step_ms = 1e3 * t->step_s / n;
@@ -187,22 +241,49 @@ void prof_print_table(FILE *f, const ProfTotals *t, const char *device_name) {
     fprintf(f, "  %-36s %10.3f %6.1f%%\n", "step (measured, wall clock)", step_ms, 100.0);
     if (t->skipped) fprintf(f, "  (%d step%s not profiled: their marks outgrew the set, which grew)\n", t->skipped,
                             t->skipped == 1 ? "" : "s");
+    print_ops(f, t, device_name);
+}
+
+/* Appends to buf[*k..len), never past it (a full buffer stays full). */
+static void put(char *buf, size_t len, size_t *k, const char *fmt, ...) {
+    if (*k >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(buf + *k, len - *k, fmt, ap);
+    va_end(ap);
+    *k = w < 0 ? len : *k + (size_t)w;
+}
+
+/* "name": value for each op that ran: its ms per step, or with calls its calls per step. */
+static void put_ops(char *buf, size_t len, size_t *k, const ProfTotals *t, bool calls) {
+    const double n = t->steps > 0 ? t->steps : 1;
+    const char *sep = "";
+    for (int op = 0; op < PROF_N_OPS; op++) {
+        if (t->op_calls[op] == 0) continue;
+        if (calls) put(buf, len, k, "%s\"%s\": %.2f", sep, OP_NAMES[op], t->op_calls[op] / n);
+        else put(buf, len, k, "%s\"%s\": %.6f", sep, OP_NAMES[op], 1e3 * t->op_seconds[op] / n);
+        sep = ", ";
+    }
 }
 
 char *prof_json(const ProfTotals *t, char *buf, size_t buf_len) {
     const double n = t->steps > 0 ? t->steps : 1, step_ms = 1e3 * t->step_s / n;
     size_t k = 0;
     double sum = 0.0;
-    k += (size_t)snprintf(buf + k, buf_len - k, "{\"steps\": %d, \"skipped\": %d, \"step_ms\": %.6f, \"classes_ms\": {",
-                          t->steps, t->skipped, step_ms);
-    for (int c = 0; c < PROF_N_CLASSES && k < buf_len; c++) {
+    put(buf, buf_len, &k, "{\"steps\": %d, \"skipped\": %d, \"step_ms\": %.6f, \"classes_ms\": {", t->steps,
+        t->skipped, step_ms);
+    for (int c = 0; c < PROF_N_CLASSES; c++) {
         const double ms = 1e3 * t->seconds[c] / n;
         sum += ms;
-        k += (size_t)snprintf(buf + k, buf_len - k, "%s\"%s\": %.6f", c ? ", " : "", KEYS[c], ms);
+        put(buf, buf_len, &k, "%s\"%s\": %.6f", c ? ", " : "", KEYS[c], ms);
     }
-    if (k < buf_len) k += (size_t)snprintf(buf + k, buf_len - k, "}, \"ops_per_step\": {");
-    for (int c = 0; c < PROF_HOST_GAP && k < buf_len; c++)
-        k += (size_t)snprintf(buf + k, buf_len - k, "%s\"%s\": %.2f", c ? ", " : "", KEYS[c], t->n_ops[c] / n);
-    if (k < buf_len) snprintf(buf + k, buf_len - k, "}, \"remainder_ms\": %.6f}", step_ms - sum);
+    put(buf, buf_len, &k, "}, \"ops_per_step\": {");
+    for (int c = 0; c < PROF_HOST_GAP; c++)
+        put(buf, buf_len, &k, "%s\"%s\": %.2f", c ? ", " : "", KEYS[c], t->n_ops[c] / n);
+    put(buf, buf_len, &k, "}, \"remainder_ms\": %.6f, \"op_ms\": {", step_ms - sum);
+    put_ops(buf, buf_len, &k, t, false);
+    put(buf, buf_len, &k, "}, \"op_calls\": {");
+    put_ops(buf, buf_len, &k, t, true);
+    put(buf, buf_len, &k, "}}");
     return buf;
 }

@@ -13,6 +13,10 @@
  *   - collectives are bracketed from outside (comm_set_timer, through
  *     backend_profile_region_begin/end) as communication; ops they run
  *     inside (staging copies) count with them, not apart.
+ * Each pair is tagged with its op (ProfOp: an entry of ops_list.h, a copy,
+ * the re-cast, or the collectives' region), and a class's time is the sum
+ * of its ops' (the same marks), so the table by op breaks the class rows
+ * down exactly.
  * The classes plus the host gaps are the span from the step's first mark to
  * its last; what the caller's wall-clock step time holds beyond that span
  * is the remainder, reported as its own row. Ops from other threads (a
@@ -45,10 +49,29 @@ typedef enum {
 const char *prof_class_name(ProfClass c);  // "GEMM", "attention", ...
 const char *prof_class_key(ProfClass c);   // "gemm", "attention", ... (JSON keys)
 
+/* Every op the profile tells apart: the op table's entries in ops_list.h's
+ * order, then the wrapped entries outside it, then the regions marked from
+ * outside the table. */
+typedef enum {
+#define OP(name, cls, cpu, cuda, params, args) PROF_OP_##name,
+#include "ops_list.h"
+    PROF_OP_upload,
+    PROF_OP_download,
+    PROF_OP_upload_wait,
+    PROF_OP_recast,
+    PROF_OP_collectives,  // comm_set_timer's regions (class communication)
+    PROF_N_OPS
+} ProfOp;
+
+const char *prof_op_name(ProfOp op);  // "linear_fwd", ..., "collectives"
+ProfClass prof_op_class(ProfOp op);
+
 /* The run's totals over the profiled steps, in seconds. */
 typedef struct {
-    double seconds[PROF_N_CLASSES];
-    long n_ops[PROF_N_CLASSES];  // marked calls per class (host gaps: none)
+    double seconds[PROF_N_CLASSES];  // each class's ops summed (host gaps: their own)
+    long n_ops[PROF_N_CLASSES];      // marked calls per class (host gaps: none)
+    double op_seconds[PROF_N_OPS];   // per op, from the same marks
+    long op_calls[PROF_N_OPS];
     double step_s;               // the callers' wall-clock step times, summed
     double span_s;               // first to last mark of each step, summed (= the classes' sum)
     int steps;                   // steps profiled
@@ -64,17 +87,19 @@ bool backend_profile_on(const Backend *be);
  * wall-clock seconds as the caller measured them. No-ops when off. */
 void backend_profile_step_begin(Backend *be);
 void backend_profile_step_end(Backend *be, double step_wall_s);
-/* A region of one class, from outside the op table (collectives); ops
+/* A region timed as one op, from outside the op table (collectives); ops
  * inside it count with it. No-ops when off or outside a step. */
-void backend_profile_region_begin(Backend *be, ProfClass c);
+void backend_profile_region_begin(Backend *be, ProfOp op);
 void backend_profile_region_end(Backend *be);
 /* The totals so far (zeros when off). */
 ProfTotals backend_profile_totals(const Backend *be);
 
 /* The table, per step in ms with shares of the measured step time; the
- * remainder row (step time less the classes) always shown. */
+ * remainder row (step time less the classes) always shown. Then the table
+ * by op: each op that ran, by time, ending with the "all ops" row. */
 void prof_print_table(FILE *f, const ProfTotals *t, const char *device_name);
-/* The same as one JSON object (per-step ms), into buf; returns buf. */
+/* The same as one JSON object (per-step ms; "op_ms" and "op_calls" per op
+ * that ran), into buf (truncated to fit); returns buf. */
 char *prof_json(const ProfTotals *t, char *buf, size_t buf_len);
 
 #endif

@@ -12,7 +12,8 @@
 #    configurations PyTorch replays (BENCH_TORCH), writes its batches
 #    (--dump-batches).
 # 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
-#    the step's time goes, by class of operation; the table goes in the report.
+#    the step's time goes, by class of operation and by op (the table by op
+#    after the class table); both go in the report.
 # 3. PyTorch at its best on those batches (scripts/bench_torch_mt.py; see
 #    its header): eager, once per attention backend (BENCH_SDPA), then
 #    torch.compile(dynamic=True) with the backend eager found fastest
@@ -192,7 +193,8 @@ if [ "$profile_cfg" != none ] && ! [ "$SECONDS" -ge "$t_end" ]; then
   if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$cache" --preset "$ppreset" --device "$device" --dtype "$dtype" \
        --batch-tokens "$ptok" --length-bucket "${pbucket:-1}" --max-steps "$steps" --eval-interval 0 --log-interval "$steps" \
        --profile --metrics "$out/profile-$profile_cfg.metrics.jsonl" > "$log" 2>&1; then
-    sed -n '/^profile: time per class/,/^  step (measured/p' "$log" > "$out/profile.txt"
+    { sed -n '/^profile: time per class/,/^  step (measured/p' "$log"; echo
+      sed -n '/^profile: time per op/,/^  all ops/p' "$log"; } > "$out/profile.txt"
   else
     echo "the --profile run failed (logs/$(basename "$log")): $(tail -n 1 "$log")" > "$out/profile.txt"
     failed=1

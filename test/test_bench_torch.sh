@@ -14,7 +14,8 @@
 #   4. a --length-bucket 8 dump carries the bucketed shapes (multiples of 8
 #      or max_len), and the PyTorch run warms up on exactly its distinct shapes;
 #   5. scripts/bench_gpu.sh, the whole harness, runs on the CPU (tiny model,
-#      fp32, buckets 1 and 8, the --profile run) and writes its table.
+#      fp32, buckets 1 and 8, the --profile run) and writes its table, the
+#      profile by class and by op under it.
 # Usage: test_bench_torch.sh BUILD_DIR CORPUS_DIR [dump]; with "dump", only
 # tptrain's side (the dump written, and the refusals of --dump-batches and
 # --length-bucket): ctest's bench_dump, the part that runs under the sanitizers.
@@ -207,4 +208,6 @@ for bucket in 1 8; do
 done
 grep -A 14 "train_mt --profile" "$work/bench/bench.md" | grep -q "^  GEMM" || fail "bench.md has no profile table"
 grep -q "^  remainder" "$work/bench/bench.md" || fail "the profile table has no remainder row"
+grep -A 60 "^profile: time per op" "$work/bench/bench.md" | grep -q "^  linear_fwd" || fail "bench.md has no table by op"
+grep -q "^  all ops" "$work/bench/bench.md" || fail "the table by op has no 'all ops' row"
 echo "test_bench_torch: PASS"

@@ -9,16 +9,23 @@
 #   4. profiling changes no result: the loss and gradient-norm curve is bit
 #      for bit that of the same run without --profile, which writes no
 #      profile record;
-#   5. with tp 2 (two ranks), the collectives are counted as communication.
+#   5. the table by op: its rows sum to each class's row and to the metrics
+#      record's op_ms/op_calls within rounding, sorted by time; linear_fwd,
+#      linear_bwd, attention_fwd and attention_bwd run as often per step as
+#      the model's shape says (encoder and decoder layers told apart: 2+3);
+#   6. with tp 2 (two ranks), the collectives are counted as communication,
+#      and as the op "collectives".
 # Usage: test_profile.sh BUILD_DIR
 set -euo pipefail
 build=$1
+here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 fail() { echo "test_profile: FAIL: $*" >&2; exit 1; }
-run=(--preset tiny --task copy --max-steps 12 --log-interval 1 --eval-interval 0 --seed 3 --lr 5e-3 --warmup 4)
+run=(--preset tiny --decoder-layers 3 --task copy --max-steps 12 --log-interval 1 --eval-interval 0 --seed 3 --lr 5e-3
+     --warmup 4)
 
 "$build/train_mt" "${run[@]}" --metrics plain.jsonl > plain.log || { cat plain.log; fail "plain run"; }
 "$build/train_mt" "${run[@]}" --metrics prof.jsonl --profile > prof.log || { cat prof.log; fail "--profile run"; }
@@ -28,6 +35,8 @@ for row in GEMM attention LayerNorm loss "element-wise and dropout" embedding op
   grep -q "^  $row" prof.log || fail "the table has no row '$row'"
 done
 grep -q "^profile:" plain.log && fail "a run without --profile printed a profile"
+grep -A 60 "^profile: time per op" prof.log | sed '/^  all ops/q' || fail "no table by op"
+grep -q "^  all ops" prof.log || fail "the table by op has no 'all ops' row"
 
 $py - plain.jsonl prof.jsonl <<'PY'
 import json, sys
@@ -56,6 +65,7 @@ assert abs(total - step) <= TOLERANCE * step, f"classes sum to {total:.3f} ms of
 assert abs(p["remainder_ms"] - (step - total)) < 1e-3, p
 print(f"classes {total:.3f} ms of a measured {step:.3f} ms step (remainder {p['remainder_ms']:.4f} ms)")
 PY
+$py "$here/check_profile_ops.py" prof.log prof.jsonl || fail "the table by op"
 
 echo "== two ranks, tp 2: communication"
 "$build/tprun" --standalone --nproc_per_node 2 "$build/train_mt" "${run[@]}" --tp 2 --max-steps 4 --profile \
@@ -67,5 +77,7 @@ assert p["ops_per_step"]["comm"] > 0 and p["classes_ms"]["comm"] > 0, p
 total = sum(p["classes_ms"].values())
 assert abs(total - p["step_ms"]) <= 0.05 * p["step_ms"], p
 print(f"tp 2: {p['ops_per_step']['comm']:.0f} collectives per step, {p['classes_ms']['comm']:.3f} ms")
+assert p["op_calls"]["collectives"] == p["ops_per_step"]["comm"], p
+assert abs(p["op_ms"]["collectives"] - p["classes_ms"]["comm"]) < 1e-5, p
 PY
 echo "test_profile: PASS"

@@ -307,8 +307,9 @@ static const Flag TRAIN_FLAGS[] = {
      .help = "JSON Lines: step, loss, lr, grad_norm, tokens_per_s, elapsed_s; step, dev_loss, dev_bleu, elapsed_s; "
              "the configuration in FILE.config.jsonl"},
     {SWITCH_("profile", "Output", profile),
-     .help = "time per class of operation (GEMM, attention, LayerNorm, ...) over the training steps: a table at "
-             "the end and a record in --metrics (CUDA events on a GPU, the wall clock on the CPU)"},
+     .help = "time per class of operation (GEMM, attention, LayerNorm, ...) and per op (linear_fwd, "
+             "attention_bwd, ...) over the training steps: two tables at the end and a record in --metrics (CUDA "
+             "events on a GPU, the wall clock on the CPU)"},
     {STRING_("dump-batches", "Output", "FILE", dump_batches),
      .help = "the training batches of the run, as it read them, written to FILE at the end (safetensors; one rank "
              "only) for replaying them in another framework"},

@@ -165,7 +165,7 @@ void memory_report_end(const Runtime *rt, Backend *be, FILE *metrics, const char
     free(all);
 }
 
-static void prof_comm_begin(void *be) { backend_profile_region_begin(be, PROF_COMM); }
+static void prof_comm_begin(void *be) { backend_profile_region_begin(be, PROF_OP_collectives); }
 static void prof_comm_end(void *be) { backend_profile_region_end(be); }
 void profile_start(Backend *be, Runtime *rt) {
     backend_profile_enable(be);
@@ -179,7 +179,7 @@ void report_profile(Backend *be, FILE *metrics, const char *path, int step) {
     const ProfTotals pt = backend_profile_totals(be);
     prof_print_table(stdout, &pt, be->device_name);
     if (metrics) {
-        char json[2048];
+        char json[16384];  // the classes and up to every op: a few KiB
         metrics_line(metrics, path, "{\"step\": %d, \"profile\": %s}\n", step, prof_json(&pt, json, sizeof json));
     }
     fflush(stdout);
