@@ -91,6 +91,12 @@ float *host_bf16(const float *x, size_t n) {
     return y;
 }
 
+float *host_abs(const float *x, size_t n) {
+    float *y = TP_MALLOC((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
+    return y;
+}
+
 /* ---- comparisons ------------------------------------------------------------------ */
 
 void check_exact(const Target *t, const char *what, const float *got, const float *want, size_t n) {
@@ -143,6 +149,27 @@ void check_exact_where(const Target *t, const char *what, const float *got, cons
     }
     TCHECK(n_bad == 0, "%s: %s: %zu of %zu selected elements differ, first [%zu]: got %.9g want %.9g", t->name, what,
            n_bad, n_set, first, n_bad ? (double)got[first] : 0.0, n_bad ? (double)want[first] : 0.0);
+}
+
+size_t terms_violations(const float *got, const float *want, const float *mag, size_t n, double rtol) {
+    size_t n_bad = 0;
+    for (size_t i = 0; i < n; i++) n_bad += !(fabs((double)got[i] - want[i]) <= rtol * mag[i]);
+    return n_bad;
+}
+
+void check_terms(const Target *t, const char *what, const float *got, const float *want, const float *mag, size_t n,
+                 double rtol) {
+    size_t first = n;
+    double worst = 0.0;  // error over its bound
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]), r = mag[i] > 0 ? e / (rtol * mag[i]) : e > 0 ? INFINITY : 0.0;
+        if (first == n && terms_violations(got + i, want + i, mag + i, 1, rtol)) first = i;
+        if (!(r <= worst)) worst = isnan(r) ? INFINITY : r;
+    }
+    const size_t n_bad = terms_violations(got, want, mag, n, rtol);
+    TCHECK(n_bad == 0, "%s: %s: %zu of %zu beyond %.3g of their terms' magnitude (worst %.3g of it), first [%zu]: "
+           "got %.9g want %.9g (terms %.3g)", t->name, what, n_bad, n, rtol, worst * rtol, first,
+           n_bad ? (double)got[first] : 0.0, n_bad ? (double)want[first] : 0.0, n_bad ? (double)mag[first] : 0.0);
 }
 
 void check_close(const Target *t, const char *what, const float *got, const float *want, size_t n, double rtol,

@@ -81,7 +81,11 @@ static void gemm_case(const Target *t, bool ta, bool tb, int M, int N, int K, fl
         float *Ab = host_bf16(A, na), *Bb = host_bf16(B, nb), *want_b = host_copy(C0, nc);
         cpu_gemm(ta, tb, M, N, K, alpha, Ab, Bb, beta, want_b);
         check_rel(t, what, got, want_b, start, nc, tol(t, BF16_SAME_INPUT_TOL));
-        check_rel(t, what, got, want, start, nc, BF16_TOL);  // and near the fp32 result
+        // and near the fp32 result: within BF16_TERM_TOL of |alpha| |A| |B| + |beta C0|
+        float *Aa = host_abs(A, na), *Ba = host_abs(B, nb), *mag = host_abs(C0, nc);
+        cpu_gemm(ta, tb, M, N, K, fabsf(alpha), Aa, Ba, fabsf(beta), mag);
+        check_terms(t, what, got, want, mag, nc, BF16_TERM_TOL);
+        free(Aa), free(Ba), free(mag);
         TCHECK(any_differs(got, want, nc), "%s: %s: bf16 result equals the fp32 one: no rounding", t->name, what);
         free(Ab), free(Bb), free(want_b);
     }
@@ -123,9 +127,18 @@ static void negative_controls(const Target *t, Rng *rng) {
     cpu_gemm(false, false, M, N, K, 1.0f, A, B, 0.0f, wrong);  // the same bytes read without the transpose
     cpu_gemm(true, false, M, N, K, 1.0f, A, B, 0.0f, want);
     want[nc / 2] += 0.05f;  // planted: 5e-2 of an O(1) entry, above bf16 rounding, far above fp32's
-    const double limit = t->bf16 ? BF16_TOL : FP32_TOL;
     const double e_wrong = rel_err(got, wrong, NULL, nc), e_planted = rel_err(got, want, NULL, nc);
-    TCHECK(e_wrong > limit, "%s: a wrong transpose goes unnoticed (error %.3g <= %.1g)", t->name, e_wrong, limit);
+    if (t->bf16) {  // bf16 is judged against its terms' magnitudes (check_terms)
+        float *Aa = host_abs(A, na), *Ba = host_abs(B, nb), *mag = host_alloc(nc);
+        cpu_gemm(true, false, M, N, K, 1.0f, Aa, Ba, 0.0f, mag);
+        const size_t n_wrong = terms_violations(got, wrong, mag, nc, BF16_TERM_TOL);
+        TCHECK(n_wrong > nc / 2, "%s: a wrong transpose goes unnoticed (%zu of %zu beyond bf16's bound)", t->name,
+               n_wrong, nc);
+        free(Aa), free(Ba), free(mag);
+    } else {
+        TCHECK(e_wrong > FP32_TOL, "%s: a wrong transpose goes unnoticed (error %.3g <= %.1g)", t->name, e_wrong,
+               FP32_TOL);
+    }
     TCHECK(e_planted > (t->bf16 ? 1e-3 : FP32_TOL), "%s: a planted error goes unnoticed (error %.3g)", t->name,
            e_planted);
     free(A), free(B), free(got), free(wrong), free(want);
@@ -205,7 +218,10 @@ static void linear_fwd_case(const Target *t, int mode, bool with_bias, bool regi
     if (!t->bf16) {
         check_rel(t, what, got, want, NULL, ny, tol(t, FP32_TOL));
     } else {
-        check_rel(t, what, got, want, NULL, ny, BF16_TOL);
+        float *xa = host_abs(x, nx), *Wa = host_abs(W, nw), *ba = host_abs(b, out), *mag = host_alloc(ny);
+        cpu_linear_fwd(mag, xa, Wa, with_bias ? ba : NULL, N, in, out);  // the terms' magnitudes
+        check_terms(t, what, got, want, mag, ny, BF16_TERM_TOL);
+        free(xa), free(Wa), free(ba), free(mag);
         float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw);
         cpu_linear_fwd(want, xb, Wb, with_bias ? b : NULL, N, in, out);  // the bias stays fp32
         check_rel(t, what, got, want, NULL, ny, tol(t, BF16_SAME_INPUT_TOL));
