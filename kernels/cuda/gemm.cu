@@ -108,16 +108,14 @@ static void launch_accumulate(cudaStream_t stream, float *y, const float *x, siz
 
 // ---- operands and scratch -------------------------------------------------------------
 
-// The operands' type: bf16 copies in bf16 precision, except when cuBLASLt
-// rounds fp32 operands itself (ctx->inline_bf16, gemm_plan.cu).
-static bool copies_bf16(const CudaGemmCtx *ctx) { return ctx->precision == CUDA_GEMM_BF16 && !ctx->inline_bf16; }
-
-static cudaDataType_t ab_type_of(const CudaGemmCtx *ctx) { return copies_bf16(ctx) ? CUDA_R_16BF : CUDA_R_32F; }
+static cudaDataType_t ab_type_of(const CudaGemmCtx *ctx) {
+    return ctx->precision == CUDA_GEMM_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
 
 // The operand in the context's precision: the fp32 values, the caller's
 // bf16 copy, or a bf16 copy made now in scratch.
 static const void *operand(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand x, size_t n_elems) {
-    if (!copies_bf16(ctx)) return x.f32;
+    if (ctx->precision == CUDA_GEMM_FP32) return x.f32;
     if (x.bf16) return x.bf16;
     void *copy = tp_carve(cv, n_elems * sizeof(uint16_t));
     launch_f32_to_bf16(ctx->stream, copy, x.f32, n_elems);

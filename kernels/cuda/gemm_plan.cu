@@ -13,21 +13,12 @@
 // replaced. Varying token counts then cost one heuristic query per new
 // shape, a lookup costs a hash and four key compares.
 //
-// In bf16 precision the operands are normally bf16 copies (gemm.cu). With
-// TPTRAIN_GEMM_INLINE_BF16=1 in the environment (an experiment, for the
-// benchmark) they stay fp32 and cuBLASLt rounds them to bf16 inside the
-// product (CUBLAS_COMPUTE_32F_FAST_16BF): no copies, fp32 operand reads.
-// Its rounding is cuBLASLt's, and the compute copies of the weights are not
-// read (the fp32 masters are), so its results are within the bf16 band of
-// the CPU's emulation, not the same bits as the copies' path.
-//
 // Fused epilogues (bias, bias gradient) are optional: when cuBLASLt has no
 // algorithm for one or refuses to run it, the plan is marked unsupported
 // and the caller runs the separate kernel. A refusal with a status other
 // than CUBLAS_STATUS_NOT_SUPPORTED is unexpected, so it is counted and
 // logged once per context; plain GEMMs that fail end the process.
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "gemm_plan.h"
@@ -60,8 +51,7 @@ static void lt_die(const char *what, cublasStatus_t s, const PlanKey *k) {
     tp_die(__FILE__, __LINE__,
            "%s failed on device %d: %s (%s) for gemm trans_a=%d trans_b=%d M=%d N=%d K=%d %s, %s epilogue", what,
            dev, cublasLtGetStatusName(s), cublasLtGetStatusString(s), k->trans_a, k->trans_b, k->M, k->N, k->K,
-           k->ab_type == CUDA_R_16BF ? "bf16" : k->fast_bf16 ? "fp32 rounded to bf16 inside" : "fp32",
-           epilogue_name(k->epilogue));
+           k->ab_type == CUDA_R_16BF ? "bf16" : "fp32", epilogue_name(k->epilogue));
 }
 
 // An epilogue cuBLASLt will not do: counted, and logged once when the
@@ -90,8 +80,7 @@ static void plan_release(Plan *p) {
 static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
     const cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // A_lt is our B
     const cublasOperation_t op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // B_lt is our A
-    const cublasComputeType_t compute = k->fast_bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue,
@@ -186,7 +175,6 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
     k.N = N;
     k.K = K;
     k.ab_type = ab_type;
-    k.fast_bf16 = ctx->inline_bf16 && ab_type == CUDA_R_32F;
     k.epilogue = epilogue;
     k.align_a = align_of(A);
     k.align_b = align_of(B);
@@ -222,8 +210,6 @@ extern "C" CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecis
     ctx->stream = stream;
     ctx->precision = precision;
     ctx->fuse = true;
-    const char *inl = getenv("TPTRAIN_GEMM_INLINE_BF16");
-    ctx->inline_bf16 = precision == CUDA_GEMM_BF16 && inl && strcmp(inl, "1") == 0;
     ctx->workspace = workspace;
     ctx->stats.workspace_bytes = workspace_bytes;
     CUBLAS_CHECK(cublasLtCreate(&ctx->handle));

@@ -10,7 +10,6 @@
 typedef struct {
     int trans_a, trans_b, M, N, K;
     cudaDataType_t ab_type;
-    int fast_bf16;                        // fp32 operands, cuBLASLt rounds them to bf16 (CUBLAS_COMPUTE_32F_FAST_16BF)
     cublasLtEpilogue_t epilogue;
     uint32_t align_a, align_b, align_c, align_bias;  // bytes, powers of two up to 256
 } PlanKey;
@@ -31,7 +30,6 @@ struct CudaGemmCtx {
     cudaStream_t stream;
     CudaGemmPrecision precision;
     bool fuse;
-    bool inline_bf16;        // bf16 precision with fp32 operands rounded inside cuBLASLt (TPTRAIN_GEMM_INLINE_BF16=1)
     bool warned_refusal;     // a refused epilogue has been logged
     cublasLtHandle_t handle;
     void *workspace;         // (stats.workspace_bytes) the caller's
