@@ -1,6 +1,13 @@
 /* test_bleu.c: corpus BLEU-4 against hand-computed fixtures, and the clipped
- * n-gram counts against a brute-force count on random sentences. */
+ * n-gram counts against a brute-force count on random sentences.
+ *
+ *   test_bleu            the fixtures
+ *   test_bleu HYP REF    for test_bleu.sh (sacreBLEU's definition in Python):
+ *                        one line per sentence pair, "<m1> .. <m4> <t1> ..
+ *                        <t4> <hyp_len> <ref_len>" (clipped matches, n-grams),
+ *                        then "corpus <BLEU>" (%.17g) from the summed counts */
 #include "check.h"
+#include "textlines.h"
 #include "data/bleu.h"
 
 #include <math.h>
@@ -42,6 +49,16 @@ static void check_fixtures(void) {
     /* Whitespace of every kind separates tokens; runs of it count once. */
     CHECK_CLOSE(sentence_bleu("  the\tcat  sat\ton the mat\r\n", "the cat sat on the mat"), 100.0, 0, BLEU_TOL,
                 "whitespace");
+
+    /* Whitespace is what Python's str.split() splits on, as sacreBLEU
+     * splits: U+3000 (E3 80 80), U+00A0 (C2 A0), U+2009 (E2 80 89), vertical
+     * tab, form feed; a byte that is not UTF-8 (FF) belongs to its token. */
+    bleu_init(&s);
+    bleu_add(&s, "\xE3\x80\x80the\xC2\xA0" "cat\vsat\fon\xE2\x80\x89the mat\xFF", "the cat sat on the mat\xFF");
+    check_stats(&s, (long[]){6, 5, 4, 3}, (long[]){6, 5, 4, 3}, 6, 6, "Unicode whitespace");
+    bleu_init(&s);
+    bleu_add(&s, "\xE3\x81\xAF\xE3\x80\x80\xE3\x81\xAE", "\xE3\x81\xAF \xE3\x81\xAE");  // は　の / は の
+    check_stats(&s, (long[]){2, 1, 0, 0}, (long[]){2, 1, 0, 0}, 2, 2, "ideographic space");
 
     /* No token in common. */
     bleu_init(&s);
@@ -194,7 +211,37 @@ static void check_random(void) {
     CHECK_CLOSE(bleu_score(&s, NULL, NULL), 100.0 * bp * exp(lp / 4), 0, BLEU_TOL, "random corpus score");
 }
 
-int main(void) {
+static int score_files(const char *hyp_path, const char *ref_path) {
+    Lines h, r;
+    if (read_lines(hyp_path, &h) || read_lines(ref_path, &r)) return 2;
+    if (h.n != r.n) {
+        fprintf(stderr, "test_bleu: %s has %d lines, %s %d\n", hyp_path, h.n, ref_path, r.n);
+        return 2;
+    }
+    BleuStats corpus;
+    bleu_init(&corpus);
+    for (int i = 0; i < h.n; i++) {
+        BleuStats one;
+        bleu_init(&one);
+        bleu_add(&one, h.line[i], r.line[i]);
+        bleu_add(&corpus, h.line[i], r.line[i]);
+        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", one.match[0], one.match[1], one.match[2], one.match[3],
+               one.total[0], one.total[1], one.total[2], one.total[3], one.hyp_len, one.ref_len);
+        free(h.line[i]);
+        free(r.line[i]);
+    }
+    printf("corpus %.17g\n", bleu_score(&corpus, NULL, NULL));
+    free(h.line);
+    free(r.line);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3) return score_files(argv[1], argv[2]);
+    if (argc != 1) {
+        fprintf(stderr, "usage: test_bleu [HYP REF]\n");
+        return 2;
+    }
     check_fixtures();
     check_corpus();
     check_random();

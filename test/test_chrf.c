@@ -7,6 +7,7 @@
  *                             (%.17g; files read line by line, the newline
  *                             and a CR before it stripped, the bytes as given) */
 #include "check.h"
+#include "textlines.h"
 #include "data/chrf.h"
 
 #include <stdio.h>
@@ -84,33 +85,6 @@ static void check_fixtures(void) {
     chrf_add(&s, "a\xC0\x80" "b\x80" "c\xE3\x81", "a\xC0\x80" "b");
     check_counts(&s, (long[]){8, 7, 6, 5, 4, 3}, (long[]){4, 3, 2, 1, 0, 0}, (long[]){4, 3, 2, 1, 0, 0},
                  "invalid UTF-8");
-}
-
-typedef struct {
-    char **line;
-    int n;
-} Lines;
-
-static int read_lines(const char *path, Lines *out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    out->line = NULL;
-    out->n = 0;
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t got;
-    while ((got = getline(&buf, &cap, f)) >= 0) {
-        if (got > 0 && buf[got - 1] == '\n') buf[--got] = '\0';
-        if (got > 0 && buf[got - 1] == '\r') buf[--got] = '\0';
-        out->line = realloc(out->line, (size_t)(out->n + 1) * sizeof(char *));
-        out->line[out->n++] = strdup(buf);
-    }
-    free(buf);
-    fclose(f);
-    return 0;
 }
 
 static int score_files(const char *hyp_path, const char *ref_path) {

@@ -28,31 +28,29 @@ typedef struct {
     int32_t id[BLEU_N];  // unused tail = -1
 } Gram;
 
-static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
-
-static int count_tokens(const char *s) {
-    int n = 0;
-    while (*s) {
-        while (*s && is_space(*s)) s++;
-        if (!*s) break;
-        n++;
-        while (*s && !is_space(*s)) s++;
-    }
-    return n;
+/* The byte length of the whitespace character at s, or 0 when s holds
+ * something else (whitespace as Python's str.split() sees it). */
+static int space_len(const char *s) {
+    uint32_t cp;
+    const int len = text_utf8_next((const unsigned char *)s, &cp);
+    return text_is_space(cp) ? len : 0;
 }
 
+/* The tokens of s into out (NULL: only counted). */
 static int split(const char *s, int side, Tok *out) {
-    int n = 0;
+    int n = 0, sp;
     while (*s) {
-        while (*s && is_space(*s)) s++;
+        while (*s && (sp = space_len(s)) > 0) s += sp;
         if (!*s) break;
         const char *b = s;
-        while (*s && !is_space(*s)) s++;
-        out[n] = (Tok){.p = b, .len = (int)(s - b), .side = side, .pos = n};
+        while (*s && space_len(s) == 0) s += text_utf8_next((const unsigned char *)s, &(uint32_t){0});
+        if (out) out[n] = (Tok){.p = b, .len = (int)(s - b), .side = side, .pos = n};
         n++;
     }
     return n;
 }
+
+static int count_tokens(const char *s) { return split(s, 0, NULL); }
 
 static int cmp_tok(const void *x, const void *y) {
     const Tok *a = x, *b = y;

@@ -1,4 +1,5 @@
-/* bleu.h: corpus BLEU-4 (Papineni et al. 2002) over whitespace tokens.
+/* bleu.h: corpus BLEU-4 (Papineni et al. 2002) over whitespace tokens
+ * (what Python's str.split() returns: sacreBLEU with tokenize="none").
  *
  * Clipped n-gram precisions for n = 1..4 summed over the corpus, geometric
  * mean, brevity penalty exp(1 - r/c) when the hypothesis length c is below

@@ -1,0 +1,39 @@
+/* textlines.h: a text file's lines for the metric tests' file mode
+ * (test_bleu and test_chrf HYP REF score two files line by line for their
+ * Python oracles). Header-only: each test is one translation unit. */
+#ifndef TPTRAIN_TEST_TEXTLINES_H
+#define TPTRAIN_TEST_TEXTLINES_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+typedef struct {
+    char **line;
+    int n;
+} Lines;
+
+static inline int read_lines(const char *path, Lines *out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        return -1;
+    }
+    out->line = NULL;
+    out->n = 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    while ((got = getline(&buf, &cap, f)) >= 0) {
+        if (got > 0 && buf[got - 1] == '\n') buf[--got] = '\0';
+        if (got > 0 && buf[got - 1] == '\r') buf[--got] = '\0';
+        out->line = realloc(out->line, (size_t)(out->n + 1) * sizeof(char *));
+        out->line[out->n++] = strdup(buf);
+    }
+    free(buf);
+    fclose(f);
+    return 0;
+}
+
+#endif
