@@ -26,8 +26,10 @@
 // launches. So when one (b, h) pair's operands fit in shared memory
 // (attn_fused_*_smem_bytes within the device's per-block limit), one fused
 // kernel per direction does the whole pair in a block: its q, k, v (and
-// dout, P) rows are read once, the products and the softmax run out of
-// shared memory, and only P and the results go back. Each element is
+// dout, P) rows are read once (P twice in the backward), the products and the softmax run out of
+// shared memory, and only P and the results go back. Their products are
+// register-tiled (attn_tile.h: 4 x 4 outputs a thread, each operand value
+// loaded from shared memory once per tile), yet each element is
 // computed by the same expression in the same order as on the general path
 // (fmaf along the reduced index from 0, the warp-per-row softmax), so the
 // two paths agree bit for bit: test_backend_ops checks that on a GPU
@@ -35,6 +37,7 @@
 // decoding contexts, long sentences in backward) take the general path.
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
+#include "attn_tile.h"
 
 #define SM_THREADS 256  // 8 warps = 8 rows per block
 #define SM_ROWS_PER_BLOCK (SM_THREADS / TP_WARP)
@@ -186,127 +189,111 @@ __global__ void bh_gemm_kernel(OutView Cv, MatView Av, MatView Bv, int M, int N,
 }
 
 // ---- fused kernels: one (b, h) pair per block, out of shared memory -------------------
+// The products are attn_tile.h's register-tiled loops (4 x 4 outputs per
+// thread), the softmax rows the general path's, warp by warp.
 
-#define FUSED_THREADS 256                     // 8 warps: softmax rows go warp by warp
+#define FUSED_THREADS ATT_THREADS             // 8 warps: softmax rows go warp by warp
 #define FUSED_WARPS (FUSED_THREADS / TP_WARP)
-#define FUSED_QROWS 32                        // query rows per pass of the forward
+#define FUSED_MIN_BLOCKS 4                    // per SM: caps registers at 64 a thread
 
 // Rows [0, n) of one head of a (B, T, H*D) tensor (row stride HD, from row
-// pointer x) into dst (row stride ld), read along d so the block coalesces.
+// pointer x) into dst (row stride ld), read along d so the block coalesces:
+// four floats a load when D % 4 == 0 and x is 16-byte aligned (then so is
+// every row, HD being a multiple of 4), one otherwise.
 __device__ __forceinline__ void fused_load_rows(float *dst, int ld, const float *x, long long HD, int n, int D) {
+    if ((D & 3) == 0 && ((uintptr_t)x & 15) == 0) {
+        const int D4 = D / 4;
+        for (int e = threadIdx.x; e < n * D4; e += blockDim.x) {
+            const int r = e / D4, d = (e % D4) * 4;
+            const float4 v4 = *(const float4 *)(x + r * HD + d);
+            float *o = dst + r * ld + d;
+            o[0] = v4.x;
+            o[1] = v4.y;
+            o[2] = v4.z;
+            o[3] = v4.w;
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
         const int r = e / D, d = e % D;
         dst[r * ld + d] = x[r * HD + d];
     }
 }
 
-// The forward of pair z = b*H + h per block (grid-stride over pairs). Shared
-// memory (floats): K (Tk, D+1), V (Tk, D), a query tile (FUSED_QROWS, D+1)
-// and its scores (FUSED_QROWS, Tk). The +1 pads rows read across threads.
-__global__ void __launch_bounds__(FUSED_THREADS)
+// The forward of pair z = b*H + h per block (grid-stride over pairs); shared
+// memory as att_fwd_smem lays it out: K, V, a query tile and its scores.
+__global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
 attn_fused_fwd_kernel(float *out, float *P, const float *q, const float *k, const float *v,
                       const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, float scale) {
     extern __shared__ float smem[];
-    const int Dp = D + 1;
-    float *Ks = smem, *Vs = Ks + Tk * Dp, *Qs = Vs + Tk * D, *Ss = Qs + FUSED_QROWS * Dp;
-    const int warp = threadIdx.x / TP_WARP, lane = threadIdx.x % TP_WARP;
+    const AttFwdSmem s = att_fwd_smem(smem, Tk, D);
+    const int tid = threadIdx.x, warp = tid / TP_WARP, lane = tid % TP_WARP;
     const long long HD = (long long)H * D;
     for (long long z = blockIdx.x; z < (long long)B * H; z += gridDim.x) {
         const int b = (int)(z / H), h = (int)(z % H);
         const size_t head = (size_t)h * D;
         __syncthreads();  // the last pair is done with shared memory
-        fused_load_rows(Ks, Dp, k + (size_t)b * Tk * HD + head, HD, Tk, D);
-        fused_load_rows(Vs, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);
+        fused_load_rows(s.K, s.ld_d, k + (size_t)b * Tk * HD + head, HD, Tk, D);
+        fused_load_rows(s.V, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);
         const int klen = k_len[b];
-        for (int i0 = 0; i0 < Tq; i0 += FUSED_QROWS) {
-            const int nq = Tq - i0 < FUSED_QROWS ? Tq - i0 : FUSED_QROWS;
-            __syncthreads();  // the last tile is done with Qs and Ss
-            fused_load_rows(Qs, Dp, q + ((size_t)b * Tq + i0) * HD + head, HD, nq, D);
+        for (int i0 = 0; i0 < Tq; i0 += ATT_QROWS) {
+            const int nq = Tq - i0 < ATT_QROWS ? Tq - i0 : ATT_QROWS;
+            __syncthreads();  // the last tile is done with Q and S
+            fused_load_rows(s.Q, s.ld_d, q + ((size_t)b * Tq + i0) * HD + head, HD, nq, D);
             __syncthreads();
-            for (int e = threadIdx.x; e < nq * Tk; e += blockDim.x) {  // S = q k^T
-                const int i = e / Tk, j = e % Tk;
-                float acc = 0.0f;
-                for (int d = 0; d < D; d++) acc = fmaf(Qs[i * Dp + d], Ks[j * Dp + d], acc);
-                Ss[i * Tk + j] = acc;
-            }
+            const AttProduct scores = att_fwd_scores(&s, nq, Tk, D);  // S = q k^T
+            att_run(&scores, tid);
             __syncthreads();
             for (int i = warp; i < nq; i += FUSED_WARPS) {  // P = softmax, in place, and saved
-                float *srow = Ss + i * Tk;
+                float *srow = s.S + i * s.ld_s;
                 softmax_row_fwd(srow, srow, valid_keys(klen, i0 + i, Tk, causal), Tk, scale, lane);
                 __syncwarp();
                 float *prow = P + ((size_t)z * Tq + i0 + i) * Tk;
                 for (int j = lane; j < Tk; j += TP_WARP) prow[j] = srow[j];
             }
             __syncthreads();
-            float *ob = out + ((size_t)b * Tq + i0) * HD + head;
-            for (int e = threadIdx.x; e < nq * D; e += blockDim.x) {  // out = P v
-                const int i = e / D, d = e % D;
-                float acc = 0.0f;
-                for (int j = 0; j < Tk; j++) acc = fmaf(Ss[i * Tk + j], Vs[j * D + d], acc);
-                ob[i * HD + d] = acc;
-            }
+            const AttProduct pv = att_fwd_out(&s, out + ((size_t)b * Tq + i0) * HD + head, HD, nq, Tk, D);
+            att_run(&pv, tid);  // out = P v
         }
     }
 }
 
-// dst rows (B, T, H*D) head view += acc, for the (n, D) results of one pair
-// computed by f(r, d) (the block's threads split the elements).
-template <typename F>
-__device__ __forceinline__ void fused_accumulate(float *x, long long HD, int n, int D, F f) {
-    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
-        const int r = e / D, d = e % D;
-        float *o = x + r * HD + d;
-        *o = *o + f(r, d);
-    }
-}
-
-// The backward of pair z per block. Shared memory (floats): q and dout
-// (Tq, D+1), k and v (Tk, D+1), P and dP-then-dS (Tq, Tk).
-__global__ void __launch_bounds__(FUSED_THREADS)
+// The backward of pair z per block; shared memory as att_bwd_smem lays it
+// out, X (Tq rows), W (Tk rows) and Y (Tq x Tk) each reused once: dout, v
+// and P first (dv += P^T dout, then dP = dout v^T into Y), then the softmax
+// backward turns Y into dS in place, reading P from global memory, while q
+// and k replace dout and v (dq += dS k and dk += dS^T q).
+__global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
 attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
                       const float *k, const float *v, int B, int H, int Tq, int Tk, int D, float scale) {
     extern __shared__ float smem[];
-    const int Dp = D + 1;
-    float *Qs = smem, *dOs = Qs + Tq * Dp, *Ks = dOs + Tq * Dp, *Vs = Ks + Tk * Dp;
-    float *Ps = Vs + Tk * Dp, *dSs = Ps + Tq * Tk;
-    const int warp = threadIdx.x / TP_WARP, lane = threadIdx.x % TP_WARP;
+    const AttBwdSmem s = att_bwd_smem(smem, Tq, Tk, D);
+    const int tid = threadIdx.x, warp = tid / TP_WARP, lane = tid % TP_WARP;
     const long long HD = (long long)H * D;
     for (long long z = blockIdx.x; z < (long long)B * H; z += gridDim.x) {
         const int b = (int)(z / H), h = (int)(z % H);
         const size_t head = (size_t)h * D, qrow0 = (size_t)b * Tq * HD + head, krow0 = (size_t)b * Tk * HD + head;
-        __syncthreads();  // the last pair is done with shared memory
-        fused_load_rows(Qs, Dp, q + qrow0, HD, Tq, D);
-        fused_load_rows(dOs, Dp, dout + qrow0, HD, Tq, D);
-        fused_load_rows(Ks, Dp, k + krow0, HD, Tk, D);
-        fused_load_rows(Vs, Dp, v + krow0, HD, Tk, D);
         const float *pz = P + (size_t)z * Tq * Tk;
-        for (int e = threadIdx.x; e < Tq * Tk; e += blockDim.x) Ps[e] = pz[e];
+        __syncthreads();  // the last pair is done with shared memory
+        fused_load_rows(s.X, s.ld_d, dout + qrow0, HD, Tq, D);
+        fused_load_rows(s.W, s.ld_d, v + krow0, HD, Tk, D);
+        for (int e = tid; e < Tq * Tk; e += FUSED_THREADS) s.Y[(e / Tk) * s.ld_s + e % Tk] = pz[e];
         __syncthreads();
-        fused_accumulate(dv + krow0, HD, Tk, D, [&](int j, int d) {  // dv += P^T dout
-            float acc = 0.0f;
-            for (int i = 0; i < Tq; i++) acc = fmaf(Ps[i * Tk + j], dOs[i * Dp + d], acc);
-            return acc;
-        });
-        for (int e = threadIdx.x; e < Tq * Tk; e += blockDim.x) {  // dP = dout v^T
-            const int i = e / Tk, j = e % Tk;
-            float acc = 0.0f;
-            for (int d = 0; d < D; d++) acc = fmaf(dOs[i * Dp + d], Vs[j * Dp + d], acc);
-            dSs[e] = acc;
-        }
+        const AttProduct pdv = att_bwd_dv(&s, dv + krow0, HD, Tq, Tk, D);
+        att_run(&pdv, tid);  // dv += P^T dout
+        __syncthreads();
+        const AttProduct pdp = att_bwd_dp(&s, Tq, Tk, D);
+        att_run(&pdp, tid);  // dP = dout v^T
         __syncthreads();
         for (int i = warp; i < Tq; i += FUSED_WARPS)  // dS = softmax backward, in place
-            softmax_row_bwd<false>(dSs + i * Tk, dSs + i * Tk, Ps + i * Tk, Tk, scale, lane);
+            softmax_row_bwd<false>(s.Y + i * s.ld_s, s.Y + i * s.ld_s, pz + (size_t)i * Tk, Tk, scale, lane);
+        fused_load_rows(s.X, s.ld_d, q + qrow0, HD, Tq, D);
+        fused_load_rows(s.W, s.ld_d, k + krow0, HD, Tk, D);
         __syncthreads();
-        fused_accumulate(dq + qrow0, HD, Tq, D, [&](int i, int d) {  // dq += dS k
-            float acc = 0.0f;
-            for (int j = 0; j < Tk; j++) acc = fmaf(dSs[i * Tk + j], Ks[j * Dp + d], acc);
-            return acc;
-        });
-        fused_accumulate(dk + krow0, HD, Tk, D, [&](int j, int d) {  // dk += dS^T q
-            float acc = 0.0f;
-            for (int i = 0; i < Tq; i++) acc = fmaf(dSs[i * Tk + j], Qs[i * Dp + d], acc);
-            return acc;
-        });
+        const AttProduct pdq = att_bwd_dq(&s, dq + qrow0, HD, Tq, Tk, D);
+        att_run(&pdq, tid);  // dq += dS k
+        const AttProduct pdk = att_bwd_dk(&s, dk + krow0, HD, Tq, Tk, D);
+        att_run(&pdk, tid);  // dk += dS^T q, on the threads dq leaves idle
     }
 }
 
@@ -314,12 +301,9 @@ attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const 
 
 // ---- the fused path's shared memory ------------------------------------------------
 
-static size_t attn_fused_fwd_smem_bytes(int Tk, int D) {
-    return sizeof(float) * ((size_t)Tk * (D + 1) + (size_t)Tk * D + (size_t)FUSED_QROWS * (D + 1) +
-                            (size_t)FUSED_QROWS * Tk);
-}
+static size_t attn_fused_fwd_smem_bytes(int Tk, int D) { return sizeof(float) * att_fwd_smem_floats(Tk, D); }
 static size_t attn_fused_bwd_smem_bytes(int Tq, int Tk, int D) {
-    return sizeof(float) * (2 * (size_t)(Tq + Tk) * (D + 1) + 2 * (size_t)Tq * Tk);
+    return sizeof(float) * att_bwd_smem_floats(Tq, Tk, D);
 }
 
 static bool g_fused_on = true;  // cuda_attention_set_fused: the tests' switch
