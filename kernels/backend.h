@@ -1,7 +1,7 @@
 /* backend.h: the run-time seam between the model and the hardware.
  *
  * A Backend is a table of ops (kernels/ops_list.h states their contract: shapes,
- * row-major, backward ops accumulate) plus the context they run in: the
+ * row-major, backward ops accumulate unless told to write) plus the context they run in: the
  * device, its stream, the GEMM library's handle and plan cache, a workspace
  * arena, and the allocator that hands out (and accounts for) every buffer.
  * The model, the loss, the optimizer, the decoder and the trainer call only
@@ -43,6 +43,12 @@
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } Dtype;
 typedef enum { ACT_RELU = 0, ACT_GELU = 1 } Activation;
+/* How a backward op that takes it delivers its input gradient (ops_list.h):
+ * GRAD_ADD accumulates (dx += ...), the ops' convention; GRAD_WRITE
+ * overwrites (dx = ..., whatever dx held, NaN included), which spares the
+ * caller a pass to zero dx and the op a read of those zeros. */
+typedef enum { GRAD_ADD = 0, GRAD_WRITE = 1 } GradMode;
+static inline bool grad_mode_valid(GradMode m) { return m == GRAD_ADD || m == GRAD_WRITE; }
 
 /* What a buffer holds: the categories of the memory report. */
 typedef enum {

@@ -19,7 +19,9 @@
  *  - Linear weights use PyTorch's layout W[out, in]: y = x W^T + b.
  *  - Backward ops ACCUMULATE into every gradient they produce (dx += ...,
  *    dW += ...), so residual branches and tied weights need no extra adds.
- *    Callers zero gradient buffers once per step.
+ *    Callers zero gradient buffers once per step. The ops that take a
+ *    GradMode (backend.h) WRITE their input gradient instead when given
+ *    GRAD_WRITE: the first contribution to a buffer needs no zeroing pass.
  *  - Sequences are right-padded; a padding mask is given as a per-sequence
  *    valid length (k_len[b] keys of row b are real, the rest are padding).
  *  - Counts are `int` (tensors here stay below 2^31 elements per call) except
@@ -44,9 +46,9 @@ static inline void op_dropout_fwd(Backend *be, float *out, const float *x, size_
                                   uint64_t seed, uint64_t stream_id) {
     op_dropout_fwd_at(be, out, x, n_elems, 0, p, seed, stream_id);
 }
-static inline void op_dropout_bwd(Backend *be, float *dx, const float *dy, size_t n_elems, float p,
+static inline void op_dropout_bwd(Backend *be, float *dx, GradMode mode, const float *dy, size_t n_elems, float p,
                                   uint64_t seed, uint64_t stream_id) {
-    op_dropout_bwd_at(be, dx, dy, n_elems, 0, p, seed, stream_id);
+    op_dropout_bwd_at(be, dx, mode, dy, n_elems, 0, p, seed, stream_id);
 }
 /* The raw generator, exposed for tests: 4 words for one counter. */
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

@@ -56,17 +56,19 @@ OP(linear_fwd, GEMM, REF, OWN,
     const float *b,  // (out) or NULL
     int N, int in, int out),
    (y, x, W, b, N, in, out))
-/* dx += dy W ; dW += dy^T x ; db += sum_rows(dy). dx, dW or db may be NULL
- * to skip that gradient. */
+/* dx += dy W (dx_mode GRAD_ADD) or dx = dy W (GRAD_WRITE: a GEMM with
+ * beta = 0, dx's old contents never read); dW += dy^T x ; db +=
+ * sum_rows(dy). dx, dW or db may be NULL to skip that gradient. */
 OP(linear_bwd, GEMM, REF, OWN,
    (float *dx,        // (N, in) or NULL
+    GradMode dx_mode,
     float *dW,        // (out, in) or NULL
     float *db,        // (out) or NULL
     const float *dy,  // (N, out)
     const float *x,   // (N, in)
     const float *W,   // (out, in)
     int N, int in, int out),
-   (dx, dW, db, dy, x, W, N, in, out))
+   (dx, dx_mode, dW, db, dy, x, W, N, in, out))
 
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
@@ -136,9 +138,10 @@ OP(layernorm_bwd, LAYERNORM, REF, SCRATCH,
 /* ---- Activations (GELU is the exact erf form, as torch's default) ------- */
 OP(act_fwd, ELEMENTWISE, REF, STREAM, (float *y, const float *x, size_t n_elems, Activation act),
    (y, x, n_elems, act))
-/* dx += dy * act'(x) */
-OP(act_bwd, ELEMENTWISE, REF, STREAM, (float *dx, const float *dy, const float *x, size_t n_elems, Activation act),
-   (dx, dy, x, n_elems, act))
+/* dx += dy * act'(x) (GRAD_ADD), or dx = dy * act'(x) (GRAD_WRITE) */
+OP(act_bwd, ELEMENTWISE, REF, STREAM,
+   (float *dx, GradMode mode, const float *dy, const float *x, size_t n_elems, Activation act),
+   (dx, mode, dy, x, n_elems, act))
 
 /* ---- Element-wise --------------------------------------------------------- */
 /* out = a + b (out may alias a or b) */
@@ -229,10 +232,12 @@ OP(attention_bwd, ATTENTION, REF, STREAM,
 OP(dropout_fwd_at, ELEMENTWISE, REF, STREAM,
    (float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
    (out, x, n_elems, first, p, seed, stream_id))
-/* dx += mask * dy / (1-p) */
+/* dx += mask * dy / (1-p) (GRAD_ADD), or dx = mask * dy / (1-p)
+ * (GRAD_WRITE: dropped elements become 0; p == 0 copies). */
 OP(dropout_bwd_at, ELEMENTWISE, REF, STREAM,
-   (float *dx, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
-   (dx, dy, n_elems, first, p, seed, stream_id))
+   (float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed,
+    uint64_t stream_id),
+   (dx, mode, dy, n_elems, first, p, seed, stream_id))
 
 /* ---- Residual + dropout + LayerNorm, fused --------------------------------
  * The boundary of two pre-LN sub-blocks in one op each way, on the rows of

@@ -68,6 +68,11 @@ static float *alloc_copy(const float *src, size_t n) {
 }
 
 static float *alloc_zero(size_t n) { return TP_CALLOC(n, sizeof(float)); }
+static float *alloc_nan(size_t n) {  // garbage that an op which writes its output must not keep
+    float *x = TP_CALLOC(n, sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
 
 static double dot_d(const float *a, const float *b, size_t n) {
     double s = 0.0;
@@ -222,8 +227,8 @@ static void test_linear(Rng *rng) {
     float *dx = rand_floats(nx, rng, -1, 1), *dx0 = alloc_copy(dx, nx);
     float *dW = rand_floats(nw, rng, -1, 1), *dW0 = alloc_copy(dW, nw);
     float *db = rand_floats(out, rng, -1, 1), *db0 = alloc_copy(db, out);
-    cpu_linear_bwd(dx, dW, db, c.R, c.x, c.W, N, in, out);
-    cpu_linear_bwd(NULL, NULL, NULL, c.R, c.x, c.W, N, in, out);  // all skipped: no-op
+    cpu_linear_bwd(dx, GRAD_ADD, dW, db, c.R, c.x, c.W, N, in, out);
+    cpu_linear_bwd(NULL, GRAD_ADD, NULL, NULL, c.R, c.x, c.W, N, in, out);  // all skipped: no-op
     subtract_start(dx, dx0, nx);
     subtract_start(dW, dW0, nw);
     subtract_start(db, db0, out);
@@ -231,12 +236,16 @@ static void test_linear(Rng *rng) {
     fd_check("linear dW", c.W, nw, dW, linear_loss, &c, rng);
     fd_check("linear db", c.b, out, db, linear_loss, &c, rng);
 
-    // each gradient alone equals its part of the full call
-    float *dx_only = alloc_zero(nx);
-    cpu_linear_bwd(dx_only, NULL, NULL, c.R, c.x, c.W, N, in, out);
-    bool same = true;
+    // each gradient alone equals its part of the full call; so does dx written over NaN garbage
+    float *dx_only = alloc_zero(nx), *dx_written = alloc_nan(nx);
+    cpu_linear_bwd(dx_only, GRAD_ADD, NULL, NULL, c.R, c.x, c.W, N, in, out);
+    cpu_linear_bwd(dx_written, GRAD_WRITE, NULL, NULL, c.R, c.x, c.W, N, in, out);
+    bool same = true, written = true;
     for (size_t i = 0; i < nx; i++) same = same && fabsf(dx_only[i] - dx[i]) <= 1e-5f;
+    for (size_t i = 0; i < nx; i++) written = written && dx_written[i] == dx_only[i];
     CHECK(same, "linear_bwd with only dx differs from the full call");
+    CHECK(written, "linear_bwd writing dx differs from adding it to zeros");
+    free(dx_written);
 
     free(c.x); free(c.W); free(c.b); free(c.y); free(c.R); free(y_nobias);
     free(dx); free(dx0); free(dW); free(dW0); free(db); free(db0); free(dx_only);
@@ -390,10 +399,15 @@ static void test_activations(Rng *rng) {
                 c.x[i] = (i % 2) ? mag : -mag;
             }
         float *dx = rand_floats(n, rng, -1, 1), *dx0 = alloc_copy(dx, n);
-        cpu_act_bwd(dx, c.R, c.x, n, act);
+        cpu_act_bwd(dx, GRAD_ADD, c.R, c.x, n, act);
         subtract_start(dx, dx0, n);
         fd_check(act == ACT_RELU ? "relu dx" : "gelu dx", c.x, n, dx, act_loss, &c, rng);
-        free(c.x); free(c.y); free(c.R); free(dx); free(dx0);
+        float *into_zeros = alloc_zero(n), *written = alloc_nan(n);  // written over garbage: as added to zeros
+        cpu_act_bwd(into_zeros, GRAD_ADD, c.R, c.x, n, act);
+        cpu_act_bwd(written, GRAD_WRITE, c.R, c.x, n, act);
+        CHECK(memcmp(written, into_zeros, n * sizeof(float)) == 0, "%s bwd written differs from added to zeros",
+              act == ACT_RELU ? "relu" : "gelu");
+        free(c.x); free(c.y); free(c.R); free(dx); free(dx0); free(into_zeros); free(written);
     }
 
     // forward values: relu exact; gelu(x) = x Phi(x) at known Phi values
@@ -738,10 +752,13 @@ static void test_dropout(Rng *rng) {
     // backward is the same mask and scale, and accumulates
     float *dy = rand_floats(n, rng, -1, 1);
     float *dx = alloc_zero(n), *fwd_dy = alloc_zero(n);
-    cpu_dropout_bwd(dx, dy, n, p, seed, stream);
+    cpu_dropout_bwd(dx, GRAD_ADD, dy, n, p, seed, stream);
     cpu_dropout_fwd(fwd_dy, dy, n, p, seed, stream);
     CHECK(memcmp(dx, fwd_dy, n * sizeof(float)) == 0, "dropout bwd differs from its mask");
-    cpu_dropout_bwd(dx, dy, n, p, seed, stream);
+    float *dx_w = alloc_nan(n);  // written over garbage: the same mask and scale, nothing of the garbage
+    cpu_dropout_bwd(dx_w, GRAD_WRITE, dy, n, p, seed, stream);
+    CHECK(memcmp(dx_w, fwd_dy, n * sizeof(float)) == 0, "dropout bwd written differs from its mask");
+    cpu_dropout_bwd(dx, GRAD_ADD, dy, n, p, seed, stream);
     bool doubled = true;
     for (size_t i = 0; i < n; i++) doubled = doubled && dx[i] == 2.0f * fwd_dy[i];
     CHECK(doubled, "dropout bwd does not accumulate");
@@ -750,8 +767,12 @@ static void test_dropout(Rng *rng) {
     cpu_dropout_fwd(y2, x, n, 0.0f, seed, stream);
     CHECK(memcmp(y2, x, n * sizeof(float)) == 0, "dropout with p = 0 is not a copy");
     memset(dx, 0, n * sizeof(float));
-    cpu_dropout_bwd(dx, dy, n, 0.0f, seed, stream);
+    cpu_dropout_bwd(dx, GRAD_ADD, dy, n, 0.0f, seed, stream);
     CHECK(memcmp(dx, dy, n * sizeof(float)) == 0, "dropout bwd with p = 0 is not a copy");
+    for (size_t i = 0; i < n; i++) dx_w[i] = NAN;
+    cpu_dropout_bwd(dx_w, GRAD_WRITE, dy, n, 0.0f, seed, stream);
+    CHECK(memcmp(dx_w, dy, n * sizeof(float)) == 0, "dropout bwd written with p = 0 is not a copy");
+    free(dx_w);
 
     // windows (sequence parallelism): pieces of the tensor, each drawn at its
     // own start, together give the whole mask, forward and backward
@@ -759,10 +780,10 @@ static void test_dropout(Rng *rng) {
     memset(y2, 0, n * sizeof(float));
     memset(dx, 0, n * sizeof(float));
     memset(fwd_dy, 0, n * sizeof(float));
-    cpu_dropout_bwd(fwd_dy, dy, n, p, seed, stream);
+    cpu_dropout_bwd(fwd_dy, GRAD_ADD, dy, n, p, seed, stream);
     for (size_t k = 0; k + 1 < sizeof cut / sizeof *cut; k++) {
         cpu_dropout_fwd_at(y2 + cut[k], x + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
-        cpu_dropout_bwd_at(dx + cut[k], dy + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
+        cpu_dropout_bwd_at(dx + cut[k], GRAD_ADD, dy + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
     }
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "dropout windows do not make up the whole mask");
     CHECK(memcmp(dx, fwd_dy, n * sizeof(float)) == 0, "dropout bwd windows do not make up the whole mask");

@@ -116,6 +116,11 @@ tp3=(--heads 3 --d-model 36 --ffn-hidden-size 72)
 run tp3 3 --tp 3 "${tp3[@]}" --dropout 0.1
 run tp3sp 3 --tp 3 "${tp3[@]}" --dropout 0.1 --sequence-parallel --recompute selective
 grep -q "recompute selective; sequence parallel" tp3sp.log
+# sequences up to 13 long: the encoder's rows (32 x 13) leave a padding row
+# inside the decoder's (32 x 14), where the decoder's input gradients lie
+# stale; backward writes its LayerNorm-output gradients and must zero that row
+run tp3len13 3 --tp 3 "${tp3[@]}" --dropout 0.1 --seq-len 13
+run tp3len13sp 3 --tp 3 "${tp3[@]}" --dropout 0.1 --seq-len 13 --sequence-parallel
 # with stages: the messages carry a rank's rows of the residual streams
 run tp2pp2m2sp 4 --tp 2 --pp 2 --micro-batches 2 --sequence-parallel
 run tp2dp2pp2m2sp 8 --tp 2 --dp 2 --pp 2 --micro-batches 2 --sequence-parallel --pp-layout "enc:0-1,dec:0|dec:1" \
@@ -192,6 +197,7 @@ same_run("drop_m2", "drop_pp2m2", "pp 2 x 2 micro-batches vs one rank x 2")
 same_run("drop_tp2", "drop_tp2_sp", "tp 2 sequence-parallel vs tp 2")
 same_run("drop_tp2", "drop_tp2_sp_full", "tp 2 sequence-parallel, recompute full vs tp 2")
 same_run("tp3", "tp3sp", "tp 3 (uneven rows) sequence-parallel, recompute selective vs tp 3")
+same_run("tp3len13", "tp3len13sp", "tp 3 (uneven rows, stale padding rows) sequence-parallel vs tp 3")
 same_run("drop_tp2pp2m2", "drop_tp2pp2m2_sp", "tp 2 x pp 2 (a stage inside the encoder) sequence-parallel vs without")
 def bitwise(ref, name, what):
     a, b = losses(ref), losses(name)

@@ -63,11 +63,11 @@ static void r_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
     note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W)));
     g_cpu->linear_fwd(be, y, x, W, b, N, in, out);
 }
-static void r_linear_bwd(Backend *be, float *dx, float *dW, float *db, const float *dy, const float *x,
-                         const float *W, int N, int in, int out) {
-    /* fused bias-gradient epilogues: the CUDA backend's default, fp32 only */
+static void r_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                         const float *x, const float *W, int N, int in, int out) {
+    /* fused bias-gradient epilogues: the CUDA backend's default, fp32 only; either dx mode needs the same */
     note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
-    g_cpu->linear_bwd(be, dx, dW, db, dy, x, W, N, in, out);
+    g_cpu->linear_bwd(be, dx, dx_mode, dW, db, dy, x, W, N, in, out);
 }
 static void r_copy(Backend *be, float *d, const float *s, size_t n) {
     const uintptr_t a = (uintptr_t)d, b = (uintptr_t)s, nb = n * sizeof(float);

@@ -80,8 +80,8 @@ static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
-static void t_linear_bwd(Backend *be, float *dx, float *dW, float *db, const float *dy, const float *x,
-                         const float *W, int N, int in, int out) {
+static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                         const float *x, const float *W, int N, int in, int out) {
     if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
     if (be->dtype == DTYPE_BF16) {
         const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
@@ -90,7 +90,7 @@ static void t_linear_bwd(Backend *be, float *dx, float *dW, float *db, const flo
         if (dW) x = rounded(x, nx, ws + ndy);
         if (dx) W = rounded(W, nW, ws + ndy + nx);
     }
-    cpu_linear_bwd(dx, dW, NULL, dy, x, W, N, in, out);
+    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, x, W, N, in, out);
 }
 
 /* ---- the rest: the reference as it is ------------------------------------------ */
@@ -134,9 +134,9 @@ static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, flo
     cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
-static void t_act_bwd(Backend *be, float *dx, const float *dy, const float *x, size_t n, Activation a) {
+static void t_act_bwd(Backend *be, float *dx, GradMode mode, const float *dy, const float *x, size_t n, Activation a) {
     (void)be;
-    cpu_act_bwd(dx, dy, x, n, a);
+    cpu_act_bwd(dx, mode, dy, x, n, a);
 }
 static void t_add(Backend *be, float *o, const float *a, const float *b, size_t n) { (void)be; cpu_add(o, a, b, n); }
 static void t_accumulate(Backend *be, float *y, const float *x, size_t n) { (void)be; cpu_accumulate(y, x, n); }
@@ -176,10 +176,10 @@ static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, ui
     (void)be;
     cpu_dropout_fwd_at(o, x, n, first, p, seed, st);
 }
-static void t_dropout_bwd_at(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
-                          uint64_t st) {
+static void t_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t first, float p,
+                             uint64_t seed, uint64_t st) {
     (void)be;
-    cpu_dropout_bwd_at(dx, dy, n, first, p, seed, st);
+    cpu_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st);
 }
 static void t_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                        float eps, int32_t ig) {

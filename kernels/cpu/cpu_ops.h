@@ -35,7 +35,8 @@ void cpu_adamw_segs(float *p, const float *g, float *m, float *v, const OpSeg *s
 double cpu_sumsq(const float *x, size_t n_elems);
 /* Dropout over a whole tensor (the window at 0). */
 void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64_t seed, uint64_t stream_id);
-void cpu_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p, uint64_t seed, uint64_t stream_id);
+void cpu_dropout_bwd(float *dx, GradMode mode, const float *dy, size_t n_elems, float p, uint64_t seed,
+                     uint64_t stream_id);
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
                         uint32_t site, uint32_t tp_rank);

@@ -56,22 +56,27 @@ void cpu_dropout_fwd_at(float *out,      // (n_elems), may alias x
     apply_mask(out, x, n_elems, first, p, seed, stream, false);
 }
 
-void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated
+void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE)
+                        GradMode mode,
                         const float *dy,  // (n_elems)
                         size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream) {
+    TP_CHECK(grad_mode_valid(mode), "op_dropout_bwd: unknown gradient mode %d", (int)mode);
     TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_bwd: p = %g outside [0, 1]", (double)p);
     TP_CHECK(first % 4 == 0, "op_dropout_bwd: window start %llu is not a multiple of 4", (unsigned long long)first);
+    const bool add = mode == GRAD_ADD;
     if (p == 0.0f) {
-        cpu_accumulate(dx, dy, n_elems);
+        if (add) cpu_accumulate(dx, dy, n_elems);
+        else cpu_copy(dx, dy, n_elems);
         return;
     }
-    apply_mask(dx, dy, n_elems, first, p, seed, stream, true);
+    apply_mask(dx, dy, n_elems, first, p, seed, stream, add);
 }
 
 void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64_t seed, uint64_t stream) {
     cpu_dropout_fwd_at(out, x, n_elems, 0, p, seed, stream);
 }
 
-void cpu_dropout_bwd(float *dx, const float *dy, size_t n_elems, float p, uint64_t seed, uint64_t stream) {
-    cpu_dropout_bwd_at(dx, dy, n_elems, 0, p, seed, stream);
+void cpu_dropout_bwd(float *dx, GradMode mode, const float *dy, size_t n_elems, float p, uint64_t seed,
+                     uint64_t stream) {
+    cpu_dropout_bwd_at(dx, mode, dy, n_elems, 0, p, seed, stream);
 }

@@ -29,20 +29,29 @@ void cpu_act_fwd(float *y,        // (n_elems)
     }
 }
 
-void cpu_act_bwd(float *dx,        // (n_elems) accumulated
+void cpu_act_bwd(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE)
+                GradMode mode,
                 const float *dy,  // (n_elems)
                 const float *x,   // (n_elems)
                 size_t n_elems, Activation act) {
+    TP_CHECK(grad_mode_valid(mode), "op_act_bwd: unknown gradient mode %d", (int)mode);
+    const bool add = mode == GRAD_ADD;
     if (act == ACT_RELU) {
-        for (size_t i = 0; i < n_elems; i++)
-            if (x[i] > 0.0f) dx[i] += dy[i];
+        for (size_t i = 0; i < n_elems; i++) {
+            if (add) {
+                if (x[i] > 0.0f) dx[i] += dy[i];
+            } else {
+                dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+            }
+        }
     } else {
         // d/dx [x Phi(x)] = Phi(x) + x phi(x)
         for (size_t i = 0; i < n_elems; i++) {
             double xi = x[i];
             double cdf = 0.5 * (1.0 + erf(xi * INV_SQRT2));
             double pdf = INV_SQRT_2PI * exp(-0.5 * xi * xi);
-            dx[i] += (float)(dy[i] * (cdf + xi * pdf));
+            const float g = (float)(dy[i] * (cdf + xi * pdf));
+            dx[i] = add ? dx[i] + g : g;
         }
     }
 }

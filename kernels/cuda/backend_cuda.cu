@@ -223,13 +223,13 @@ static void cu_linear_fwd(Backend *be, float *y, const float *x, const float *W,
     cuda_op_linear_fwd(g, y, x, w, b, N, in, out, scratch(be, need), need);
 }
 
-static void cu_linear_bwd(Backend *be, float *dx, float *dW, float *db, const float *dy, const float *x,
-                          const float *W, int N, int in, int out) {
+static void cu_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                          const float *x, const float *W, int N, int in, int out) {
     CudaGemmCtx *g = impl_of(be)->gemm;
     const CudaGemmOperand w = operand_of(be, W);
     const size_t need = cuda_linear_bwd_scratch_bytes(g, dx != NULL, dW != NULL, db != NULL, N, in, out,
                                                       w.bf16 != NULL);
-    cuda_op_linear_bwd(g, dx, dW, db, dy, x, w, N, in, out, scratch(be, need), need);
+    cuda_op_linear_bwd(g, dx, dx_mode, dW, db, dy, x, w, N, in, out, scratch(be, need), need);
 }
 
 // ---- the rest: one kernel family each ---------------------------------------------------
@@ -273,8 +273,8 @@ static void cu_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const
 static void cu_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) {
     cuda_op_act_fwd(y, x, n, a, stream_of(be));
 }
-static void cu_act_bwd(Backend *be, float *dx, const float *dy, const float *x, size_t n, Activation a) {
-    cuda_op_act_bwd(dx, dy, x, n, a, stream_of(be));
+static void cu_act_bwd(Backend *be, float *dx, GradMode mode, const float *dy, const float *x, size_t n, Activation a) {
+    cuda_op_act_bwd(dx, mode, dy, x, n, a, stream_of(be));
 }
 static void cu_add(Backend *be, float *o, const float *a, const float *b, size_t n) {
     cuda_op_add(o, a, b, n, stream_of(be));
@@ -316,9 +316,9 @@ static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, u
                            uint64_t st) {
     cuda_op_dropout_fwd_at(o, x, n, first, p, seed, st, stream_of(be));
 }
-static void cu_dropout_bwd_at(Backend *be, float *dx, const float *dy, size_t n, uint64_t first, float p, uint64_t seed,
-                           uint64_t st) {
-    cuda_op_dropout_bwd_at(dx, dy, n, first, p, seed, st, stream_of(be));
+static void cu_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t first,
+                              float p, uint64_t seed, uint64_t st) {
+    cuda_op_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st, stream_of(be));
 }
 static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, float *mean, float *rstd, const float *ri,
                                const float *br, const float *bias, const float *g, const float *b, int N, int C,

@@ -58,6 +58,8 @@
 extern "C" {
 #endif
 
+#include "backend.h"  // GradMode
+
 typedef enum { CUDA_GEMM_FP32 = 0, CUDA_GEMM_BF16 = 1 } CudaGemmPrecision;
 
 /* (The cuBLASLt workspace the backend gives the context is
@@ -132,11 +134,14 @@ void cuda_op_linear_fwd(CudaGemmCtx *ctx,
                         void *scratch,      // (scratch_bytes >= cuda_linear_fwd_scratch_bytes(...))
                         size_t scratch_bytes);
 
-/* dx += dy W ; dW += dy^T x ; db += sum_rows(dy). dx, dW or db may be NULL. */
+/* dx += dy W (GRAD_ADD) or dx = dy W (GRAD_WRITE: beta = 0, dx never read);
+ * dW += dy^T x ; db += sum_rows(dy). dx, dW or db may be NULL. The scratch
+ * is the same for either mode. */
 size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db, int N,
                                      int in, int out, bool w_has_bf16);
 void cuda_op_linear_bwd(CudaGemmCtx *ctx,
                         float *dx,          // (N, in) or NULL
+                        GradMode dx_mode,
                         float *dW,          // (out, in) or NULL
                         float *db,          // (out) or NULL
                         const float *dy,    // (N, out)

@@ -81,13 +81,16 @@ extern "C" void cuda_op_dropout_fwd_at(float *out, const float *x, size_t n_elem
     dropout_launch(out, x, n_elems, first, p, seed, stream_id, false, stream);
 }
 
-extern "C" void cuda_op_dropout_bwd_at(float *dx, const float *dy, size_t n_elems, uint64_t first, float p,
-                                       uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+extern "C" void cuda_op_dropout_bwd_at(float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first,
+                                       float p, uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
     static const char *const names[2] = {"dx", "dy"};
+    TP_CHECK(grad_mode_valid(mode), "cuda_op_dropout_bwd_at: unknown gradient mode %d", (int)mode);
     if (!dropout_args_ok("cuda_op_dropout_bwd_at", names, dx, dy, n_elems, first, p)) return;
+    const bool add = mode == GRAD_ADD;
     if (p == 0.0f) {
-        cuda_op_accumulate(dx, dy, n_elems, stream);
+        if (add) cuda_op_accumulate(dx, dy, n_elems, stream);
+        else cuda_op_copy_bytes(dx, dy, n_elems * sizeof(float), NULL, stream);  // dx is dy (no-op) or apart
         return;
     }
-    dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, true, stream);
+    dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, add, stream);
 }

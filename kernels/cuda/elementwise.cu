@@ -35,18 +35,25 @@ __global__ void act_fwd_kernel(float *y,        // (n_elems), may alias x
     }
 }
 
-__global__ void act_bwd_kernel(float *dx,        // (n_elems) accumulated
+// add: dx += the gradient, as the CPU (a ReLU's dx untouched where x <= 0);
+// else dx = it, dx never read.
+__global__ void act_bwd_kernel(float *dx,        // (n_elems) accumulated, or written
                                const float *dy,  // (n_elems)
                                const float *x,   // (n_elems)
-                               size_t n_elems, int act) {
+                               size_t n_elems, int act, bool add) {
     GRID_STRIDE(i, n_elems) {
         float xi = x[i];
         if (act == ACT_RELU) {
-            if (xi > 0.0f) dx[i] += dy[i];
+            if (add) {
+                if (xi > 0.0f) dx[i] += dy[i];
+            } else {
+                dx[i] = xi > 0.0f ? dy[i] : 0.0f;
+            }
         } else {
             // d/dx [x Phi(x)] = Phi(x) + x phi(x)
             float pdf = GELU_INV_SQRT_2PI * expf(-0.5f * xi * xi);
-            dx[i] += dy[i] * (gelu_cdf(xi) + xi * pdf);
+            float g = dy[i] * (gelu_cdf(xi) + xi * pdf);
+            dx[i] = add ? dx[i] + g : g;
         }
     }
 }
@@ -79,9 +86,9 @@ static void act_fwd_launch(float *y, const float *x, size_t n_elems, Activation 
 }
 
 static void act_bwd_launch(float *dx, const float *dy, const float *x, size_t n_elems,
-                           Activation act, cudaStream_t stream) {
+                           Activation act, bool add, cudaStream_t stream) {
     act_bwd_kernel<<<tp_grid_1d(n_elems, EW_THREADS), EW_THREADS, 0, stream>>>(
-        dx, dy, x, n_elems, (int)act);
+        dx, dy, x, n_elems, (int)act, add);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -117,14 +124,15 @@ extern "C" void cuda_op_act_fwd(float *y, const float *x, size_t n_elems, Activa
     act_fwd_launch(y, x, n_elems, act, stream);
 }
 
-extern "C" void cuda_op_act_bwd(float *dx, const float *dy, const float *x, size_t n_elems,
+extern "C" void cuda_op_act_bwd(float *dx, GradMode mode, const float *dy, const float *x, size_t n_elems,
                                 Activation act, cudaStream_t stream) {
     check_act("cuda_op_act_bwd", act);
+    TP_CHECK(grad_mode_valid(mode), "cuda_op_act_bwd: unknown gradient mode %d", (int)mode);
     if (n_elems == 0) return;
     TP_NEED_PTR("cuda_op_act_bwd", dx);
     TP_NEED_PTR("cuda_op_act_bwd", dy);
     TP_NEED_PTR("cuda_op_act_bwd", x);
-    act_bwd_launch(dx, dy, x, n_elems, act, stream);
+    act_bwd_launch(dx, dy, x, n_elems, act, mode == GRAD_ADD, stream);
 }
 
 extern "C" void cuda_op_add(float *out, const float *a, const float *b, size_t n_elems,

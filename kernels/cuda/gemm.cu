@@ -212,15 +212,22 @@ extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool wan
                               w_has_bf16);
 }
 
-// dx (N, in), dW (out, in), db (out), each or NULL; dy (N, out), x (N, in), W (out, in)
-extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, float *dW, float *db, const float *dy, const float *x,
-                                   CudaGemmOperand W, int N, int in, int out, void *scratch, size_t scratch_bytes) {
+// dx (N, in), dW (out, in), db (out), each or NULL; dy (N, out), x (N, in), W (out, in).
+// dx_mode GRAD_WRITE: the dx GEMM runs with beta = 0 (cuBLASLt does not read C).
+extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW, float *db,
+                                   const float *dy, const float *x, CudaGemmOperand W, int N, int in, int out,
+                                   void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_bwd: negative size N=%d in=%d out=%d", N, in, out);
+    TP_CHECK(grad_mode_valid(dx_mode), "cuda_op_linear_bwd: unknown gradient mode %d", (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
     TP_CHECK(out == 0 || dy, "cuda_op_linear_bwd: dy is NULL");
     TP_CHECK(!dx || out == 0 || in == 0 || W.f32, "cuda_op_linear_bwd: dx wanted but W is NULL");
     TP_CHECK(!dW || out == 0 || in == 0 || x, "cuda_op_linear_bwd: dW wanted but x is NULL");
-    if (out == 0) return;
+    const float dx_beta = dx_mode == GRAD_ADD ? 1.0f : 0.0f;
+    if (out == 0) {  // dy W is an (N, in) zero matrix: a written dx becomes zeros, the rest is left as it is
+        if (dx) gemm_prepared(ctx, false, false, N, in, 0, 1.0f, NULL, NULL, dx_beta, dx);
+        return;
+    }
     const size_t need = cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
                                                       W.bf16 != NULL);
     TpCarver cv = carver_of(scratch, scratch_bytes, need, "cuda_op_linear_bwd");
@@ -229,9 +236,9 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, float *dW, float
     void *bias_scratch = db ? tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, out)) : NULL;
     const bool need_dy = (dx || dW) && in > 0;
     const void *dya = need_dy ? operand(ctx, &cv, f32_operand(dy), (size_t)N * out) : NULL;
-    if (dx && in > 0) {  // dx += dy W
+    if (dx && in > 0) {  // dx += dy W, or dx = dy W
         const void *wa = operand(ctx, &cv, W, (size_t)out * in);
-        gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, 1.0f, dx);
+        gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, dx_beta, dx);
     }
     bool fused = false;
     if (dW && in > 0) {  // dW += dy^T x, with db from the same pass (BGRADB sums dy, B_lt, over tokens)

@@ -1,9 +1,12 @@
 /* model.c: forward and backward of the pre-LN encoder-decoder.
  *
  * Written once against kernels/ops.h. The backward pass mirrors the forward
- * sub-block by sub-block; every backward op accumulates, so the residual
- * gradient flows through one buffer per stack and the tied embedding and the
- * encoder output collect their gradients from every use without extra adds.
+ * sub-block by sub-block; backward ops accumulate, so the residual gradient
+ * flows through one buffer per stack and the tied embedding and the encoder
+ * output collect their gradients from every use without extra adds. A
+ * scratch gradient whose first contribution is the only one, or comes
+ * first, is written instead (GRAD_WRITE): no pass to zero it, no read of
+ * the zeros.
  * Dropout masks are never stored: they are recomputed from their Philox key.
  *
  * Tensor parallelism (Megatron): a rank holds H/tp heads (q/k/v COL, out
@@ -645,6 +648,14 @@ static const float *col_input(const Model *m, const float *ln, int N) {
     return m->acts->sp_full;
 }
 
+/* The rows [N, seq_full(N)) of an (N, C) tensor padded for sequence
+ * parallelism's reduce-scatter, zeroed (none without it): an op that writes
+ * the N real rows leaves them as they were. */
+static void zero_pad_rows(const Model *m, float *x, int N) {
+    const size_t C = (size_t)m->cfg.d_model, n_pad = (size_t)(seq_full(m, N) - N) * C;
+    if (n_pad) op_zero(m->be, x + (size_t)N * C, n_pad);
+}
+
 /* The partial (N, C) output of a ROW layer in tmp summed over tp (g): in
  * place, or with sequence parallelism reduce-scattered into this rank's
  * rows (sp_part; tmp's padding rows zeroed first). Returns where it is. */
@@ -655,7 +666,7 @@ static float *row_output(const Model *m, float *tmp, int N) {
         return tmp;
     }
     const int n = seq_rows(m, N);
-    op_zero(m->be, tmp + (size_t)N * C, (size_t)(n * m->tp.size - N) * C);
+    zero_pad_rows(m, tmp, N);
     tp_seq_reduce_scatter(&m->tp, m->be, tmp, m->acts->sp_part, (size_t)n * C);
     return m->acts->sp_part;
 }
@@ -740,7 +751,7 @@ static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T
         op_embedding_fwd(m->be, full, ids, m->w.embed, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
         if (m->tp.rank == 0) op_add_positions(m->be, full, B, T, C);
         const int n = seq_rows(m, N);
-        op_zero(m->be, full + (size_t)N * C, (size_t)(n * m->tp.size - N) * C);
+        zero_pad_rows(m, full, N);
         tp_seq_reduce_scatter(&m->tp, m->be, full, x, (size_t)n * C);
     }
     op_dropout_fwd_at(m->be, x, x, (size_t)seq_rows(m, N) * C, seq_first(m, N, C), p, seed, stream);
@@ -925,16 +936,15 @@ float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n
 /* ---- backward ------------------------------------------------------------------ */
 
 /* The output gradient of a residual sub-block on this rank's rows, through
- * its dropout into out (d_tmp, or sp_part with sequence parallelism), the
- * bias gradient taken there; returned as the (N, C) input gradient of the
- * ROW layer (with sequence parallelism gathered into d_tmp). */
+ * its dropout written into out (d_tmp, or sp_part with sequence
+ * parallelism), the bias gradient taken there; returned as the (N, C) input
+ * gradient of the ROW layer (with sequence parallelism gathered into d_tmp). */
 static const float *residual_bwd(const Model *m, float *d_bias, const float *d_x, int N, float p, uint64_t seed,
                                  uint64_t stream) {
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     ModelActs *A = m->acts;
     float *out = m->seq_par ? A->sp_part : A->d_tmp;
-    op_zero(m->be, out, (size_t)n * C);
-    op_dropout_bwd_at(m->be, out, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_dropout_bwd_at(m->be, out, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
     op_bias_bwd(m->be, d_bias, out, n, C);
     if (m->seq_par) tp_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
     return A->d_tmp;
@@ -1052,19 +1062,20 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         P = A->P_shared;
     }
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);
-    op_zero(m->be, A->d_att, nCl);
-    op_linear_bwd(m->be, A->d_att, g->wo, NULL, d_out, a->att, w->wo, N, Cl, C);
+    op_linear_bwd(m->be, A->d_att, GRAD_WRITE, g->wo, NULL, d_out, a->att, w->wo, N, Cl, C);
     op_zero(m->be, A->d_q, nCl);
     op_zero(m->be, A->d_k, nkCl);
     op_zero(m->be, A->d_v, nkCl);
     op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
     const float *ln = col_input(m, a->ln, N);  // with sequence parallelism gathered again
-    op_zero(m->be, A->d_ln, (size_t)seq_full(m, N) * C);
-    op_linear_bwd(m->be, A->d_ln, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
+    /* d_ln: q's part written, then (self-attention) k's and v's added; with
+     * kv, k and v add to d_kv, which sums every decoder layer's part */
+    zero_pad_rows(m, A->d_ln, N);
+    op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
     const float *src = kv ? kv : ln;
     float *d_src = kv ? d_kv : A->d_ln;
-    op_linear_bwd(m->be, d_src, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
-    op_linear_bwd(m->be, d_src, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
+    op_linear_bwd(m->be, d_src, GRAD_ADD, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
+    op_linear_bwd(m->be, d_src, GRAD_ADD, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, a->ln_m, a->ln_r, w->ln_g, N, p, seed, prev);
 }
 
@@ -1075,12 +1086,10 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
     const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
-    op_zero(m->be, A->d_a, nF);
-    op_linear_bwd(m->be, A->d_a, g->w2, NULL, d_out, f->a, w->w2, N, Fl, C);
-    op_zero(m->be, A->d_h, nF);
-    op_act_bwd(m->be, A->d_h, A->d_a, f->h, nF, m->cfg.act);
-    op_zero(m->be, A->d_ln, (size_t)seq_full(m, N) * C);
-    op_linear_bwd(m->be, A->d_ln, g->w1, g->b1, A->d_h, col_input(m, f->ln, N), w->w1, N, C, Fl);
+    op_linear_bwd(m->be, A->d_a, GRAD_WRITE, g->w2, NULL, d_out, f->a, w->w2, N, Fl, C);
+    op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_a, f->h, nF, m->cfg.act);
+    zero_pad_rows(m, A->d_ln, N);
+    op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, col_input(m, f->ln, N), w->w1, N, C, Fl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
 }
 
@@ -1089,8 +1098,7 @@ static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, flo
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     ModelActs *A = m->acts;
     float *tmp = m->seq_par ? A->sp_part : A->d_tmp;
-    op_zero(m->be, tmp, (size_t)n * C);
-    op_dropout_bwd_at(m->be, tmp, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_dropout_bwd_at(m->be, tmp, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
     if (m->seq_par) tp_gather(&m->tp, m->be, tmp, A->d_tmp, (size_t)n * C);  // every row, for this rank's ids
     op_embedding_bwd(m->be, m->g.embed, A->d_tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }
@@ -1130,10 +1138,10 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         float *d_logits = A->logits;
         op_xent_vp_grad_inplace(m->be, d_logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
                                 m->vocab_start, V, c->label_smoothing, c->pad_id);
-        op_zero(m->be, A->d_ln, (size_t)seq_full(m, Nt) * C);
         grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
         grads_needed_at(m, m->w.dec_ln_g, 0);
-        op_linear_bwd(m->be, A->d_ln, m->g.embed, NULL, d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+        zero_pad_rows(m, A->d_ln, Nt);
+        op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, m->g.embed, NULL, d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
         final_ln_bwd(m, A->d_res_t, A->d_ln, A->dec_res[c->dec_layers], A->dec_m, A->dec_r, m->w.dec_ln_g,
                      m->g.dec_ln_g, m->g.dec_ln_b, Nt);
         grads_final_from(m, m->w.dec_ln_g);

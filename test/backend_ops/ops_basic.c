@@ -97,12 +97,24 @@ void test_elementwise(const Target *t, Rng *rng) {
         check_act(t, what, (Activation)act, got, y, n);
 
         float *dx = host_copy(dx0, n);
-        cpu_act_bwd(dx, dy, x, n, (Activation)act);
+        cpu_act_bwd(dx, GRAD_ADD, dy, x, n, (Activation)act);
         float *d_dx = dev_from(t, dx0, n);
-        op_act_bwd(be, d_dx, d_dy, d_x, n, (Activation)act);
+        op_act_bwd(be, d_dx, GRAD_ADD, d_dy, d_x, n, (Activation)act);
         float *got_dx = dev_fetch(t, d_dx, n);
         snprintf(what, sizeof what, "%s bwd", name);
         check_act(t, what, (Activation)act, got_dx, dx, n);
+        free(got_dx);
+        dev_free(t, d_dx);
+
+        // written over NaN garbage: the reference added into zeros
+        float *dx_w = host_alloc(n);
+        cpu_act_bwd(dx_w, GRAD_ADD, dy, x, n, (Activation)act);
+        d_dx = dev_nan(t, n);
+        op_act_bwd(be, d_dx, GRAD_WRITE, d_dy, d_x, n, (Activation)act);
+        got_dx = dev_fetch(t, d_dx, n);
+        snprintf(what, sizeof what, "%s bwd written", name);
+        check_act(t, what, (Activation)act, got_dx, dx_w, n);
+        free(dx_w);
 
         float *d_xx = dev_from(t, x, n);  // in place (y aliases x)
         op_act_fwd(be, d_xx, d_xx, n, (Activation)act);
@@ -460,21 +472,30 @@ static void dropout_case(const Target *t, size_t n, float p, uint64_t seed, uint
 
     float *dy = rand_floats(n, rng, -1, 1), *dx0 = rand_floats(n, rng, -1, 1);
     float *dx = host_copy(dx0, n);
-    cpu_dropout_bwd(dx, dy, n, p, seed, stream);
+    cpu_dropout_bwd(dx, GRAD_ADD, dy, n, p, seed, stream);
     float *d_dy = dev_from(t, dy, n), *d_dx = dev_from(t, dx0, n);
-    op_dropout_bwd(be, d_dx, d_dy, n, p, seed, stream);
+    op_dropout_bwd(be, d_dx, GRAD_ADD, d_dy, n, p, seed, stream);
     float *got_dx = dev_fetch(t, d_dx, n);
     snprintf(what, sizeof what, "dropout bwd n=%zu p=%g", n, (double)p);
     check_exact(t, what, got_dx, dx, n);
 
-    float *host_bufs[] = {x, garbage, y, got, got_in, dy, dx0, dx, got_dx};
+    float *dx_w = host_alloc(n);  // written over NaN garbage: the reference added into zeros
+    cpu_dropout_bwd(dx_w, GRAD_ADD, dy, n, p, seed, stream);
+    float *d_dx_w = dev_nan(t, n);
+    op_dropout_bwd(be, d_dx_w, GRAD_WRITE, d_dy, n, p, seed, stream);
+    float *got_w = dev_fetch(t, d_dx_w, n);
+    snprintf(what, sizeof what, "dropout bwd written n=%zu p=%g", n, (double)p);
+    check_exact(t, what, got_w, dx_w, n);
+
+    float *host_bufs[] = {x, garbage, y, got, got_in, dy, dx0, dx, got_dx, dx_w, got_w};
     for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
-    float *dev_bufs[] = {d_x, d_y, d_in, d_dy, d_dx};
+    float *dev_bufs[] = {d_x, d_y, d_in, d_dy, d_dx, d_dx_w};
     for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; i++) dev_free(t, dev_bufs[i]);
 }
 
 /* A window of the mask (sequence parallelism), also one whose blocks need
- * the counter's high word: forward and accumulating backward against the CPU. */
+ * the counter's high word: forward, accumulating backward and written
+ * backward (over NaN garbage) against the CPU. */
 static void dropout_window_case(const Target *t, size_t n, uint64_t first, float p, uint64_t seed, uint64_t stream,
                                 Rng *rng) {
     char what[128];
@@ -486,14 +507,21 @@ static void dropout_window_case(const Target *t, size_t n, uint64_t first, float
     snprintf(what, sizeof what, "dropout fwd window n=%zu at %llu", n, (unsigned long long)first);
     check_exact(t, what, got, y, n);
     float *dx = rand_floats(n, rng, -1, 1), *d_dx = dev_from(t, dx, n), *d_y = dev_from(t, x, n);
-    cpu_dropout_bwd_at(dx, x, n, first, p, seed, stream);
-    op_dropout_bwd_at(t->be, d_dx, d_y, n, first, p, seed, stream);
+    cpu_dropout_bwd_at(dx, GRAD_ADD, x, n, first, p, seed, stream);
+    op_dropout_bwd_at(t->be, d_dx, GRAD_ADD, d_y, n, first, p, seed, stream);
     float *got_dx = dev_fetch(t, d_dx, n);
     snprintf(what, sizeof what, "dropout bwd window n=%zu at %llu", n, (unsigned long long)first);
     check_exact(t, what, got_dx, dx, n);
-    free(x); free(y); free(got); free(dx); free(got_dx);
+    float *dx_w = host_alloc(n), *d_dx_w = dev_nan(t, n);
+    cpu_dropout_bwd_at(dx_w, GRAD_ADD, x, n, first, p, seed, stream);
+    op_dropout_bwd_at(t->be, d_dx_w, GRAD_WRITE, d_y, n, first, p, seed, stream);
+    float *got_w = dev_fetch(t, d_dx_w, n);
+    snprintf(what, sizeof what, "dropout bwd written window n=%zu at %llu", n, (unsigned long long)first);
+    check_exact(t, what, got_w, dx_w, n);
+    free(x); free(y); free(got); free(dx); free(got_dx); free(dx_w); free(got_w);
     dev_free(t, d_x);
     dev_free(t, d_dx);
+    dev_free(t, d_dx_w);
     dev_free(t, d_y);
 }
 

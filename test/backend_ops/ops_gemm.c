@@ -2,8 +2,9 @@
  * backend's precision, against the CPU reference: every transpose, odd
  * sizes, alpha != 1, beta 0 over NaN garbage and beta 1, K = 0; the linear
  * forward with and without bias and the backward with every subset of
- * dx, dW, db, with the weight inside a registered master range (its bf16
- * twin on CUDA) and outside; on CUDA with the fused epilogues and the
+ * dx, dW, db (dx added to, or written over NaN garbage) and with out = 0,
+ * with the weight inside a registered master range (its bf16 twin on
+ * CUDA) and outside; on CUDA with the fused epilogues and the
  * separate bias kernels; run-to-run determinism; the compute weights'
  * rounding. In bf16 the reference is the fp32 one on operands rounded to
  * bf16 here (ref_bf16), biases and bias gradients from fp32 values; the CPU
@@ -238,8 +239,10 @@ static void linear_fwd_case(const Target *t, int mode, bool with_bias, bool regi
     dev_free(t, d_x), dev_free(t, d_y);
 }
 
-/* which: bit 0 dx, bit 1 dW, bit 2 db. Gradients start random: the backward adds to them. */
-static void linear_bwd_case(const Target *t, int mode, int which, bool registered, int N, int in, int out, Rng *rng) {
+/* which: bit 0 dx, bit 1 dW, bit 2 db. Gradients start random: the backward adds to them; except a written
+ * dx (dx_mode GRAD_WRITE), which starts as NaN garbage and is judged against the reference added into zeros. */
+static void linear_bwd_case(const Target *t, int mode, int which, GradMode dx_mode, bool registered, int N, int in,
+                            int out, Rng *rng) {
     Backend *be = t->be;
     char what[160];
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
@@ -248,30 +251,36 @@ static void linear_bwd_case(const Target *t, int mode, int which, bool registere
     float *gx0 = rand_floats(nx, rng, -1, 1), *gW0 = rand_floats(nw, rng, -1, 1), *gb0 = rand_floats(out, rng, -1, 1);
     Weights w = weights_make(t, W, b, in, out, registered);
     float *d_x = dev_from(t, x, nx), *d_dy = dev_from(t, dy, ny);
-    float *d_gx = dev_from(t, gx0, nx), *d_gW = dev_from(t, gW0, nw), *d_gb = dev_from(t, gb0, out);
+    const bool write = dx_mode == GRAD_WRITE;
+    float *d_gx = write ? dev_nan(t, nx) : dev_from(t, gx0, nx), *d_gW = dev_from(t, gW0, nw);
+    float *d_gb = dev_from(t, gb0, out);
     const bool want_dx = which & 1, want_dW = which & 2, want_db = which & 4;
     set_mode(t, mode);
     EpilogueCounts c0 = counts(t);
-    op_linear_bwd(be, want_dx ? d_gx : NULL, want_dW ? d_gW : NULL, want_db ? d_gb : NULL, d_dy, d_x, w.W, N, in, out);
+    op_linear_bwd(be, want_dx ? d_gx : NULL, dx_mode, want_dW ? d_gW : NULL, want_db ? d_gb : NULL, d_dy, d_x, w.W,
+                  N, in, out);
     EpilogueCounts c1 = counts(t);
     float *got_gx = dev_fetch(t, d_gx, nx), *got_gW = dev_fetch(t, d_gW, nw), *got_gb = dev_fetch(t, d_gb, out);
 
-    float *ref_gx = host_copy(gx0, nx), *ref_gW = host_copy(gW0, nw), *ref_gb = host_copy(gb0, out);
+    float *ref_gx = write ? host_alloc(nx) : host_copy(gx0, nx), *ref_gW = host_copy(gW0, nw);
+    float *ref_gb = host_copy(gb0, out);
     if (!t->bf16) {
-        cpu_linear_bwd(want_dx ? ref_gx : NULL, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, dy, x, W, N, in, out);
+        cpu_linear_bwd(want_dx ? ref_gx : NULL, GRAD_ADD, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, dy, x, W,
+                       N, in, out);
     } else {  // operands rounded to bf16; db from the fp32 dy
         float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw), *dyb = host_bf16(dy, ny);
-        cpu_linear_bwd(want_dx ? ref_gx : NULL, want_dW ? ref_gW : NULL, NULL, dyb, xb, Wb, N, in, out);
+        cpu_linear_bwd(want_dx ? ref_gx : NULL, GRAD_ADD, want_dW ? ref_gW : NULL, NULL, dyb, xb, Wb, N, in, out);
         if (want_db) cpu_bias_bwd(ref_gb, dy, N, out);
         free(xb), free(Wb), free(dyb);
     }
     const double gemm_tol = tol(t, t->bf16 ? BF16_SAME_INPUT_TOL : FP32_TOL);
     const long fused = c1.bgrad_fused - c0.bgrad_fused, separate = c1.bgrad_separate - c0.bgrad_separate;
     const double db_tol = tol(t, fused ? BGRAD_FP32_TOL : SUM_RTOL);
-    snprintf(what, sizeof what, "linear_bwd which=%d N=%d in=%d out=%d %s%s", which, N, in, out,
-             registered ? "registered W" : "plain W", mode ? " separate" : "");
+    snprintf(what, sizeof what, "linear_bwd which=%d N=%d in=%d out=%d %s%s%s", which, N, in, out,
+             registered ? "registered W" : "plain W", mode ? " separate" : "", write ? " dx written" : "");
     char part[200];
-    if (want_dx) snprintf(part, sizeof part, "%s dx", what), check_rel(t, part, got_gx, ref_gx, gx0, nx, gemm_tol);
+    const float *gx_start = write ? NULL : gx0;
+    if (want_dx) snprintf(part, sizeof part, "%s dx", what), check_rel(t, part, got_gx, ref_gx, gx_start, nx, gemm_tol);
     else snprintf(part, sizeof part, "%s dx untouched", what), check_exact(t, part, got_gx, gx0, nx);
     if (want_dW) snprintf(part, sizeof part, "%s dW", what), check_rel(t, part, got_gW, ref_gW, gW0, nw, gemm_tol);
     else snprintf(part, sizeof part, "%s dW untouched", what), check_exact(t, part, got_gW, gW0, nw);
@@ -288,6 +297,27 @@ static void linear_bwd_case(const Target *t, int mode, int which, bool registere
     dev_free(t, d_x), dev_free(t, d_dy), dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
 }
 
+/* out = 0: dy W is an (N, in) zero matrix. A written dx becomes zeros (NaN garbage gone, as beta = 0 clears
+ * it), an added-to dx stays as it was, and dW, db (0 rows) are untouched. */
+static void linear_bwd_out0(const Target *t, Rng *rng) {
+    const int N = 5, in = 7;
+    const size_t nx = (size_t)N * in;
+    float *gx0 = rand_floats(nx, rng, -1, 1), *zeros = host_alloc(nx);
+    float *d_x = dev_from(t, gx0, nx), *d_dy = dev_nan(t, 1), *d_W = dev_nan(t, 1);
+    for (int k = 0; k < 2; k++) {
+        const GradMode m = k ? GRAD_WRITE : GRAD_ADD;
+        float *d_gx = m == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, gx0, nx);
+        op_linear_bwd(t->be, d_gx, m, NULL, NULL, d_dy, d_x, d_W, N, in, 0);
+        float *got = dev_fetch(t, d_gx, nx);
+        check_exact(t, m == GRAD_WRITE ? "linear_bwd out=0 dx written: zeros" : "linear_bwd out=0 dx added: as it was",
+                    got, m == GRAD_WRITE ? zeros : gx0, nx);
+        free(got);
+        dev_free(t, d_gx);
+    }
+    free(gx0), free(zeros);
+    dev_free(t, d_x), dev_free(t, d_dy), dev_free(t, d_W);
+}
+
 /* The same backward twice from the same state gives the same bits. */
 static void linear_determinism(const Target *t, Rng *rng) {
     const int N = 300, in = 192, out = 224;
@@ -298,7 +328,7 @@ static void linear_determinism(const Target *t, Rng *rng) {
     float *runs[2][3];
     for (int r = 0; r < 2; r++) {
         float *d_gx = dev_from(t, x, nx), *d_gW = dev_from(t, W, nw), *d_gb = dev_from(t, dy, out);
-        op_linear_bwd(t->be, d_gx, d_gW, d_gb, d_dy, d_x, d_W, N, in, out);
+        op_linear_bwd(t->be, d_gx, GRAD_ADD, d_gW, d_gb, d_dy, d_x, d_W, N, in, out);
         runs[r][0] = dev_fetch(t, d_gx, nx), runs[r][1] = dev_fetch(t, d_gW, nw), runs[r][2] = dev_fetch(t, d_gb, out);
         dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
     }
@@ -319,9 +349,13 @@ void test_linear(const Target *t, Rng *rng) {
                 const int N = shapes[i][0], in = shapes[i][1], out = shapes[i][2];
                 linear_fwd_case(t, mode, true, reg, N, in, out, rng);
                 linear_fwd_case(t, mode, false, reg, N, in, out, rng);
-                for (int which = 1; which < 8; which++) linear_bwd_case(t, mode, which, reg, N, in, out, rng);
+                for (int which = 1; which < 8; which++) {
+                    linear_bwd_case(t, mode, which, GRAD_ADD, reg, N, in, out, rng);
+                    if (which & 1) linear_bwd_case(t, mode, which, GRAD_WRITE, reg, N, in, out, rng);
+                }
             }
     set_mode(t, 0);
+    linear_bwd_out0(t, rng);
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA
     if (!t->is_cpu) {

@@ -134,10 +134,10 @@ static void every_op_run(const Target *t, EveryOp *e) {
     op_layernorm_fwd(be, e->y, e->mean, e->rstd, e->x, e->g, e->bt, N, C, 1e-5f);
     op_linear_fwd(be, e->h, e->y, e->W, e->b, N, C, FF);  // W registered: its twin in bf16 on CUDA
     op_act_fwd(be, e->h, e->h, (size_t)N * FF, ACT_GELU);
-    op_act_bwd(be, e->dh, e->h, e->h, (size_t)N * FF, ACT_RELU);
+    op_act_bwd(be, e->dh, GRAD_WRITE, e->h, e->h, (size_t)N * FF, ACT_RELU);
     op_bias_add(be, e->h, e->b, N, FF);
     op_bias_bwd(be, e->db, e->dh, N, FF);
-    op_linear_bwd(be, e->dx, e->dW, e->db, e->dh, e->y, e->W, N, C, FF);
+    op_linear_bwd(be, e->dx, GRAD_WRITE, e->dW, e->db, e->dh, e->y, e->W, N, C, FF);
     op_gemm(be, false, true, N, V, C, 1.0f, e->y, e->E, 0.0f, e->logits);  // tied output layer
     op_gemm(be, true, false, C, C, N, 0.5f, e->x, e->y, 1.0f, e->tmp);
     op_attention_fwd(be, e->att, e->P, e->q, e->k, e->v, e->k_len, B, H, T, T, D, true);
@@ -145,7 +145,7 @@ static void every_op_run(const Target *t, EveryOp *e) {
     op_softmax_fwd(be, e->dP, e->dP, e->k_len, B, H, T, T, 0.25f, false);
     op_softmax_bwd(be, e->dP, e->dP, e->P, B, H, T, T, 0.25f);
     op_dropout_fwd(be, e->y, e->y, (size_t)N * C, 0.1f, 7, 9);
-    op_dropout_bwd(be, e->dx, e->y, (size_t)N * C, 0.1f, 7, 9);
+    op_dropout_bwd(be, e->dx, GRAD_ADD, e->y, (size_t)N * C, 0.1f, 7, 9);
     op_add(be, e->y, e->x, e->y, (size_t)N * C);
     op_accumulate(be, e->dx, e->y, (size_t)N * C);
     op_scale(be, e->dx, 0.5f, (size_t)N * C);
