@@ -274,7 +274,7 @@ static int plan_read_shapes(Plan *p) {
         fprintf(stderr, "train_mt: %s\n", p->ls[0].why);
         return 2;
     }
-    if (source_open(&p->src, a, &a->cfg, &p->rt, err, sizeof err)) {
+    if (source_open(&p->src, a, &a->cfg, &p->rt, NULL, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         source_close(&p->src);
         return 1;
