@@ -108,7 +108,9 @@ static int run_build_model(Run *r) {
     /* With stages, evaluation and export assemble the whole stack (tp
      * shards) on the first stage's ranks of dp rank 0. */
     r->stack_here = r->pp > 1 && mesh->pp_rank == 0 && mesh->dp_rank == 0;
-    if (r->stack_here && model_create_ex(&r->stack, r->be, &a->cfg, &tpg, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err)) {
+    /* (neither is initialised: model_stage_collect and model_gather write every value before one is read) */
+    if (r->stack_here && model_create_ex(&r->stack, r->be, &a->cfg, &tpg, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT,
+                                         err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
@@ -117,7 +119,8 @@ static int run_build_model(Run *r) {
     /* Dev BLEU decodes with the whole model, assembled on rank 0 (no
      * gradient buffer: it only decodes, and the memory table counts it). */
     r->decode_here = r->lead && !a->synthetic;
-    if (r->decode_here && model_create_ex(&r->whole, r->be, &a->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err)) {
+    if (r->decode_here &&
+        model_create_ex(&r->whole, r->be, &a->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
