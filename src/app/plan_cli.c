@@ -66,10 +66,7 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
 
 /* Threads per rank: what OpenBLAS is told (OMP_NUM_THREADS; tprun sets it
  * to cores / ranks), else every core. */
-static int env_threads(void) {
-    const int t = env_int("OMP_NUM_THREADS", 0);
-    return t > 0 ? t : (int)sysconf(_SC_NPROCESSORS_ONLN);
-}
+static int env_threads(void) { return (int)tp_threads_here(); }
 
 static void calib_key(const Backend *be, int threads, char *key, size_t len) {
     char host[128] = "host";

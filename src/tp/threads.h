@@ -13,12 +13,12 @@ static inline long tp_threads_per_worker(long workers) {
 }
 
 /* This process's threads: OMP_NUM_THREADS (tprun sets it to cores /
- * workers) when it is a positive number, else every core. */
+ * workers; its leading digits) when positive, else
+ * every core. */
 static inline long tp_threads_here(void) {
     const char *s = getenv("OMP_NUM_THREADS");
-    char *end = NULL;
-    const long t = s ? strtol(s, &end, 10) : 0;
-    if (s && end != s && *end == 0 && t > 0) return t;
+    const long t = s && *s ? atol(s) : 0;
+    if (t > 0) return t;
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores > 0 ? cores : 1;
 }
