@@ -18,17 +18,22 @@
 #include "app/args.h"
 #include "app/plan_cli.h"
 #include "app/run.h"
+#include "app/startup.h"
 
 int main(int argc, char **argv) {
+    Startup boot;  // the phases before the first step (app/startup.h)
+    startup_begin(&boot);
     TrainArgs a;
     parse_args(argc, argv, &a);
     if (a.plan) return plan_main(&a, false);  // predict memory and step time, train nothing
+    startup_mark(&boot, "arguments");
     if (a.layout_auto) {  // choose the layout, then train it
         const int rc = plan_main(&a, true);
         if (rc) return rc;
+        startup_mark(&boot, "layout");
     }
     static Run r;  // static: it holds the stages' table and the layout text; no early return has it to free
-    int rc = run_setup(&r, &a);  // device, ranks, data, model, optimizer, --resume, --metrics
+    int rc = run_setup(&r, &a, &boot);  // device, ranks, data, model, optimizer, --resume, --metrics
     if (rc || (rc = run_train(&r)) != 0) return rc;  // the steps: train, log, evaluate, save, stop
     rc = run_finish(&r);                             // the last checkpoint, the best one, --average-last
     run_report(&r);                                  // time, collectives, pipeline stages, profile, memory

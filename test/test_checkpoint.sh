@@ -71,7 +71,7 @@ complete_steps() {
 #   label | reference metrics | metrics | first | last | rows | reference export | export
 # The rows (all: training and held-out rows; train: training rows only) of
 # steps first..last must be the same in both files, every field but
-# tokens_per_s, elapsed_s, since_launch_s and the memory figures, numbers compared as the digits printed; the file must have
+# tokens_per_s, elapsed_s, since_launch_s, startup_s and the memory figures, numbers compared as the digits printed; the file must have
 # no row before first (a resumed run logs only the steps it ran). With
 # first "prefix", the file must be a prefix of the reference (a killed run).
 # Exports ("-" for none) must hold the same tensors, each torch.equal.
@@ -88,7 +88,7 @@ def rows(path):
         r = json.loads(line, parse_float=str)  # keep the printed digits
         if "memory" in r:  # a memory record: a measurement of the process, not a training result
             continue
-        for k in ("tokens_per_s", "elapsed_s", "since_launch_s", "mem_peak_mib", "mem_rss_mib", "mem_device_used_mib"):  # measurements, not results
+        for k in ("tokens_per_s", "elapsed_s", "since_launch_s", "startup_s", "mem_peak_mib", "mem_rss_mib", "mem_device_used_mib"):  # measurements, not results
             r.pop(k, None)
         out.append(r)
     return out

@@ -66,10 +66,7 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
 
 /* Threads per rank: what OpenBLAS is told (OMP_NUM_THREADS; tprun sets it
  * to cores / ranks), else every core. */
-static int env_threads(void) {
-    const int t = env_int("OMP_NUM_THREADS", 0);
-    return t > 0 ? t : (int)sysconf(_SC_NPROCESSORS_ONLN);
-}
+static int env_threads(void) { return (int)tp_threads_here(); }
 
 static void calib_key(const Backend *be, int threads, char *key, size_t len) {
     char host[128] = "host";
@@ -274,7 +271,7 @@ static int plan_read_shapes(Plan *p) {
         fprintf(stderr, "train_mt: %s\n", p->ls[0].why);
         return 2;
     }
-    if (source_open(&p->src, a, &a->cfg, &p->rt, err, sizeof err)) {
+    if (source_open(&p->src, a, &a->cfg, &p->rt, NULL, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         source_close(&p->src);
         return 1;

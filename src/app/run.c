@@ -34,6 +34,7 @@ static int run_open_device(Run *r) {
     TrainArgs *a = r->a;
     char err[1024];
     if (!(r->be = app_backend_open(a))) return 2;
+    startup_mark(r->boot, "device");
     /* The stages first: an impossible --pp or --pp-layout is refused before any rank meets. */
     if (model_stages_make(&a->cfg, a->pp, a->pp_layout, r->stages, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
@@ -44,6 +45,7 @@ static int run_open_device(Run *r) {
     RuntimeOptions ro = {.tp = a->tp, .dp = a->dp, .pp = a->pp, .n_heads = a->cfg.n_heads, .d_ff = a->cfg.d_ff,
                          .timeout_s = a->comm_timeout, .comm = a->comm};
     if (app_runtime_open(r->be, &ro, &r->rt, "")) return 2;
+    startup_mark(r->boot, "ranks");
     backend_note_library(r->be, runtime_library_bytes(&r->rt));  // NCCL's buffers (0 with shm)
     r->mesh = &r->rt.mesh;
     r->lead = r->mesh->rank == 0;
@@ -66,7 +68,7 @@ static int run_open_device(Run *r) {
 static int run_open_data(Run *r) {
     TrainArgs *a = r->a;
     char err[1024];
-    if (source_open(&r->src, a, &a->cfg, &r->rt, err, sizeof err)) {
+    if (source_open(&r->src, a, &a->cfg, &r->rt, r->boot, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         source_close(&r->src);
         runtime_free(&r->rt);  // before the backend: NCCL works on its stream
@@ -82,6 +84,7 @@ static int run_open_data(Run *r) {
         backend_destroy(r->be);
         return 2;
     }
+    if (a->save_dir) startup_mark(r->boot, "save_folder");
     return 0;
 }
 
@@ -96,6 +99,7 @@ static int run_build_model(Run *r) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    startup_mark(r->boot, "model");  // allocation, initial values, compute weights
     model_set_recompute(&r->m, a->recompute);
     if (model_set_sequence_parallel(&r->m, a->seq_par, err, sizeof err)) {
         fprintf(stderr, "train_mt: --sequence-parallel: %s\n", err);
@@ -104,18 +108,23 @@ static int run_build_model(Run *r) {
     /* With stages, evaluation and export assemble the whole stack (tp
      * shards) on the first stage's ranks of dp rank 0. */
     r->stack_here = r->pp > 1 && mesh->pp_rank == 0 && mesh->dp_rank == 0;
-    if (r->stack_here && model_create_ex(&r->stack, r->be, &a->cfg, &tpg, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err)) {
+    /* (neither is initialised: model_stage_collect and model_gather write every value before one is read) */
+    if (r->stack_here && model_create_ex(&r->stack, r->be, &a->cfg, &tpg, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT,
+                                         err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    if (r->stack_here) startup_mark(r->boot, "stack_model");
     r->evm = r->pp > 1 ? (r->stack_here ? &r->stack : NULL) : &r->m;
     /* Dev BLEU decodes with the whole model, assembled on rank 0 (no
      * gradient buffer: it only decodes, and the memory table counts it). */
     r->decode_here = r->lead && !a->synthetic;
-    if (r->decode_here && model_create_ex(&r->whole, r->be, &a->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err)) {
+    if (r->decode_here &&
+        model_create_ex(&r->whole, r->be, &a->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
+    if (r->decode_here) startup_mark(r->boot, "decode_model");
     return 0;
 }
 
@@ -141,6 +150,7 @@ static int run_build_optimizer(Run *r) {
     a->grad.staged = r->pp > 1;
     r->gsync = grad_sync_create(r->be, r->rt.dp, &r->m, &a->grad);
     grad_sync_adamw_init(r->gsync, &r->opt, r->be, &a->opt);
+    startup_mark(r->boot, "optimizer");
     r->first_step = 1;
     TrainState clock = {.has_clock = 0};
     if (a->resume &&
@@ -155,6 +165,7 @@ static int run_build_optimizer(Run *r) {
         backend_destroy(r->be);
         return 1;
     }
+    if (a->resume) startup_mark(r->boot, "resume");
     run_start_horizon(r, &clock);
     if (a->metrics_path && r->lead) {
         r->metrics = fopen(a->metrics_path, r->first_step > 1 ? "a" : "w");
@@ -194,9 +205,10 @@ static void run_banner(const Run *r) {
     fflush(stdout);
 }
 
-int run_setup(Run *r, TrainArgs *a) {
+int run_setup(Run *r, TrainArgs *a, Startup *boot) {
     memset(r, 0, sizeof *r);
     r->a = a;
+    r->boot = boot;
     int rc = run_open_device(r);
     if (rc == 0) rc = run_open_data(r);
     if (rc == 0) rc = run_build_model(r);
@@ -224,6 +236,13 @@ static int run_step(Run *r, int step, float *lr, StepResult *sr) {
     DropoutKey key = {.seed = a->seed, .step = (uint32_t)step, .micro = (uint32_t)r->mesh->dp_rank};
     *lr = lr_at_frac(&a->opt, step, horizon_frac(&r->hz));
     const CommStats tp0 = r->rt.tp ? comm_stats(r->rt.tp) : (CommStats){0};
+    if (step == r->first_step) {  // start-up ends here: metrics file, banner, trainer, the first batch
+        startup_mark(r->boot, "first_batch");
+        if (r->lead) {
+            startup_print(r->boot, "train_mt", stdout);
+            fflush(stdout);
+        }
+    }
     const double t_step = tp_now_s();
     backend_profile_step_begin(r->be);
     train_step(&r->trainer, views, a->micro_batches, n_global, key, *lr, sr);
@@ -288,15 +307,19 @@ static void run_log(Run *r, int step, float loss, float lr, float gnorm) {
     double tps = r->tok_window / (t - r->t_window > 1e-9 ? t - r->t_window : 1e-9);
     const double pad = r->all_slots > 0 ? r->pad_slots / r->all_slots : 0.0;  // this rank's batches in the window
     char *mem = memory_metrics(&r->rt, r->be, r->lead && r->metrics);
-    char launch[64] = "";
-    if (step == r->first_step) snprintf(launch, sizeof launch, ", \"since_launch_s\": %.3f", tp_process_age_s());
+    char launch[64] = "", boot[1024] = "";
+    if (step == r->first_step) {
+        snprintf(launch, sizeof launch, ", \"since_launch_s\": %.3f", tp_process_age_s());
+        startup_json(r->boot, boot, sizeof boot);
+    }
     if (r->lead) {
         printf("%sstep %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s | pad %.1f%%\n",
                r->tty ? "\r\033[K" : "", step, r->total, loss, lr, gnorm, tps, 100.0 * pad);
         if (r->metrics)
             metrics_line(r->metrics, a->metrics_path, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6e, "
                          "\"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"pad_frac\": %.4f, \"elapsed_s\": "
-                         "%.3f%s%s}\n", step, loss, lr, gnorm, tps, pad, t - r->clock.t_start, launch, mem ? mem : "");
+                         "%.3f%s%s%s}\n", step, loss, lr, gnorm, tps, pad, t - r->clock.t_start, launch, boot,
+                         mem ? mem : "");
     }
     r->pad_slots = r->all_slots = 0.0;
     free(mem);

@@ -17,6 +17,7 @@
 #include "app/persist.h"
 #include "app/report.h"
 #include "app/source.h"
+#include "app/startup.h"
 #include "data/batch_dump.h"
 #include "train/checkpoint.h"
 #include "train/grad_sync.h"
@@ -57,11 +58,12 @@ typedef struct {
     double top;  // the best single evaluation's dev BLEU (lowest loss for a --task run), for --average-last
     int top_step, early_stop, stop_sig;
     BatchDump *dump;
+    Startup *boot;  // the start-up phases, closed and reported at the first step
 } Run;
 
-/* Everything before the first step; a refusal printed, its exit status
- * returned (nonzero: main returns it at once). */
-int run_setup(Run *r, TrainArgs *a);
+/* Everything before the first step, its phases marked on boot; a refusal
+ * printed, its exit status returned (nonzero: main returns it at once). */
+int run_setup(Run *r, TrainArgs *a, Startup *boot);
 /* The steps; 1 when a step's loss is not finite (main returns it at once). */
 int run_train(Run *r);
 /* The last checkpoint, the best checkpoint's line, --average-last. 0 or 1. */

@@ -26,7 +26,8 @@ int run_steps(const TrainArgs *a, int n_batches) {
     return (int)steps;
 }
 
-int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, char *err, size_t err_len) {
+int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, Startup *boot, char *err,
+                size_t err_len) {
     memset(src, 0, sizeof *src);
     src->args = a;
     src->cfg = cfg;
@@ -63,9 +64,11 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
         if (rt->mesh.rank != 0) tp_error_set(err, err_len, "rank 0 could not prepare the corpus");
         return -1;
     }
+    startup_mark(boot, "corpus");  // the cache checked (or built) and agreed on
     snprintf(src->spm_path, sizeof src->spm_path, "%s/spm.model", cache);
     src->spm = spm_load(src->spm_path, err, err_len);
     if (!src->spm) return -1;
+    startup_mark(boot, "tokenizer");
     cfg->vocab_size = spm_vocab_size(src->spm);
     /* the text's form, saved with the model for translate_mt (data/textnorm.h) */
     const bool en_ja = a->dir == DIR_EN_JA;
@@ -75,6 +78,7 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
     if (textnorm_detect(src_txt, tgt_txt, en_ja ? TEXT_LANG_EN : TEXT_LANG_JA, en_ja ? TEXT_LANG_JA : TEXT_LANG_EN,
                         &cfg->text, err, err_len))
         return -1;
+    startup_mark(boot, "text_form");
     if (rt->mesh.rank == 0)
         printf("train_mt: the training text's form, saved with the model for translate_mt: source %s%s%s, target %s%s\n",
                text_lang_name(cfg->text.source), cfg->text.lowercase ? " lower-cased" : " cased",
@@ -106,6 +110,7 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
                "%d batches per epoch of <= %d tokens per data-parallel rank\n",
                src->train.n_usable, src->train.n_too_long, cfg->max_len, src->dev.n_usable, src->train.n_batches,
                a->batch_tokens);
+    startup_mark(boot, "batching");  // token files mapped, batches of both splits made
     return 0;
 }
 

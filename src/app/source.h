@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "app/args.h"
+#include "app/startup.h"
 #include "data/batch.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
@@ -34,9 +35,11 @@ typedef struct {
 
 /* Rank 0 prepares the corpus cache (tokenizer, token files); the others
  * wait for it and then map the same files. Sets cfg's vocabulary, token
- * ids and text form from the tokenizer and the corpus. 0, or -1 with err
- * (source_close is still called). */
-int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, char *err, size_t err_len);
+ * ids and text form from the tokenizer and the corpus; its phases are
+ * marked on boot (NULL: not timed). 0, or -1 with err (source_close is
+ * still called). */
+int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, Startup *boot, char *err,
+                size_t err_len);
 void source_close(Source *src);
 
 /* This rank's micro-batches b[0..M) of the next global batch (share

@@ -427,11 +427,13 @@ int model_create_stage(Model *m, Backend *be, const ModelConfig *cfg, const TpGr
     weights_bind_stage(&m->w, cfg, t, &m->stage, m->params);
     weights_bind_stage(&m->g, cfg, t, &m->stage, m->grads);  // all NULL without the buffer
     /* initialised on the host (a pure function of seed and position), uploaded once */
-    float *init = be->host_visible ? m->params : TP_MALLOC(m->tab.n_elems * sizeof(float));
-    params_init(init, &m->tab, cfg, m->tp.rank, seed);
-    if (init != m->params) {
-        backend_upload(be, m->params, init, m->tab.n_elems * sizeof(float));
-        free(init);
+    if (!(flags & MODEL_NO_INIT)) {
+        float *init = be->host_visible ? m->params : TP_MALLOC(m->tab.n_elems * sizeof(float));
+        params_init(init, &m->tab, cfg, m->tp.rank, seed);
+        if (init != m->params) {
+            backend_upload(be, m->params, init, m->tab.n_elems * sizeof(float));
+            free(init);
+        }
     }
     backend_add_compute_weights(be, m->params, m->tab.n_elems);
     m->scratch = TP_CALLOC(1, sizeof *m->scratch);

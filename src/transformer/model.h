@@ -123,8 +123,12 @@ StageIO model_stage_input_grad(Model *m);
 int model_create(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                  char *err, size_t err_len);
 /* model_create with flags: MODEL_NO_GRAD_BUFFER leaves m->grads NULL from
- * the start (gradients kept elsewhere: see model_bind_grads). */
+ * the start (gradients kept elsewhere: see model_bind_grads);
+ * MODEL_NO_INIT skips params_init, leaving the parameters as allocated, for
+ * a model whose every value is written before it is read (model_gather,
+ * model_stage_collect). */
 #define MODEL_NO_GRAD_BUFFER 1u
+#define MODEL_NO_INIT 2u
 int model_create_ex(Model *m, Backend *be, const ModelConfig *cfg, const TpGroup *tp, unsigned long long seed,
                     unsigned flags, char *err, size_t err_len);
 void model_free(Model *m);

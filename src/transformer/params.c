@@ -212,8 +212,7 @@ size_t param_global_elems(const ParamInfo *p) {
     return (size_t)p->shape[0] * (size_t)(p->ndim == 2 ? p->shape[1] : 1);
 }
 
-/* Element (r, c) of the shard is element (gr, gc) of the whole tensor. */
-static bool shard_to_global(const ParamInfo *p, int tp_rank, int r, int c, int *gr, int *gc) {
+bool shard_to_global(const ParamInfo *p, int tp_rank, int r, int c, int *gr, int *gc) {
     *gr = r;
     *gc = c;
     if (p->split == SPLIT_COL || p->split == SPLIT_VOCAB) *gr = tp_rank * p->local[0] + r;
@@ -240,47 +239,3 @@ void shard_place(const ParamInfo *p, int tp_rank, const float *shard, float *glo
         }
 }
 
-/* Four uniform words for element g of tensor i: a pure function of (seed, i, g). */
-static void init_words(unsigned long long seed, uint32_t tensor, size_t g, uint32_t out[4]) {
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    const uint32_t ctr[4] = {(uint32_t)g, (uint32_t)((uint64_t)g >> 32), tensor, 0x1A17u};
-    philox4x32_10(ctr, key, out);
-}
-
-static float unit(uint32_t u) { return ((float)(u >> 8) + 1.0f) * (1.0f / 16777216.0f); }  // (0, 1]
-
-void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg, int tp_rank,
-                 unsigned long long seed) {
-    /* a tensor's values are keyed by its index in the whole model's table,
-     * so a pipeline stage's table gets the values the whole model has */
-    ParamTable all;
-    param_table_build(cfg, tab->tp, &all);
-    for (int i_stage = 0; i_stage < tab->n; i_stage++) {
-        const ParamInfo *p = &tab->t[i_stage];
-        const ParamInfo *pw = param_table_find(&all, p->name);
-        TP_CHECK(pw, "parameter %s is not in the model", p->name);
-        const int i = (int)(pw - all.t);
-        const size_t n_global = param_global_elems(p);
-        float *whole = TP_MALLOC(n_global * sizeof(float));
-        const char *leaf = strrchr(p->name, '.');
-        for (size_t g = 0; g < n_global; g++) {
-            uint32_t w[4];
-            if (p->split == SPLIT_VOCAB) {
-                /* N(0, C^-1/2) by Box-Muller: the embedding is scaled by sqrt(C). */
-                init_words(seed, (uint32_t)i, g, w);
-                whole[g] = sqrtf(-2.0f * logf(unit(w[0]))) * cosf(6.2831853f * unit(w[1])) /
-                           sqrtf((float)cfg->d_model);
-            } else if (p->ndim == 2) {
-                /* Xavier uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)). */
-                init_words(seed, (uint32_t)i, g, w);
-                whole[g] = sqrtf(6.0f / (float)(p->shape[0] + p->shape[1])) * (2.0f * unit(w[0]) - 1.0f);
-            } else {
-                /* 1-D: LayerNorm gains ("*.weight") are 1, every bias is 0. */
-                whole[g] = strcmp(leaf, ".weight") == 0 ? 1.0f : 0.0f;
-            }
-        }
-        shard_extract(p, tp_rank, whole, base + p->offset);
-        free(whole);
-    }
-    param_table_free(&all);
-}

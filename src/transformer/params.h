@@ -98,12 +98,20 @@ void weights_bind_each(Weights *w, const ModelConfig *cfg, int tp, const ModelSt
  * shards of tp ranks assemble into exactly the tp = 1 model. */
 void params_init(float *base, const ParamTable *tab, const ModelConfig *cfg, int tp_rank,
                  unsigned long long seed);
+/* The same on n_threads threads (at most 64; params_init: OMP_NUM_THREADS,
+ * else every core, and 256 Ki elements a thread at least); the values do
+ * not depend on n_threads. */
+void params_init_threads(float *base, const ParamTable *tab, const ModelConfig *cfg, int tp_rank,
+                         unsigned long long seed, int n_threads);
 
 /* Copies rank tp_rank's shard of one tensor out of the whole (global) tensor,
  * or places a shard into the whole tensor. Padding rows of a VOCAB shard
  * read as zeros and are not placed. */
 void shard_extract(const ParamInfo *p, int tp_rank, const float *global, float *shard);
 void shard_place(const ParamInfo *p, int tp_rank, const float *shard, float *global);
+/* Element (r, c) of rank tp_rank's shard is element (gr, gc) of the whole
+ * tensor; false only for the padding rows of a VOCAB shard. */
+bool shard_to_global(const ParamInfo *p, int tp_rank, int r, int c, int *gr, int *gc);
 size_t param_global_elems(const ParamInfo *p);
 
 const char *split_label_name(SplitLabel s);
