@@ -32,10 +32,26 @@
 #define CPU_HUGE ((size_t)2 << 20)
 #define CPU_MAP_MIN ((size_t)4 << 20)  // from here, a mapping of its own
 typedef struct { void *raw; size_t map_len; } CpuBlock;  // map_len 0: calloc's
+/* Under AddressSanitizer every buffer is its own heap block of exactly the
+ * rounded size, so a read or write past its end is reported (a mapping or
+ * a block with a header and slack would hide it). */
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_EXACT_BLOCKS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CPU_EXACT_BLOCKS 1
+#endif
+#endif
 static void *cpu_dev_alloc(Backend *be, size_t n_bytes) {
     (void)be;
     const size_t rounded = (n_bytes + CPU_ALIGN - 1) & ~(CPU_ALIGN - 1);
     if (rounded < n_bytes || rounded > SIZE_MAX / 2) return NULL;
+#ifdef CPU_EXACT_BLOCKS
+    void *exact = NULL;
+    if (posix_memalign(&exact, CPU_ALIGN, rounded ? rounded : CPU_ALIGN)) return NULL;
+    memset(exact, 0, rounded);
+    return exact;
+#endif
     CpuBlock *p;
     if (rounded >= CPU_MAP_MIN) {
         const size_t len = rounded + 2 * CPU_HUGE;  // room for the header and both alignments
@@ -57,6 +73,10 @@ static void *cpu_dev_alloc(Backend *be, size_t n_bytes) {
 static void cpu_dev_free(Backend *be, void *p) {
     (void)be;
     if (!p) return;
+#ifdef CPU_EXACT_BLOCKS
+    free(p);
+    return;
+#endif
     const CpuBlock b = ((CpuBlock *)p)[-1];
     if (b.map_len) munmap(b.raw, b.map_len);
     else free(b.raw);
