@@ -89,11 +89,7 @@ static void check_fixtures(void) {
 
 static int score_files(const char *hyp_path, const char *ref_path) {
     Lines h, r;
-    if (read_lines(hyp_path, &h) || read_lines(ref_path, &r)) return 2;
-    if (h.n != r.n) {
-        fprintf(stderr, "test_chrf: %s has %d lines, %s %d\n", hyp_path, h.n, ref_path, r.n);
-        return 2;
-    }
+    if (read_pair("test_chrf", hyp_path, ref_path, &h, &r)) return 2;
     ChrfStats corpus;
     chrf_init(&corpus);
     for (int i = 0; i < h.n; i++) {

@@ -36,4 +36,15 @@ static inline int read_lines(const char *path, Lines *out) {
     return 0;
 }
 
+/* The hypothesis and reference files of a metric test's file mode, line
+ * for line; tool names the test in the error of a length mismatch. */
+static inline int read_pair(const char *tool, const char *hyp_path, const char *ref_path, Lines *h, Lines *r) {
+    if (read_lines(hyp_path, h) || read_lines(ref_path, r)) return -1;
+    if (h->n != r->n) {
+        fprintf(stderr, "%s: %s has %d lines, %s %d\n", tool, hyp_path, h->n, ref_path, r->n);
+        return -1;
+    }
+    return 0;
+}
+
 #endif
