@@ -70,6 +70,31 @@ OP(linear_bwd, GEMM, REF, OWN,
     int N, int in, int out),
    (dx, dx_mode, dW, db, dy, x, W, N, in, out))
 
+/* The linear layer on an input kept as bf16 bits x16 (to_bf16's rounding):
+ * the copy of a GEMM operand that backward keeps for that GEMM alone
+ * (model.c's Kept). The weights, bias, modes and NULLs are linear_fwd's and
+ * linear_bwd's. In bf16 mode those round x to bf16 before multiplying, so
+ * these give their results bit for bit on an fp32 x whose rounding is x16,
+ * without rounding it again; in fp32 mode they multiply the widened x16
+ * (exact) in fp32. */
+OP(linear_fwd_x16, GEMM, OWN, OWN,
+   (float *y,            // (N, out)
+    const uint16_t *x16, // (N, in) bf16 bits
+    const float *W,      // (out, in)
+    const float *b,      // (out) or NULL
+    int N, int in, int out),
+   (y, x16, W, b, N, in, out))
+OP(linear_bwd_x16, GEMM, OWN, OWN,
+   (float *dx,           // (N, in) or NULL
+    GradMode dx_mode,
+    float *dW,           // (out, in) or NULL
+    float *db,           // (out) or NULL
+    const float *dy,     // (N, out)
+    const uint16_t *x16, // (N, in) bf16 bits
+    const float *W,      // (out, in)
+    int N, int in, int out),
+   (dx, dx_mode, dW, db, dy, x16, W, N, in, out))
+
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
    (float *y,        // (N, C)
@@ -135,7 +160,10 @@ OP(layernorm_bwd, LAYERNORM, REF, SCRATCH,
     int N, int C),
    (dx, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C))
 
-/* ---- Activations (GELU is the exact erf form, as torch's default) ------- */
+/* ---- Activations (GELU is the exact erf form, as torch's default) -------
+ * Element by element: y may alias x, dx may alias dy or x. For ReLU,
+ * act'(x) is 1 where x > 0, so the output y = act(x) gives the same
+ * gradient as x (the model keeps only y). */
 OP(act_fwd, ELEMENTWISE, REF, STREAM, (float *y, const float *x, size_t n_elems, Activation act),
    (y, x, n_elems, act))
 /* dx += dy * act'(x) (GRAD_ADD), or dx = dy * act'(x) (GRAD_WRITE) */

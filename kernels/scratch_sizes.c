@@ -16,13 +16,22 @@ size_t scratch_gemm(bool bf16, int M, int N, int K, bool a_twin, bool b_twin) {
     return scratch_gemm_operand(bf16, (size_t)M * K, a_twin) + scratch_gemm_operand(bf16, (size_t)K * N, b_twin);
 }
 
-size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin) {
+size_t scratch_gemm_operand_x16(bool bf16, size_t n_elems) {
+    if (bf16 || n_elems == 0) return 0;
+    return scratch_round(n_elems * sizeof(float));
+}
+
+static size_t scratch_x(bool bf16, size_t n_elems, bool x16) {
+    return x16 ? scratch_gemm_operand_x16(bf16, n_elems) : scratch_gemm_operand(bf16, n_elems, false);
+}
+
+size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16) {
     if (N <= 0 || in <= 0 || out <= 0) return 0;
-    return scratch_gemm_operand(bf16, (size_t)N * in, false) + scratch_gemm_operand(bf16, (size_t)out * in, w_twin);
+    return scratch_x(bf16, (size_t)N * in, x16) + scratch_gemm_operand(bf16, (size_t)out * in, w_twin);
 }
 
 size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
-                          int out, bool w_twin) {
+                          int out, bool w_twin, bool x16) {
     if (N <= 0 || out <= 0) return 0;
     size_t n_bytes = 0;
     if (want_db)  // the epilogue's vector, and the separate kernel's partials should cuBLASLt refuse it
@@ -31,7 +40,7 @@ size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_d
     if (in <= 0) return n_bytes;
     if (want_dx || want_dW) n_bytes += scratch_gemm_operand(bf16, (size_t)N * out, false);  // dy
     if (want_dx) n_bytes += scratch_gemm_operand(bf16, (size_t)out * in, w_twin);          // W
-    if (want_dW) n_bytes += scratch_gemm_operand(bf16, (size_t)N * in, false);             // x
+    if (want_dW) n_bytes += scratch_x(bf16, (size_t)N * in, x16);                          // x
     return n_bytes;
 }
 

@@ -46,11 +46,15 @@ size_t scratch_round(size_t n_bytes);
  * the caller holds no bf16 twin of it; none in fp32. */
 size_t scratch_gemm_operand(bool bf16, size_t n_elems, bool has_twin);
 size_t scratch_gemm(bool bf16, int M, int N, int K, bool a_twin, bool b_twin);
-size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin);
+/* An operand given as bf16 bits alone (the x16 linear layers' x): nothing
+ * in bf16 mode, its widened fp32 copy in fp32. */
+size_t scratch_gemm_operand_x16(bool bf16, size_t n_elems);
+/* x16: x comes as bf16 bits (op_linear_fwd_x16 / op_linear_bwd_x16). */
+size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16);
 /* fused_bgrad: the bias gradient is tried in the dW GEMM's epilogue (fp32
  * with fused epilogues on), whose (out) vector takes scratch too. */
 size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
-                          int out, bool w_twin);
+                          int out, bool w_twin, bool x16);
 
 int scratch_bias_chunks(int N);
 size_t scratch_bias_bwd(int N, int C);

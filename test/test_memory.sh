@@ -52,6 +52,19 @@ for rc in none selective full; do
     done
   done
 done
+# The FFN keeps its hidden activation before the nonlinearity only for GELU
+# (ReLU's gradient needs its output alone); in bf16 the tensors backward
+# needs only as GEMM operands are kept in bf16 (model_set_keep_bf16).
+for v in "none 1 off gelu fp32" "none 1 off relu bf16" "none 1 off gelu bf16" "none 2 on relu bf16" \
+         "full 2 on relu bf16"; do
+  read -r rc t sp act dt <<< "$v"
+  flags=(--recompute "$rc" --activation "$act" --dtype "$dt")
+  [ "$sp" = on ] && flags+=(--sequence-parallel)
+  name="acts-$rc-$t-$sp-$act-$dt"
+  "$build/tprun" --nproc_per_node="$t" "$build/train_mt" --task copy --preset tiny --vocab-size 64 --tp "$t" \
+    --max-steps 2 --log-interval 1 --eval-interval 100 --metrics "$name.jsonl" "${flags[@]}" \
+    > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
+done
 "$build/tprun" --nproc_per_node=2 "$build/train_mt" --data "$corpus" --preset tiny --tp 2 --max-steps 2 \
   --log-interval 1 --eval-interval 2 --metrics corpus.jsonl > corpus.log 2>&1 || { cat corpus.log; exit 1; }
 /usr/bin/python3 - <<'PY'
@@ -105,9 +118,11 @@ end = [json.loads(l) for l in open("corpus.jsonl") if "memory" in l][-1]["memory
 if end[0]["grads"] != end[1]["grads"] or end[0]["master"] <= end[1]["master"]:
     bad.append(f"corpus tp 2: rank 0 grads {end[0]['grads']} (rank 1 {end[1]['grads']}), master "
                f"{end[0]['master']} (rank 1 {end[1]['master']}): the decoding model must hold weights, not gradients")
-def formula(tp, sp, rc, B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
+def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
     """Activation bytes per rank: docs/activation-memory.md, term by term."""
     Cl, Fl, Hl, Vl = C // tp, F // tp, H // tp, math.ceil(V / tp)
+    kb = 0.5 if dt == "bf16" else 1          # a kept GEMM operand: bf16 halves it
+    hid = (1 if act == "gelu" else 0) + kb   # the FFN's hidden: before (GELU, fp32) and after the nonlinearity
     Ns, Nt, maxL = B * S, B * T, max(S, T)
     ns, nt = (math.ceil(Ns / tp), math.ceil(Nt / tp)) if sp else (Ns, Nt)
     Nsf, Ntf = (ns * tp, nt * tp) if sp else (Ns, Nt)
@@ -115,8 +130,9 @@ def formula(tp, sp, rc, B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
     if rc == "full":
         enc, dec = ns * C, nt * C
     else:
-        enc = ns * (4 * C + 4) + Ns * (4 * Cl + 2 * Fl) + (B * Hl * S * S if rc == "none" else 0)
-        dec = nt * (6 * C + 6) + Nt * (6 * Cl + 2 * Fl) + 2 * Ns * Cl + (B * Hl * (T * T + T * S) if rc == "none" else 0)
+        enc = ns * ((2 + 2 * kb) * C + 4) + Ns * ((3 + kb) * Cl + hid * Fl) + (B * Hl * S * S if rc == "none" else 0)
+        dec = nt * ((3 + 3 * kb) * C + 6) + Nt * ((4 + 2 * kb) * Cl + hid * Fl) + 2 * Ns * Cl + \
+            (B * Hl * (T * T + T * S) if rc == "none" else 0)
     slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
     slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (Vl + 6)   # final LayerNorms, logits, loss
     scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * (4 * Cl + 2 * Fl) + B * Hl * maxL ** 2  # (the logits' gradient: over them)
@@ -125,8 +141,9 @@ def formula(tp, sp, rc, B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
     if rc != "none":
         scratch += B * Hl * maxL ** 2
     if rc == "full":
-        scratch += ns * (3 * C + 4) + Ns * (4 * Cl + 2 * Fl) + nt * (5 * C + 6) + Nt * (6 * Cl + 2 * Fl) + 2 * Ns * Cl
-    return 4 * (slot + scratch)   # (the batch's ids are used in place on the CPU; a GPU adds Ns + 2 Nt + 2 B int32)
+        scratch += ns * ((1 + 2 * kb) * C + 4) + Ns * ((3 + kb) * Cl + hid * Fl) + \
+            nt * ((2 + 3 * kb) * C + 6) + Nt * ((4 + 2 * kb) * Cl + hid * Fl) + 2 * Ns * Cl
+    return int(4 * (slot + scratch))   # (the batch's ids are used in place on the CPU; a GPU adds Ns + 2 Nt + 2 B int32)
 table = []
 for rc in ("none", "selective", "full"):
     for tp in (1, 2, 4):
@@ -138,11 +155,24 @@ for rc in ("none", "selective", "full"):
             table.append((rc, tp, sp, got, want))
             if abs(got - want) > 0.05 * want:
                 bad.append(f"{name}: activations {got} bytes, formula {want}")
+for rc, tp, sp, act, dt in (("none", 1, False, "gelu", "fp32"), ("none", 1, False, "relu", "bf16"),
+                            ("none", 1, False, "gelu", "bf16"), ("none", 2, True, "relu", "bf16"),
+                            ("full", 2, True, "relu", "bf16")):
+    name = f"acts-{rc}-{tp}-{'on' if sp else 'off'}-{act}-{dt}"
+    end = [json.loads(l) for l in open(name + ".jsonl") if '"memory"' in l][-1]["memory"]
+    got = max(r["activations"] for r in end)
+    want = formula(tp, sp, rc, act, dt)
+    table.append((f"{rc} {act} {dt}", tp, sp, got, want))
+    if abs(got - want) > 0.05 * want:
+        bad.append(f"{name}: activations {got} bytes, formula {want}")
 print("activation MiB per rank (measured / formula):")
 for rc, tp, sp, got, want in table:
-    print(f"  recompute {rc:9} tp {tp} sp {'on ' if sp else 'off'}: {got / 2**20:7.3f} / {want / 2**20:7.3f} "
+    print(f"  recompute {rc:19} tp {tp} sp {'on ' if sp else 'off'}: {got / 2**20:7.3f} / {want / 2**20:7.3f} "
           f"({(got - want) / want:+.2%})")
 by = {(rc, tp, sp): got for rc, tp, sp, got, _ in table}
+if not by[("none gelu fp32", 1, False)] > by[("none", 1, False)] > by[("none gelu bf16", 1, False)] > \
+        by[("none relu bf16", 1, False)]:
+    bad.append("tp 1: GELU's kept input or bf16 keeping does not change the activations as it should")
 for tp in (2, 4):   # each lever shrinks the activations
     for rc in ("none", "selective", "full"):
         if not by[(rc, tp, True)] < by[(rc, tp, False)]:

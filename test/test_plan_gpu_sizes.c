@@ -60,14 +60,24 @@ static void r_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float alp
 }
 static void r_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
                          int out) {
-    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W)));
+    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), false));
     g_cpu->linear_fwd(be, y, x, W, b, N, in, out);
 }
 static void r_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                          const float *x, const float *W, int N, int in, int out) {
     /* fused bias-gradient epilogues: the CUDA backend's default, fp32 only; either dx mode needs the same */
-    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
+    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), false));
     g_cpu->linear_bwd(be, dx, dx_mode, dW, db, dy, x, W, N, in, out);
+}
+static void r_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
+                             int in, int out) {
+    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), true));
+    g_cpu->linear_fwd_x16(be, y, x16, W, b, N, in, out);
+}
+static void r_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                             const uint16_t *x16, const float *W, int N, int in, int out) {
+    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
+    g_cpu->linear_bwd_x16(be, dx, dx_mode, dW, db, dy, x16, W, N, in, out);
 }
 static void r_copy(Backend *be, float *d, const float *s, size_t n) {
     const uintptr_t a = (uintptr_t)d, b = (uintptr_t)s, nb = n * sizeof(float);
@@ -110,6 +120,7 @@ static Backend *recorder(Dtype dtype) {
     g_cpu = be->ops;
     g_ops = *be->ops;
     g_ops.gemm = r_gemm, g_ops.linear_fwd = r_linear_fwd, g_ops.linear_bwd = r_linear_bwd, g_ops.copy = r_copy;
+    g_ops.linear_fwd_x16 = r_linear_fwd_x16, g_ops.linear_bwd_x16 = r_linear_bwd_x16;
     g_ops.bias_bwd = r_bias_bwd, g_ops.embedding_bwd = r_embedding_bwd, g_ops.layernorm_bwd = r_layernorm_bwd;
     g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc, g_ops.residual_ln_bwd = r_residual_ln_bwd;
     be->ops = &g_ops;

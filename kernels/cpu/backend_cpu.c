@@ -150,6 +150,37 @@ static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, fl
     cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, x, W, N, in, out);
 }
 
+/* x16 widened into the workspace after room for `also` more floats. */
+static const float *widened(Backend *be, const uint16_t *x16, size_t n, size_t also, float **rest) {
+    float *ws = operand_space(be, n + also);
+    cpu_from_bf16(ws, x16, n);
+    *rest = ws + n;
+    return ws;
+}
+
+static void t_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
+                             int in, int out) {
+    const size_t nx = (size_t)N * in, nW = (size_t)out * in;
+    float *rest = NULL;
+    const float *x = widened(be, x16, nx, be->dtype == DTYPE_BF16 ? nW : 0, &rest);
+    if (be->dtype == DTYPE_BF16) W = rounded(W, nW, rest);
+    cpu_linear_fwd(y, x, W, b, N, in, out);
+}
+
+static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                             const uint16_t *x16, const float *W, int N, int in, int out) {
+    if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
+    const size_t ndy = (size_t)N * out, nx = dW ? (size_t)N * in : 0, nW = (size_t)out * in;
+    const bool bf16 = be->dtype == DTYPE_BF16;
+    float *rest = NULL;
+    const float *x = widened(be, x16, nx, bf16 ? ndy + nW : 0, &rest);
+    if (bf16) {
+        dy = rounded(dy, ndy, rest);
+        if (dx) W = rounded(W, nW, rest + ndy);
+    }
+    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, dW ? x : NULL, W, N, in, out);
+}
+
 /* ---- the rest: the reference as it is ------------------------------------------ */
 
 static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); }

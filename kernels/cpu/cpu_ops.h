@@ -31,6 +31,10 @@ void cpu_sumsq_segs(float *acc, const float *x, const OpSeg *segs, int n_segs);
 void cpu_adamw_segs(float *p, const float *g, float *m, float *v, const OpSeg *segs, int n_segs, float lr,
                     float beta1, float beta2, float eps, float wd, int t);
 
+/* The x16 linear layers have no reference of their own: the CPU backend
+ * widens x16 (exact) and runs cpu_linear_fwd / cpu_linear_bwd, whose bf16
+ * mode would round x to those very values. */
+
 /* Sum of squares of x, in double (the tests' host-side figure). */
 double cpu_sumsq(const float *x, size_t n_elems);
 /* Dropout over a whole tensor (the window at 0). */

@@ -215,21 +215,52 @@ static void cu_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float al
     cuda_op_gemm(g, ta, tb, M, N, K, alpha, a, b, beta, C, scratch(be, need), need);
 }
 
-static void cu_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
+// The linear layers on x given as fp32 (linear_fwd / _bwd) or as bf16 bits
+// alone (the _x16 forms): the same GEMMs.
+static void linear_fwd_on(Backend *be, float *y, CudaGemmOperand x, const float *W, const float *b, int N, int in,
                           int out) {
     CudaGemmCtx *g = impl_of(be)->gemm;
     const CudaGemmOperand w = operand_of(be, W);
-    const size_t need = cuda_linear_fwd_scratch_bytes(g, N, in, out, w.bf16 != NULL);
+    const size_t need = cuda_linear_fwd_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x.f32 && x.bf16);
     cuda_op_linear_fwd(g, y, x, w, b, N, in, out, scratch(be, need), need);
+}
+
+static void linear_bwd_on(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                          CudaGemmOperand x, const float *W, int N, int in, int out) {
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W);
+    const size_t need = cuda_linear_bwd_scratch_bytes(g, dx != NULL, dW != NULL, db != NULL, N, in, out,
+                                                      w.bf16 != NULL, !x.f32 && x.bf16);
+    cuda_op_linear_bwd(g, dx, dx_mode, dW, db, dy, x, w, N, in, out, scratch(be, need), need);
+}
+
+static CudaGemmOperand x_f32(const float *x) {
+    CudaGemmOperand o = {x, NULL};
+    return o;
+}
+static CudaGemmOperand x_bf16(const uint16_t *x16) {
+    CudaGemmOperand o = {NULL, x16};
+    return o;
+}
+
+static void cu_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
+                          int out) {
+    linear_fwd_on(be, y, x_f32(x), W, b, N, in, out);
 }
 
 static void cu_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                           const float *x, const float *W, int N, int in, int out) {
-    CudaGemmCtx *g = impl_of(be)->gemm;
-    const CudaGemmOperand w = operand_of(be, W);
-    const size_t need = cuda_linear_bwd_scratch_bytes(g, dx != NULL, dW != NULL, db != NULL, N, in, out,
-                                                      w.bf16 != NULL);
-    cuda_op_linear_bwd(g, dx, dx_mode, dW, db, dy, x, w, N, in, out, scratch(be, need), need);
+    linear_bwd_on(be, dx, dx_mode, dW, db, dy, x_f32(x), W, N, in, out);
+}
+
+static void cu_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
+                              int in, int out) {
+    linear_fwd_on(be, y, x_bf16(x16), W, b, N, in, out);
+}
+
+static void cu_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                              const uint16_t *x16, const float *W, int N, int in, int out) {
+    linear_bwd_on(be, dx, dx_mode, dW, db, dy, x_bf16(x16), W, N, in, out);
 }
 
 // ---- the rest: one kernel family each ---------------------------------------------------

@@ -123,11 +123,14 @@ void cuda_op_gemm(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, in
                   void *scratch,      // (scratch_bytes >= cuda_gemm_scratch_bytes(...))
                   size_t scratch_bytes);
 
-/* y = x W^T + b; b may be NULL. */
-size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16);
+/* y = x W^T + b; b may be NULL. x, like W, is an operand: its fp32 values,
+ * or its bf16 bits alone (f32 NULL: the x16 ops' saved input), which bf16
+ * multiplies as they are and fp32 widens into scratch (x_bf16_only). */
+size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
+                                     bool x_bf16_only);
 void cuda_op_linear_fwd(CudaGemmCtx *ctx,
                         float *y,           // (N, out)
-                        const float *x,     // (N, in)
+                        CudaGemmOperand x,  // (N, in)
                         CudaGemmOperand W,  // (out, in)
                         const float *b,     // (out) or NULL
                         int N, int in, int out,
@@ -138,14 +141,14 @@ void cuda_op_linear_fwd(CudaGemmCtx *ctx,
  * dW += dy^T x ; db += sum_rows(dy). dx, dW or db may be NULL. The scratch
  * is the same for either mode. */
 size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db, int N,
-                                     int in, int out, bool w_has_bf16);
+                                     int in, int out, bool w_has_bf16, bool x_bf16_only);
 void cuda_op_linear_bwd(CudaGemmCtx *ctx,
                         float *dx,          // (N, in) or NULL
                         GradMode dx_mode,
                         float *dW,          // (out, in) or NULL
                         float *db,          // (out) or NULL
                         const float *dy,    // (N, out)
-                        const float *x,     // (N, in)
+                        CudaGemmOperand x,  // (N, in), as cuda_op_linear_fwd's
                         CudaGemmOperand W,  // (out, in)
                         int N, int in, int out,
                         void *scratch,      // (scratch_bytes >= cuda_linear_bwd_scratch_bytes(...))

@@ -114,8 +114,15 @@ static cudaDataType_t ab_type_of(const CudaGemmCtx *ctx) {
 
 // The operand in the context's precision: the fp32 values, the caller's
 // bf16 copy, or a bf16 copy made now in scratch.
+// An operand given as bf16 bits alone (f32 NULL) is used as is in bf16 and
+// widened (exactly) into scratch in fp32.
 static const void *operand(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand x, size_t n_elems) {
-    if (ctx->precision == CUDA_GEMM_FP32) return x.f32;
+    if (ctx->precision == CUDA_GEMM_FP32) {
+        if (x.f32) return x.f32;
+        float *wide = (float *)tp_carve(cv, n_elems * sizeof(float));
+        cuda_op_from_bf16(wide, x.bf16, n_elems, ctx->stream);
+        return wide;
+    }
     if (x.bf16) return x.bf16;
     void *copy = tp_carve(cv, n_elems * sizeof(uint16_t));
     launch_f32_to_bf16(ctx->stream, copy, x.f32, n_elems);
@@ -173,19 +180,25 @@ extern "C" void cuda_op_gemm(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M
     gemm_prepared(ctx, trans_a, trans_b, M, N, K, alpha, a, b, beta, C);
 }
 
-extern "C" size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16) {
-    return scratch_linear_fwd(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16);
+static bool given(CudaGemmOperand x) { return x.f32 || x.bf16; }
+static bool bf16_only(CudaGemmOperand x) { return !x.f32 && x.bf16; }
+
+extern "C" size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
+                                                bool x_bf16_only) {
+    return scratch_linear_fwd(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16, x_bf16_only);
 }
 
 // y (N, out), x (N, in), W (out, in), b (out) or NULL
-extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, const float *x, CudaGemmOperand W, const float *b,
+extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, CudaGemmOperand x, CudaGemmOperand W, const float *b,
                                    int N, int in, int out, void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_fwd: negative size N=%d in=%d out=%d", N, in, out);
     if (N == 0 || out == 0) return;
-    TP_CHECK(y && (in == 0 || (x && W.f32)), "cuda_op_linear_fwd: NULL tensor (N=%d in=%d out=%d)", N, in, out);
-    TpCarver cv = carver_of(scratch, scratch_bytes, cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL),
+    TP_CHECK(y && (in == 0 || (given(x) && W.f32)), "cuda_op_linear_fwd: NULL tensor (N=%d in=%d out=%d)", N, in,
+             out);
+    TpCarver cv = carver_of(scratch, scratch_bytes,
+                            cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x)),
                             "cuda_op_linear_fwd");
-    const void *xa = in ? operand(ctx, &cv, f32_operand(x), (size_t)N * in) : NULL;
+    const void *xa = in ? operand(ctx, &cv, x, (size_t)N * in) : NULL;
     const void *wa = in ? operand(ctx, &cv, W, (size_t)out * in) : NULL;
     bool fused = false;
     if (b && ctx->fuse && in > 0)  // y = x W^T + b in one pass (bias along D_lt's rows = out)
@@ -207,29 +220,29 @@ extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, const float *x, C
 static bool fuse_bgrad(const CudaGemmCtx *ctx) { return ctx->fuse && ctx->precision == CUDA_GEMM_FP32; }
 
 extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
-                                                int N, int in, int out, bool w_has_bf16) {
+                                                int N, int in, int out, bool w_has_bf16, bool x_bf16_only) {
     return scratch_linear_bwd(ctx->precision == CUDA_GEMM_BF16, fuse_bgrad(ctx), want_dx, want_dW, want_db, N, in, out,
-                              w_has_bf16);
+                              w_has_bf16, x_bf16_only);
 }
 
 // dx (N, in), dW (out, in), db (out), each or NULL; dy (N, out), x (N, in), W (out, in).
 // dx_mode GRAD_WRITE: the dx GEMM runs with beta = 0 (cuBLASLt does not read C).
 extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW, float *db,
-                                   const float *dy, const float *x, CudaGemmOperand W, int N, int in, int out,
+                                   const float *dy, CudaGemmOperand x, CudaGemmOperand W, int N, int in, int out,
                                    void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_bwd: negative size N=%d in=%d out=%d", N, in, out);
     TP_CHECK(grad_mode_valid(dx_mode), "cuda_op_linear_bwd: unknown gradient mode %d", (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
     TP_CHECK(out == 0 || dy, "cuda_op_linear_bwd: dy is NULL");
     TP_CHECK(!dx || out == 0 || in == 0 || W.f32, "cuda_op_linear_bwd: dx wanted but W is NULL");
-    TP_CHECK(!dW || out == 0 || in == 0 || x, "cuda_op_linear_bwd: dW wanted but x is NULL");
+    TP_CHECK(!dW || out == 0 || in == 0 || given(x), "cuda_op_linear_bwd: dW wanted but x is NULL");
     const float dx_beta = dx_mode == GRAD_ADD ? 1.0f : 0.0f;
     if (out == 0) {  // dy W is an (N, in) zero matrix: a written dx becomes zeros, the rest is left as it is
         if (dx) gemm_prepared(ctx, false, false, N, in, 0, 1.0f, NULL, NULL, dx_beta, dx);
         return;
     }
     const size_t need = cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
-                                                      W.bf16 != NULL);
+                                                      W.bf16 != NULL, bf16_only(x));
     TpCarver cv = carver_of(scratch, scratch_bytes, need, "cuda_op_linear_bwd");
     const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx);
     float *bgrad = try_fused ? (float *)tp_carve(&cv, (size_t)out * sizeof(float)) : NULL;  // (out) epilogue output
@@ -242,7 +255,7 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode
     }
     bool fused = false;
     if (dW && in > 0) {  // dW += dy^T x, with db from the same pass (BGRADB sums dy, B_lt, over tokens)
-        const void *xa = operand(ctx, &cv, f32_operand(x), (size_t)N * in);
+        const void *xa = operand(ctx, &cv, x, (size_t)N * in);
         if (try_fused)
             fused = gemm_lt_matmul(ctx, true, false, out, in, N, 1.0f, dya, xa, ab_type_of(ctx), 1.0f, dW,
                                    CUBLASLT_EPILOGUE_BGRADB, bgrad);

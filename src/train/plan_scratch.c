@@ -12,6 +12,7 @@
  * with every scratch request recorded through the same functions and
  * compares. */
 #include <stdio.h>
+#include <string.h>
 
 #include "kernels/scratch_sizes.h"
 #include "train/planner.h"
@@ -38,14 +39,24 @@ static bool twin(const Walk *w, const char *prefix, const char *weight) {
 
 static int rows(const Walk *w, int N) { return w->sp ? (N + w->tp - 1) / w->tp : N; }
 
-static void fwd(Walk *w, const char *prefix, const char *weight, int N, int in, int out) {
-    w->need = max_z(w->need, scratch_linear_fwd(w->bf16, N, in, out, twin(w, prefix, weight)));
+/* x16: the input is a tensor the model keeps in bf16 (model.c's Kept, in
+ * bf16 mode), which the GEMM takes as it is (op_linear_fwd_x16 / _bwd_x16). */
+static void fwd_x(Walk *w, const char *prefix, const char *weight, int N, int in, int out, bool x16) {
+    w->need = max_z(w->need, scratch_linear_fwd(w->bf16, N, in, out, twin(w, prefix, weight), x16));
 }
 
-static void bwd(Walk *w, const char *prefix, const char *weight, bool db, int N, int in, int out) {
-    w->need = max_z(w->need, scratch_linear_bwd(w->bf16, w->fused_bgrad, true, true, db, N, in, out,
-                                                twin(w, prefix, weight)));
+static void fwd(Walk *w, const char *prefix, const char *weight, int N, int in, int out) {
+    fwd_x(w, prefix, weight, N, in, out, false);
 }
+
+static void bwd(Walk *w, const char *prefix, const char *weight, bool db, int N, int in, int out, bool x16) {
+    w->need = max_z(w->need, scratch_linear_bwd(w->bf16, w->fused_bgrad, true, true, db, N, in, out,
+                                                twin(w, prefix, weight), x16));
+}
+
+/* Kept in bf16: the LayerNorm outputs (gathered in fp32 with sequence
+ * parallelism), the attention heads and the FFN activations. */
+static bool ln_x16(const Walk *w) { return w->bf16 && !w->sp; }
 
 /* The first LayerNorm's backward of a sub-block: fused with the residual
  * backward of the sub-block before it in the layer (model.c's ln_bwd), or
@@ -60,18 +71,19 @@ static void ln_bwd(Walk *w, int N, int C, bool fused) {
 static void attn(Walk *w, const ModelConfig *c, const char *layer, const char *kind, int N, int Nk, bool backward,
                  bool res_done, bool fused) {
     const int C = c->d_model, Cl = C / w->tp;
+    const bool kv16 = ln_x16(w) && strcmp(kind, "cross_attn") != 0;  // cross: the encoder output, fp32
     char p[128];
     snprintf(p, sizeof p, "%s.%s", layer, kind);
-    fwd(w, p, "q_proj", N, C, Cl);
-    fwd(w, p, "k_proj", Nk, C, Cl);
-    fwd(w, p, "v_proj", Nk, C, Cl);
-    fwd(w, p, "out_proj", N, Cl, C);
+    fwd_x(w, p, "q_proj", N, C, Cl, ln_x16(w));
+    fwd_x(w, p, "k_proj", Nk, C, Cl, kv16);
+    fwd_x(w, p, "v_proj", Nk, C, Cl, kv16);
+    fwd_x(w, p, "out_proj", N, Cl, C, w->bf16);
     if (!backward) return;
     if (!res_done) w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));  // residual_bwd
-    bwd(w, p, "out_proj", false, N, Cl, C);
-    bwd(w, p, "q_proj", true, N, C, Cl);
-    bwd(w, p, "k_proj", false, Nk, C, Cl);
-    bwd(w, p, "v_proj", true, Nk, C, Cl);
+    bwd(w, p, "out_proj", false, N, Cl, C, w->bf16);
+    bwd(w, p, "q_proj", true, N, C, Cl, ln_x16(w));
+    bwd(w, p, "k_proj", false, Nk, C, Cl, kv16);
+    bwd(w, p, "v_proj", true, Nk, C, Cl, kv16);
     ln_bwd(w, N, C, fused);
 }
 
@@ -79,12 +91,12 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     const int C = c->d_model, Fl = c->d_ff / w->tp;
     char p[128];
     snprintf(p, sizeof p, "%s.ffn", layer);
-    fwd(w, p, "fc1", N, C, Fl);
-    fwd(w, p, "fc2", N, Fl, C);
+    fwd_x(w, p, "fc1", N, C, Fl, ln_x16(w));
+    fwd_x(w, p, "fc2", N, Fl, C, w->bf16);
     if (!backward) return;
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
-    bwd(w, p, "fc2", false, N, Fl, C);
-    bwd(w, p, "fc1", true, N, C, Fl);
+    bwd(w, p, "fc2", false, N, Fl, C, w->bf16);
+    bwd(w, p, "fc1", true, N, C, Fl, ln_x16(w));
     ln_bwd(w, N, C, true);  // with the attention's residual before it
 }
 
@@ -111,7 +123,7 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
         w.need = max_z(w.need, scratch_sum((size_t)Nt));
         if (backward) {
             w.need = max_z(w.need, scratch_linear_bwd(bf16, w.fused_bgrad, true, true, false, Nt, C, Vl,
-                                                      twin(&w, "", "embed")));
+                                                      twin(&w, "", "embed"), false));
             w.need = max_z(w.need, scratch_layernorm_bwd(rows(&w, Nt), C));  // the decoder's final LayerNorm
         }
     }

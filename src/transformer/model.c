@@ -51,16 +51,35 @@ enum { /* dropout sites (ops.h dropout_stream) */
     SITE_DEC_SELF, SITE_DEC_CROSS, SITE_DEC_FFN,
 };
 
+/* A tensor backward needs only as a GEMM operand: kept in fp32 (f), or
+ * with model_set_keep_bf16 as its bf16 rounding (h), the very values the
+ * bf16 GEMMs multiply. Its fp32 values are made where kept_dst says (f
+ * itself, or a scratch buffer free at that point) and then keep() rounds
+ * them into h. */
 typedef struct {
-    float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)  LayerNorm output and stats
+    float *f;     // fp32, or NULL
+    uint16_t *h;  // bf16 bits, or NULL
+} Kept;
+
+/* A GEMM's input: fp32 values, or bf16 bits alone (the x16 ops). */
+typedef struct {
+    const float *f;
+    const uint16_t *h;
+} GemmIn;
+
+typedef struct {
+    Kept ln;                    // (N, C) LayerNorm output (this rank's rows)
+    float *ln_m, *ln_r;         // (N), (N)  its statistics
     float *q, *k, *v;           // (N, C/tp) queries, (Nk, C/tp) keys and values
     float *P;                   // (B, H/tp, Tq, Tk) attention probabilities (NULL: recomputed in backward)
-    float *att;                 // (N, C/tp) this rank's heads, before out_proj
+    Kept att;                   // (N, C/tp) this rank's heads, before out_proj
 } AttnActs;
 
 typedef struct {
-    float *ln, *ln_m, *ln_r;    // (N, C), (N), (N)
-    float *h, *a;               // (N, F/tp) before and after the activation
+    Kept ln;                    // (N, C)
+    float *ln_m, *ln_r;         // (N), (N)
+    float *h;                   // (N, F/tp) before the activation; NULL for ReLU, whose gradient needs a alone
+    Kept a;                     // (N, F/tp) after it
 } FfnActs;
 
 typedef struct { AttnActs self; FfnActs ffn; } EncActs;
@@ -131,26 +150,34 @@ static float *take(Carver *c, size_t n) {
     return p;
 }
 
+/* Room for a kept tensor of n values: fp32, or bf16 (half the floats). */
+static Kept take_kept(Carver *c, size_t n, bool bf16) {
+    Kept k = {NULL, NULL};
+    if (bf16) k.h = (uint16_t *)take(c, (n + 1) / 2);
+    else k.f = take(c, n);
+    return k;
+}
+
 /* n: this rank's rows of the LayerNorm (seq_rows of B Tq). */
 static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl, bool keep_P,
-                       size_t n) {
+                       size_t n, bool bf16) {
     size_t N = (size_t)B * Tq, Nk = (size_t)B * Tk;
-    a->ln = take(c, n * C);
+    a->ln = take_kept(c, n * C, bf16);
     a->ln_m = take(c, n);
     a->ln_r = take(c, n);
     a->q = take(c, N * Cl);
     a->k = take(c, Nk * Cl);
     a->v = take(c, Nk * Cl);
     a->P = keep_P ? take(c, (size_t)B * Hl * Tq * Tk) : NULL;
-    a->att = take(c, N * Cl);
+    a->att = take_kept(c, N * Cl, bf16);
 }
 
-static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl) {
-    f->ln = take(c, n * C);
+static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl, bool relu, bool bf16) {
+    f->ln = take_kept(c, n * C, bf16);
     f->ln_m = take(c, n);
     f->ln_r = take(c, n);
-    f->h = take(c, N * Fl);
-    f->a = take(c, N * Fl);
+    f->h = relu ? NULL : take(c, N * Fl);
+    f->a = take_kept(c, N * Fl, bf16);
 }
 
 /* One encoder layer's activations for backward (beside its input), and its
@@ -158,9 +185,10 @@ static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl) 
 static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, int B, int S, bool keep_P) {
     const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
     const size_t ns = (size_t)seq_rows(m, B * S);
+    const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
     *mid = take(c, ns * C);
-    carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns);
-    carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl);
+    carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns, bf16);
+    carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl, relu, bf16);
 }
 
 /* The same for a decoder layer: its streams after self- and cross-attention. */
@@ -168,11 +196,12 @@ static void carve_dec_layer(Carver *c, const Model *m, DecActs *a, float **mid1,
                             bool keep_P) {
     const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
     const size_t nt = (size_t)seq_rows(m, B * T);
+    const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
     *mid1 = take(c, nt * C);
     *mid2 = take(c, nt * C);
-    carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt);
-    carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt);
-    carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl);
+    carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt, bf16);
+    carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt, bf16);
+    carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl, relu, bf16);
 }
 
 /* One walk both sizes (base NULL) and binds what the current stage keeps
@@ -322,7 +351,8 @@ static void acts_free(Backend *be, ModelActs *A) {
 /* The floats one slot and the shared scratch take for (B, S, T), from the
  * same walks that carve them, on a model shell: nothing is allocated. */
 void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *stage, ModelRecompute recompute,
-                            bool seq_par, int B, int S, int T, size_t *slot_elems, size_t *scratch_elems) {
+                            bool seq_par, bool keep_bf16, int B, int S, int T, size_t *slot_elems,
+                            size_t *scratch_elems) {
     Model m;
     memset(&m, 0, sizeof m);
     m.cfg = *cfg;
@@ -331,6 +361,7 @@ void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *st
     m.vocab_local = vocab_padded(cfg, tp) / tp;
     m.recompute = recompute;
     m.seq_par = seq_par && tp > 1;
+    m.keep_bf16 = keep_bf16;
     ModelActs *A = acts_new(cfg);
     *slot_elems = carve_acts(A, &m, NULL, B, S, T);
     *scratch_elems = carve_scratch(A, &m, NULL, B, S, T);
@@ -368,6 +399,13 @@ int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len) {
     m->seq_par = on;
     slots_recarve(m);
     return 0;
+}
+
+void model_set_keep_bf16(Model *m, bool on) {
+    on = on && m->be->dtype == DTYPE_BF16;
+    if (m->keep_bf16 == on) return;
+    m->keep_bf16 = on;
+    slots_recarve(m);
 }
 
 const char *model_recompute_name(ModelRecompute mode) {
@@ -437,6 +475,7 @@ int model_create_stage(Model *m, Backend *be, const ModelConfig *cfg, const TpGr
     }
     backend_add_compute_weights(be, m->params, m->tab.n_elems);
     m->scratch = TP_CALLOC(1, sizeof *m->scratch);
+    m->keep_bf16 = be->dtype == DTYPE_BF16;
     model_set_slots(m, 1);
     return 0;
 }
@@ -650,6 +689,49 @@ static const float *col_input(const Model *m, const float *ln, int N) {
     return m->acts->sp_full;
 }
 
+/* ---- kept GEMM operands (Kept) ---- */
+
+/* Where a kept tensor's fp32 values are made: in it (fp32), or in tmp, a
+ * scratch buffer free until keep() has rounded them into it. */
+static float *kept_dst(const Kept *k, float *tmp) { return k->f ? k->f : tmp; }
+
+static void keep(const Model *m, const Kept *k, const float *x, size_t n_elems) {
+    if (k->h) op_to_bf16(m->be, k->h, x, n_elems);
+}
+
+static GemmIn kept_in(const Kept *k) { return (GemmIn){k->f, k->h}; }
+static GemmIn f32_in(const float *x) { return (GemmIn){x, NULL}; }
+
+static void lin_fwd(const Model *m, float *y, GemmIn x, const float *W, const float *b, int N, int in, int out) {
+    if (x.h) op_linear_fwd_x16(m->be, y, x.h, W, b, N, in, out);
+    else op_linear_fwd(m->be, y, x.f, W, b, N, in, out);
+}
+
+static void lin_bwd(const Model *m, float *dx, GradMode mode, float *dW, float *db, const float *dy, GemmIn x,
+                    const float *W, int N, int in, int out) {
+    if (x.h) op_linear_bwd_x16(m->be, dx, mode, dW, db, dy, x.h, W, N, in, out);
+    else op_linear_bwd(m->be, dx, mode, dW, db, dy, x.f, W, N, in, out);
+}
+
+/* A kept LayerNorm output (this rank's rows, its fp32 values in ln32) as
+ * the (N, C) input of the COL layers: itself, or with sequence parallelism
+ * ln32 gathered (fp32) into sp_full. */
+static GemmIn col_in_fwd(const Model *m, const Kept *k, const float *ln32, int N) {
+    return m->seq_par ? f32_in(col_input(m, ln32, N)) : kept_in(k);
+}
+
+/* The same in backward, where only the kept tensor is left: with sequence
+ * parallelism a bf16 one is widened into sp_part (free there) first. */
+static GemmIn col_in_bwd(const Model *m, const Kept *k, int N) {
+    if (!m->seq_par) return kept_in(k);
+    const float *rows = k->f;
+    if (!rows) {
+        op_from_bf16(m->be, m->acts->sp_part, k->h, (size_t)seq_rows(m, N) * m->cfg.d_model);
+        rows = m->acts->sp_part;
+    }
+    return f32_in(col_input(m, rows, N));
+}
+
 /* The rows [N, seq_full(N)) of an (N, C) tensor padded for sequence
  * parallelism's reduce-scatter, zeroed (none without it): an op that writes
  * the N real rows leaves them as they were. */
@@ -681,8 +763,12 @@ typedef struct {
     float *y, *mean, *rstd;   // (n, C), (n), (n)
 } NextLn;
 
-static NextLn attn_ln(const AttnW *w, AttnActs *a) { return (NextLn){w->ln_g, w->ln_b, a->ln, a->ln_m, a->ln_r}; }
-static NextLn ffn_ln(const FfnW *w, FfnActs *f) { return (NextLn){w->ln_g, w->ln_b, f->ln, f->ln_m, f->ln_r}; }
+static NextLn attn_ln(const Model *m, const AttnW *w, AttnActs *a) {
+    return (NextLn){w->ln_g, w->ln_b, kept_dst(&a->ln, m->acts->d_ln), a->ln_m, a->ln_r};
+}
+static NextLn ffn_ln(const Model *m, const FfnW *w, FfnActs *f) {
+    return (NextLn){w->ln_g, w->ln_b, kept_dst(&f->ln, m->acts->d_ln), f->ln_m, f->ln_r};
+}
 
 /* Layers write the next layer's first LayerNorm (and the last layer the
  * stack's final one), except with full recomputation, which rebuilds each
@@ -705,37 +791,48 @@ static void residual_fwd(const Model *m, float *x_out, const float *x_in, float 
 }
 
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
- * else the encoder output, (B Tk, C) gathered. ln_done: LN(x_in) is in a->ln
- * already (the previous residual op wrote it); next: see residual_fwd. */
+ * else the encoder output, (B Tk, C) gathered. ln_done: LN(x_in) is where
+ * kept_dst(&a->ln, d_ln) says already (the previous residual op wrote it);
+ * next: see residual_fwd. In forward d_ln, d_att and d_h are free: the
+ * fp32 values of the tensors kept in bf16 are made there. */
 static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
                      const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
                      float p, uint64_t seed, uint64_t stream, bool ln_done, const NextLn *next) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
-    const int N = B * Tq, Nk = B * Tk;
-    float *tmp = m->acts->d_tmp;  // (N, C) scratch: free during forward
-    if (!ln_done)
-        op_layernorm_fwd(m->be, a->ln, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
-    const float *ln = col_input(m, a->ln, N);
-    const float *src = kv ? kv : ln;
-    op_linear_fwd(m->be, a->q, ln, w->wq, w->bq, N, C, Cl);
-    op_linear_fwd(m->be, a->k, src, w->wk, NULL, Nk, C, Cl);
-    op_linear_fwd(m->be, a->v, src, w->wv, w->bv, Nk, C, Cl);
-    op_attention_fwd(m->be, a->att, a->P ? a->P : m->acts->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D,
-                     causal);
-    op_linear_fwd(m->be, tmp, a->att, w->wo, NULL, N, Cl, C);
+    const int N = B * Tq, Nk = B * Tk, n = seq_rows(m, N);
+    ModelActs *A = m->acts;
+    float *tmp = A->d_tmp;  // (N, C) scratch: free during forward
+    float *ln32 = kept_dst(&a->ln, A->d_ln);
+    if (!ln_done) op_layernorm_fwd(m->be, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, C, m->cfg.ln_eps);
+    keep(m, &a->ln, ln32, (size_t)n * C);
+    const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
+    const GemmIn src = kv ? f32_in(kv) : ln;
+    lin_fwd(m, a->q, ln, w->wq, w->bq, N, C, Cl);
+    lin_fwd(m, a->k, src, w->wk, NULL, Nk, C, Cl);
+    lin_fwd(m, a->v, src, w->wv, w->bv, Nk, C, Cl);
+    float *att32 = kept_dst(&a->att, A->d_att);
+    op_attention_fwd(m->be, att32, a->P ? a->P : A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+    keep(m, &a->att, att32, (size_t)N * Cl);
+    lin_fwd(m, tmp, kept_in(&a->att), w->wo, NULL, N, Cl, C);
     residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
                     float p, uint64_t seed, uint64_t stream, bool ln_done, const NextLn *next) {
-    const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
-    float *tmp = m->acts->d_tmp;
-    if (!ln_done)
-        op_layernorm_fwd(m->be, f->ln, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, seq_rows(m, N), C, m->cfg.ln_eps);
-    op_linear_fwd(m->be, f->h, col_input(m, f->ln, N), w->w1, w->b1, N, C, Fl);
-    op_act_fwd(m->be, f->a, f->h, (size_t)N * Fl, m->cfg.act);
-    op_linear_fwd(m->be, tmp, f->a, w->w2, NULL, N, Fl, C);
+    const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size, n = seq_rows(m, N);
+    const size_t nF = (size_t)N * Fl;
+    ModelActs *A = m->acts;
+    float *tmp = A->d_tmp;
+    float *ln32 = kept_dst(&f->ln, A->d_ln);
+    if (!ln_done) op_layernorm_fwd(m->be, ln32, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, n, C, m->cfg.ln_eps);
+    keep(m, &f->ln, ln32, (size_t)n * C);
+    /* ReLU (no h kept) runs in place where the activation's output is made */
+    float *a32 = kept_dst(&f->a, A->d_h), *h = f->h ? f->h : a32;
+    lin_fwd(m, h, col_in_fwd(m, &f->ln, ln32, N), w->w1, w->b1, N, C, Fl);
+    op_act_fwd(m->be, a32, h, nF, m->cfg.act);
+    keep(m, &f->a, a32, nF);
+    lin_fwd(m, tmp, kept_in(&f->a), w->w2, NULL, N, Fl, C);
     residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream, next);
 }
 
@@ -798,9 +895,9 @@ static void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S,
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
     EncActs *a = &A->enc[l];
-    const NextLn to_ffn = ffn_ln(&w->ffn, &a->ffn);
+    const NextLn to_ffn = ffn_ln(m, &w->ffn, &a->ffn);
     NextLn after = {0};  // the next layer's first LayerNorm, or the encoder's final one
-    if (ln_chained(m) && l + 1 < st->enc_hi) after = attn_ln(&m->w.enc[l + 1].self, &A->enc[l + 1].self);
+    if (ln_chained(m) && l + 1 < st->enc_hi) after = attn_ln(m, &m->w.enc[l + 1].self, &A->enc[l + 1].self);
     else if (final_ln_chained(m, st->enc_lo, st->enc_hi, m->cfg.enc_layers, st->enc_ln))
         after = final_ln(m, A->enc_out, A->enc_m, A->enc_r, m->w.enc_ln_g, m->w.enc_ln_b);
     attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p, key.seed,
@@ -815,9 +912,9 @@ static void dec_layer_fwd(Model *m, int l, int B, int S, int T, float p, Dropout
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
     DecActs *a = &A->dec[l];
-    const NextLn to_cross = attn_ln(&w->cross, &a->cross), to_ffn = ffn_ln(&w->ffn, &a->ffn);
+    const NextLn to_cross = attn_ln(m, &w->cross, &a->cross), to_ffn = ffn_ln(m, &w->ffn, &a->ffn);
     NextLn after = {0};  // the next layer's first LayerNorm, or the decoder's final one
-    if (ln_chained(m) && l + 1 < st->dec_hi) after = attn_ln(&m->w.dec[l + 1].self, &A->dec[l + 1].self);
+    if (ln_chained(m) && l + 1 < st->dec_hi) after = attn_ln(m, &m->w.dec[l + 1].self, &A->dec[l + 1].self);
     else if (final_ln_chained(m, st->dec_lo, st->dec_hi, m->cfg.dec_layers, st->head))
         after = final_ln(m, A->dec_out, A->dec_m, A->dec_r, m->w.dec_ln_g, m->w.dec_ln_b);
     attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, A->dev_tgt_len, B, T, T, true, p, key.seed,
@@ -1064,20 +1161,20 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         P = A->P_shared;
     }
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);
-    op_linear_bwd(m->be, A->d_att, GRAD_WRITE, g->wo, NULL, d_out, a->att, w->wo, N, Cl, C);
+    lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, NULL, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     op_zero(m->be, A->d_q, nCl);
     op_zero(m->be, A->d_k, nkCl);
     op_zero(m->be, A->d_v, nkCl);
     op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
-    const float *ln = col_input(m, a->ln, N);  // with sequence parallelism gathered again
+    const GemmIn ln = col_in_bwd(m, &a->ln, N);  // with sequence parallelism gathered again
     /* d_ln: q's part written, then (self-attention) k's and v's added; with
      * kv, k and v add to d_kv, which sums every decoder layer's part */
     zero_pad_rows(m, A->d_ln, N);
-    op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
-    const float *src = kv ? kv : ln;
+    lin_bwd(m, A->d_ln, GRAD_WRITE, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
+    const GemmIn src = kv ? f32_in(kv) : ln;
     float *d_src = kv ? d_kv : A->d_ln;
-    op_linear_bwd(m->be, d_src, GRAD_ADD, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
-    op_linear_bwd(m->be, d_src, GRAD_ADD, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
+    lin_bwd(m, d_src, GRAD_ADD, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
+    lin_bwd(m, d_src, GRAD_ADD, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, a->ln_m, a->ln_r, w->ln_g, N, p, seed, prev);
 }
 
@@ -1088,10 +1185,18 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
     const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
-    op_linear_bwd(m->be, A->d_a, GRAD_WRITE, g->w2, NULL, d_out, f->a, w->w2, N, Fl, C);
-    op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_a, f->h, nF, m->cfg.act);
+    lin_bwd(m, A->d_a, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
+    /* the activation's input, or for ReLU its output (positive exactly
+     * where the input is; a bf16 one widened into d_h, which the gradient
+     * then overwrites element by element) */
+    const float *x_act = f->h ? f->h : f->a.f;
+    if (!x_act) {
+        op_from_bf16(m->be, A->d_h, f->a.h, nF);
+        x_act = A->d_h;
+    }
+    op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_a, x_act, nF, m->cfg.act);
     zero_pad_rows(m, A->d_ln, N);
-    op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, col_input(m, f->ln, N), w->w1, N, C, Fl);
+    lin_bwd(m, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, col_in_bwd(m, &f->ln, N), w->w1, N, C, Fl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
 }
 

@@ -60,6 +60,7 @@ typedef struct {
     int n_slots, slot;
     ModelRecompute recompute;  // model_set_recompute; NONE by default
     bool seq_par;        // model_set_sequence_parallel; false by default
+    bool keep_bf16;      // model_set_keep_bf16; by default true in bf16 mode
     struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
     /* Called by model_backward each time every gradient at buffer offset
      * >= from is final (backward finishes the buffer from its end to its
@@ -150,6 +151,15 @@ void model_set_recompute(Model *m, ModelRecompute mode);
 int model_set_sequence_parallel(Model *m, bool on, char *err, size_t err_len);
 const char *model_recompute_name(ModelRecompute mode);
 
+/* The tensors backward needs only as GEMM operands (the LayerNorm outputs
+ * before the COL layers, the attention heads before the output projection,
+ * the FFN activation's output) are kept as their bf16 rounding, which is
+ * what the bf16 GEMMs multiply anyway: half their bytes, results bit for
+ * bit those of keeping them in fp32 (on = false, the layout of fp32 mode).
+ * On by default in bf16 mode; without bf16 it changes nothing (the
+ * activation layout is carved again at the next forward). */
+void model_set_keep_bf16(Model *m, bool on);
+
 /* Checks a batch against the config (ids in range, lengths consistent).
  * Returns 0 or -1 with a sentence in err. */
 int model_check_batch(const Model *m, const Batch *b, char *err, size_t err_len);
@@ -206,11 +216,13 @@ const int32_t *model_targets(const Model *m);
 
 /* The floats one activation slot (*slot_elems) and the shared backward
  * scratch (*scratch_elems) take for a batch of (B, S, T) on tp rank shards
- * of `stage` (NULL: the whole stack) with this recomputation and sequence
- * parallelism: the same walks the model carves them with, nothing
+ * of `stage` (NULL: the whole stack) with this recomputation, sequence
+ * parallelism and bf16 keeping (model_set_keep_bf16, as a model in bf16
+ * mode has it): the same walks the model carves them with, nothing
  * allocated (the planner, train/planner.h). */
 void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *stage, ModelRecompute recompute,
-                            bool seq_par, int B, int S, int T, size_t *slot_elems, size_t *scratch_elems);
+                            bool seq_par, bool keep_bf16, int B, int S, int T, size_t *slot_elems,
+                            size_t *scratch_elems);
 
 /* Bytes held by the activation buffer now (for memory reports). */
 size_t model_activation_bytes(const Model *m);

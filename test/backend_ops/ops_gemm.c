@@ -318,6 +318,65 @@ static void linear_bwd_out0(const Target *t, Rng *rng) {
     dev_free(t, d_x), dev_free(t, d_dy), dev_free(t, d_W);
 }
 
+/* The x16 forms on bf16 bits give, on the same backend, the bits of the
+ * fp32 forms on those values widened: in bf16 mode the fp32 forms round x
+ * to exactly those bits before multiplying, in fp32 the widening is exact.
+ * Every gradient subset, dx written over NaN garbage and added to. */
+static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
+    float *b = rand_floats(out, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *g0 = rand_floats(nx + nw + out, rng, -1, 1);
+    uint16_t *x16 = TP_MALLOC(nx * sizeof(uint16_t));
+    for (size_t i = 0; i < nx; i++) {
+        uint32_t u;
+        memcpy(&u, &xw[i], 4);
+        x16[i] = (uint16_t)(u >> 16);  // xw is a bf16 value: its low half is zero
+    }
+    uint16_t *d_x16 = backend_alloc(be, nx * sizeof(uint16_t), MEM_ACT);
+    backend_upload(be, d_x16, x16, nx * sizeof(uint16_t));
+    float *d_xw = dev_from(t, xw, nx), *d_W = dev_from(t, W, nw), *d_b = dev_from(t, b, out);
+    float *d_dy = dev_from(t, dy, ny);
+    char what[160];
+    float *d_y[2];
+    for (int k = 0; k < 2; k++) {
+        d_y[k] = dev_nan(t, ny);
+        if (k) op_linear_fwd_x16(be, d_y[k], d_x16, d_W, d_b, N, in, out);
+        else op_linear_fwd(be, d_y[k], d_xw, d_W, d_b, N, in, out);
+    }
+    float *y0 = dev_fetch(t, d_y[0], ny), *y1 = dev_fetch(t, d_y[1], ny);
+    snprintf(what, sizeof what, "linear_fwd_x16 N=%d in=%d out=%d against linear_fwd", N, in, out);
+    check_exact(t, what, y1, y0, ny);
+    free(y0), free(y1), dev_free(t, d_y[0]), dev_free(t, d_y[1]);
+    for (int which = 1; which < 8; which++)
+        for (int m = 0; m < 2; m++) {
+            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
+            if (mode == GRAD_WRITE && !(which & 1)) continue;
+            float *got[2][3];
+            for (int k = 0; k < 2; k++) {
+                float *d_gx = mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx);
+                float *d_gW = dev_from(t, g0 + nx, nw), *d_gb = dev_from(t, g0 + nx + nw, out);
+                float *gx = which & 1 ? d_gx : NULL, *gW = which & 2 ? d_gW : NULL, *gb = which & 4 ? d_gb : NULL;
+                if (k) op_linear_bwd_x16(be, gx, mode, gW, gb, d_dy, d_x16, d_W, N, in, out);
+                else op_linear_bwd(be, gx, mode, gW, gb, d_dy, d_xw, d_W, N, in, out);
+                got[k][0] = dev_fetch(t, d_gx, nx), got[k][1] = dev_fetch(t, d_gW, nw);
+                got[k][2] = dev_fetch(t, d_gb, out);
+                dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
+            }
+            const size_t n[3] = {nx, nw, (size_t)out};
+            static const char *names[3] = {"dx", "dW", "db"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(what, sizeof what, "linear_bwd_x16 which=%d %s N=%d in=%d out=%d %s against linear_bwd",
+                         which, mode == GRAD_WRITE ? "dx written" : "added", N, in, out, names[j]);
+                check_exact(t, what, got[1][j], got[0][j], n[j]);
+                free(got[0][j]), free(got[1][j]);
+            }
+        }
+    free(x), free(xw), free(W), free(b), free(dy), free(g0), free(x16);
+    dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
+}
+
 /* The same backward twice from the same state gives the same bits. */
 static void linear_determinism(const Target *t, Rng *rng) {
     const int N = 300, in = 192, out = 224;
@@ -355,6 +414,8 @@ void test_linear(const Target *t, Rng *rng) {
                 }
             }
     set_mode(t, 0);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
     linear_bwd_out0(t, rng);
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA
