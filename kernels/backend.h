@@ -46,7 +46,10 @@ typedef enum { ACT_RELU = 0, ACT_GELU = 1 } Activation;
 /* How a backward op that takes it delivers its input gradient (ops_list.h):
  * GRAD_ADD accumulates (dx += ...), the ops' convention; GRAD_WRITE
  * overwrites (dx = ..., whatever dx held, NaN included), which spares the
- * caller a pass to zero dx and the op a read of those zeros. */
+ * caller a pass to zero dx and the op a read of those zeros. What is
+ * written is what GRAD_ADD gives into zeros, bit for bit, but for the sign
+ * of a zero: a -0 result (an underflow, a -0 input) is written as -0
+ * where 0 + -0 gives +0 (the same value; no op spends work to change it). */
 typedef enum { GRAD_ADD = 0, GRAD_WRITE = 1 } GradMode;
 static inline bool grad_mode_valid(GradMode m) { return m == GRAD_ADD || m == GRAD_WRITE; }
 

@@ -234,11 +234,15 @@ OP(attention_fwd, ATTENTION, REF, STREAM,
     const int32_t *k_len,  // (B)
     int B, int H, int Tq, int Tk, int D, bool causal),
    (out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal))
-/* dq, dk, dv accumulated. scratch holds B*H*Tq*Tk floats. */
+/* dq, dk, dv accumulated (mode GRAD_ADD), or all three written (GRAD_WRITE:
+ * their old contents never read; the rows of padding keys, j >= k_len[b],
+ * become zeros in dk and dv, as does all of dq when Tk == 0 and all of dk
+ * and dv when Tq == 0). scratch holds B*H*Tq*Tk floats. */
 OP(attention_bwd, ATTENTION, REF, STREAM,
    (float *dq,          // (B, Tq, H*D)
     float *dk,          // (B, Tk, H*D)
     float *dv,          // (B, Tk, H*D)
+    GradMode mode,
     const float *dout,  // (B, Tq, H*D)
     const float *P,     // (B, H, Tq, Tk)
     const float *q,     // (B, Tq, H*D)
@@ -246,7 +250,7 @@ OP(attention_bwd, ATTENTION, REF, STREAM,
     const float *v,     // (B, Tk, H*D)
     float *scratch,     // (B, H, Tq, Tk)
     int B, int H, int Tq, int Tk, int D),
-   (dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D))
+   (dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D))
 
 /* ---- Dropout with a counter-based RNG --------------------------------------
  * Philox4x32-10 keyed by `seed`; element i uses counter

@@ -14,8 +14,11 @@
  *     element has one writer, so the order is immaterial), through the
  *     kernels' phases and buffer reuse, against the plain per-element loop
  *     (acc = 0; acc = fmaf(a_k, b_k, acc) for k from 0; store or x + acc),
- *     bit for bit, with untouched memory checked untouched. */
+ *     bit for bit, with untouched memory checked untouched; the backward's
+ *     gradients also written over NaN (GRAD_WRITE) against the loop adding
+ *     into zeros. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,9 +157,9 @@ static void check_shape_mapping(int Tq, int Tk, int D) {
     float *bsm = malloc(nb * sizeof(float));
     const AttBwdSmem bs = att_bwd_smem(bsm, Tq, Tk, D);
     CHECK(bs.Y + (size_t)Tq * bs.ld_s == bsm + nb, "bwd layout ends at its size (Tq %d Tk %d D %d)", Tq, Tk, D);
-    const AttProduct prods[4] = {att_bwd_dv(&bs, global_rows, HD, Tq, Tk, D), att_bwd_dp(&bs, Tq, Tk, D),
-                                 att_bwd_dq(&bs, global_rows, HD, Tq, Tk, D),
-                                 att_bwd_dk(&bs, global_rows, HD, Tq, Tk, D)};
+    const AttProduct prods[4] = {att_bwd_dv(&bs, global_rows, HD, 1, Tq, Tk, D), att_bwd_dp(&bs, Tq, Tk, D),
+                                 att_bwd_dq(&bs, global_rows, HD, 1, Tq, Tk, D),
+                                 att_bwd_dk(&bs, global_rows, HD, 1, Tq, Tk, D)};
     const char *names[4] = {"dv += P^T dout", "dP = dout v^T", "dq += dS k", "dk += dS^T q"};
     for (int i = 0; i < 4; i++) {
         snprintf(what, sizeof what, "bwd %s Tq %d Tk %d D %d", names[i], Tq, Tk, D);
@@ -276,16 +279,19 @@ typedef struct {
     float *q, *k, *v, *dout, *dq, *dk, *dv, *P;  // (T, H*D) rows, P (Tq, Tk)
 } BwdData;
 
-/* The backward's phases in the kernel's order and buffer reuse. */
-static void emulate_bwd_phases(const BwdData *x, const BwdData *want, int Tq, int Tk, int D, int H, int h) {
+/* The backward's phases in the kernel's order and buffer reuse; accumulate
+ * as the kernel's flag (0: GRAD_WRITE), the plain loop always adding (into
+ * the zeros want holds then). */
+static void emulate_bwd_phases(const BwdData *x, const BwdData *want, int accumulate, int Tq, int Tk, int D, int H,
+                               int h) {
     const long long HD = (long long)H * D;
     const size_t nb = att_bwd_smem_floats(Tq, Tk, D), hd = (size_t)h * D;
-    float *smem = nan_floats(nb), *dS = malloc((size_t)Tq * Tk * sizeof(float));
+    float *smem = nan_floats(nb), *dS = calloc((size_t)Tq * Tk, sizeof(float));
     const AttBwdSmem s = att_bwd_smem(smem, Tq, Tk, D);
     load_rows(s.X, s.ld_d, x->dout + hd, HD, Tq, D);
     load_rows(s.W, s.ld_d, x->v + hd, HD, Tk, D);
     for (int e = 0; e < Tq * Tk; e++) s.Y[(e / Tk) * s.ld_s + e % Tk] = x->P[e];
-    const AttProduct pdv = att_bwd_dv(&s, x->dv + hd, HD, Tq, Tk, D);
+    const AttProduct pdv = att_bwd_dv(&s, x->dv + hd, HD, accumulate, Tq, Tk, D);
     run_all(&pdv);
     const AttProduct pdp = att_bwd_dp(&s, Tq, Tk, D);
     run_all(&pdp);
@@ -300,7 +306,8 @@ static void emulate_bwd_phases(const BwdData *x, const BwdData *want, int Tq, in
         }
     load_rows(s.X, s.ld_d, x->q + hd, HD, Tq, D);
     load_rows(s.W, s.ld_d, x->k + hd, HD, Tk, D);
-    const AttProduct pdq = att_bwd_dq(&s, x->dq + hd, HD, Tq, Tk, D), pdk = att_bwd_dk(&s, x->dk + hd, HD, Tq, Tk, D);
+    const AttProduct pdq = att_bwd_dq(&s, x->dq + hd, HD, accumulate, Tq, Tk, D);
+    const AttProduct pdk = att_bwd_dk(&s, x->dk + hd, HD, accumulate, Tq, Tk, D);
     run_all(&pdq);
     run_all(&pdk);
     plain(want->dv, D, 1, want->P, 1, Tk, want->dout, D, 1, Tk, D, Tq);  // P^T dout
@@ -310,14 +317,22 @@ static void emulate_bwd_phases(const BwdData *x, const BwdData *want, int Tq, in
     const char *names[3] = {"dv", "dq", "dk"};
     const int rows[3] = {Tk, Tq, Tk};
     for (int i = 0; i < 3; i++) {
-        snprintf(what, sizeof what, "bwd %s Tq %d Tk %d D %d", names[i], Tq, Tk, D);
+        snprintf(what, sizeof what, "bwd %s%s Tq %d Tk %d D %d", names[i], accumulate ? "" : " written", Tq, Tk, D);
         check_rows(what, got[i] + hd, HD, ref[i], rows[i], D);
         check_other_heads(what, got[i], rows[i], H, D, h);
     }
     free(smem), free(dS);
 }
 
-static void emulate_bwd(Rng *rng, int Tq, int Tk, int D) {
+/* Head h of (T, H*D) rows set to NaN: garbage a written gradient must not keep. */
+static void nan_head(float *x, int T, int H, int D, int h) {
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++) x[(size_t)t * H * D + (size_t)h * D + d] = NAN;
+}
+
+/* write: the gradients start as NaN garbage in head h and are written
+ * (accumulate 0), against the plain loop adding into zeros. */
+static void emulate_bwd(Rng *rng, int Tq, int Tk, int D, bool write) {
     const int H = 3, h = 2;
     BwdData x, want;
     x.q = head_rows(rng, Tq, H, D, h), x.dout = head_rows(rng, Tq, H, D, h), x.dq = head_rows(rng, Tq, H, D, h);
@@ -328,7 +343,13 @@ static void emulate_bwd(Rng *rng, int Tq, int Tk, int D) {
     want.k = dense(x.k, Tk, H, D, h), want.v = dense(x.v, Tk, H, D, h);
     want.dk = dense(x.dk, Tk, H, D, h), want.dv = dense(x.dv, Tk, H, D, h);
     want.P = x.P;
-    emulate_bwd_phases(&x, &want, Tq, Tk, D, H, h);
+    if (write) {
+        nan_head(x.dq, Tq, H, D, h), nan_head(x.dk, Tk, H, D, h), nan_head(x.dv, Tk, H, D, h);
+        memset(want.dq, 0, (size_t)Tq * D * sizeof(float));
+        memset(want.dk, 0, (size_t)Tk * D * sizeof(float));
+        memset(want.dv, 0, (size_t)Tk * D * sizeof(float));
+    }
+    emulate_bwd_phases(&x, &want, !write, Tq, Tk, D, H, h);
     float *all[] = {x.q, x.k, x.v, x.dout, x.dq, x.dk, x.dv, x.P,
                     want.q, want.k, want.v, want.dout, want.dq, want.dk, want.dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
@@ -350,7 +371,8 @@ int main(void) {
     Rng rng = {20261126};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         emulate_fwd(&rng, shapes[i][0], shapes[i][1], shapes[i][2]);
-        emulate_bwd(&rng, shapes[i][0], shapes[i][1], shapes[i][2]);
+        emulate_bwd(&rng, shapes[i][0], shapes[i][1], shapes[i][2], false);
+        emulate_bwd(&rng, shapes[i][0], shapes[i][1], shapes[i][2], true);
     }
     return check_report("test_attn_tile");
 }

@@ -583,6 +583,29 @@ static double attn_loss(void *p) {
     return dot_d(c->out, c->R, (size_t)c->B * c->Tq * c->H * c->D);
 }
 
+/* dq, dk, dv written over NaN garbage (GRAD_WRITE) against the same backward
+ * added into zeros, bit for bit; the rows of padding keys (t >= k_len[b])
+ * of dk and dv are zeros. */
+static void attention_written(const char *name, const AttnCtx *c, float *scratch) {
+    const int B = c->B, H = c->H, Tq = c->Tq, Tk = c->Tk, D = c->D, HD = H * D;
+    const size_t nq = (size_t)B * Tq * HD, nk = (size_t)B * Tk * HD;
+    float *add[3] = {alloc_zero(nq), alloc_zero(nk), alloc_zero(nk)};
+    float *put[3] = {alloc_nan(nq), alloc_nan(nk), alloc_nan(nk)};
+    cpu_attention_bwd(add[0], add[1], add[2], GRAD_ADD, c->R, c->P, c->q, c->k, c->v, scratch, B, H, Tq, Tk, D);
+    cpu_attention_bwd(put[0], put[1], put[2], GRAD_WRITE, c->R, c->P, c->q, c->k, c->v, scratch, B, H, Tq, Tk, D);
+    const size_t n[3] = {nq, nk, nk};
+    const char *grad[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++)
+        CHECK(memcmp(put[i], add[i], n[i] * sizeof(float)) == 0, "%s: %s written differs from added to zeros", name,
+              grad[i]);
+    size_t nonzero = 0;
+    for (int b = 0; b < B; b++)
+        for (size_t e = (size_t)(c->k_len[b] < Tk ? c->k_len[b] : Tk) * HD; e < (size_t)Tk * HD; e++)
+            nonzero += put[1][(size_t)b * Tk * HD + e] != 0.0f || put[2][(size_t)b * Tk * HD + e] != 0.0f;
+    CHECK(nonzero == 0, "%s: %zu elements of padding keys' dk or dv rows written nonzero", name, nonzero);
+    for (int i = 0; i < 3; i++) free(add[i]), free(put[i]);
+}
+
 static void attention_case(const char *name, const int32_t *k_len, int B, int H, int Tq,
                            int Tk, int D, bool causal, Rng *rng) {
     int HD = H * D;
@@ -651,7 +674,7 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
     float *dk = rand_floats(nk, rng, -1, 1), *dk0 = alloc_copy(dk, nk);
     float *dv = rand_floats(nk, rng, -1, 1), *dv0 = alloc_copy(dv, nk);
     float *scratch = rand_floats(np, rng, -1, 1);  // garbage on entry is fine
-    cpu_attention_bwd(dq, dk, dv, c.R, c.P, c.q, c.k, c.v, scratch, B, H, Tq, Tk, D);
+    cpu_attention_bwd(dq, dk, dv, GRAD_ADD, c.R, c.P, c.q, c.k, c.v, scratch, B, H, Tq, Tk, D);
     subtract_start(dq, dq0, nq);
     subtract_start(dk, dk0, nk);
     subtract_start(dv, dv0, nk);
@@ -662,6 +685,7 @@ static void attention_case(const char *name, const int32_t *k_len, int B, int H,
     fd_check(label, c.k, nk, dk, attn_loss, &c, rng);
     snprintf(label, sizeof label, "%s dv", name);
     fd_check(label, c.v, nk, dv, attn_loss, &c, rng);
+    attention_written(name, &c, scratch);
 
     free(c.q); free(c.k); free(c.v); free(c.out); free(c.P); free(c.R);
     free(out_ref); free(P_ref); free(k2); free(v2);

@@ -121,13 +121,24 @@ void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
         }
 }
 
-// dq, dout, q (B, Tq, H*D); dk, dv, k, v (B, Tk, H*D); P, scratch (B, H, Tq, Tk)
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
-                       const float *k, const float *v, float *scratch, int B, int H, int Tq, int Tk, int D) {
+// dq, dout, q (B, Tq, H*D); dk, dv, k, v (B, Tk, H*D); P, scratch (B, H, Tq, Tk).
+// GRAD_WRITE: the three products with beta 0 (every row written: a padding
+// key's P and dS columns are zeros, so are its dk and dv rows); with Tq or Tk
+// 0 there are no products, and the gradients they would write are zeros.
+void cpu_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *P,
+                       const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq, int Tk,
+                       int D) {
+    TP_CHECK(grad_mode_valid(mode), "op_attention_bwd: unknown gradient mode %d", (int)mode);
     TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0,
              "op_attention_bwd: negative size");
-    if (B == 0 || H == 0 || Tq == 0 || Tk == 0 || D == 0) return;
+    if (B == 0 || H == 0 || D == 0) return;
     int HD = H * D;
+    if (Tq == 0 || Tk == 0) {  // added: nothing; written: zeros
+        if (mode == GRAD_WRITE && Tk == 0) cpu_zero(dq, (size_t)B * Tq * HD);
+        if (mode == GRAD_WRITE && Tq == 0) cpu_zero(dk, (size_t)B * Tk * HD), cpu_zero(dv, (size_t)B * Tk * HD);
+        return;
+    }
+    const float beta = mode == GRAD_ADD ? 1.0f : 0.0f;
     float scale = 1.0f / sqrtf((float)D);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
@@ -135,8 +146,8 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
             size_t k_off = (size_t)b * Tk * HD + (size_t)h * D;
             const float *P_bh = P + ((size_t)b * H + h) * Tq * Tk;  // (Tq, Tk)
             float *dS = scratch + ((size_t)b * H + h) * Tq * Tk;     // (Tq, Tk)
-            // dv += P^T dout
-            sgemm_ld(true, false, Tk, D, Tq, 1.0f, P_bh, Tk, dout + q_off, HD, 1.0f,
+            // dv (+)= P^T dout
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, P_bh, Tk, dout + q_off, HD, beta,
                      dv + k_off, HD);
             // dP = dout v^T, then dS = scale * P * (dP - rowsum(dP * P)) in place
             sgemm_ld(false, true, Tq, Tk, D, 1.0f, dout + q_off, HD, v + k_off, HD, 0.0f,
@@ -149,10 +160,10 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                 float d = (float)dot;
                 for (int j = 0; j < Tk; j++) row[j] = scale * p_row[j] * (row[j] - d);
             }
-            // dq += dS k ; dk += dS^T q
-            sgemm_ld(false, false, Tq, D, Tk, 1.0f, dS, Tk, k + k_off, HD, 1.0f,
+            // dq (+)= dS k ; dk (+)= dS^T q
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, dS, Tk, k + k_off, HD, beta,
                      dq + q_off, HD);
-            sgemm_ld(true, false, Tk, D, Tq, 1.0f, dS, Tk, q + q_off, HD, 1.0f,
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, dS, Tk, q + q_off, HD, beta,
                      dk + k_off, HD);
         }
 }

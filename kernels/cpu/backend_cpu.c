@@ -253,11 +253,11 @@ static void t_attention_fwd(Backend *be, float *out, float *P, const float *q, c
     (void)be;
     cpu_attention_fwd(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal);
 }
-static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *P,
-                            const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
-                            int Tk, int D) {
+static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                            const float *P, const float *q, const float *k, const float *v, float *scratch, int B,
+                            int H, int Tq, int Tk, int D) {
     (void)be;
-    cpu_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+    cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
 static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                           uint64_t st) {

@@ -4,7 +4,9 @@
 // so each is easy to check against it (no flash attention yet):
 //   S = q k^T into P, P = masked softmax(S / sqrt(D)) in place, out = P v;
 // and for the backward dv += P^T dout, dS = dout v^T into scratch, the
-// softmax backward in place, dq += dS k, dk += dS^T q.
+// softmax backward in place, dq += dS k, dk += dS^T q (GRAD_WRITE: dv, dq
+// and dk stored, as C = acc, never read; every row is a product's row, so a
+// padding key's dk and dv rows are written, zeros from its zero P column).
 //
 // Every product is one batched kernel, bh_gemm_kernel, over strided views:
 // element (r, c) of a per-(b, h) matrix X sits at
@@ -262,10 +264,12 @@ attn_fused_fwd_kernel(float *out, float *P, const float *q, const float *k, cons
 // out, X (Tq rows), W (Tk rows) and Y (Tq x Tk) each reused once: dout, v
 // and P first (dv += P^T dout, then dP = dout v^T into Y), then the softmax
 // backward turns Y into dS in place, reading P from global memory, while q
-// and k replace dout and v (dq += dS k and dk += dS^T q).
+// and k replace dout and v (dq += dS k and dk += dS^T q). accumulate 0
+// (GRAD_WRITE): dv, dq and dk stored instead of added to.
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
 attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
-                      const float *k, const float *v, int B, int H, int Tq, int Tk, int D, float scale) {
+                      const float *k, const float *v, int B, int H, int Tq, int Tk, int D, float scale,
+                      int accumulate) {
     extern __shared__ float smem[];
     const AttBwdSmem s = att_bwd_smem(smem, Tq, Tk, D);
     const int tid = threadIdx.x, warp = tid / TP_WARP, lane = tid % TP_WARP;
@@ -279,8 +283,8 @@ attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const 
         fused_load_rows(s.W, s.ld_d, v + krow0, HD, Tk, D);
         for (int e = tid; e < Tq * Tk; e += FUSED_THREADS) s.Y[(e / Tk) * s.ld_s + e % Tk] = pz[e];
         __syncthreads();
-        const AttProduct pdv = att_bwd_dv(&s, dv + krow0, HD, Tq, Tk, D);
-        att_run(&pdv, tid);  // dv += P^T dout
+        const AttProduct pdv = att_bwd_dv(&s, dv + krow0, HD, accumulate, Tq, Tk, D);
+        att_run(&pdv, tid);  // dv (+)= P^T dout
         __syncthreads();
         const AttProduct pdp = att_bwd_dp(&s, Tq, Tk, D);
         att_run(&pdp, tid);  // dP = dout v^T
@@ -290,10 +294,10 @@ attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const 
         fused_load_rows(s.X, s.ld_d, q + qrow0, HD, Tq, D);
         fused_load_rows(s.W, s.ld_d, k + krow0, HD, Tk, D);
         __syncthreads();
-        const AttProduct pdq = att_bwd_dq(&s, dq + qrow0, HD, Tq, Tk, D);
-        att_run(&pdq, tid);  // dq += dS k
-        const AttProduct pdk = att_bwd_dk(&s, dk + krow0, HD, Tq, Tk, D);
-        att_run(&pdk, tid);  // dk += dS^T q, on the threads dq leaves idle
+        const AttProduct pdq = att_bwd_dq(&s, dq + qrow0, HD, accumulate, Tq, Tk, D);
+        att_run(&pdq, tid);  // dq (+)= dS k
+        const AttProduct pdk = att_bwd_dk(&s, dk + krow0, HD, accumulate, Tq, Tk, D);
+        att_run(&pdk, tid);  // dk (+)= dS^T q, on the threads dq leaves idle
     }
 }
 
@@ -414,29 +418,29 @@ static void attention_fwd_launch(float *out, float *P, const float *q, const flo
 
 static void attention_bwd_launch(float *dq, float *dk, float *dv, const float *dout,
                                  const float *P, const float *q, const float *k, const float *v,
-                                 float *scratch, int B, int H, int Tq, int Tk, int D,
+                                 float *scratch, int B, int H, int Tq, int Tk, int D, bool accumulate,
                                  cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
     if (fused_fits(attn_fused_bwd_smem_bytes(Tq, Tk, D))) {
         fused_launch(attn_fused_bwd_kernel, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, dq, dk, dv, dout, P,
-                     q, k, v, B, H, Tq, Tk, D, scale);
+                     q, k, v, B, H, Tq, Tk, D, scale, (int)accumulate);
         return;
     }
-    // dv += P^T dout: (Tk, Tq) x (Tq, D)
+    // dv (+)= P^T dout: (Tk, Tq) x (Tq, D)
     bh_gemm_launch(tokens_out(dv, Tk, H, D), probs_t(P, H, Tq, Tk), tokens(dout, Tq, H, D), Tk, D,
-                   Tq, H, BH, true, stream);
+                   Tq, H, BH, accumulate, stream);
     // dP = dout v^T into scratch: (Tq, D) x (D, Tk)
     bh_gemm_launch(probs_out(scratch, H, Tq, Tk), tokens(dout, Tq, H, D), tokens_t(v, Tk, H, D),
                    Tq, Tk, D, H, BH, false, stream);
     // dS = scale * P * (dP - rowsum(dP * P)), in place
     softmax_bwd_launch(scratch, scratch, P, (size_t)BH * Tq, Tk, scale, false, stream);
-    // dq += dS k: (Tq, Tk) x (Tk, D)
+    // dq (+)= dS k: (Tq, Tk) x (Tk, D)
     bh_gemm_launch(tokens_out(dq, Tq, H, D), probs(scratch, H, Tq, Tk), tokens(k, Tk, H, D), Tq,
-                   D, Tk, H, BH, true, stream);
-    // dk += dS^T q: (Tk, Tq) x (Tq, D)
+                   D, Tk, H, BH, accumulate, stream);
+    // dk (+)= dS^T q: (Tk, Tq) x (Tq, D)
     bh_gemm_launch(tokens_out(dk, Tk, H, D), probs_t(scratch, H, Tq, Tk), tokens(q, Tq, H, D), Tk,
-                   D, Tq, H, BH, true, stream);
+                   D, Tq, H, BH, accumulate, stream);
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -499,13 +503,35 @@ extern "C" void cuda_op_attention_fwd(float *out, float *P, const float *q, cons
     attention_fwd_launch(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
 }
 
-extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, const float *dout,
+// GRAD_WRITE with Tq or Tk 0: no product runs, and the gradients it would
+// have written are zeros (the CPU's).
+static void attention_bwd_empty(float *dq, float *dk, float *dv, int B, int H, int Tq, int Tk, int D,
+                                cudaStream_t stream) {
+    const size_t nq = (size_t)B * Tq * H * D * sizeof(float), nk = (size_t)B * Tk * H * D * sizeof(float);
+    if (Tk == 0 && nq) {
+        TP_NEED_PTR("cuda_op_attention_bwd", dq);
+        CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, stream));
+    }
+    if (Tq == 0 && nk) {
+        TP_NEED_PTR("cuda_op_attention_bwd", dk);
+        TP_NEED_PTR("cuda_op_attention_bwd", dv);
+        CUDA_CHECK(cudaMemsetAsync(dk, 0, nk, stream));
+        CUDA_CHECK(cudaMemsetAsync(dv, 0, nk, stream));
+    }
+}
+
+extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
                                       const float *P, const float *q, const float *k,
                                       const float *v, float *scratch, int B, int H, int Tq,
                                       int Tk, int D, cudaStream_t stream) {
     const char *op = "cuda_op_attention_bwd";
+    TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
     check_attention(op, B, H, Tq, Tk, D);
-    if (B == 0 || H == 0 || Tq == 0 || Tk == 0 || D == 0) return;
+    if (B == 0 || H == 0 || D == 0) return;
+    if (Tq == 0 || Tk == 0) {  // added: nothing; written: zeros
+        if (mode == GRAD_WRITE) attention_bwd_empty(dq, dk, dv, B, H, Tq, Tk, D, stream);
+        return;
+    }
     TP_NEED_PTR(op, dq);
     TP_NEED_PTR(op, dk);
     TP_NEED_PTR(op, dv);
@@ -515,5 +541,5 @@ extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, const flo
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, scratch);
-    attention_bwd_launch(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, stream);
+    attention_bwd_launch(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, stream);
 }

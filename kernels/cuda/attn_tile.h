@@ -187,9 +187,12 @@ ATT_HD AttBwdSmem att_bwd_smem(float *smem, int Tq, int Tk, int D) {
     return s;
 }
 
-// dv += P^T dout: (Tk, D) over queries; Y holds P, X dout.
-ATT_HD AttProduct att_bwd_dv(const AttBwdSmem *s, float *dv, long long HD, int Tq, int Tk, int D) {
-    return att_product(dv, HD, 1, att_mat(s->Y, 1, s->ld_s), att_mat(s->X, s->ld_d, 1), Tk, D, Tq);
+// The input gradients (dv, dq, dk) are added to (accumulate 1: GRAD_ADD) or
+// stored, their old contents never read (0: GRAD_WRITE).
+
+// dv (+)= P^T dout: (Tk, D) over queries; Y holds P, X dout.
+ATT_HD AttProduct att_bwd_dv(const AttBwdSmem *s, float *dv, long long HD, int accumulate, int Tq, int Tk, int D) {
+    return att_product(dv, HD, accumulate, att_mat(s->Y, 1, s->ld_s), att_mat(s->X, s->ld_d, 1), Tk, D, Tq);
 }
 
 // dP = dout v^T into Y: (Tq, Tk) over d; X holds dout, W v.
@@ -197,15 +200,15 @@ ATT_HD AttProduct att_bwd_dp(const AttBwdSmem *s, int Tq, int Tk, int D) {
     return att_product(s->Y, s->ld_s, 0, att_mat(s->X, s->ld_d, 1), att_mat(s->W, 1, s->ld_d), Tq, Tk, D);
 }
 
-// dq += dS k: (Tq, D) over keys; Y holds dS, W k.
-ATT_HD AttProduct att_bwd_dq(const AttBwdSmem *s, float *dq, long long HD, int Tq, int Tk, int D) {
-    return att_product(dq, HD, 1, att_mat(s->Y, s->ld_s, 1), att_mat(s->W, s->ld_d, 1), Tq, D, Tk);
+// dq (+)= dS k: (Tq, D) over keys; Y holds dS, W k.
+ATT_HD AttProduct att_bwd_dq(const AttBwdSmem *s, float *dq, long long HD, int accumulate, int Tq, int Tk, int D) {
+    return att_product(dq, HD, accumulate, att_mat(s->Y, s->ld_s, 1), att_mat(s->W, s->ld_d, 1), Tq, D, Tk);
 }
 
-// dk += dS^T q: (Tk, D) over queries; Y holds dS, X q. Run beside dq (the
+// dk (+)= dS^T q: (Tk, D) over queries; Y holds dS, X q. Run beside dq (the
 // same phase), its tiles start on the warp after dq's last tile.
-ATT_HD AttProduct att_bwd_dk(const AttBwdSmem *s, float *dk, long long HD, int Tq, int Tk, int D) {
-    AttProduct p = att_product(dk, HD, 1, att_mat(s->Y, 1, s->ld_s), att_mat(s->X, s->ld_d, 1), Tk, D, Tq);
+ATT_HD AttProduct att_bwd_dk(const AttBwdSmem *s, float *dk, long long HD, int accumulate, int Tq, int Tk, int D) {
+    AttProduct p = att_product(dk, HD, accumulate, att_mat(s->Y, 1, s->ld_s), att_mat(s->X, s->ld_d, 1), Tk, D, Tq);
     const int dq_tiles = att_tile_count(att_tiles(Tq, D));
     p.first = (dq_tiles + ATT_WARP - 1) / ATT_WARP * ATT_WARP % ATT_THREADS;
     return p;

@@ -338,10 +338,10 @@ static void cu_attention_fwd(Backend *be, float *out, float *P, const float *q, 
                              const int32_t *kl, int B, int H, int Tq, int Tk, int D, bool causal) {
     cuda_op_attention_fwd(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal, stream_of(be));
 }
-static void cu_attention_bwd(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *P,
-                             const float *q, const float *k, const float *v, float *scr, int B, int H, int Tq,
-                             int Tk, int D) {
-    cuda_op_attention_bwd(dq, dk, dv, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
+static void cu_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                             const float *P, const float *q, const float *k, const float *v, float *scr, int B,
+                             int H, int Tq, int Tk, int D) {
+    cuda_op_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
 }
 static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                            uint64_t st) {

@@ -1152,9 +1152,8 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
     ModelActs *A = m->acts;
-    const size_t nCl = (size_t)N * Cl, nkCl = (size_t)Nk * Cl;
     /* probabilities not kept: recomputed from q, k (the same op on the same
-     * inputs: bitwise the forward's); the output goes to d_q, free until zeroed below */
+     * inputs: bitwise the forward's); the output goes to d_q, free until attention_bwd writes it */
     const float *P = a->P;
     if (!P) {
         op_attention_fwd(m->be, A->d_q, A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
@@ -1162,10 +1161,9 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     }
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);
     lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, NULL, d_out, kept_in(&a->att), w->wo, N, Cl, C);
-    op_zero(m->be, A->d_q, nCl);
-    op_zero(m->be, A->d_k, nkCl);
-    op_zero(m->be, A->d_v, nkCl);
-    op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl, Tq, Tk, D);
+    /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
+    op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl,
+                     Tq, Tk, D);
     const GemmIn ln = col_in_bwd(m, &a->ln, N);  // with sequence parallelism gathered again
     /* d_ln: q's part written, then (self-attention) k's and v's added; with
      * kv, k and v add to d_kv, which sums every decoder layer's part */

@@ -2,7 +2,9 @@
  * T >= 128, and more (batch, head) pairs than a grid dimension holds) and
  * the cross-entropy ops, full-row and vocab-parallel, through a backend,
  * against the CPU reference. Masked scores and padding columns hold NaN, so
- * an op that reads them fails. */
+ * an op that reads them fails. Attention's backward also writes its
+ * gradients over NaN garbage (GRAD_WRITE; on CUDA on the fused and the
+ * general path), bit for bit what the same backend adds into zeros. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +95,49 @@ void test_softmax(const Target *t, Rng *rng) {
 
 /* ---- attention ------------------------------------------------------------------- */
 
+/* The backward's inputs on the target, and its shape. */
+typedef struct {
+    const float *dout, *P, *q, *k, *v;
+    float *scratch;
+    const int32_t *k_len;  // on the host
+    int B, H, Tq, Tk, D;
+} AttnBwdIn;
+
+/* dq, dk, dv written (GRAD_WRITE) over NaN garbage against the same
+ * backend's backward added into zeros, bit for bit; the rows of padding
+ * keys (t >= k_len[b]) of dk and dv are zeros (by value). */
+static void attention_written(const Target *t, const char *name, const AttnBwdIn *in) {
+    const int B = in->B, H = in->H, Tq = in->Tq, Tk = in->Tk, D = in->D;
+    const size_t HD = (size_t)H * D, n[3] = {(size_t)B * Tq * HD, (size_t)B * Tk * HD, (size_t)B * Tk * HD};
+    float *add[3], *put[3], *got_add[3], *got_put[3];
+    for (int i = 0; i < 3; i++) {
+        add[i] = dev_nan(t, n[i]);
+        op_zero(t->be, add[i], n[i]);
+        put[i] = dev_nan(t, n[i]);
+    }
+    op_attention_bwd(t->be, add[0], add[1], add[2], GRAD_ADD, in->dout, in->P, in->q, in->k, in->v, in->scratch, B,
+                     H, Tq, Tk, D);
+    op_attention_bwd(t->be, put[0], put[1], put[2], GRAD_WRITE, in->dout, in->P, in->q, in->k, in->v, in->scratch,
+                     B, H, Tq, Tk, D);
+    const char *grad[3] = {"dq", "dk", "dv"};
+    char what[200];
+    for (int i = 0; i < 3; i++) {
+        got_add[i] = dev_fetch(t, add[i], n[i]), got_put[i] = dev_fetch(t, put[i], n[i]);
+        snprintf(what, sizeof what, "attention bwd %s %s written = added into zeros", grad[i], name);
+        check_exact(t, what, got_put[i], got_add[i], n[i]);
+    }
+    size_t nonzero = 0;
+    for (int b = 0; b < B; b++)
+        for (size_t e = (size_t)(in->k_len[b] < Tk ? in->k_len[b] : Tk) * HD; e < (size_t)Tk * HD; e++)
+            nonzero += got_put[1][(size_t)b * Tk * HD + e] != 0.0f || got_put[2][(size_t)b * Tk * HD + e] != 0.0f;
+    TCHECK(nonzero == 0, "%s: attention bwd %s written: %zu elements of padding keys' dk or dv rows nonzero",
+           t->name, name, nonzero);
+    for (int i = 0; i < 3; i++) {
+        free(got_add[i]), free(got_put[i]);
+        dev_free(t, add[i]), dev_free(t, put[i]);
+    }
+}
+
 static void attention_case(const Target *t, const char *name, const int32_t *k_len, int B, int H, int Tq, int Tk,
                            int D, bool causal, Rng *rng) {
     Backend *be = t->be;
@@ -126,11 +171,11 @@ static void attention_case(const Target *t, const char *name, const int32_t *k_l
     float *dout = rand_floats(nq, rng, -1, 1);
     float *dq0 = rand_floats(nq, rng, -1, 1), *dk0 = rand_floats(nk, rng, -1, 1), *dv0 = rand_floats(nk, rng, -1, 1);
     float *dq = host_copy(dq0, nq), *dk = host_copy(dk0, nk), *dv = host_copy(dv0, nk), *scratch = host_alloc(np);
-    cpu_attention_bwd(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+    cpu_attention_bwd(dq, dk, dv, GRAD_ADD, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
     float *d_dout = dev_from(t, dout, nq), *d_dq = dev_from(t, dq0, nq), *d_dk = dev_from(t, dk0, nk);
     float *d_dv = dev_from(t, dv0, nk), *d_scratch = dev_nan(t, np);
     backend_upload(be, d_P, P, np * sizeof(float));
-    op_attention_bwd(be, d_dq, d_dk, d_dv, d_dout, d_P, d_q, d_k, d_v, d_scratch, B, H, Tq, Tk, D);
+    op_attention_bwd(be, d_dq, d_dk, d_dv, GRAD_ADD, d_dout, d_P, d_q, d_k, d_v, d_scratch, B, H, Tq, Tk, D);
     float *got_dq = dev_fetch(t, d_dq, nq), *got_dk = dev_fetch(t, d_dk, nk), *got_dv = dev_fetch(t, d_dv, nk);
     snprintf(what, sizeof what, "attention bwd dq %s", name);
     check_rel(t, what, got_dq, dq, dq0, nq, tol(t, ATTN_BWD_RTOL));
@@ -138,17 +183,21 @@ static void attention_case(const Target *t, const char *name, const int32_t *k_l
     check_rel(t, what, got_dk, dk, dk0, nk, tol(t, ATTN_BWD_RTOL));
     snprintf(what, sizeof what, "attention bwd dv %s", name);
     check_rel(t, what, got_dv, dv, dv0, nk, tol(t, ATTN_BWD_RTOL));
+    const AttnBwdIn in = {d_dout, d_P, d_q, d_k, d_v, d_scratch, k_len, B, H, Tq, Tk, D};
+    attention_written(t, name, &in);
 
 #ifdef TPTRAIN_TEST_CUDA
     if (!t->is_cpu) {  // the general path (fused kernels off) gives the fused path's bits
         gpu_set_fused_attention(false);
+        snprintf(what, sizeof what, "%s (general path)", name);
+        attention_written(t, what, &in);
         op_attention_fwd(be, d_out, d_P, d_q, d_k, d_v, d_klen, B, H, Tq, Tk, D, causal);
         float *gen_out = dev_fetch(t, d_out, nq), *gen_P = dev_fetch(t, d_P, np);
         backend_upload(be, d_P, P, np * sizeof(float));
         backend_upload(be, d_dq, dq0, nq * sizeof(float));
         backend_upload(be, d_dk, dk0, nk * sizeof(float));
         backend_upload(be, d_dv, dv0, nk * sizeof(float));
-        op_attention_bwd(be, d_dq, d_dk, d_dv, d_dout, d_P, d_q, d_k, d_v, d_scratch, B, H, Tq, Tk, D);
+        op_attention_bwd(be, d_dq, d_dk, d_dv, GRAD_ADD, d_dout, d_P, d_q, d_k, d_v, d_scratch, B, H, Tq, Tk, D);
         float *gen_dq = dev_fetch(t, d_dq, nq), *gen_dk = dev_fetch(t, d_dk, nk), *gen_dv = dev_fetch(t, d_dv, nk);
         gpu_set_fused_attention(true);
         const float *gen[] = {gen_out, gen_P, gen_dq, gen_dk, gen_dv}, *fused[] = {got_out, got_P, got_dq, got_dk, got_dv};
@@ -166,6 +215,37 @@ static void attention_case(const Target *t, const char *name, const int32_t *k_l
     free(masked);
     void *dev_bufs[] = {d_q, d_k, d_v, d_klen, d_out, d_P, d_dout, d_dq, d_dk, d_dv, d_scratch};
     for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; i++) dev_free(t, dev_bufs[i]);
+}
+
+/* Tk == 0 (no keys) and Tq == 0 (no queries): no product runs. Added, the
+ * gradients (dq, or dk and dv) stay as they were; written over NaN garbage,
+ * they become zeros; the empty tensors' pointers are NULL. */
+static void attention_bwd_empty(const Target *t, Rng *rng) {
+    const int B = 2, H = 2, T = 3, D = 4;
+    const size_t n = (size_t)B * T * H * D;
+    float *start = rand_floats(n, rng, -1, 1), *zeros = host_alloc(n);
+    for (int tk0 = 0; tk0 < 2; tk0++)
+        for (int mode = 0; mode < 2; mode++) {
+            const bool write = mode == 1;
+            float *g[2] = {write ? dev_nan(t, n) : dev_from(t, start, n), NULL};
+            if (tk0 == 0) g[1] = write ? dev_nan(t, n) : dev_from(t, start, n);
+            if (tk0)  // dq (B, T, H*D) with no keys
+                op_attention_bwd(t->be, g[0], NULL, NULL, write ? GRAD_WRITE : GRAD_ADD, NULL, NULL, NULL, NULL,
+                                 NULL, NULL, B, H, T, 0, D);
+            else  // dk, dv (B, T, H*D) with no queries
+                op_attention_bwd(t->be, NULL, g[0], g[1], write ? GRAD_WRITE : GRAD_ADD, NULL, NULL, NULL, NULL,
+                                 NULL, NULL, B, H, 0, T, D);
+            char what[96];
+            for (int i = 0; i < (tk0 ? 1 : 2); i++) {
+                float *got = dev_fetch(t, g[i], n);
+                snprintf(what, sizeof what, "attention bwd %s: %s %s", tk0 ? "Tk = 0" : "Tq = 0",
+                         tk0 ? "dq" : i ? "dv" : "dk", write ? "written: zeros" : "added: as it was");
+                check_exact(t, what, got, write ? zeros : start, n);
+                free(got);
+                dev_free(t, g[i]);
+            }
+        }
+    free(start), free(zeros);
 }
 
 void test_attention(const Target *t, Rng *rng) {
@@ -202,6 +282,7 @@ void test_attention(const Target *t, Rng *rng) {
     check_exact(t, "attention fwd Tk = 0", got, zeros, nq);
     free(garbage), free(zeros), free(got);
     dev_free(t, d_out), dev_free(t, d_klen);
+    attention_bwd_empty(t, rng);
 }
 
 /* ---- cross-entropy ---------------------------------------------------------------------- */

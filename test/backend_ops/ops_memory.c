@@ -141,7 +141,7 @@ static void every_op_run(const Target *t, EveryOp *e) {
     op_gemm(be, false, true, N, V, C, 1.0f, e->y, e->E, 0.0f, e->logits);  // tied output layer
     op_gemm(be, true, false, C, C, N, 0.5f, e->x, e->y, 1.0f, e->tmp);
     op_attention_fwd(be, e->att, e->P, e->q, e->k, e->v, e->k_len, B, H, T, T, D, true);
-    op_attention_bwd(be, e->dq, e->dk, e->dv, e->att, e->P, e->q, e->k, e->v, e->dP, B, H, T, T, D);
+    op_attention_bwd(be, e->dq, e->dk, e->dv, GRAD_WRITE, e->att, e->P, e->q, e->k, e->v, e->dP, B, H, T, T, D);
     op_softmax_fwd(be, e->dP, e->dP, e->k_len, B, H, T, T, 0.25f, false);
     op_softmax_bwd(be, e->dP, e->dP, e->P, B, H, T, T, 0.25f);
     op_dropout_fwd(be, e->y, e->y, (size_t)N * C, 0.1f, 7, 9);
