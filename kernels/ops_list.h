@@ -166,6 +166,10 @@ OP(layernorm_bwd, LAYERNORM, REF, SCRATCH,
  * gradient as x (the model keeps only y). */
 OP(act_fwd, ELEMENTWISE, REF, STREAM, (float *y, const float *x, size_t n_elems, Activation act),
    (y, x, n_elems, act))
+/* y16 = act(x) rounded to bf16 (to_bf16's rounding): act_fwd then to_bf16
+ * bit for bit, in one pass (the FFN activation kept in bf16). */
+OP(act_fwd16, ELEMENTWISE, REF, STREAM, (uint16_t *y16, const float *x, size_t n_elems, Activation act),
+   (y16, x, n_elems, act))
 /* dx += dy * act'(x) (GRAD_ADD), or dx = dy * act'(x) (GRAD_WRITE) */
 OP(act_bwd, ELEMENTWISE, REF, STREAM,
    (float *dx, GradMode mode, const float *dy, const float *x, size_t n_elems, Activation act),
@@ -280,10 +284,13 @@ OP(dropout_bwd_at, ELEMENTWISE, REF, STREAM,
  * bias_add, dropout_fwd_at, add, layernorm_fwd in turn, bit for bit (the
  * CPU reference is that sequence; CUDA shares its LayerNorm rows with
  * layernorm.cu). res_out may alias res_in; y aliases nothing; branch is only
- * read. */
-OP(residual_ln_fwd, LAYERNORM, REF, STREAM,
+ * read. The LayerNorm output goes to y in fp32 or, y NULL, to y16 as its
+ * bf16 rounding (to_bf16's, bit for bit; the model's bf16-kept LayerNorm
+ * outputs): exactly one of the two is given. */
+OP(residual_ln_fwd, LAYERNORM, OWN, STREAM,
    (float *res_out,       // (N, C)
-    float *y,             // (N, C)
+    float *y,             // (N, C) or NULL
+    uint16_t *y16,        // (N, C) or NULL
     float *mean,          // (N)
     float *rstd,          // (N)
     const float *res_in,  // (N, C)
@@ -292,7 +299,7 @@ OP(residual_ln_fwd, LAYERNORM, REF, STREAM,
     const float *gamma,   // (C)
     const float *beta,    // (C)
     int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
-   (res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, first, p, seed, stream_id))
+   (res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, first, p, seed, stream_id))
 /* Backward: d_res += the LayerNorm's input gradient from dy (x, mean, rstd
  * as saved; dgamma, dbeta accumulated), as layernorm_bwd; then d_branch =
  * the dropout's input gradient of the new d_res and d_bias += its column

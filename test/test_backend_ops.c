@@ -53,7 +53,7 @@ static void bad_segs_acc(Backend *be) {
 /* The fused residual op's outputs alias what they must not. */
 static void bad_residual_ln_alias(Backend *be) {
     float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
-    op_residual_ln_fwd(be, x, x, x, x, x, x, NULL, x, x, 1, 8, 1e-5f, 0, 0.1f, 1, 2);
+    op_residual_ln_fwd(be, x, x, NULL, x, x, x, x, NULL, x, x, 1, 8, 1e-5f, 0, 0.1f, 1, 2);
 }
 static void bad_residual_ln_bwd_alias(Backend *be) {
     float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT), *y = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
@@ -95,7 +95,7 @@ static void ok_zero_sizes(Backend *be) {
     op_copy(be, NULL, NULL, 0);
     op_embedding_bwd(be, NULL, NULL, NULL, 1.0f, 0, 8, 0, 4);
     op_layernorm_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8);
-    op_residual_ln_fwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, 0, 0.1f, 1, 2);
+    op_residual_ln_fwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, 0, 0.1f, 1, 2);
     op_residual_ln_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 0.1f, 1, 2);
     op_sum_acc(be, NULL, NULL, 0);
     op_gemm(be, false, false, 0, 5, 5, 1.0f, NULL, NULL, 0.0f, NULL);

@@ -209,11 +209,15 @@ static void t_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const 
     (void)be;
     cpu_layernorm_bwd(dx, dg, db, dy, x, mean, rstd, g, N, C);
 }
-static void t_residual_ln_fwd(Backend *be, float *ro, float *y, float *mean, float *rstd, const float *ri,
-                              const float *br, const float *bias, const float *g, const float *b, int N, int C,
-                              float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
-    (void)be;
-    cpu_residual_ln_fwd(ro, y, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st);
+/* y16: the fp32 output made in the workspace, then rounded. */
+static void t_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, float *mean, float *rstd,
+                              const float *ri, const float *br, const float *bias, const float *g, const float *b,
+                              int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    const size_t n_elems = (size_t)(N > 0 ? N : 0) * (size_t)(C > 0 ? C : 0);
+    TP_CHECK(n_elems == 0 || (y == NULL) != (y16 == NULL), "op_residual_ln_fwd: give exactly one of y and y16");
+    float *out = y ? y : backend_workspace(be, (n_elems ? n_elems : 1) * sizeof(float));
+    cpu_residual_ln_fwd(ro, out, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st);
+    if (y16) cpu_to_bf16(y16, out, n_elems);
 }
 static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
                               const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
@@ -222,6 +226,10 @@ static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, flo
     cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
+static void t_act_fwd16(Backend *be, uint16_t *y, const float *x, size_t n, Activation a) {
+    (void)be;
+    cpu_act_fwd16(y, x, n, a);
+}
 static void t_act_bwd(Backend *be, float *dx, GradMode mode, const float *dy, const float *x, size_t n, Activation a) {
     (void)be;
     cpu_act_bwd(dx, mode, dy, x, n, a);

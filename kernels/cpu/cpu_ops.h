@@ -31,6 +31,12 @@ void cpu_sumsq_segs(float *acc, const float *x, const OpSeg *segs, int n_segs);
 void cpu_adamw_segs(float *p, const float *g, float *m, float *v, const OpSeg *segs, int n_segs, float lr,
                     float beta1, float beta2, float eps, float wd, int t);
 
+/* The fused residual + dropout + LayerNorm forward with an fp32 output
+ * (the op's y16 form is this, then cpu_to_bf16: backend_cpu.c). */
+void cpu_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+                         const float *branch, const float *bias, const float *gamma, const float *beta, int N, int C,
+                         float eps, uint64_t first, float p, uint64_t seed, uint64_t stream);
+
 /* The x16 linear layers have no reference of their own: the CPU backend
  * widens x16 (exact) and runs cpu_linear_fwd / cpu_linear_bwd, whose bf16
  * mode would round x to those very values. */

@@ -16,17 +16,22 @@
 static const double INV_SQRT2 = 0.70710678118654752440;
 static const double INV_SQRT_2PI = 0.39894228040143267794;
 
+static inline float act_value(float x, Activation act) {
+    if (act == ACT_RELU) return x > 0.0f ? x : 0.0f;
+    const double xi = x;
+    return (float)(0.5 * xi * (1.0 + erf(xi * INV_SQRT2)));
+}
+
 void cpu_act_fwd(float *y,        // (n_elems)
                 const float *x,  // (n_elems)
                 size_t n_elems, Activation act) {
-    if (act == ACT_RELU) {
-        for (size_t i = 0; i < n_elems; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-    } else {
-        for (size_t i = 0; i < n_elems; i++) {
-            double xi = x[i];
-            y[i] = (float)(0.5 * xi * (1.0 + erf(xi * INV_SQRT2)));
-        }
-    }
+    for (size_t i = 0; i < n_elems; i++) y[i] = act_value(x[i], act);
+}
+
+void cpu_act_fwd16(uint16_t *y16,   // (n_elems) bf16 bits
+                   const float *x,  // (n_elems)
+                   size_t n_elems, Activation act) {
+    for (size_t i = 0; i < n_elems; i++) y16[i] = tp_f32_to_bf16(act_value(x[i], act));
 }
 
 void cpu_act_bwd(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE)

@@ -304,6 +304,9 @@ static void cu_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const
 static void cu_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) {
     cuda_op_act_fwd(y, x, n, a, stream_of(be));
 }
+static void cu_act_fwd16(Backend *be, uint16_t *y, const float *x, size_t n, Activation a) {
+    cuda_op_act_fwd16(y, x, n, a, stream_of(be));
+}
 static void cu_act_bwd(Backend *be, float *dx, GradMode mode, const float *dy, const float *x, size_t n, Activation a) {
     cuda_op_act_bwd(dx, mode, dy, x, n, a, stream_of(be));
 }
@@ -351,10 +354,11 @@ static void cu_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float
                               float p, uint64_t seed, uint64_t st) {
     cuda_op_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st, stream_of(be));
 }
-static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, float *mean, float *rstd, const float *ri,
-                               const float *br, const float *bias, const float *g, const float *b, int N, int C,
-                               float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cuda_op_residual_ln_fwd(ro, y, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st, stream_of(be));
+static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, float *mean, float *rstd,
+                               const float *ri, const float *br, const float *bias, const float *g, const float *b,
+                               int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cuda_op_residual_ln_fwd(ro, y, y16, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st,
+                            stream_of(be));
 }
 static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias,
                                const float *dy, const float *x, const float *mean, const float *rstd, const float *g,

@@ -13,15 +13,8 @@ __global__ void to_bf16_kernel(uint16_t *dst,     // (n_elems)
                                const float *src,  // (n_elems)
                                size_t n_elems) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_elems;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t u = __float_as_uint(src[i]);
-        if ((u & 0x7fffffffu) > 0x7f800000u) {
-            dst[i] = (uint16_t)((u >> 16) | 0x0040u);
-        } else {
-            u += 0x7fffu + ((u >> 16) & 1u);
-            dst[i] = (uint16_t)(u >> 16);
-        }
-    }
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = tp_bf16_bits(src[i]);
 }
 
 __global__ void from_bf16_kernel(float *dst,           // (n_elems)

@@ -21,6 +21,16 @@
 // Upper bound on 1-D grid sizes; kernels loop grid-stride past it.
 #define TP_MAX_GRID 65535u
 
+// fp32 -> bf16 bits: common/bf16.h's integer rounding (nearest, ties to
+// even; a NaN kept quiet with its sign), so every kernel that writes bf16
+// gives the CPU reference's bits (__float2bfloat16_rn canonicalises NaN).
+__device__ __forceinline__ uint16_t tp_bf16_bits(float x) {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
 // Argument checks of the exported ops (stay on in release builds).
 #define TP_NEED_PTR(op, ptr) TP_CHECK((ptr) != NULL, "%s: %s is NULL", (op), #ptr)
 #define TP_NEED_SIZE(op, x) TP_CHECK((x) >= 0, "%s: %s = %d is negative", (op), #x, (int)(x))

@@ -26,13 +26,21 @@ __device__ __forceinline__ float gelu_cdf(float x) {
     return 0.5f * erfcf(-x * GELU_INV_SQRT2);
 }
 
+__device__ __forceinline__ float act_value(float xi, int act) {
+    return act == ACT_RELU ? (xi > 0.0f ? xi : 0.0f) : xi * gelu_cdf(xi);
+}
+
 __global__ void act_fwd_kernel(float *y,        // (n_elems), may alias x
                                const float *x,  // (n_elems)
                                size_t n_elems, int act) {
-    GRID_STRIDE(i, n_elems) {
-        float xi = x[i];
-        y[i] = act == ACT_RELU ? (xi > 0.0f ? xi : 0.0f) : xi * gelu_cdf(xi);
-    }
+    GRID_STRIDE(i, n_elems) y[i] = act_value(x[i], act);
+}
+
+// act_fwd_kernel's values rounded to bf16 as they are stored.
+__global__ void act_fwd16_kernel(uint16_t *y16,   // (n_elems)
+                                 const float *x,  // (n_elems)
+                                 size_t n_elems, int act) {
+    GRID_STRIDE(i, n_elems) y16[i] = tp_bf16_bits(act_value(x[i], act));
 }
 
 // add: dx += the gradient, as the CPU (a ReLU's dx untouched where x <= 0);
@@ -122,6 +130,16 @@ extern "C" void cuda_op_act_fwd(float *y, const float *x, size_t n_elems, Activa
     TP_NEED_PTR("cuda_op_act_fwd", y);
     TP_NEED_PTR("cuda_op_act_fwd", x);
     act_fwd_launch(y, x, n_elems, act, stream);
+}
+
+extern "C" void cuda_op_act_fwd16(uint16_t *y16, const float *x, size_t n_elems, Activation act,
+                                  cudaStream_t stream) {
+    check_act("cuda_op_act_fwd16", act);
+    if (n_elems == 0) return;
+    TP_NEED_PTR("cuda_op_act_fwd16", y16);
+    TP_NEED_PTR("cuda_op_act_fwd16", x);
+    act_fwd16_kernel<<<tp_grid_1d(n_elems, EW_THREADS), EW_THREADS, 0, stream>>>(y16, x, n_elems, (int)act);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 extern "C" void cuda_op_act_bwd(float *dx, GradMode mode, const float *dy, const float *x, size_t n_elems,

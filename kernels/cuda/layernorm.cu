@@ -33,7 +33,7 @@ __global__ void layernorm_fwd_kernel(float *y, float *mean, float *rstd, const f
     for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * LN_ROWS_PER_BLOCK) {
         float m, rs;
-        tp_ln_row_fwd(y + (size_t)n * C, x + (size_t)n * C, gamma, beta, C, eps, lane, &m, &rs);
+        tp_ln_row_fwd(y + (size_t)n * C, NULL, x + (size_t)n * C, gamma, beta, C, eps, lane, &m, &rs);
         if (lane == 0) {
             mean[n] = m;
             rstd[n] = rs;

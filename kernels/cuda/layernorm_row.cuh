@@ -14,8 +14,10 @@
 
 #include "cuda_kernel_util.cuh"
 
-// yr = (xr - mean) * rstd * gamma + beta; the row's mean and rstd returned.
-__device__ __forceinline__ void tp_ln_row_fwd(float *yr,           // (C)
+// yr = (xr - mean) * rstd * gamma + beta, or (yr NULL) its bf16 rounding
+// into yr16; the row's mean and rstd returned.
+__device__ __forceinline__ void tp_ln_row_fwd(float *yr,           // (C) or NULL
+                                              uint16_t *yr16,      // (C) or NULL
                                               const float *xr,     // (C)
                                               const float *gamma,  // (C)
                                               const float *beta,   // (C)
@@ -33,7 +35,11 @@ __device__ __forceinline__ void tp_ln_row_fwd(float *yr,           // (C)
     const double var = C > 0 ? sq / C : 0.0;
     const float m = (float)mu;
     const float rs = (float)(1.0 / sqrt(var + (double)eps));
-    for (int c = lane; c < C; c += TP_WARP) yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+    for (int c = lane; c < C; c += TP_WARP) {
+        const float v = (xr[c] - m) * rs * gamma[c] + beta[c];  // one expression for both outputs
+        if (yr) yr[c] = v;
+        else yr16[c] = tp_bf16_bits(v);
+    }
     *mean_out = m;
     *rstd_out = rs;
 }

@@ -97,7 +97,8 @@ __device__ __forceinline__ void rln_fwd_residual(const RlnDrop &d, float *ro, co
 }
 
 template <bool VEC>
-__global__ void residual_ln_fwd_kernel(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+__global__ void residual_ln_fwd_kernel(float *res_out, float *y, uint16_t *y16, float *mean, float *rstd,
+                                       const float *res_in,
                                        const float *branch, const float *bias, const float *gamma, const float *beta,
                                        int N, int C, float eps, RlnDrop d) {  // shapes: ops_list.h
     const int lane = threadIdx.x % TP_WARP;
@@ -108,7 +109,7 @@ __global__ void residual_ln_fwd_kernel(float *res_out, float *y, float *mean, fl
         rln_fwd_residual<VEC>(d, ro, res_in + at, branch + at, bias, at, C, lane);
         __syncwarp();  // the row's res_out, written in the residual pass's layout, is read by every lane
         float m, rs;
-        tp_ln_row_fwd(y + at, ro, gamma, beta, C, eps, lane, &m, &rs);
+        tp_ln_row_fwd(y ? y + at : NULL, y ? NULL : y16 + at, ro, gamma, beta, C, eps, lane, &m, &rs);
         if (lane == 0) {
             mean[n] = m;
             rstd[n] = rs;
@@ -246,16 +247,17 @@ static unsigned rln_row_blocks(int N) { return tp_grid_1d((size_t)N, RLN_ROWS_PE
 
 static int rln_chunks(int N) { return scratch_ln_chunks(N); }
 
-static void residual_ln_fwd_launch(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+static void residual_ln_fwd_launch(float *res_out, float *y, uint16_t *y16, float *mean, float *rstd,
+                                   const float *res_in,
                                    const float *branch, const float *bias, const float *gamma, const float *beta,
                                    int N, int C, float eps, RlnDrop d, cudaStream_t stream) {
     const bool vec = C % 4 == 0 && aligned16(res_out) && aligned16(res_in) && aligned16(branch);  // the residual pass
     if (vec)
         residual_ln_fwd_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
+            res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
     else
         residual_ln_fwd_kernel<false><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
+            res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -292,7 +294,8 @@ static void rln_check_drop(const char *op, float p, uint64_t first) {
     TP_CHECK(first % 4 == 0, "%s: window start %llu is not a multiple of 4", op, (unsigned long long)first);
 }
 
-extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
+extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, uint16_t *y16, float *mean, float *rstd,
+                                        const float *res_in,
                                         const float *branch, const float *bias, const float *gamma,
                                         const float *beta, int N, int C, float eps, uint64_t first, float p,
                                         uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
@@ -305,14 +308,15 @@ extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, float *mean, f
     TP_NEED_PTR(op, rstd);
     if (C > 0) {
         TP_NEED_PTR(op, res_out);
-        TP_NEED_PTR(op, y);
+        TP_CHECK((y == NULL) != (y16 == NULL), "%s: give exactly one of y and y16", op);
         TP_NEED_PTR(op, res_in);
         TP_NEED_PTR(op, branch);
         TP_NEED_PTR(op, gamma);
         TP_NEED_PTR(op, beta);
-        TP_CHECK(y != res_in && y != branch && y != res_out, "%s: y must not alias res_in, branch or res_out", op);
+        TP_CHECK(!y || (y != res_in && y != branch && y != res_out), "%s: y must not alias res_in, branch or res_out",
+                 op);
     }
-    residual_ln_fwd_launch(res_out, y, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps,
+    residual_ln_fwd_launch(res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps,
                            rln_drop_of(first, p, seed, stream_id), stream);
 }
 

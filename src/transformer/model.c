@@ -757,17 +757,38 @@ static float *row_output(const Model *m, float *tmp, int N) {
 
 /* The pre-LN LayerNorm that follows a residual sub-block, when that
  * sub-block's residual op writes it too: its weights, and where its output
- * and statistics go (this rank's rows). */
+ * and statistics go (this rank's rows): y in fp32, or y16 straight into the
+ * kept bf16 tensor (ln_direct16). */
 typedef struct {
     const float *g, *b;       // (C)
-    float *y, *mean, *rstd;   // (n, C), (n), (n)
+    float *y;                 // (n, C) or NULL
+    uint16_t *y16;            // (n, C) or NULL
+    float *mean, *rstd;       // (n), (n)
 } NextLn;
 
+/* A kept LayerNorm output that its LayerNorm writes as bf16 directly:
+ * without sequence parallelism, whose COL layers gather the fp32 rows. */
+static bool ln_direct16(const Model *m, const Kept *k) { return k->h && !m->seq_par; }
+
+static NextLn next_ln(const Model *m, const float *g, const float *b, const Kept *k, float *mean, float *rstd) {
+    const bool direct = ln_direct16(m, k);
+    return (NextLn){g, b, direct ? NULL : kept_dst(k, m->acts->d_ln), direct ? k->h : NULL, mean, rstd};
+}
 static NextLn attn_ln(const Model *m, const AttnW *w, AttnActs *a) {
-    return (NextLn){w->ln_g, w->ln_b, kept_dst(&a->ln, m->acts->d_ln), a->ln_m, a->ln_r};
+    return next_ln(m, w->ln_g, w->ln_b, &a->ln, a->ln_m, a->ln_r);
 }
 static NextLn ffn_ln(const Model *m, const FfnW *w, FfnActs *f) {
-    return (NextLn){w->ln_g, w->ln_b, kept_dst(&f->ln, m->acts->d_ln), f->ln_m, f->ln_r};
+    return next_ln(m, w->ln_g, w->ln_b, &f->ln, f->ln_m, f->ln_r);
+}
+
+/* A sub-block's LayerNorm of x_in into its kept tensor k (n rows), or with
+ * ln_done the previous residual op's: fp32 values in ln32, rounded into k
+ * unless written there directly. */
+static void ln_fwd_kept(const Model *m, const Kept *k, float *ln32, float *mean, float *rstd, const float *x_in,
+                        const float *g, const float *b, int n, bool ln_done) {
+    const int C = m->cfg.d_model;
+    if (!ln_done) op_layernorm_fwd(m->be, ln32, mean, rstd, x_in, g, b, n, C, m->cfg.ln_eps);
+    if (!ln_done || !ln_direct16(m, k)) keep(m, k, ln32, (size_t)n * C);
 }
 
 /* Layers write the next layer's first LayerNorm (and the last layer the
@@ -781,8 +802,8 @@ static void residual_fwd(const Model *m, float *x_out, const float *x_in, float 
                          float p, uint64_t seed, uint64_t stream, const NextLn *next) {
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     if (next) {
-        op_residual_ln_fwd(m->be, x_out, next->y, next->mean, next->rstd, x_in, out, bias, next->g, next->b, n, C,
-                           m->cfg.ln_eps, seq_first(m, N, C), p, seed, stream);
+        op_residual_ln_fwd(m->be, x_out, next->y, next->y16, next->mean, next->rstd, x_in, out, bias, next->g,
+                           next->b, n, C, m->cfg.ln_eps, seq_first(m, N, C), p, seed, stream);
         return;
     }
     op_bias_add(m->be, out, bias, n, C);
@@ -804,8 +825,7 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     ModelActs *A = m->acts;
     float *tmp = A->d_tmp;  // (N, C) scratch: free during forward
     float *ln32 = kept_dst(&a->ln, A->d_ln);
-    if (!ln_done) op_layernorm_fwd(m->be, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, C, m->cfg.ln_eps);
-    keep(m, &a->ln, ln32, (size_t)n * C);
+    ln_fwd_kept(m, &a->ln, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
     const GemmIn src = kv ? f32_in(kv) : ln;
     lin_fwd(m, a->q, ln, w->wq, w->bq, N, C, Cl);
@@ -825,13 +845,14 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
     ModelActs *A = m->acts;
     float *tmp = A->d_tmp;
     float *ln32 = kept_dst(&f->ln, A->d_ln);
-    if (!ln_done) op_layernorm_fwd(m->be, ln32, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, n, C, m->cfg.ln_eps);
-    keep(m, &f->ln, ln32, (size_t)n * C);
-    /* ReLU (no h kept) runs in place where the activation's output is made */
-    float *a32 = kept_dst(&f->a, A->d_h), *h = f->h ? f->h : a32;
+    ln_fwd_kept(m, &f->ln, ln32, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
+    /* the hidden before the activation: kept (GELU), else where a is made
+     * (ReLU in place in fp32) or scratch (bf16: the activation rounds as it
+     * writes the kept a) */
+    float *h = f->h ? f->h : f->a.f ? f->a.f : A->d_h;
     lin_fwd(m, h, col_in_fwd(m, &f->ln, ln32, N), w->w1, w->b1, N, C, Fl);
-    op_act_fwd(m->be, a32, h, nF, m->cfg.act);
-    keep(m, &f->a, a32, nF);
+    if (f->a.h) op_act_fwd16(m->be, f->a.h, h, nF, m->cfg.act);
+    else op_act_fwd(m->be, f->a.f, h, nF, m->cfg.act);
     lin_fwd(m, tmp, kept_in(&f->a), w->w2, NULL, N, Fl, C);
     residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream, next);
 }
@@ -870,7 +891,7 @@ static void final_ln_fwd(const Model *m, float *out, float *mean, float *rstd, c
  * or with sequence parallelism into d_tmp, free once the layer's ROW output
  * is reduce-scattered, and gathered into out by final_ln_gather). */
 static NextLn final_ln(const Model *m, float *out, float *mean, float *rstd, const float *g, const float *b) {
-    return (NextLn){g, b, m->seq_par ? m->acts->d_tmp : out, mean, rstd};
+    return (NextLn){g, b, m->seq_par ? m->acts->d_tmp : out, NULL, mean, rstd};
 }
 
 static void final_ln_gather(const Model *m, float *out, int N) {

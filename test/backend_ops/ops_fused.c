@@ -50,6 +50,38 @@ static float *unfused_fwd(const RlnCase *k, const float *res_in, const float *br
     return res_out;
 }
 
+/* The same forward with the LayerNorm output as bf16 bits (y16): res_out,
+ * mean and rstd are the fp32 form's bits and y16 is to_bf16 of its y, on
+ * the same backend. */
+static void rln_fwd16_case(const Target *t, const RlnCase *k, const float *res_in, const float *branch,
+                           const float *d_bias, const float *d_g, const float *d_b, int N, int C, uint64_t stream,
+                           const float *want_out, const float *want_y, const float *want_mean, const float *want_rstd) {
+    const size_t nc = (size_t)N * C;
+    float *d_in = dev_from(t, res_in, nc), *d_br = dev_from(t, branch, nc);
+    float *d_out = k->in_place ? d_in : dev_nan(t, nc), *d_mean = dev_nan(t, N), *d_rstd = dev_nan(t, N);
+    uint16_t *d_y16 = backend_alloc(t->be, (nc ? nc : 1) * sizeof(uint16_t), MEM_ACT);
+    op_residual_ln_fwd(t->be, d_out, NULL, d_y16, d_mean, d_rstd, d_in, d_br, d_bias, d_g, d_b, N, C, 1e-5f,
+                       k->first, k->p, RLN_SEED, stream);
+    uint16_t *y16 = TP_MALLOC((nc ? nc : 1) * sizeof(uint16_t));
+    backend_download(t->be, y16, d_y16, nc * sizeof(uint16_t));
+    float *got_y = host_alloc(nc), *want_yb = host_bf16(want_y, nc);
+    for (size_t i = 0; i < nc; i++) {
+        const uint32_t u = (uint32_t)y16[i] << 16;
+        memcpy(&got_y[i], &u, 4);
+    }
+    float *got_out = dev_fetch(t, d_out, nc), *got_mean = dev_fetch(t, d_mean, N), *got_rstd = dev_fetch(t, d_rstd, N);
+    char what[160];
+    snprintf(what, sizeof what, "residual_ln fwd y16 (%d, %d) p=%g%s against its fp32 y", N, C, (double)k->p,
+             k->in_place ? " in place" : "");
+    check_exact(t, what, got_y, want_yb, nc);
+    check_exact(t, what, got_out, want_out, nc);
+    check_exact(t, what, got_mean, want_mean, N);
+    check_exact(t, what, got_rstd, want_rstd, N);
+    free(y16), free(got_y), free(want_yb), free(got_out), free(got_mean), free(got_rstd);
+    if (!k->in_place) dev_free(t, d_out);
+    dev_free(t, d_in), dev_free(t, d_br), dev_free(t, d_mean), dev_free(t, d_rstd), dev_free(t, d_y16);
+}
+
 static void rln_fwd_case(const Target *t, const RlnCase *k, Rng *rng, float **x_out, float **mean_out,
                          float **rstd_out, float **gamma_out) {
     char what[160];
@@ -75,8 +107,8 @@ static void rln_fwd_case(const Target *t, const RlnCase *k, Rng *rng, float **x_
     for (size_t i = 0; i < nc; i++) nan[i] = NAN;
     float *d_out = k->in_place ? d_in : dev_at(t, nan, nc, off, &b_out), *d_y = dev_at(t, nan, nc, off, &b_y);
     float *d_mean = dev_nan(t, N), *d_rstd = dev_nan(t, N);
-    op_residual_ln_fwd(t->be, d_out, d_y, d_mean, d_rstd, d_in, d_br, d_bias, d_g, d_b, N, C, 1e-5f, k->first, k->p,
-                       RLN_SEED, stream);
+    op_residual_ln_fwd(t->be, d_out, d_y, NULL, d_mean, d_rstd, d_in, d_br, d_bias, d_g, d_b, N, C, 1e-5f, k->first,
+                       k->p, RLN_SEED, stream);
     float *got_out = dev_fetch(t, d_out, nc), *got_y = dev_fetch(t, d_y, nc);
     float *got_mean = dev_fetch(t, d_mean, N), *got_rstd = dev_fetch(t, d_rstd, N);
     snprintf(what, sizeof what, "residual_ln fwd (%d, %d) p=%g at %llu%s%s+%d", N, C, (double)k->p,
@@ -104,6 +136,7 @@ static void rln_fwd_case(const Target *t, const RlnCase *k, Rng *rng, float **x_
     for (int i = 0; i < 4; i++) free(u_got[i]);
     float *u_bufs[] = {u_tmp, u_in, u_out, u_y, u_mean, u_rstd};
     for (size_t i = 0; i < sizeof u_bufs / sizeof u_bufs[0]; i++) dev_free(t, u_bufs[i]);
+    rln_fwd16_case(t, k, res_in, branch, d_bias, d_g, d_b, N, C, stream, got_out, got_y, got_mean, got_rstd);
 
     *x_out = res_out, *mean_out = mean, *rstd_out = rstd, *gamma_out = gamma;
     float *host_bufs[] = {res_in, branch, bias, beta, y, nan, got_out, got_y, got_mean, got_rstd};

@@ -157,7 +157,7 @@ static void every_op_run(const Target *t, EveryOp *e) {
     op_xent_vp_bwd(be, e->dlogits, e->logits, e->lse, e->ids, 0.01f, N, V, NV_LOCAL, 0, V, 0.1f, 0);
     op_embedding_bwd(be, e->dx, e->dq, e->ids, 2.0f, N, C, 0, V < N ? V : N);
     op_layernorm_bwd(be, e->dx, e->dq, e->dk, e->y, e->x, e->mean, e->rstd, e->g, N, C);
-    op_residual_ln_fwd(be, e->tmp, e->y, e->mean, e->rstd, e->x, e->att, e->bt, e->g, e->bt, N, C, 1e-5f, 0, 0.1f, 7,
+    op_residual_ln_fwd(be, e->tmp, e->y, NULL, e->mean, e->rstd, e->x, e->att, e->bt, e->g, e->bt, N, C, 1e-5f, 0, 0.1f, 7,
                        9);
     op_residual_ln_bwd(be, e->dx, e->dv, e->dq, e->dk, e->db, e->y, e->tmp, e->mean, e->rstd, e->g, N, C, 0, 0.1f,
                        7, 9);
