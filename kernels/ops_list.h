@@ -174,6 +174,12 @@ OP(act_fwd16, ELEMENTWISE, REF, STREAM, (uint16_t *y16, const float *x, size_t n
 OP(act_bwd, ELEMENTWISE, REF, STREAM,
    (float *dx, GradMode mode, const float *dy, const float *x, size_t n_elems, Activation act),
    (dx, mode, dy, x, n_elems, act))
+/* act_bwd with x given as bf16 bits (the FFN's kept activation output,
+ * which for ReLU gives the same gradient): act_bwd on the widened x16, bit
+ * for bit, without an fp32 copy of it. */
+OP(act_bwd_x16, ELEMENTWISE, REF, STREAM,
+   (float *dx, GradMode mode, const float *dy, const uint16_t *x16, size_t n_elems, Activation act),
+   (dx, mode, dy, x16, n_elems, act))
 
 /* ---- Element-wise --------------------------------------------------------- */
 /* out = a + b (out may alias a or b) */

@@ -226,6 +226,11 @@ static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, flo
     cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
+static void t_act_bwd_x16(Backend *be, float *dx, GradMode mode, const float *dy, const uint16_t *x, size_t n,
+                          Activation a) {
+    (void)be;
+    cpu_act_bwd_x16(dx, mode, dy, x, n, a);
+}
 static void t_act_fwd16(Backend *be, uint16_t *y, const float *x, size_t n, Activation a) {
     (void)be;
     cpu_act_fwd16(y, x, n, a);

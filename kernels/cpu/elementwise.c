@@ -34,31 +34,41 @@ void cpu_act_fwd16(uint16_t *y16,   // (n_elems) bf16 bits
     for (size_t i = 0; i < n_elems; i++) y16[i] = tp_f32_to_bf16(act_value(x[i], act));
 }
 
+/* One element of act_bwd: dx += (ReLU: untouched where x <= 0) or = the
+ * gradient. */
+static inline void act_grad(float *dx, bool add, float dy, float x, Activation act) {
+    if (act == ACT_RELU) {
+        if (add) {
+            if (x > 0.0f) *dx += dy;
+        } else {
+            *dx = x > 0.0f ? dy : 0.0f;
+        }
+        return;
+    }
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+    const double xi = x;
+    const double cdf = 0.5 * (1.0 + erf(xi * INV_SQRT2));
+    const double pdf = INV_SQRT_2PI * exp(-0.5 * xi * xi);
+    const float g = (float)(dy * (cdf + xi * pdf));
+    *dx = add ? *dx + g : g;
+}
+
 void cpu_act_bwd(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE)
                 GradMode mode,
                 const float *dy,  // (n_elems)
                 const float *x,   // (n_elems)
                 size_t n_elems, Activation act) {
     TP_CHECK(grad_mode_valid(mode), "op_act_bwd: unknown gradient mode %d", (int)mode);
-    const bool add = mode == GRAD_ADD;
-    if (act == ACT_RELU) {
-        for (size_t i = 0; i < n_elems; i++) {
-            if (add) {
-                if (x[i] > 0.0f) dx[i] += dy[i];
-            } else {
-                dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
-            }
-        }
-    } else {
-        // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-        for (size_t i = 0; i < n_elems; i++) {
-            double xi = x[i];
-            double cdf = 0.5 * (1.0 + erf(xi * INV_SQRT2));
-            double pdf = INV_SQRT_2PI * exp(-0.5 * xi * xi);
-            const float g = (float)(dy[i] * (cdf + xi * pdf));
-            dx[i] = add ? dx[i] + g : g;
-        }
-    }
+    for (size_t i = 0; i < n_elems; i++) act_grad(&dx[i], mode == GRAD_ADD, dy[i], x[i], act);
+}
+
+void cpu_act_bwd_x16(float *dx,           // (n_elems) accumulated, or written (GRAD_WRITE)
+                     GradMode mode,
+                     const float *dy,     // (n_elems)
+                     const uint16_t *x16, // (n_elems) bf16 bits
+                     size_t n_elems, Activation act) {
+    TP_CHECK(grad_mode_valid(mode), "op_act_bwd_x16: unknown gradient mode %d", (int)mode);
+    for (size_t i = 0; i < n_elems; i++) act_grad(&dx[i], mode == GRAD_ADD, dy[i], tp_bf16_to_f32(x16[i]), act);
 }
 
 void cpu_add(float *out,      // (n_elems), may alias a or b

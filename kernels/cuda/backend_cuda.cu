@@ -304,6 +304,10 @@ static void cu_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const
 static void cu_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) {
     cuda_op_act_fwd(y, x, n, a, stream_of(be));
 }
+static void cu_act_bwd_x16(Backend *be, float *dx, GradMode mode, const float *dy, const uint16_t *x, size_t n,
+                           Activation a) {
+    cuda_op_act_bwd_x16(dx, mode, dy, x, n, a, stream_of(be));
+}
 static void cu_act_fwd16(Backend *be, uint16_t *y, const float *x, size_t n, Activation a) {
     cuda_op_act_fwd16(y, x, n, a, stream_of(be));
 }

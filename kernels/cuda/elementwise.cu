@@ -43,14 +43,19 @@ __global__ void act_fwd16_kernel(uint16_t *y16,   // (n_elems)
     GRID_STRIDE(i, n_elems) y16[i] = tp_bf16_bits(act_value(x[i], act));
 }
 
+// x as stored: fp32, or bf16 bits widened (exact).
+__device__ __forceinline__ float load_x(const float *x, size_t i) { return x[i]; }
+__device__ __forceinline__ float load_x(const uint16_t *x, size_t i) { return __uint_as_float((uint32_t)x[i] << 16); }
+
 // add: dx += the gradient, as the CPU (a ReLU's dx untouched where x <= 0);
 // else dx = it, dx never read.
+template <typename X>
 __global__ void act_bwd_kernel(float *dx,        // (n_elems) accumulated, or written
                                const float *dy,  // (n_elems)
-                               const float *x,   // (n_elems)
+                               const X *x,       // (n_elems)
                                size_t n_elems, int act, bool add) {
     GRID_STRIDE(i, n_elems) {
-        float xi = x[i];
+        float xi = load_x(x, i);
         if (act == ACT_RELU) {
             if (add) {
                 if (xi > 0.0f) dx[i] += dy[i];
@@ -93,7 +98,8 @@ static void act_fwd_launch(float *y, const float *x, size_t n_elems, Activation 
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void act_bwd_launch(float *dx, const float *dy, const float *x, size_t n_elems,
+template <typename X>
+static void act_bwd_launch(float *dx, const float *dy, const X *x, size_t n_elems,
                            Activation act, bool add, cudaStream_t stream) {
     act_bwd_kernel<<<tp_grid_1d(n_elems, EW_THREADS), EW_THREADS, 0, stream>>>(
         dx, dy, x, n_elems, (int)act, add);
@@ -130,6 +136,17 @@ extern "C" void cuda_op_act_fwd(float *y, const float *x, size_t n_elems, Activa
     TP_NEED_PTR("cuda_op_act_fwd", y);
     TP_NEED_PTR("cuda_op_act_fwd", x);
     act_fwd_launch(y, x, n_elems, act, stream);
+}
+
+extern "C" void cuda_op_act_bwd_x16(float *dx, GradMode mode, const float *dy, const uint16_t *x16, size_t n_elems,
+                                    Activation act, cudaStream_t stream) {
+    check_act("cuda_op_act_bwd_x16", act);
+    TP_CHECK(grad_mode_valid(mode), "cuda_op_act_bwd_x16: unknown gradient mode %d", (int)mode);
+    if (n_elems == 0) return;
+    TP_NEED_PTR("cuda_op_act_bwd_x16", dx);
+    TP_NEED_PTR("cuda_op_act_bwd_x16", dy);
+    TP_NEED_PTR("cuda_op_act_bwd_x16", x16);
+    act_bwd_launch(dx, dy, x16, n_elems, act, mode == GRAD_ADD, stream);
 }
 
 extern "C" void cuda_op_act_fwd16(uint16_t *y16, const float *x, size_t n_elems, Activation act,

@@ -133,6 +133,23 @@ void test_elementwise(const Target *t, Rng *rng) {
         }
         snprintf(what, sizeof what, "%s fwd16", name);
         check_exact(t, what, got16, want16, n);
+
+        // the backward on those bits: act_bwd on them widened, added to and written over NaN
+        float *d_xb = dev_from(t, want16, n);
+        for (int m = 0; m < 2; m++) {
+            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
+            float *d_g[2];
+            for (int k = 0; k < 2; k++) {
+                d_g[k] = m ? dev_nan(t, n) : dev_from(t, dx0, n);
+                if (k) op_act_bwd_x16(be, d_g[k], mode, d_dy, d_y16, n, (Activation)act);
+                else op_act_bwd(be, d_g[k], mode, d_dy, d_xb, n, (Activation)act);
+            }
+            float *g0 = dev_fetch(t, d_g[0], n), *g1 = dev_fetch(t, d_g[1], n);
+            snprintf(what, sizeof what, "%s bwd_x16 %s", name, m ? "written" : "added");
+            check_exact(t, what, g1, g0, n);
+            free(g0), free(g1), dev_free(t, d_g[0]), dev_free(t, d_g[1]);
+        }
+        dev_free(t, d_xb);
         free(y16), free(got16), free(want16);
         dev_free(t, d_y16);
         free(y), free(got), free(dx), free(got_dx), free(got_in);
