@@ -261,6 +261,31 @@ OP(attention_bwd, ATTENTION, REF, STREAM,
     float *scratch,     // (B, H, Tq, Tk)
     int B, int H, int Tq, int Tk, int D),
    (dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D))
+/* The same two ops with q, k and v given as bf16 bits (bf16 mode keeps
+ * them so): attention_fwd and attention_bwd on the widened values, bit for
+ * bit (every product and sum still in fp32; only the loads narrow). */
+OP(attention_fwd_x16, ATTENTION, OWN, STREAM,
+   (float *out,             // (B, Tq, H*D)
+    float *P,               // (B, H, Tq, Tk)
+    const uint16_t *q16,    // (B, Tq, H*D)
+    const uint16_t *k16,    // (B, Tk, H*D)
+    const uint16_t *v16,    // (B, Tk, H*D)
+    const int32_t *k_len,   // (B)
+    int B, int H, int Tq, int Tk, int D, bool causal),
+   (out, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal))
+OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
+   (float *dq,              // (B, Tq, H*D)
+    float *dk,              // (B, Tk, H*D)
+    float *dv,              // (B, Tk, H*D)
+    GradMode mode,
+    const float *dout,      // (B, Tq, H*D)
+    const float *P,         // (B, H, Tq, Tk)
+    const uint16_t *q16,    // (B, Tq, H*D)
+    const uint16_t *k16,    // (B, Tk, H*D)
+    const uint16_t *v16,    // (B, Tk, H*D)
+    float *scratch,         // (B, H, Tq, Tk)
+    int B, int H, int Tq, int Tk, int D),
+   (dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D))
 
 /* ---- Dropout with a counter-based RNG --------------------------------------
  * Philox4x32-10 keyed by `seed`; element i uses counter

@@ -130,8 +130,8 @@ def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64,
     if rc == "full":
         enc, dec = ns * C, nt * C
     else:
-        enc = ns * ((2 + 2 * kb) * C + 4) + Ns * ((3 + kb) * Cl + hid * Fl) + (B * Hl * S * S if rc == "none" else 0)
-        dec = nt * ((3 + 3 * kb) * C + 6) + Nt * ((4 + 2 * kb) * Cl + hid * Fl) + 2 * Ns * Cl + \
+        enc = ns * ((2 + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + (B * Hl * S * S if rc == "none" else 0)
+        dec = nt * ((3 + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl + \
             (B * Hl * (T * T + T * S) if rc == "none" else 0)
     slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
     slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (Vl + 6)   # final LayerNorms, logits, loss
@@ -141,8 +141,8 @@ def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64,
     if rc != "none":
         scratch += B * Hl * maxL ** 2
     if rc == "full":
-        scratch += ns * ((1 + 2 * kb) * C + 4) + Ns * ((3 + kb) * Cl + hid * Fl) + \
-            nt * ((2 + 3 * kb) * C + 6) + Nt * ((4 + 2 * kb) * Cl + hid * Fl) + 2 * Ns * Cl
+        scratch += ns * ((1 + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + \
+            nt * ((2 + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl
     return int(4 * (slot + scratch))   # (the batch's ids are used in place on the CPU; a GPU adds Ns + 2 Nt + 2 B int32)
 table = []
 for rc in ("none", "selective", "full"):

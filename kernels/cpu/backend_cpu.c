@@ -272,6 +272,34 @@ static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradMo
     (void)be;
     cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
+/* q, k, v widened into the workspace, one after the other. */
+static void widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, size_t nq,
+                      size_t nk, const float **q, const float **k, const float **v) {
+    float *ws = backend_workspace(be, (nq + 2 * nk + 1) * sizeof(float));
+    cpu_from_bf16(ws, q16, nq);
+    cpu_from_bf16(ws + nq, k16, nk);
+    cpu_from_bf16(ws + nq + nk, v16, nk);
+    *q = ws, *k = ws + nq, *v = ws + nq + nk;
+}
+
+static void t_attention_fwd_x16(Backend *be, float *out, float *P, const uint16_t *q16, const uint16_t *k16,
+                                const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
+                                bool causal) {
+    const float *q, *k, *v;
+    const size_t HD = (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0), b = (size_t)(B > 0 ? B : 0);
+    widen_qkv(be, q16, k16, v16, b * (size_t)(Tq > 0 ? Tq : 0) * HD, b * (size_t)(Tk > 0 ? Tk : 0) * HD, &q, &k, &v);
+    cpu_attention_fwd(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal);
+}
+
+static void t_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                const float *P, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
+                                float *scratch, int B, int H, int Tq, int Tk, int D) {
+    const float *q, *k, *v;
+    const size_t HD = (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0), b = (size_t)(B > 0 ? B : 0);
+    widen_qkv(be, q16, k16, v16, b * (size_t)(Tq > 0 ? Tq : 0) * HD, b * (size_t)(Tk > 0 ? Tk : 0) * HD, &q, &k, &v);
+    cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+}
+
 static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                           uint64_t st) {
     (void)be;

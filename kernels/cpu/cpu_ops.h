@@ -37,9 +37,9 @@ void cpu_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, con
                          const float *branch, const float *bias, const float *gamma, const float *beta, int N, int C,
                          float eps, uint64_t first, float p, uint64_t seed, uint64_t stream);
 
-/* The x16 linear layers have no reference of their own: the CPU backend
- * widens x16 (exact) and runs cpu_linear_fwd / cpu_linear_bwd, whose bf16
- * mode would round x to those very values. */
+/* The x16 linear layers and attention have no reference of their own: the
+ * CPU backend widens x16 (exact) and runs cpu_linear_fwd / cpu_linear_bwd
+ * (whose bf16 mode would round x to those very values) or cpu_attention_*. */
 
 /* Sum of squares of x, in double (the tests' host-side figure). */
 double cpu_sumsq(const float *x, size_t n_elems);

@@ -16,6 +16,9 @@
 // It computes 32x32 output tiles with a (32, 8) block, staging 32x32 tiles of
 // both operands in shared memory, loaded along whichever index has unit
 // stride so global reads coalesce. Sums are fp32 in a fixed order.
+// The _x16 ops read q, k and v as bf16 bits through the same kernels
+// (templated on the element type), widened as they are loaded: the same
+// fp32 arithmetic on the widened values, so the same bits.
 //
 // Softmax rows are one warp each. A key j of row (b, h, i) is valid when
 // j < k_len[b] and, if causal, j <= i (the CPU's valid_keys): masked scores
@@ -123,29 +126,40 @@ __global__ void softmax_bwd_kernel(float *dS,        // (n_rows, Tk)
         softmax_row_bwd<ACCUM>(dS + r * Tk, dP + r * Tk, P + r * Tk, Tk, scale, lane);
 }
 
-// A strided per-(b, h) matrix view (see the top of the file).
-struct MatView {
-    const float *ptr;
+// An input element as fp32: stored so, or bf16 bits widened (exact). The
+// _x16 ops read q, k, v as bf16; every product and sum stays fp32.
+__device__ __forceinline__ float ld_in(const float *x, long long i) { return x[i]; }
+__device__ __forceinline__ float ld_in(const uint16_t *x, long long i) {
+    return __uint_as_float((uint32_t)x[i] << 16);
+}
+
+// A strided per-(b, h) matrix view (see the top of the file), of fp32 or
+// bf16 elements.
+template <typename T>
+struct MatViewT {
+    const T *ptr;
     long long bs, hs, rs, cs;
 };
+typedef MatViewT<float> MatView;
 struct OutView {
     float *ptr;
     long long bs, hs, rs, cs;
 };
 
 // tile[a][b] = X(r0 + a, c0 + b), zero outside (n_r, n_c); tile is GT x (GT+1).
-__device__ __forceinline__ void load_tile(float (*tile)[GT + 1], const float *X, long long rs,
+template <typename T>
+__device__ __forceinline__ void load_tile(float (*tile)[GT + 1], const T *X, long long rs,
                                           long long cs, int r0, int c0, int n_r, int n_c) {
     const int tx = threadIdx.x, ty = threadIdx.y;
     if (cs == 1) {  // consecutive threads read consecutive columns
         for (int a = ty; a < GT; a += GR) {
             int r = r0 + a, c = c0 + tx;
-            tile[a][tx] = (r < n_r && c < n_c) ? X[r * rs + c] : 0.0f;
+            tile[a][tx] = (r < n_r && c < n_c) ? ld_in(X, r * rs + c) : 0.0f;
         }
     } else {        // consecutive threads read consecutive rows (unit rs or neither)
         for (int b = ty; b < GT; b += GR) {
             int r = r0 + tx, c = c0 + b;
-            tile[tx][b] = (r < n_r && c < n_c) ? X[r * rs + c * cs] : 0.0f;
+            tile[tx][b] = (r < n_r && c < n_c) ? ld_in(X, r * rs + c * cs) : 0.0f;
         }
     }
 }
@@ -153,7 +167,8 @@ __device__ __forceinline__ void load_tile(float (*tile)[GT + 1], const float *X,
 // For each z = b*H + h < BH: C(r, c) (+)= sum_k A(r, k) B(k, c), C (M, N),
 // A (M, K), B (K, N). grid (ceil(N/GT), ceil(M/GT), <= BH), block (GT, GR);
 // each thread owns column tx of rows ty, ty + GR, ty + 2GR, ty + 3GR.
-__global__ void bh_gemm_kernel(OutView Cv, MatView Av, MatView Bv, int M, int N, int K, int H,
+template <typename TA, typename TB>
+__global__ void bh_gemm_kernel(OutView Cv, MatViewT<TA> Av, MatViewT<TB> Bv, int M, int N, int K, int H,
                                int BH, bool accumulate) {
     __shared__ float As[GT][GT + 1];  // As[r][k]
     __shared__ float Bs[GT][GT + 1];  // Bs[k][c]
@@ -161,15 +176,15 @@ __global__ void bh_gemm_kernel(OutView Cv, MatView Av, MatView Bv, int M, int N,
     const int r0 = blockIdx.y * GT, c0 = blockIdx.x * GT;
     for (int z = blockIdx.z; z < BH; z += gridDim.z) {
         const int b = z / H, h = z % H;
-        const float *A = Av.ptr + b * Av.bs + h * Av.hs;
-        const float *Bm = Bv.ptr + b * Bv.bs + h * Bv.hs;
+        const TA *A = Av.ptr + b * Av.bs + h * Av.hs;
+        const TB *Bm = Bv.ptr + b * Bv.bs + h * Bv.hs;
         float *C = Cv.ptr + b * Cv.bs + h * Cv.hs;
         float acc[GT / GR];
 #pragma unroll
         for (int u = 0; u < GT / GR; u++) acc[u] = 0.0f;
         for (int k0 = 0; k0 < K; k0 += GT) {
-            load_tile(As, A, Av.rs, Av.cs, r0, k0, M, K);
-            load_tile(Bs, Bm, Bv.rs, Bv.cs, k0, c0, K, N);
+            load_tile<TA>(As, A, Av.rs, Av.cs, r0, k0, M, K);
+            load_tile<TB>(Bs, Bm, Bv.rs, Bv.cs, k0, c0, K, N);
             __syncthreads();
 #pragma unroll 8
             for (int kk = 0; kk < GT; kk++) {
@@ -222,10 +237,33 @@ __device__ __forceinline__ void fused_load_rows(float *dst, int ld, const float 
     }
 }
 
+// The same from bf16 bits, widened as they land: four a load (8 bytes)
+// when D % 4 == 0 and x is 8-byte aligned, one otherwise.
+__device__ __forceinline__ void fused_load_rows(float *dst, int ld, const uint16_t *x, long long HD, int n, int D) {
+    if ((D & 3) == 0 && ((uintptr_t)x & 7) == 0) {
+        const int D4 = D / 4;
+        for (int e = threadIdx.x; e < n * D4; e += blockDim.x) {
+            const int r = e / D4, d = (e % D4) * 4;
+            const uint2 w = *(const uint2 *)(x + r * HD + d);
+            float *o = dst + r * ld + d;
+            o[0] = __uint_as_float(w.x << 16);
+            o[1] = __uint_as_float(w.x & 0xffff0000u);
+            o[2] = __uint_as_float(w.y << 16);
+            o[3] = __uint_as_float(w.y & 0xffff0000u);
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        dst[r * ld + d] = ld_in(x, r * HD + d);
+    }
+}
+
 // The forward of pair z = b*H + h per block (grid-stride over pairs); shared
 // memory as att_fwd_smem lays it out: K, V, a query tile and its scores.
+template <typename T>
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
-attn_fused_fwd_kernel(float *out, float *P, const float *q, const float *k, const float *v,
+attn_fused_fwd_kernel(float *out, float *P, const T *q, const T *k, const T *v,
                       const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, float scale) {
     extern __shared__ float smem[];
     const AttFwdSmem s = att_fwd_smem(smem, Tk, D);
@@ -266,9 +304,10 @@ attn_fused_fwd_kernel(float *out, float *P, const float *q, const float *k, cons
 // backward turns Y into dS in place, reading P from global memory, while q
 // and k replace dout and v (dq += dS k and dk += dS^T q). accumulate 0
 // (GRAD_WRITE): dv, dq and dk stored instead of added to.
+template <typename T>
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
-attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *P, const float *q,
-                      const float *k, const float *v, int B, int H, int Tq, int Tk, int D, float scale,
+attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *P, const T *q,
+                      const T *k, const T *v, int B, int H, int Tq, int Tk, int D, float scale,
                       int accumulate) {
     extern __shared__ float smem[];
     const AttBwdSmem s = att_bwd_smem(smem, Tq, Tk, D);
@@ -361,22 +400,25 @@ static void softmax_bwd_launch(float *dS, const float *dP, const float *P, size_
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void bh_gemm_launch(OutView C, MatView A, MatView B, int M, int N, int K, int H, int BH,
+template <typename TA, typename TB>
+static void bh_gemm_launch(OutView C, MatViewT<TA> A, MatViewT<TB> B, int M, int N, int K, int H, int BH,
                            bool accumulate, cudaStream_t stream) {
     dim3 grid((N + GT - 1) / GT, (M + GT - 1) / GT, BH < 65535 ? BH : 65535);
     dim3 block(GT, GR);
-    bh_gemm_kernel<<<grid, block, 0, stream>>>(C, A, B, M, N, K, H, BH, accumulate);
+    bh_gemm_kernel<TA, TB><<<grid, block, 0, stream>>>(C, A, B, M, N, K, H, BH, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
 // Views of the per-(b, h) matrices. Token rows (B, T, H*D): head h of batch
 // b is a (T, D) matrix with row stride H*D; its transpose swaps rs and cs.
-static MatView tokens(const float *x, int T, int H, int D) {
-    MatView m = {x, (long long)T * H * D, D, (long long)H * D, 1};
+template <typename T>
+static MatViewT<T> tokens(const T *x, int Tn, int H, int D) {
+    MatViewT<T> m = {x, (long long)Tn * H * D, D, (long long)H * D, 1};
     return m;
 }
-static MatView tokens_t(const float *x, int T, int H, int D) {
-    MatView m = {x, (long long)T * H * D, D, 1, (long long)H * D};
+template <typename T>
+static MatViewT<T> tokens_t(const T *x, int Tn, int H, int D) {
+    MatViewT<T> m = {x, (long long)Tn * H * D, D, 1, (long long)H * D};
     return m;
 }
 static OutView tokens_out(float *x, int T, int H, int D) {
@@ -397,13 +439,14 @@ static OutView probs_out(float *p, int H, int Tq, int Tk) {
     return m;
 }
 
-static void attention_fwd_launch(float *out, float *P, const float *q, const float *k,
-                                 const float *v, const int32_t *k_len, int B, int H, int Tq,
+template <typename T>
+static void attention_fwd_launch(float *out, float *P, const T *q, const T *k,
+                                 const T *v, const int32_t *k_len, int B, int H, int Tq,
                                  int Tk, int D, bool causal, cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
     if (fused_fits(attn_fused_fwd_smem_bytes(Tk, D))) {
-        fused_launch(attn_fused_fwd_kernel, attn_fused_fwd_smem_bytes(Tk, D), BH, stream, out, P, q, k, v, k_len,
+        fused_launch(attn_fused_fwd_kernel<T>, attn_fused_fwd_smem_bytes(Tk, D), BH, stream, out, P, q, k, v, k_len,
                      B, H, Tq, Tk, D, causal, scale);
         return;
     }
@@ -416,14 +459,15 @@ static void attention_fwd_launch(float *out, float *P, const float *q, const flo
                    H, BH, false, stream);
 }
 
+template <typename T>
 static void attention_bwd_launch(float *dq, float *dk, float *dv, const float *dout,
-                                 const float *P, const float *q, const float *k, const float *v,
+                                 const float *P, const T *q, const T *k, const T *v,
                                  float *scratch, int B, int H, int Tq, int Tk, int D, bool accumulate,
                                  cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
     if (fused_fits(attn_fused_bwd_smem_bytes(Tq, Tk, D))) {
-        fused_launch(attn_fused_bwd_kernel, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, dq, dk, dv, dout, P,
+        fused_launch(attn_fused_bwd_kernel<T>, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, dq, dk, dv, dout, P,
                      q, k, v, B, H, Tq, Tk, D, scale, (int)accumulate);
         return;
     }
@@ -484,10 +528,10 @@ static void check_attention(const char *op, int B, int H, int Tq, int Tk, int D)
              Tk);
 }
 
-extern "C" void cuda_op_attention_fwd(float *out, float *P, const float *q, const float *k,
-                                      const float *v, const int32_t *k_len, int B, int H, int Tq,
-                                      int Tk, int D, bool causal, cudaStream_t stream) {
-    const char *op = "cuda_op_attention_fwd";
+template <typename T>
+static void attention_fwd_op(const char *op, float *out, float *P, const T *q, const T *k, const T *v,
+                             const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal,
+                             cudaStream_t stream) {
     check_attention(op, B, H, Tq, Tk, D);
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
     TP_NEED_PTR(op, out);
@@ -500,36 +544,47 @@ extern "C" void cuda_op_attention_fwd(float *out, float *P, const float *q, cons
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, k_len);
-    attention_fwd_launch(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
+    attention_fwd_launch<T>(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
+}
+
+extern "C" void cuda_op_attention_fwd(float *out, float *P, const float *q, const float *k,
+                                      const float *v, const int32_t *k_len, int B, int H, int Tq,
+                                      int Tk, int D, bool causal, cudaStream_t stream) {
+    attention_fwd_op("cuda_op_attention_fwd", out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
+}
+
+extern "C" void cuda_op_attention_fwd_x16(float *out, float *P, const uint16_t *q16, const uint16_t *k16,
+                                          const uint16_t *v16, const int32_t *k_len, int B, int H, int Tq,
+                                          int Tk, int D, bool causal, cudaStream_t stream) {
+    attention_fwd_op("cuda_op_attention_fwd_x16", out, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal, stream);
 }
 
 // GRAD_WRITE with Tq or Tk 0: no product runs, and the gradients it would
 // have written are zeros (the CPU's).
-static void attention_bwd_empty(float *dq, float *dk, float *dv, int B, int H, int Tq, int Tk, int D,
-                                cudaStream_t stream) {
+static void attention_bwd_empty(const char *op, float *dq, float *dk, float *dv, int B, int H, int Tq, int Tk,
+                                int D, cudaStream_t stream) {
     const size_t nq = (size_t)B * Tq * H * D * sizeof(float), nk = (size_t)B * Tk * H * D * sizeof(float);
     if (Tk == 0 && nq) {
-        TP_NEED_PTR("cuda_op_attention_bwd", dq);
+        TP_NEED_PTR(op, dq);
         CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, stream));
     }
     if (Tq == 0 && nk) {
-        TP_NEED_PTR("cuda_op_attention_bwd", dk);
-        TP_NEED_PTR("cuda_op_attention_bwd", dv);
+        TP_NEED_PTR(op, dk);
+        TP_NEED_PTR(op, dv);
         CUDA_CHECK(cudaMemsetAsync(dk, 0, nk, stream));
         CUDA_CHECK(cudaMemsetAsync(dv, 0, nk, stream));
     }
 }
 
-extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                      const float *P, const float *q, const float *k,
-                                      const float *v, float *scratch, int B, int H, int Tq,
-                                      int Tk, int D, cudaStream_t stream) {
-    const char *op = "cuda_op_attention_bwd";
+template <typename T>
+static void attention_bwd_op(const char *op, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                             const float *P, const T *q, const T *k, const T *v, float *scratch, int B, int H,
+                             int Tq, int Tk, int D, cudaStream_t stream) {
     TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
     check_attention(op, B, H, Tq, Tk, D);
     if (B == 0 || H == 0 || D == 0) return;
     if (Tq == 0 || Tk == 0) {  // added: nothing; written: zeros
-        if (mode == GRAD_WRITE) attention_bwd_empty(dq, dk, dv, B, H, Tq, Tk, D, stream);
+        if (mode == GRAD_WRITE) attention_bwd_empty(op, dq, dk, dv, B, H, Tq, Tk, D, stream);
         return;
     }
     TP_NEED_PTR(op, dq);
@@ -541,5 +596,21 @@ extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode 
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, scratch);
-    attention_bwd_launch(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, stream);
+    attention_bwd_launch<T>(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, stream);
+}
+
+extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                      const float *P, const float *q, const float *k,
+                                      const float *v, float *scratch, int B, int H, int Tq,
+                                      int Tk, int D, cudaStream_t stream) {
+    attention_bwd_op("cuda_op_attention_bwd", dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D,
+                     stream);
+}
+
+extern "C" void cuda_op_attention_bwd_x16(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                          const float *P, const uint16_t *q16, const uint16_t *k16,
+                                          const uint16_t *v16, float *scratch, int B, int H, int Tq, int Tk, int D,
+                                          cudaStream_t stream) {
+    attention_bwd_op("cuda_op_attention_bwd_x16", dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk,
+                     D, stream);
 }

@@ -70,7 +70,7 @@ typedef struct {
 typedef struct {
     Kept ln;                    // (N, C) LayerNorm output (this rank's rows)
     float *ln_m, *ln_r;         // (N), (N)  its statistics
-    float *q, *k, *v;           // (N, C/tp) queries, (Nk, C/tp) keys and values
+    Kept q, k, v;               // (N, C/tp) queries, (Nk, C/tp) keys and values (bf16 in bf16 mode, see qkv_fwd)
     float *P;                   // (B, H/tp, Tq, Tk) attention probabilities (NULL: recomputed in backward)
     Kept att;                   // (N, C/tp) this rank's heads, before out_proj
 } AttnActs;
@@ -165,9 +165,9 @@ static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, in
     a->ln = take_kept(c, n * C, bf16);
     a->ln_m = take(c, n);
     a->ln_r = take(c, n);
-    a->q = take(c, N * Cl);
-    a->k = take(c, Nk * Cl);
-    a->v = take(c, Nk * Cl);
+    a->q = take_kept(c, N * Cl, bf16);
+    a->k = take_kept(c, Nk * Cl, bf16);
+    a->v = take_kept(c, Nk * Cl, bf16);
     a->P = keep_P ? take(c, (size_t)B * Hl * Tq * Tk) : NULL;
     a->att = take_kept(c, N * Cl, bf16);
 }
@@ -811,6 +811,42 @@ static void residual_fwd(const Model *m, float *x_out, const float *x_in, float 
     op_add(m->be, x_out, x_in, out, (size_t)n * C);
 }
 
+/* q, k, v of a sub-block from its COL input ln and key/value source src.
+ * bf16 mode multiplies bf16 roundings of them in attention, as autocast
+ * does: kept as bf16 (made in fp32 in d_q, d_k, d_v, free in forward), or
+ * with fp32 keeping (model_set_keep_bf16 off) rounded where they are, in
+ * fp32, through d_att's room (free then: the attention output is kept in
+ * fp32 too), so both keepings compute on the same values. */
+static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, GemmIn src, int N, int Nk) {
+    const int C = m->cfg.d_model, Cl = C / m->tp.size;
+    ModelActs *A = m->acts;
+    Kept *kp[3] = {&a->q, &a->k, &a->v};
+    float *tmp[3] = {A->d_q, A->d_k, A->d_v};
+    const float *W[3] = {w->wq, w->wk, w->wv}, *bias[3] = {w->bq, NULL, w->bv};
+    for (int i = 0; i < 3; i++) {
+        const int rows = i ? Nk : N;
+        const size_t n = (size_t)rows * Cl;
+        float *x32 = kept_dst(kp[i], tmp[i]);
+        lin_fwd(m, x32, i ? src : ln, W[i], bias[i], rows, C, Cl);
+        if (kp[i]->h) {
+            keep(m, kp[i], x32, n);
+        } else if (m->be->dtype == DTYPE_BF16) {
+            uint16_t *bits = (uint16_t *)A->d_att;
+            op_to_bf16(m->be, bits, x32, n);
+            op_from_bf16(m->be, x32, bits, n);
+        }
+    }
+}
+
+/* attention_fwd on the kept q, k, v as they are. */
+static void attention_fwd_of(const Model *m, const AttnActs *a, float *out, float *P, const int32_t *k_len, int B,
+                             int Hl, int Tq, int Tk, int D, bool causal) {
+    if (a->q.h)
+        op_attention_fwd_x16(m->be, out, P, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
+    else
+        op_attention_fwd(m->be, out, P, a->q.f, a->k.f, a->v.f, k_len, B, Hl, Tq, Tk, D, causal);
+}
+
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
  * else the encoder output, (B Tk, C) gathered. ln_done: LN(x_in) is where
  * kept_dst(&a->ln, d_ln) says already (the previous residual op wrote it);
@@ -828,11 +864,9 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     ln_fwd_kept(m, &a->ln, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
     const GemmIn src = kv ? f32_in(kv) : ln;
-    lin_fwd(m, a->q, ln, w->wq, w->bq, N, C, Cl);
-    lin_fwd(m, a->k, src, w->wk, NULL, Nk, C, Cl);
-    lin_fwd(m, a->v, src, w->wv, w->bv, Nk, C, Cl);
+    qkv_fwd(m, w, a, ln, src, N, Nk);
     float *att32 = kept_dst(&a->att, A->d_att);
-    op_attention_fwd(m->be, att32, a->P ? a->P : A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+    attention_fwd_of(m, a, att32, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
     keep(m, &a->att, att32, (size_t)N * Cl);
     lin_fwd(m, tmp, kept_in(&a->att), w->wo, NULL, N, Cl, C);
     residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
@@ -1177,14 +1211,18 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
      * inputs: bitwise the forward's); the output goes to d_q, free until attention_bwd writes it */
     const float *P = a->P;
     if (!P) {
-        op_attention_fwd(m->be, A->d_q, A->P_shared, a->q, a->k, a->v, k_len, B, Hl, Tq, Tk, D, causal);
+        attention_fwd_of(m, a, A->d_q, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);
     lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, NULL, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
-    op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q, a->k, a->v, A->d_scratch, B, Hl,
-                     Tq, Tk, D);
+    if (a->q.h)
+        op_attention_bwd_x16(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.h, a->k.h, a->v.h,
+                             A->d_scratch, B, Hl, Tq, Tk, D);
+    else
+        op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.f, a->k.f, a->v.f,
+                         A->d_scratch, B, Hl, Tq, Tk, D);
     const GemmIn ln = col_in_bwd(m, &a->ln, N);  // with sequence parallelism gathered again
     /* d_ln: q's part written, then (self-attention) k's and v's added; with
      * kv, k and v add to d_kv, which sums every decoder layer's part */

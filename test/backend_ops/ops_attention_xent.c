@@ -248,6 +248,86 @@ static void attention_bwd_empty(const Target *t, Rng *rng) {
     free(start), free(zeros);
 }
 
+/* bf16 bits of x (x's values already bf16: the low half is zero), uploaded. */
+static uint16_t *dev_bits(const Target *t, const float *xb, size_t n) {
+    uint16_t *h = TP_MALLOC((n ? n : 1) * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &xb[i], 4);
+        h[i] = (uint16_t)(u >> 16);
+    }
+    uint16_t *d = backend_alloc(t->be, (n ? n : 1) * sizeof(uint16_t), MEM_ACT);
+    backend_upload(t->be, d, h, n * sizeof(uint16_t));
+    free(h);
+    return d;
+}
+
+/* The _x16 forms on bf16 q, k, v give the fp32 forms' bits on the widened
+ * values: out and P forward, dq, dk, dv added to and written over NaN; on
+ * CUDA through the fused and the general path. */
+static void attention_x16_case(const Target *t, const char *name, const int32_t *k_len, int B, int H, int Tq, int Tk,
+                               int D, bool causal, Rng *rng) {
+    Backend *be = t->be;
+    const size_t HD = (size_t)H * D, nq = (size_t)B * Tq * HD, nk = (size_t)B * Tk * HD;
+    const size_t np = (size_t)B * H * Tq * Tk;
+    float *raw[3] = {rand_floats(nq, rng, -1, 1), rand_floats(nk, rng, -1, 1), rand_floats(nk, rng, -1, 1)};
+    float *dout = rand_floats(nq, rng, -1, 1), *g0 = rand_floats(nq + 2 * nk, rng, -1, 1);
+    float *w[3];
+    uint16_t *h16[3];
+    float *d_w[3];
+    const size_t n3[3] = {nq, nk, nk};
+    for (int i = 0; i < 3; i++) {
+        w[i] = host_bf16(raw[i], n3[i]);
+        d_w[i] = dev_from(t, w[i], n3[i]);
+        h16[i] = dev_bits(t, w[i], n3[i]);
+    }
+    int32_t *d_klen = dev_from_i32(t, k_len, B);
+    float *d_dout = dev_from(t, dout, nq), *d_scratch = dev_nan(t, np);
+    const char *outs[5] = {"fwd out", "fwd P", "bwd dq", "bwd dk", "bwd dv"};
+    const size_t sizes[5] = {nq, np, nq, nk, nk};
+    for (int path = 0; path < (t->is_cpu ? 1 : 2); path++) {
+#ifdef TPTRAIN_TEST_CUDA
+        if (!t->is_cpu) gpu_set_fused_attention(path == 0);
+#endif
+        for (int mode = 0; mode < 2; mode++) {
+            const GradMode gm = mode ? GRAD_WRITE : GRAD_ADD;
+            float *got[2][5];
+            for (int x16 = 0; x16 < 2; x16++) {
+                float *d_out = dev_nan(t, nq), *d_P = dev_nan(t, np), *d_g[3];
+                for (int i = 0; i < 3; i++) {
+                    const float *start = g0 + (i ? nq + (size_t)(i - 1) * nk : 0);
+                    d_g[i] = mode ? dev_nan(t, n3[i]) : dev_from(t, start, n3[i]);
+                }
+                if (x16) {
+                    op_attention_fwd_x16(be, d_out, d_P, h16[0], h16[1], h16[2], d_klen, B, H, Tq, Tk, D, causal);
+                    op_attention_bwd_x16(be, d_g[0], d_g[1], d_g[2], gm, d_dout, d_P, h16[0], h16[1], h16[2],
+                                         d_scratch, B, H, Tq, Tk, D);
+                } else {
+                    op_attention_fwd(be, d_out, d_P, d_w[0], d_w[1], d_w[2], d_klen, B, H, Tq, Tk, D, causal);
+                    op_attention_bwd(be, d_g[0], d_g[1], d_g[2], gm, d_dout, d_P, d_w[0], d_w[1], d_w[2], d_scratch,
+                                     B, H, Tq, Tk, D);
+                }
+                got[x16][0] = dev_fetch(t, d_out, nq), got[x16][1] = dev_fetch(t, d_P, np);
+                for (int i = 0; i < 3; i++) got[x16][2 + i] = dev_fetch(t, d_g[i], n3[i]), dev_free(t, d_g[i]);
+                dev_free(t, d_out), dev_free(t, d_P);
+            }
+            for (int j = 0; j < 5; j++) {
+                char what[200];
+                snprintf(what, sizeof what, "attention_x16 %s %s%s%s = on widened q, k, v", outs[j], name,
+                         mode ? " written" : " added", path ? " (general path)" : "");
+                check_exact(t, what, got[1][j], got[0][j], sizes[j]);
+                free(got[0][j]), free(got[1][j]);
+            }
+        }
+    }
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) gpu_set_fused_attention(true);
+#endif
+    for (int i = 0; i < 3; i++) free(raw[i]), free(w[i]), dev_free(t, d_w[i]), dev_free(t, h16[i]);
+    free(dout), free(g0);
+    dev_free(t, d_klen), dev_free(t, d_dout), dev_free(t, d_scratch);
+}
+
 void test_attention(const Target *t, Rng *rng) {
     const int32_t cross_len[2] = {4, 0};  // padding and a batch with no keys
     attention_case(t, "cross Tq5 Tk7 D16", cross_len, 2, 3, 5, 7, 16, false, rng);
@@ -283,6 +363,10 @@ void test_attention(const Target *t, Rng *rng) {
     free(garbage), free(zeros), free(got);
     dev_free(t, d_out), dev_free(t, d_klen);
     attention_bwd_empty(t, rng);
+    attention_x16_case(t, "cross Tq5 Tk7 D16", cross_len, 2, 3, 5, 7, 16, false, rng);
+    attention_x16_case(t, "causal Tq=Tk=40 D64", self_len, 2, 2, 40, 40, 64, true, rng);
+    attention_x16_case(t, "Tq33 Tk70 D24", long_len, 1, 4, 33, 70, 24, false, rng);
+    attention_x16_case(t, "causal Tq6 Tk9 D6", rect_len, 2, 1, 6, 9, 6, true, rng);  // D % 4 != 0: scalar loads
 }
 
 /* ---- cross-entropy ---------------------------------------------------------------------- */
