@@ -95,6 +95,24 @@ OP(linear_bwd_x16, GEMM, OWN, OWN,
     int N, int in, int out),
    (dx, dx_mode, dW, db, dy, x16, W, N, in, out))
 
+/* The linear layer with its output rounded to bf16 as it is stored, ReLU
+ * first when relu: y16 = bf16(act(x W^T + b)), x given as fp32 (x) or as
+ * bf16 bits (x16), exactly one of them. tmp is (N, out) fp32 room the op
+ * may use (the caller's free scratch; CUDA writes there only when
+ * cuBLASLt cannot store bf16 with this epilogue). On the CPU, bit for bit
+ * linear_fwd (or _x16) into tmp, then act_fwd16 (relu) or to_bf16; CUDA
+ * asks cuBLASLt for the whole in one GEMM, whose fp32 sums may be ordered
+ * differently from the fp32-output GEMM's. */
+OP(linear_fwd16, GEMM, OWN, OWN,
+   (uint16_t *y16,        // (N, out) bf16 bits
+    float *tmp,           // (N, out)
+    const float *x,       // (N, in) or NULL
+    const uint16_t *x16,  // (N, in) bf16 bits, or NULL
+    const float *W,       // (out, in)
+    const float *b,       // (out) or NULL
+    bool relu, int N, int in, int out),
+   (y16, tmp, x, x16, W, b, relu, N, in, out))
+
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
    (float *y,        // (N, C)

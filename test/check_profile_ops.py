@@ -93,7 +93,8 @@ def check_counts(log, op_calls):
     want = {"linear_fwd": linear, "linear_bwd": linear,
             "attention_fwd": micro * attn_blocks, "attention_bwd": micro * attn_blocks}
     for op, n in want.items():
-        got = op_calls.get(op, 0) + op_calls.get(op + "_x16", 0)  # bf16: inputs kept in bf16 (model.c's Kept)
+        # bf16: inputs kept in bf16 (model.c's Kept), outputs stored in bf16 (linear_fwd16)
+        got = sum(op_calls.get(op + sfx, 0) for sfx in ("", "_x16", "16"))
         assert got == n, f"{op}: {got} calls per step, the model ({enc}+{dec} layers, " \
                          f"{micro} micro-batch(es)) makes {n}"
     print(f"layers {enc}+{dec}, {micro} micro-batch(es): " + ", ".join(f"{o} {n}" for o, n in want.items()))

@@ -181,6 +181,16 @@ static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW
     cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, dW ? x : NULL, W, N, in, out);
 }
 
+static void t_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
+                           const float *W, const float *b, bool relu, int N, int in, int out) {
+    TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
+    if (x) t_linear_fwd(be, tmp, x, W, b, N, in, out);
+    else t_linear_fwd_x16(be, tmp, x16, W, b, N, in, out);
+    const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
+    if (relu) cpu_act_fwd16(y16, tmp, n, ACT_RELU);
+    else cpu_to_bf16(y16, tmp, n);
+}
+
 /* ---- the rest: the reference as it is ------------------------------------------ */
 
 static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); }

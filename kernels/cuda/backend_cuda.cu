@@ -253,6 +253,15 @@ static void cu_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, f
     linear_bwd_on(be, dx, dx_mode, dW, db, dy, x_f32(x), W, N, in, out);
 }
 
+static void cu_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
+                            const float *W, const float *b, bool relu, int N, int in, int out) {
+    TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W), xo = x ? x_f32(x) : x_bf16(x16);
+    const size_t need = cuda_linear_fwd_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x);
+    cuda_op_linear_fwd16(g, y16, tmp, xo, w, b, relu, N, in, out, scratch(be, need), need);
+}
+
 static void cu_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
                               int in, int out) {
     linear_fwd_on(be, y, x_bf16(x16), W, b, N, in, out);

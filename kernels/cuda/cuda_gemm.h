@@ -76,6 +76,7 @@ typedef struct {
     long n_plan_evictions;                 // plans dropped to make room
     long n_bias_fused, n_bias_separate;    // linear forward bias: epilogue / separate kernel
     long n_bgrad_fused, n_bgrad_separate;  // linear backward db: epilogue / separate kernel
+    long n_out16_fused, n_out16_separate;  // linear_fwd16: bf16 stored by the GEMM / fp32 then rounded
     long n_epilogue_refusals;              // fused epilogues refused with a status other than NOT_SUPPORTED
 } CudaGemmStats;
 
@@ -136,6 +137,21 @@ void cuda_op_linear_fwd(CudaGemmCtx *ctx,
                         int N, int in, int out,
                         void *scratch,      // (scratch_bytes >= cuda_linear_fwd_scratch_bytes(...))
                         size_t scratch_bytes);
+
+/* y16 = bf16(act(x W^T + b)), act ReLU when relu, else none (ops_list.h's
+ * linear_fwd16): one cuBLASLt GEMM storing bf16 (epilogue BIAS, RELU or
+ * RELU_BIAS, fp32 bias) in bf16 precision when cuBLASLt has an algorithm;
+ * otherwise cuda_op_linear_fwd into tmp (N, out) and the rounding kernel.
+ * The scratch is cuda_linear_fwd_scratch_bytes's. */
+void cuda_op_linear_fwd16(CudaGemmCtx *ctx,
+                          uint16_t *y16,      // (N, out) bf16 bits
+                          float *tmp,         // (N, out)
+                          CudaGemmOperand x,  // (N, in)
+                          CudaGemmOperand W,  // (out, in)
+                          const float *b,     // (out) or NULL
+                          bool relu, int N, int in, int out,
+                          void *scratch,      // (scratch_bytes >= cuda_linear_fwd_scratch_bytes(...))
+                          size_t scratch_bytes);
 
 /* dx += dy W (GRAD_ADD) or dx = dy W (GRAD_WRITE: beta = 0, dx never read);
  * dW += dy^T x ; db += sum_rows(dy). dx, dW or db may be NULL. The scratch

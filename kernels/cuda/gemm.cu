@@ -214,6 +214,32 @@ extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, CudaGemmOperand x
     }
 }
 
+extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x,
+                                     CudaGemmOperand W, const float *b, bool relu, int N, int in, int out,
+                                     void *scratch, size_t scratch_bytes) {
+    const char *op = "cuda_op_linear_fwd16";
+    TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
+    if (N == 0 || out == 0) return;
+    TP_CHECK(y16 && tmp && (in == 0 || (given(x) && W.f32)), "%s: NULL tensor (N=%d in=%d out=%d)", op, N, in, out);
+    if (ctx->precision == CUDA_GEMM_BF16 && ctx->fuse && in > 0) {  // the GEMM stores bf16, after bias and ReLU
+        TpCarver cv = carver_of(scratch, scratch_bytes,
+                                cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x)), op);
+        const void *xa = operand(ctx, &cv, x, (size_t)N * in), *wa = operand(ctx, &cv, W, (size_t)out * in);
+        const cublasLtEpilogue_t epi = b ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                                         : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+        if (gemm_lt_matmul_d(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y16, CUDA_R_16BF,
+                             epi, b)) {
+            ctx->stats.n_out16_fused++;
+            return;
+        }
+    }
+    cuda_op_linear_fwd(ctx, tmp, x, W, b, N, in, out, scratch, scratch_bytes);  // fp32, then rounded
+    const size_t n = (size_t)N * out;
+    if (relu) cuda_op_act_fwd16(y16, tmp, n, ACT_RELU, ctx->stream);
+    else cuda_op_to_bf16(y16, tmp, n, ctx->stream);
+    ctx->stats.n_out16_separate++;
+}
+
 // The bias gradient comes from the dW GEMM's BGRADB epilogue in fp32 only:
 // in bf16 that epilogue would sum the bf16 copy of dy, and the CPU's
 // emulation (and this backend's contract) sums the fp32 dy.

@@ -13,9 +13,9 @@
 // replaced. Varying token counts then cost one heuristic query per new
 // shape, a lookup costs a hash and four key compares.
 //
-// Fused epilogues (bias, bias gradient) are optional: when cuBLASLt has no
-// algorithm for one or refuses to run it, the plan is marked unsupported
-// and the caller runs the separate kernel. A refusal with a status other
+// Fused epilogues (bias, ReLU and bias, bias gradient) and bf16 outputs are
+// optional: when cuBLASLt has no algorithm for one or refuses to run it,
+// the plan is marked unsupported and the caller runs the separate kernels. A refusal with a status other
 // than CUBLAS_STATUS_NOT_SUPPORTED is unexpected, so it is counted and
 // logged once per context; plain GEMMs that fail end the process.
 #include <stdio.h>
@@ -41,7 +41,13 @@ static uint32_t align_of(const void *p) {
 }
 
 static const char *epilogue_name(cublasLtEpilogue_t e) {
-    return e == CUBLASLT_EPILOGUE_BIAS ? "bias" : e == CUBLASLT_EPILOGUE_BGRADB ? "bias-gradient" : "plain";
+    switch (e) {
+    case CUBLASLT_EPILOGUE_BIAS: return "bias";
+    case CUBLASLT_EPILOGUE_RELU: return "relu";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "relu-bias";
+    case CUBLASLT_EPILOGUE_BGRADB: return "bias-gradient";
+    default: return "plain";
+    }
 }
 
 static void lt_die(const char *what, cublasStatus_t s, const PlanKey *k) __attribute__((noreturn));
@@ -62,10 +68,16 @@ static void epilogue_refused(CudaGemmCtx *ctx, const PlanKey *k, cublasStatus_t 
     if (ctx->warned_refusal) return;
     ctx->warned_refusal = true;
     fprintf(stderr,
-            "warning: cuBLASLt refused the fused %s epilogue with %s for gemm M=%d N=%d K=%d %s; the separate "
-            "bias kernels run instead (logged once)\n",
+            "warning: cuBLASLt refused the fused %s epilogue with %s for gemm M=%d N=%d K=%d %s, %s output; the "
+            "separate kernels run instead (logged once)\n",
             epilogue_name(k->epilogue), cublasLtGetStatusName(s), k->M, k->N, k->K,
-            k->ab_type == CUDA_R_16BF ? "bf16" : "fp32");
+            k->ab_type == CUDA_R_16BF ? "bf16" : "fp32", k->d_type == CUDA_R_16BF ? "bf16" : "fp32");
+}
+
+// A plan the caller can do without (it has separate kernels for it): a
+// fused epilogue or a bf16 output. A plain fp32 GEMM that fails is fatal.
+static bool optional(const PlanKey *k) {
+    return k->epilogue != CUBLASLT_EPILOGUE_DEFAULT || k->d_type != CUDA_R_32F;
 }
 
 static void plan_release(Plan *p) {
@@ -85,7 +97,7 @@ static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue,
                                                 sizeof k->epilogue));
-    if (k->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    if (bias) {
         const cudaDataType_t bias_type = CUDA_R_32F;  // bias and bias gradient are fp32 like D
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                     sizeof bias_type));
@@ -101,7 +113,7 @@ static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_b, k->ab_type, M, K, (int64_t)M));
     else
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_b, k->ab_type, K, M, (int64_t)K));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_c, CUDA_R_32F, N, M, (int64_t)N));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_c, k->d_type, N, M, (int64_t)N));
 }
 
 // Asks the heuristic for one algorithm for p's descriptors.
@@ -132,7 +144,7 @@ static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
         return;
     }
     if (s == CUBLAS_STATUS_SUCCESS) s = n_found > 0 ? res.state : CUBLAS_STATUS_NOT_SUPPORTED;
-    if (k->epilogue == CUBLASLT_EPILOGUE_DEFAULT) lt_die("cublasLtMatmulAlgoGetHeuristic", s, k);
+    if (!optional(k)) lt_die("cublasLtMatmulAlgoGetHeuristic", s, k);
     epilogue_refused(ctx, k, s);
 }
 
@@ -167,6 +179,13 @@ static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias) {
 bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
                     const void *B, cudaDataType_t ab_type, float beta, float *C, cublasLtEpilogue_t epilogue,
                     const void *bias) {
+    return gemm_lt_matmul_d(ctx, trans_a, trans_b, M, N, K, alpha, A, B, ab_type, beta, C, CUDA_R_32F, epilogue,
+                            bias);
+}
+
+bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+                      const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
+                      cublasLtEpilogue_t epilogue, const void *bias) {
     PlanKey k;
     memset(&k, 0, sizeof k);  // padding too: keys are hashed and compared as bytes
     k.trans_a = trans_a;
@@ -175,18 +194,19 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
     k.N = N;
     k.K = K;
     k.ab_type = ab_type;
+    k.d_type = d_type;
     k.epilogue = epilogue;
     k.align_a = align_of(A);
     k.align_b = align_of(B);
     k.align_c = align_of(C);
-    k.align_bias = epilogue == CUBLASLT_EPILOGUE_DEFAULT ? 0 : align_of(bias);
+    k.align_bias = bias ? align_of(bias) : 0;
     Plan *p = plan_lookup(ctx, &k, bias);
     if (!p->supported) return false;
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     cublasStatus_t s = cublasLtMatmul(ctx->handle, p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, C,
                                       p->lay_c, &p->algo, ctx->workspace, ctx->stats.workspace_bytes, ctx->stream);
-    if (s != CUBLAS_STATUS_SUCCESS && epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    if (s != CUBLAS_STATUS_SUCCESS && optional(&k)) {
         // refused before anything was queued: remembered, later calls go straight to the separate kernel
         p->supported = 0;
         epilogue_refused(ctx, &k, s);

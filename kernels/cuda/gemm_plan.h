@@ -10,6 +10,7 @@
 typedef struct {
     int trans_a, trans_b, M, N, K;
     cudaDataType_t ab_type;
+    cudaDataType_t d_type;  // C = D: fp32, or bf16 (the linear layers' bf16 outputs)
     cublasLtEpilogue_t epilogue;
     uint32_t align_a, align_b, align_c, align_bias;  // bytes, powers of two up to 256
 } PlanKey;
@@ -45,5 +46,10 @@ struct CudaGemmCtx {
 bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                     const void *A, const void *B, cudaDataType_t ab_type, float beta, float *C,
                     cublasLtEpilogue_t epilogue, const void *bias);
+/* The same with C of type d_type (CUDA_R_16BF: the fp32 result, bias and
+ * ReLU applied, rounded as it is stored); the bias stays fp32. */
+bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                      const void *A, const void *B, cudaDataType_t ab_type, float beta, void *C,
+                      cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias);
 
 #endif

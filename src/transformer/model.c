@@ -707,6 +707,12 @@ static void lin_fwd(const Model *m, float *y, GemmIn x, const float *W, const fl
     else op_linear_fwd(m->be, y, x.f, W, b, N, in, out);
 }
 
+/* y16 = bf16(act(x W^T + b)) (ReLU when relu), tmp (N, out) free fp32 room. */
+static void lin_fwd16(const Model *m, uint16_t *y16, float *tmp, GemmIn x, const float *W, const float *b, bool relu,
+                      int N, int in, int out) {
+    op_linear_fwd16(m->be, y16, tmp, x.f, x.h, W, b, relu, N, in, out);
+}
+
 static void lin_bwd(const Model *m, float *dx, GradMode mode, float *dW, float *db, const float *dy, GemmIn x,
                     const float *W, int N, int in, int out) {
     if (x.h) op_linear_bwd_x16(m->be, dx, mode, dW, db, dy, x.h, W, N, in, out);
@@ -813,7 +819,8 @@ static void residual_fwd(const Model *m, float *x_out, const float *x_in, float 
 
 /* q, k, v of a sub-block from its COL input ln and key/value source src.
  * bf16 mode multiplies bf16 roundings of them in attention, as autocast
- * does: kept as bf16 (made in fp32 in d_q, d_k, d_v, free in forward), or
+ * does: kept as bf16 (rounded as the GEMM stores them; d_q, d_k, d_v, free
+ * in forward, are the op's fp32 room should it need one), or
  * with fp32 keeping (model_set_keep_bf16 off) rounded where they are, in
  * fp32, through d_att's room (free then: the attention output is kept in
  * fp32 too), so both keepings compute on the same values. */
@@ -826,11 +833,13 @@ static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, Gemm
     for (int i = 0; i < 3; i++) {
         const int rows = i ? Nk : N;
         const size_t n = (size_t)rows * Cl;
-        float *x32 = kept_dst(kp[i], tmp[i]);
+        if (kp[i]->h) {  // rounded as the GEMM stores it
+            lin_fwd16(m, kp[i]->h, tmp[i], i ? src : ln, W[i], bias[i], false, rows, C, Cl);
+            continue;
+        }
+        float *x32 = kp[i]->f;
         lin_fwd(m, x32, i ? src : ln, W[i], bias[i], rows, C, Cl);
-        if (kp[i]->h) {
-            keep(m, kp[i], x32, n);
-        } else if (m->be->dtype == DTYPE_BF16) {
+        if (m->be->dtype == DTYPE_BF16) {
             uint16_t *bits = (uint16_t *)A->d_att;
             op_to_bf16(m->be, bits, x32, n);
             op_from_bf16(m->be, x32, bits, n);
@@ -880,13 +889,18 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
     float *tmp = A->d_tmp;
     float *ln32 = kept_dst(&f->ln, A->d_ln);
     ln_fwd_kept(m, &f->ln, ln32, f->ln_m, f->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
-    /* the hidden before the activation: kept (GELU), else where a is made
-     * (ReLU in place in fp32) or scratch (bf16: the activation rounds as it
-     * writes the kept a) */
-    float *h = f->h ? f->h : f->a.f ? f->a.f : A->d_h;
-    lin_fwd(m, h, col_in_fwd(m, &f->ln, ln32, N), w->w1, w->b1, N, C, Fl);
-    if (f->a.h) op_act_fwd16(m->be, f->a.h, h, nF, m->cfg.act);
-    else op_act_fwd(m->be, f->a.f, h, nF, m->cfg.act);
+    /* the hidden before the activation: kept (GELU), or where a is made
+     * (ReLU in place in fp32); in bf16 with ReLU never in fp32 (d_h is the
+     * op's room should it need one) */
+    const GemmIn ln = col_in_fwd(m, &f->ln, ln32, N);
+    if (!f->h && f->a.h) {  // bf16 ReLU: bias, ReLU and rounding as the GEMM stores
+        lin_fwd16(m, f->a.h, A->d_h, ln, w->w1, w->b1, true, N, C, Fl);
+    } else {
+        float *h = f->h ? f->h : f->a.f;
+        lin_fwd(m, h, ln, w->w1, w->b1, N, C, Fl);
+        if (f->a.h) op_act_fwd16(m->be, f->a.h, h, nF, m->cfg.act);
+        else op_act_fwd(m->be, f->a.f, h, nF, m->cfg.act);
+    }
     lin_fwd(m, tmp, kept_in(&f->a), w->w2, NULL, N, Fl, C);
     residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream, next);
 }

@@ -79,6 +79,15 @@
  * can be far smaller than its terms (an H200 saw 2.0% of max |C| for K = 5,
  * within 0.3% of sum |a b|). */
 #define BF16_TERM_TOL 0x1p-7
+/* A bf16-stored GEMM result against the same GEMM stored in fp32 and
+ * rounded after: the fp32 sums (ordered by another kernel) differ by
+ * ~BF16_SAME_INPUT_TOL of max |C|, which moves a rounding by at most one
+ * bf16 step, 2^-8 relative at most, of a value near a tie; 2^-7 doubles
+ * that. The absolute part covers results near 0, where ReLU or a sum's
+ * cancellation leaves no relative scale: BF16_SAME_INPUT_TOL of the O(1)
+ * values these cases make. */
+#define BF16_STEP_RTOL 0x1p-7
+#define BF16_STEP_ATOL 1e-4
 /* Every compared tensor must carry at least this much signal, or the case
  * tests nothing. */
 #define MIN_SIGNAL 1e-3
@@ -172,6 +181,7 @@ void gpu_set_fused_epilogues(const Backend *be, bool on);
 void gpu_set_fused_attention(bool on);
 typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
+    long out16_fused, out16_separate;
 } GpuGemmCounts;
 GpuGemmCounts gpu_gemm_counts(const Backend *be);
 #endif

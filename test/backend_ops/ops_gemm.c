@@ -377,6 +377,74 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
     dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
 }
 
+static float *widen_bits(const uint16_t *h, size_t n) {
+    float *f = host_alloc(n);
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&f[i], &u, 4);
+    }
+    return f;
+}
+
+/* linear_fwd16 (bias or none, ReLU or none, x fp32 or bf16 bits) against
+ * the same backend's linear_fwd (or _x16) then act_fwd16 / to_bf16: bit for
+ * bit on the CPU and on CUDA's separate path (fusion off); CUDA's one-GEMM
+ * path within one bf16 step (its fp32 sums may be ordered otherwise), and
+ * the counts say which path ran. */
+static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, bool x16, int N, int in, int out,
+                              Rng *rng) {
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
+    float *b = rand_floats(out, rng, -1, 1);
+    uint16_t *xh = TP_MALLOC(nx * sizeof(uint16_t));
+    for (size_t i = 0; i < nx; i++) {
+        uint32_t u;
+        memcpy(&u, &xw[i], 4);
+        xh[i] = (uint16_t)(u >> 16);
+    }
+    uint16_t *d_x16 = backend_alloc(be, nx * sizeof(uint16_t), MEM_ACT), *d_y16 = backend_alloc(be, ny * 2, MEM_ACT);
+    uint16_t *d_w16 = backend_alloc(be, ny * 2, MEM_ACT), *got16 = TP_MALLOC(ny * 2), *want16 = TP_MALLOC(ny * 2);
+    backend_upload(be, d_x16, xh, nx * sizeof(uint16_t));
+    float *d_x = dev_from(t, x16 ? xw : x, nx), *d_W = dev_from(t, W, nw), *d_b = dev_from(t, b, out);
+    float *d_tmp = dev_nan(t, ny), *d_y = dev_nan(t, ny);
+    set_mode(t, mode);
+#ifdef TPTRAIN_TEST_CUDA
+    const GpuGemmCounts g0 = t->is_cpu ? (GpuGemmCounts){0} : gpu_gemm_counts(be);
+#endif
+    op_linear_fwd16(be, d_y16, d_tmp, x16 ? NULL : d_x, x16 ? d_x16 : NULL, d_W, bias ? d_b : NULL, relu, N, in, out);
+#ifdef TPTRAIN_TEST_CUDA
+    const GpuGemmCounts g1 = t->is_cpu ? (GpuGemmCounts){0} : gpu_gemm_counts(be);
+#endif
+    set_mode(t, 1);  // the reference sequence through the separate kernels
+    if (x16) op_linear_fwd_x16(be, d_y, d_x16, d_W, bias ? d_b : NULL, N, in, out);
+    else op_linear_fwd(be, d_y, d_x, d_W, bias ? d_b : NULL, N, in, out);
+    if (relu) op_act_fwd16(be, d_w16, d_y, ny, ACT_RELU);
+    else op_to_bf16(be, d_w16, d_y, ny);
+    set_mode(t, 0);
+    backend_download(be, got16, d_y16, ny * 2);
+    backend_download(be, want16, d_w16, ny * 2);
+    float *got = widen_bits(got16, ny), *want = widen_bits(want16, ny);
+    char what[200];
+    snprintf(what, sizeof what, "linear_fwd16 N=%d in=%d out=%d bias=%d relu=%d x16=%d%s", N, in, out, bias, relu, x16,
+             mode ? " separate" : "");
+    bool fused = false;
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) {
+        fused = g1.out16_fused > g0.out16_fused;
+        TCHECK((g1.out16_fused - g0.out16_fused) + (g1.out16_separate - g0.out16_separate) == 1,
+               "%s: %s: one call, %ld fused + %ld separate", t->name, what, g1.out16_fused - g0.out16_fused,
+               g1.out16_separate - g0.out16_separate);
+        if (mode || !t->bf16) TCHECK(!fused, "%s: %s: the one-GEMM path ran with fusion off or in fp32", t->name, what);
+    }
+#endif
+    if (fused) check_close(t, what, got, want, ny, BF16_STEP_RTOL, BF16_STEP_ATOL);
+    else check_exact(t, what, got, want, ny);
+    free(x), free(xw), free(W), free(b), free(xh), free(got16), free(want16), free(got), free(want);
+    dev_free(t, d_x16), dev_free(t, d_y16), dev_free(t, d_w16), dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_b);
+    dev_free(t, d_tmp), dev_free(t, d_y);
+}
+
 /* The same backward twice from the same state gives the same bits. */
 static void linear_determinism(const Target *t, Rng *rng) {
     const int N = 300, in = 192, out = 224;
@@ -414,8 +482,12 @@ void test_linear(const Target *t, Rng *rng) {
                 }
             }
     set_mode(t, 0);
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+        for (int mode = 0; mode < n_modes(t); mode++)
+            for (int v = 0; v < 8; v++)
+                linear_fwd16_case(t, mode, v & 1, v & 2, v & 4, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+    }
     linear_bwd_out0(t, rng);
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA

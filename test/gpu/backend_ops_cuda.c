@@ -36,6 +36,7 @@ void gpu_set_fused_epilogues(const Backend *be, bool on) { cuda_gemm_set_fused_e
 GpuGemmCounts gpu_gemm_counts(const Backend *be) {
     CudaGemmStats s = cuda_gemm_stats(backend_cuda_gemm(be));
     GpuGemmCounts c = {s.n_bias_fused, s.n_bias_separate, s.n_bgrad_fused, s.n_bgrad_separate,
-                       s.n_epilogue_refusals, s.n_plans, s.n_plan_evictions};
+                       s.n_epilogue_refusals, s.n_plans, s.n_plan_evictions, s.n_out16_fused,
+                       s.n_out16_separate};
     return c;
 }
