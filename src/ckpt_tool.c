@@ -277,7 +277,8 @@ static int cmd_export(const char *arg, const char *out_dir, bool strict) {
     }
 
     Model m;
-    if (model_create(&m, NULL, &cfg, NULL, 0, err, sizeof err)) {
+    /* no gradients, no initial values: ckpt_load writes every tensor */
+    if (model_create_ex(&m, NULL, &cfg, NULL, 0, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, sizeof err)) {
         fprintf(stderr, "ckpt: %s\n", err);
         return 1;
     }

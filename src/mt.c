@@ -21,7 +21,8 @@ static int load_checkpoint(Model *m, Backend *be, const char *dir, char *resolve
     if (found <= 0) return found;
     ModelConfig cfg;
     if (ckpt_read_manifest(resolved, &cfg, NULL, NULL, NULL, NULL, NULL, err, err_len)) return -1;
-    if (model_create(m, be, &cfg, NULL, 0, err, err_len)) return -1;
+    /* no gradients to hold, no initial values to compute: ckpt_load writes every tensor */
+    if (model_create_ex(m, be, &cfg, NULL, 0, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, err_len)) return -1;
     if (ckpt_load(resolved, m, NULL, err, err_len)) {
         model_free(m);
         return -1;

@@ -120,6 +120,7 @@ static void test_exports(void) {
     CHECK(back.tab.n_elems == m.tab.n_elems &&
               memcmp(back.params, m.params, m.tab.n_elems * sizeof(float)) == 0,
           "reloaded parameters differ");
+    CHECK(back.grads == NULL, "a model loaded for inference holds a gradient buffer");
     model_free(&back);
 
     char path[512];

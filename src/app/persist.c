@@ -174,7 +174,8 @@ int average_report(const TrainArgs *a, Backend *be, Source *src, double top, int
         rc = 1;
     }
     Model avg;
-    if (rc == 0 && (model_create_ex(&avg, be, &src->args->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err) ||
+    if (rc == 0 && (model_create_ex(&avg, be, &src->args->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err,
+                                    sizeof err) ||  // ckpt_load writes every tensor
                     ckpt_load(out, &avg, NULL, err, sizeof err))) {
         fprintf(stderr, "train_mt: --average-last: %s\n", err);
         rc = 1;

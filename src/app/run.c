@@ -489,7 +489,9 @@ static int run_export(Run *r) {
     if (mesh->dp_rank == 0 && r->evm) {
         Model *dst = r->decode_here ? &r->whole : NULL;
         if (writer && !dst) {
-            TP_CHECK(model_create_ex(&full, r->be, &r->m.cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER, err, sizeof err) == 0,
+            /* model_gather writes every tensor */
+            TP_CHECK(model_create_ex(&full, r->be, &r->m.cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err,
+                                     sizeof err) == 0,
                      "%s", err);
             dst = &full;
         }

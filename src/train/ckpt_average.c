@@ -82,7 +82,8 @@ int ckpt_average(const char *const *in, int n, const char *out, bool replace, ch
     int newest = 0;
     if (check_inputs(in, n, &cfg, &oc, &st, &newest, err, err_len)) return -1;
     Model m;
-    if (model_create_ex(&m, NULL, &cfg, NULL, 0, MODEL_NO_GRAD_BUFFER, err, err_len)) return -1;
+    /* no gradients, no initial values: every input is loaded whole */
+    if (model_create_ex(&m, NULL, &cfg, NULL, 0, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, err_len)) return -1;
     AdamW opt;
     adamw_init(&opt, m.be, &oc, m.tab.n_elems);
     const size_t ne = m.tab.n_elems;

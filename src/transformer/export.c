@@ -149,7 +149,8 @@ int model_load_on(Model *m, Backend *be, const char *dir, char *err, size_t err_
     param_table_build(&cfg, 1, &tab);
     rc = check_tensors(&f, &tab, path, err, err_len);
     param_table_free(&tab);
-    if (rc == 0 && model_create(m, be, &cfg, NULL, 0, why, sizeof why)) {
+    /* no gradients, no initial values: every tensor is copied in below */
+    if (rc == 0 && model_create_ex(m, be, &cfg, NULL, 0, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, why, sizeof why)) {
         tp_error_set(err, err_len, "%s: %s", path, why);
         rc = -1;
     }
