@@ -260,7 +260,8 @@ static const Flag TRAIN_FLAGS[] = {
     {CHOICE_("device", "Parallelism", "auto|cpu|cuda", DEVICE_VALUES, device), .dflt = "auto",
      .help = "where the model runs (auto: cuda when a GPU is visible; LOCAL_RANK picks the GPU)"},
     {CHOICE_("dtype", "Parallelism", "fp32|bf16", DTYPE_VALUES, dtype), .dflt_note = "bf16 on cuda, fp32 on cpu",
-     .help = "GEMM precision: bf16 operands with fp32 accumulation, fp32 master weights and optimizer"},
+     .help = "precision: bf16 GEMM operands with fp32 accumulation, activations kept in bf16 where backward "
+             "reads them only as GEMM operands, attention on bf16 q, k, v; fp32 master weights and optimizer"},
     /* Evaluation */
     {INT_("eval-interval", "Evaluation", "N", eval_interval, 0, 1 << 30), .dflt_note = PRESET_NOTE,
      .help = "dev loss and dev BLEU every N steps and at the end; 0: never"},
