@@ -7,6 +7,10 @@
 #   scripts/fuzz.sh [SECONDS] [BUILD_DIR]     SECONDS per target (default 60);
 #                                             BUILD_DIR default build-fuzz
 #   FUZZ_TARGETS="fuzz_config fuzz_manifest" scripts/fuzz.sh 300   some targets only
+#   FUZZ_PARALLEL=2 scripts/fuzz.sh 60        two targets at a time (default
+#                                             1): each is one process on one
+#                                             core, so on two free cores each
+#                                             still gets SECONDS of a core
 #
 # Prints one line per target (executions, corpus size, findings). Exit 0
 # when nothing was found, 1 on a finding (the input is saved as
@@ -19,6 +23,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-$root/build-fuzz}
 targets=${FUZZ_TARGETS:-fuzz_safetensors fuzz_config fuzz_manifest fuzz_token_file}
 [[ $secs =~ ^[0-9]+$ ]] && [ "$secs" -ge 1 ] || { echo "fuzz.sh: SECONDS must be a positive integer, got '$secs'"; exit 2; }
+par=${FUZZ_PARALLEL:-1}
+[[ $par =~ ^[0-9]+$ ]] && [ "$par" -ge 1 ] || { echo "fuzz.sh: FUZZ_PARALLEL must be a positive integer, got '$par'"; exit 2; }
 
 # ---- clang with libFuzzer, or skip ----
 cc=${FUZZ_CC:-clang}
@@ -53,26 +59,44 @@ fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 mkdir -p "$build/artifacts" "$build/tmp"
-found=0
-for t in $targets; do
-    seeds=$root/fuzz/corpus/${t#fuzz_}
-    work=$build/corpus/${t#fuzz_}
-    mkdir -p "$work"
-    log=$build/$t.log
-    TMPDIR=$build/tmp "$build/fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
+# fuzz_one T: runs target T for SECONDS, its log in $build/T.log.
+fuzz_one() {
+    local t=$1
+    local seeds=$root/fuzz/corpus/${t#fuzz_} work=$build/corpus/${t#fuzz_}
+    mkdir -p "$work" "$build/tmp/$t"
+    TMPDIR=$build/tmp/$t "$build/fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=16384 \
         -error_exitcode=1 -timeout_exitcode=1 \
-        -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$work" "$seeds" > "$log" 2>&1
-    rc=$?
+        -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "$work" "$seeds" > "$build/$t.log" 2>&1
+}
+# report T RC: one line for target T (exit status RC); returns 1 on a finding.
+report() {
+    local t=$1 rc=$2 log=$build/$1.log
+    local runs n_corpus artifact
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-    n_corpus=$(ls "$work" | wc -l)
-    if [ $rc -eq 0 ]; then
+    n_corpus=$(ls "$build/corpus/${t#fuzz_}" | wc -l)
+    if [ "$rc" -eq 0 ]; then
         echo "$t: ${runs:-?} executions in ${secs} s, working corpus $n_corpus inputs, no findings"
-    else
-        found=1
-        artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
-        echo "$t: FINDING after ${runs:-?} executions (exit $rc): ${artifact:-see $log}"
-        grep -E "ERROR: |runtime error|fuzz invariant failed|SUMMARY" "$log" | head -5 | sed 's/^/    /'
+        return 0
     fi
+    artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
+    echo "$t: FINDING after ${runs:-?} executions (exit $rc): ${artifact:-see $log}"
+    grep -E "ERROR: |runtime error|fuzz invariant failed|SUMMARY" "$log" | head -5 | sed 's/^/    /'
+    return 1
+}
+found=0
+set -- $targets
+while [ $# -gt 0 ]; do  # a batch of up to FUZZ_PARALLEL targets, then their lines in order
+    batch=() pids=()
+    while [ $# -gt 0 ] && [ ${#batch[@]} -lt "$par" ]; do
+        fuzz_one "$1" &
+        batch+=("$1") pids+=($!)
+        shift
+    done
+    for i in "${!batch[@]}"; do
+        rc=0
+        wait "${pids[$i]}" || rc=$?
+        report "${batch[$i]}" "$rc" || found=1
+    done
 done
 rm -rf "$build/tmp"
 exit $found

@@ -142,6 +142,10 @@ rc=0; "$ckpt" average by-last a/step_00000006 > exists.log 2>&1 || rc=$?
 echo "part 4: averages of a tp 2 and two tp 1 checkpoints equal the exact mean; the average resumes"
 
 # ---- 5. the corpus: --keep-best bleu and translate_mt --model DIR/best -----------------------
+# Its 2000-piece tokenizer and token files come from the fixture corpus_cache
+# when ctest gives it (their preparation is test_spm's and translate_e2e's to prove).
+. "$here/corpus_cache.sh"
+use_corpus_cache cache
 run c.log "$train" --data "$corpus" --cache-dir cache --preset tiny --spm-vocab-size 2000 --max-steps 12 --warmup 4 \
   --batch-tokens 512 --lr 3e-3 --eval-interval 4 --log-interval 100 --save c --keep-best bleu --average-last 2 --metrics c.jsonl
 grep -q "train_mt: best dev BLEU so far, .* kept as c/best" c.log || fail "no best line in c.log"

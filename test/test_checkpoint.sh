@@ -158,10 +158,16 @@ echo "part 1a: copy task, tp 2 x dp 2, dropout 0.1: steps 11..20 after resuming 
 # with a dev evaluation (loss and BLEU, compared digit for digit like the
 # rest), which on the 500 dev pairs took as long as 10 training steps (2.3 s
 # of CPU a run, 0.1 s with 64); the training pairs, the tokenizer and so the
-# batches are the corpus's own.
+# batches are the corpus's own. The tokenizer and training tokens (keyed on
+# the training text alone) come from the fixture corpus_cache
+# (test/corpus_cache.sh) when ctest gives it: prep.log then only encodes the
+# 64-pair dev and test sets (the tokenizer's training is test_spm's and
+# translate_e2e's to prove).
 mkdir small-dev
 ln -s "$corpus/train.en" "$corpus/train.ja" small-dev/
 for f in dev.en dev.ja test.en test.ja; do head -n 64 "$corpus/$f" > "small-dev/$f"; done
+. "$here/corpus_cache.sh"
+use_corpus_cache cache
 corpus_flags=(--preset tiny --data small-dev --cache-dir cache --batch-tokens 1024 --lr 3e-3 --warmup 5)
 run prep.log "$train" "${corpus_flags[@]}" --max-steps 1 --eval-interval 1000
 resume_exact corpus corpus-ckpt/step_00000010 "${corpus_flags[@]}"
