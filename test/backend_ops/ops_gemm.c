@@ -377,6 +377,9 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
     dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
 }
 
+/* How many linear_fwd16 cases ran cuBLASLt's bf16-output path (CUDA): printed, for the GPU report. */
+static int g_out16_fused, g_out16_cases;
+
 static float *widen_bits(const uint16_t *h, size_t n) {
     float *f = host_alloc(n);
     for (size_t i = 0; i < n; i++) {
@@ -432,6 +435,8 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
 #ifdef TPTRAIN_TEST_CUDA
     if (!t->is_cpu) {
         fused = g1.out16_fused > g0.out16_fused;
+        g_out16_fused += fused;
+        g_out16_cases++;
         TCHECK((g1.out16_fused - g0.out16_fused) + (g1.out16_separate - g0.out16_separate) == 1,
                "%s: %s: one call, %ld fused + %ld separate", t->name, what, g1.out16_fused - g0.out16_fused,
                g1.out16_separate - g0.out16_separate);
@@ -482,12 +487,16 @@ void test_linear(const Target *t, Rng *rng) {
                 }
             }
     set_mode(t, 0);
+    g_out16_fused = g_out16_cases = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++)
             for (int v = 0; v < 8; v++)
                 linear_fwd16_case(t, mode, v & 1, v & 2, v & 4, shapes[i][0], shapes[i][1], shapes[i][2], rng);
     }
+    if (!t->is_cpu)
+        printf("test_backend_ops: %s: linear_fwd16 stored bf16 from the GEMM in %d of %d cases (the rest: fp32, "
+               "then rounded)\n", t->name, g_out16_fused, g_out16_cases);
     linear_bwd_out0(t, rng);
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA
