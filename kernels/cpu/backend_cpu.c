@@ -282,9 +282,12 @@ static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradMo
     (void)be;
     cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
-/* q, k, v widened into the workspace, one after the other. */
-static void widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, size_t nq,
-                      size_t nk, const float **q, const float **k, const float **v) {
+/* q (B, Tq, H*D), k and v (B, Tk, H*D) widened into the workspace, one
+ * after the other (negative sizes: empty here, refused by the reference). */
+static void widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
+                      int Tq, int Tk, int D, const float **q, const float **k, const float **v) {
+    const size_t bhd = (size_t)(B > 0 ? B : 0) * (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0);
+    const size_t nq = bhd * (size_t)(Tq > 0 ? Tq : 0), nk = bhd * (size_t)(Tk > 0 ? Tk : 0);
     float *ws = backend_workspace(be, (nq + 2 * nk + 1) * sizeof(float));
     cpu_from_bf16(ws, q16, nq);
     cpu_from_bf16(ws + nq, k16, nk);
@@ -296,8 +299,7 @@ static void t_attention_fwd_x16(Backend *be, float *out, float *P, const uint16_
                                 const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
                                 bool causal) {
     const float *q, *k, *v;
-    const size_t HD = (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0), b = (size_t)(B > 0 ? B : 0);
-    widen_qkv(be, q16, k16, v16, b * (size_t)(Tq > 0 ? Tq : 0) * HD, b * (size_t)(Tk > 0 ? Tk : 0) * HD, &q, &k, &v);
+    widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
     cpu_attention_fwd(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal);
 }
 
@@ -305,8 +307,7 @@ static void t_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, Gr
                                 const float *P, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
                                 float *scratch, int B, int H, int Tq, int Tk, int D) {
     const float *q, *k, *v;
-    const size_t HD = (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0), b = (size_t)(B > 0 ? B : 0);
-    widen_qkv(be, q16, k16, v16, b * (size_t)(Tq > 0 ? Tq : 0) * HD, b * (size_t)(Tk > 0 ? Tk : 0) * HD, &q, &k, &v);
+    widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
     cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
 

@@ -51,6 +51,31 @@ int32_t *dev_from_i32(const Target *t, const int32_t *h, size_t n) {
     return d;
 }
 
+uint16_t *dev_bits(const Target *t, const float *xb, size_t n) {
+    uint16_t *h = TP_MALLOC((n ? n : 1) * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &xb[i], 4);
+        h[i] = (uint16_t)(u >> 16);  // a bf16 value: the low half is zero
+    }
+    uint16_t *d = backend_alloc(t->be, (n ? n : 1) * sizeof(uint16_t), MEM_ACT);
+    backend_upload(t->be, d, h, n * sizeof(uint16_t));
+    free(h);
+    return d;
+}
+
+float *dev_fetch_bits(const Target *t, const uint16_t *d, size_t n) {
+    uint16_t *h = TP_MALLOC((n ? n : 1) * sizeof(uint16_t));
+    backend_download(t->be, h, d, n * sizeof(uint16_t));
+    float *f = TP_MALLOC((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&f[i], &u, 4);
+    }
+    free(h);
+    return f;
+}
+
 float *dev_nan(const Target *t, size_t n) {
     float *h = TP_MALLOC((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) h[i] = NAN;

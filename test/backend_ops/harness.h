@@ -114,6 +114,10 @@ float *dev_from(const Target *t, const float *h, size_t n);
 int32_t *dev_from_i32(const Target *t, const int32_t *h, size_t n);
 float *dev_nan(const Target *t, size_t n);  // NaN garbage, written on the backend's stream
 float *dev_fetch(const Target *t, const float *d, size_t n);  // a malloc'd host copy
+/* bf16 tensors as raw bits: xb's values (already bf16, e.g. host_bf16's)
+ * uploaded as their bits; bits downloaded and widened to a host fp32 copy. */
+uint16_t *dev_bits(const Target *t, const float *xb, size_t n);
+float *dev_fetch_bits(const Target *t, const uint16_t *d, size_t n);
 void dev_free(const Target *t, void *d);
 
 float *host_copy(const float *src, size_t n);

@@ -248,20 +248,6 @@ static void attention_bwd_empty(const Target *t, Rng *rng) {
     free(start), free(zeros);
 }
 
-/* bf16 bits of x (x's values already bf16: the low half is zero), uploaded. */
-static uint16_t *dev_bits(const Target *t, const float *xb, size_t n) {
-    uint16_t *h = TP_MALLOC((n ? n : 1) * sizeof(uint16_t));
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &xb[i], 4);
-        h[i] = (uint16_t)(u >> 16);
-    }
-    uint16_t *d = backend_alloc(t->be, (n ? n : 1) * sizeof(uint16_t), MEM_ACT);
-    backend_upload(t->be, d, h, n * sizeof(uint16_t));
-    free(h);
-    return d;
-}
-
 /* The _x16 forms on bf16 q, k, v give the fp32 forms' bits on the widened
  * values: out and P forward, dq, dk, dv added to and written over NaN; on
  * CUDA through the fused and the general path. */

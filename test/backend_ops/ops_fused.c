@@ -62,13 +62,7 @@ static void rln_fwd16_case(const Target *t, const RlnCase *k, const float *res_i
     uint16_t *d_y16 = backend_alloc(t->be, (nc ? nc : 1) * sizeof(uint16_t), MEM_ACT);
     op_residual_ln_fwd(t->be, d_out, NULL, d_y16, d_mean, d_rstd, d_in, d_br, d_bias, d_g, d_b, N, C, 1e-5f,
                        k->first, k->p, RLN_SEED, stream);
-    uint16_t *y16 = TP_MALLOC((nc ? nc : 1) * sizeof(uint16_t));
-    backend_download(t->be, y16, d_y16, nc * sizeof(uint16_t));
-    float *got_y = host_alloc(nc), *want_yb = host_bf16(want_y, nc);
-    for (size_t i = 0; i < nc; i++) {
-        const uint32_t u = (uint32_t)y16[i] << 16;
-        memcpy(&got_y[i], &u, 4);
-    }
+    float *got_y = dev_fetch_bits(t, d_y16, nc), *want_yb = host_bf16(want_y, nc);
     float *got_out = dev_fetch(t, d_out, nc), *got_mean = dev_fetch(t, d_mean, N), *got_rstd = dev_fetch(t, d_rstd, N);
     char what[160];
     snprintf(what, sizeof what, "residual_ln fwd y16 (%d, %d) p=%g%s against its fp32 y", N, C, (double)k->p,
@@ -77,7 +71,7 @@ static void rln_fwd16_case(const Target *t, const RlnCase *k, const float *res_i
     check_exact(t, what, got_out, want_out, nc);
     check_exact(t, what, got_mean, want_mean, N);
     check_exact(t, what, got_rstd, want_rstd, N);
-    free(y16), free(got_y), free(want_yb), free(got_out), free(got_mean), free(got_rstd);
+    free(got_y), free(want_yb), free(got_out), free(got_mean), free(got_rstd);
     if (!k->in_place) dev_free(t, d_out);
     dev_free(t, d_in), dev_free(t, d_br), dev_free(t, d_mean), dev_free(t, d_rstd), dev_free(t, d_y16);
 }

@@ -328,14 +328,7 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
     float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
     float *b = rand_floats(out, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
     float *g0 = rand_floats(nx + nw + out, rng, -1, 1);
-    uint16_t *x16 = TP_MALLOC(nx * sizeof(uint16_t));
-    for (size_t i = 0; i < nx; i++) {
-        uint32_t u;
-        memcpy(&u, &xw[i], 4);
-        x16[i] = (uint16_t)(u >> 16);  // xw is a bf16 value: its low half is zero
-    }
-    uint16_t *d_x16 = backend_alloc(be, nx * sizeof(uint16_t), MEM_ACT);
-    backend_upload(be, d_x16, x16, nx * sizeof(uint16_t));
+    uint16_t *d_x16 = dev_bits(t, xw, nx);
     float *d_xw = dev_from(t, xw, nx), *d_W = dev_from(t, W, nw), *d_b = dev_from(t, b, out);
     float *d_dy = dev_from(t, dy, ny);
     char what[160];
@@ -373,21 +366,12 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
                 free(got[0][j]), free(got[1][j]);
             }
         }
-    free(x), free(xw), free(W), free(b), free(dy), free(g0), free(x16);
+    free(x), free(xw), free(W), free(b), free(dy), free(g0);
     dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
 }
 
 /* How many linear_fwd16 cases ran cuBLASLt's bf16-output path (CUDA): printed, for the GPU report. */
 static int g_out16_fused, g_out16_cases;
-
-static float *widen_bits(const uint16_t *h, size_t n) {
-    float *f = host_alloc(n);
-    for (size_t i = 0; i < n; i++) {
-        const uint32_t u = (uint32_t)h[i] << 16;
-        memcpy(&f[i], &u, 4);
-    }
-    return f;
-}
 
 /* linear_fwd16 (bias or none, ReLU or none, x fp32 or bf16 bits) against
  * the same backend's linear_fwd (or _x16) then act_fwd16 / to_bf16: bit for
@@ -400,15 +384,8 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
     float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
     float *b = rand_floats(out, rng, -1, 1);
-    uint16_t *xh = TP_MALLOC(nx * sizeof(uint16_t));
-    for (size_t i = 0; i < nx; i++) {
-        uint32_t u;
-        memcpy(&u, &xw[i], 4);
-        xh[i] = (uint16_t)(u >> 16);
-    }
-    uint16_t *d_x16 = backend_alloc(be, nx * sizeof(uint16_t), MEM_ACT), *d_y16 = backend_alloc(be, ny * 2, MEM_ACT);
-    uint16_t *d_w16 = backend_alloc(be, ny * 2, MEM_ACT), *got16 = TP_MALLOC(ny * 2), *want16 = TP_MALLOC(ny * 2);
-    backend_upload(be, d_x16, xh, nx * sizeof(uint16_t));
+    uint16_t *d_x16 = dev_bits(t, xw, nx), *d_y16 = backend_alloc(be, ny * 2, MEM_ACT);
+    uint16_t *d_w16 = backend_alloc(be, ny * 2, MEM_ACT);
     float *d_x = dev_from(t, x16 ? xw : x, nx), *d_W = dev_from(t, W, nw), *d_b = dev_from(t, b, out);
     float *d_tmp = dev_nan(t, ny), *d_y = dev_nan(t, ny);
     set_mode(t, mode);
@@ -425,9 +402,7 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
     if (relu) op_act_fwd16(be, d_w16, d_y, ny, ACT_RELU);
     else op_to_bf16(be, d_w16, d_y, ny);
     set_mode(t, 0);
-    backend_download(be, got16, d_y16, ny * 2);
-    backend_download(be, want16, d_w16, ny * 2);
-    float *got = widen_bits(got16, ny), *want = widen_bits(want16, ny);
+    float *got = dev_fetch_bits(t, d_y16, ny), *want = dev_fetch_bits(t, d_w16, ny);
     char what[200];
     snprintf(what, sizeof what, "linear_fwd16 N=%d in=%d out=%d bias=%d relu=%d x16=%d%s", N, in, out, bias, relu, x16,
              mode ? " separate" : "");
@@ -445,7 +420,7 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
 #endif
     if (fused) check_close(t, what, got, want, ny, BF16_STEP_RTOL, BF16_STEP_ATOL);
     else check_exact(t, what, got, want, ny);
-    free(x), free(xw), free(W), free(b), free(xh), free(got16), free(want16), free(got), free(want);
+    free(x), free(xw), free(W), free(b), free(got), free(want);
     dev_free(t, d_x16), dev_free(t, d_y16), dev_free(t, d_w16), dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_b);
     dev_free(t, d_tmp), dev_free(t, d_y);
 }
