@@ -108,7 +108,7 @@ struct ModelActs {
     float **dec_mid1, **dec_mid2;  // [dec_layers] (Nt, C) after self / cross blocks
     float *enc_out, *enc_m, *enc_r;  // (Ns, C) final encoder LayerNorm
     float *dec_out, *dec_m, *dec_r;  // (Nt, C) final decoder LayerNorm
-    float *logits;               // (Nt, V/tp); after model_backward, their gradient
+    Kept logits;                 // (Nt, V/tp), bf16 in bf16 mode; after model_backward, their gradient
     float *losses, *lse;         // (Nt)
     float *row_max, *xstats;     // (Nt), (Nt, 3) vocab-parallel loss statistics
     /* scratch, in the shared buffer */
@@ -116,7 +116,7 @@ struct ModelActs {
     float *d_res_t;              // (Nt, C)
     float *d_tmp, *d_ln;         // (maxN, C)
     float *d_att, *d_q, *d_k, *d_v;  // (maxN, C/tp)
-    float *d_h, *d_a;            // (maxN, F/tp)
+    float *d_h;                  // (maxN, F/tp): the FFN's hidden gradient, after and before the activation
     float *d_scratch;            // (B, H/tp, maxL, maxL)
     /* recomputation (model_set_recompute), in the shared buffer too */
     float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer
@@ -233,7 +233,7 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
         A->dec_out = take(&c, (size_t)seq_full(m, B * T) * C);  // gathered: the output layer's input
         A->dec_m = take(&c, nt);
         A->dec_r = take(&c, nt);
-        A->logits = take(&c, Nt * Vl);
+        A->logits = take_kept(&c, Nt * Vl, m->keep_bf16);
         A->losses = take(&c, Nt);
         A->lse = take(&c, Nt);
         A->row_max = take(&c, Nt);
@@ -262,7 +262,6 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->d_k = take(&c, maxN * Cl);
     A->d_v = take(&c, maxN * Cl);
     A->d_h = take(&c, maxN * Fl);
-    A->d_a = take(&c, maxN * Fl);
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
     /* Recomputation: the probabilities of the attention being computed or
      * differentiated; with full, one layer's activations of each stack, the
@@ -577,7 +576,8 @@ void model_stage_collect(const Model *m, Comm *pp, const ModelStage *stages, int
     if (me == 0) backend_recast_weights(full->be);
 }
 
-const float *model_logits(const Model *m) { return m->acts->logits; }
+const float *model_logits(const Model *m) { return m->acts->logits.f; }
+const uint16_t *model_logits16(const Model *m) { return m->acts->logits.h; }
 
 const int32_t *model_targets(const Model *m) { return m->acts->dev_tgt_out; }
 
@@ -822,8 +822,7 @@ static void residual_fwd(const Model *m, float *x_out, const float *x_in, float 
  * does: kept as bf16 (rounded as the GEMM stores them; d_q, d_k, d_v, free
  * in forward, are the op's fp32 room should it need one), or
  * with fp32 keeping (model_set_keep_bf16 off) rounded where they are, in
- * fp32, through d_att's room (free then: the attention output is kept in
- * fp32 too), so both keepings compute on the same values. */
+ * fp32, so both keepings compute on the same values. */
 static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, GemmIn src, int N, int Nk) {
     const int C = m->cfg.d_model, Cl = C / m->tp.size;
     ModelActs *A = m->acts;
@@ -839,11 +838,7 @@ static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, Gemm
         }
         float *x32 = kp[i]->f;
         lin_fwd(m, x32, i ? src : ln, W[i], bias[i], rows, C, Cl);
-        if (m->be->dtype == DTYPE_BF16) {
-            uint16_t *bits = (uint16_t *)A->d_att;
-            op_to_bf16(m->be, bits, x32, n);
-            op_from_bf16(m->be, x32, bits, n);
-        }
+        if (m->be->dtype == DTYPE_BF16) op_round_bf16(m->be, x32, n);
     }
 }
 
@@ -1015,10 +1010,45 @@ void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, i
     op_copy(m->be, enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
 }
 
+/* The tied output layer: this rank's vocabulary columns of the logits,
+ * from the decoder's output (gathered). In bf16 mode kept as bf16, stored
+ * so by the GEMM (the logits are the largest activation of the step: no
+ * fp32 copy of them is ever made); with fp32 keeping in bf16 mode rounded
+ * in place, so the loss sees the same values either way. */
+static void head_fwd(const Model *m, int Nt) {
+    const ModelActs *A = m->acts;
+    const int C = m->cfg.d_model, Vl = m->vocab_local;
+    if (A->logits.h) {
+        op_linear_fwd16(m->be, A->logits.h, NULL, A->dec_out, NULL, m->w.embed, NULL, false, Nt, C, Vl);
+        return;
+    }
+    op_linear_fwd(m->be, A->logits.f, A->dec_out, m->w.embed, NULL, Nt, C, Vl);
+    if (m->be->dtype == DTYPE_BF16) op_round_bf16(m->be, A->logits.f, (size_t)Nt * Vl);
+}
+
+/* loss -> logits -> the decoder output's gradient (into d_ln) and the tied
+ * embedding's output-layer part: the logits' gradient is written over them
+ * (they are not needed again); kept in bf16, it is rounded as it is stored,
+ * the very bits the bf16 GEMMs would round it to. */
+static void head_bwd(Model *m, int Nt, float loss_scale) {
+    const ModelConfig *c = &m->cfg;
+    ModelActs *A = m->acts;
+    const int C = c->d_model, Vl = m->vocab_local, V = c->vocab_size;
+    if (A->logits.h) {
+        op_xent_vp_grad_inplace16(m->be, A->logits.h, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
+                                  m->vocab_start, V, c->label_smoothing, c->pad_id);
+        op_linear_bwd_dy16(m->be, A->d_ln, GRAD_WRITE, m->g.embed, A->logits.h, A->dec_out, m->w.embed, Nt, C, Vl);
+        return;
+    }
+    op_xent_vp_grad_inplace(m->be, A->logits.f, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
+                            m->vocab_start, V, c->label_smoothing, c->pad_id);
+    op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, m->g.embed, NULL, A->logits.f, A->dec_out, m->w.embed, Nt, C, Vl);
+}
+
 void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, float *loss_sum) {
     const ModelConfig *c = &m->cfg;
     const ModelStage *st = &m->stage;
-    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int B = b->B, S = b->S, T = b->T, V = c->vocab_size;
     const int Nt = B * T;
     const float p = drop_p(m, train);
     acts_prepare(m, B, S, T);
@@ -1033,9 +1063,8 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     if (final_ln_chained(m, st->dec_lo, st->dec_hi, c->dec_layers, st->head)) final_ln_gather(m, A->dec_out, Nt);
     else
         final_ln_fwd(m, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b, Nt);
-    /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
-    op_linear_fwd(m->be, A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
-    tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits, tgt_out, Nt,
+    head_fwd(m, Nt);
+    tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits.f, A->logits.h, tgt_out, Nt,
                       m->vocab_local, m->vocab_valid, m->vocab_start, V, c->label_smoothing, c->pad_id);
     op_sum_acc(m->be, loss_sum, A->losses, (size_t)Nt);
 }
@@ -1256,11 +1285,11 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
     const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
-    lin_bwd(m, A->d_a, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
-    /* the activation's input, or for ReLU its output (positive exactly
-     * where the input is), as kept */
-    if (!f->h && f->a.h) op_act_bwd_x16(m->be, A->d_h, GRAD_WRITE, A->d_a, f->a.h, nF, m->cfg.act);
-    else op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_a, f->h ? f->h : f->a.f, nF, m->cfg.act);
+    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
+    /* through the activation in place: its input, or for ReLU its output
+     * (positive exactly where the input is), as kept */
+    if (!f->h && f->a.h) op_act_bwd_x16(m->be, A->d_h, GRAD_WRITE, A->d_h, f->a.h, nF, m->cfg.act);
+    else op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_h, f->h ? f->h : f->a.f, nF, m->cfg.act);
     zero_pad_rows(m, A->d_ln, N);
     lin_bwd(m, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, col_in_bwd(m, &f->ln, N), w->w1, N, C, Fl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
@@ -1295,7 +1324,7 @@ static void grads_needed_at(Model *m, const float *w, size_t n_elems) {
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
     const ModelConfig *c = &m->cfg;
     const ModelStage *st = &m->stage;
-    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int B = b->B, S = b->S, T = b->T, C = c->d_model;
     const int Ns = B * S, Nt = B * T;
     const float p = drop_p(m, train);
     ModelActs *A = m->acts;
@@ -1307,14 +1336,10 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     if (st->head) {
         /* loss -> logits -> decoder output (tied embedding gets the output-layer part);
          * the logits' gradient is written over them (they are not needed again) */
-        const int Vl = m->vocab_local;
-        float *d_logits = A->logits;
-        op_xent_vp_grad_inplace(m->be, d_logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
-                                m->vocab_start, V, c->label_smoothing, c->pad_id);
-        grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
+        grads_needed_at(m, m->w.embed, (size_t)m->vocab_local * C);  // the tied embedding: written now, final last
         grads_needed_at(m, m->w.dec_ln_g, 0);
         zero_pad_rows(m, A->d_ln, Nt);
-        op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, m->g.embed, NULL, d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+        head_bwd(m, Nt, loss_scale);
         final_ln_bwd(m, A->d_res_t, A->d_ln, A->dec_res[c->dec_layers], A->dec_m, A->dec_r, m->w.dec_ln_g,
                      m->g.dec_ln_g, m->g.dec_ln_b, Nt);
         grads_final_from(m, m->w.dec_ln_g);
