@@ -316,7 +316,18 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
     float *bgrad = try_fused ? (float *)tp_carve(&cv, (size_t)out * sizeof(float)) : NULL;  // (out) epilogue output
     void *bias_scratch = db ? tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, out)) : NULL;
     const bool need_dy = (dx || dW) && in > 0;
-    const void *dya = need_dy ? operand(ctx, &cv, dy, (size_t)N * out) : NULL;
+    const void *dya = NULL;
+    bool db_done = false;
+    if (need_dy && db && !try_fused && ctx->precision == CUDA_GEMM_BF16 && !dy.bf16) {
+        // the bias gradient's pass over dy also stores the GEMMs' bf16 copy of it
+        uint16_t *copy = (uint16_t *)tp_carve(&cv, (size_t)N * out * sizeof(uint16_t));
+        cuda_op_bias_bwd_bf16_copy(db, copy, dy.f32, N, out, bias_scratch, ctx->stream);
+        ctx->stats.n_bgrad_separate++;
+        dya = copy;
+        db_done = true;
+    } else if (need_dy) {
+        dya = operand(ctx, &cv, dy, (size_t)N * out);
+    }
     if (dx && in > 0) {  // dx += dy W, or dx = dy W
         const void *wa = operand(ctx, &cv, W, (size_t)out * in);
         gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, dx_beta, dx);
@@ -329,7 +340,7 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
                                    CUBLASLT_EPILOGUE_BGRADB, bgrad);
         if (!fused) gemm_prepared(ctx, true, false, out, in, N, 1.0f, dya, xa, 1.0f, dW);
     }
-    if (db) {
+    if (db && !db_done) {
         if (fused) {
             launch_accumulate(ctx->stream, db, bgrad, (size_t)out);
             ctx->stats.n_bgrad_fused++;

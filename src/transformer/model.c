@@ -117,6 +117,7 @@ struct ModelActs {
     float *d_tmp, *d_ln;         // (maxN, C)
     float *d_att, *d_q, *d_k, *d_v;  // (maxN, C/tp)
     float *d_h;                  // (maxN, F/tp): the FFN's hidden gradient, after and before the activation
+                                 // (the same room as d_att .. d_v: see carve_scratch)
     float *d_scratch;            // (B, H/tp, maxL, maxL)
     /* recomputation (model_set_recompute), in the shared buffer too */
     float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer
@@ -257,11 +258,14 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->d_res_t = take(&c, nt * C);
     A->d_tmp = take(&c, maxNf * C);
     A->d_ln = take(&c, maxNf * C);
-    A->d_att = take(&c, maxN * Cl);
-    A->d_q = take(&c, maxN * Cl);
-    A->d_k = take(&c, maxN * Cl);
-    A->d_v = take(&c, maxN * Cl);
-    A->d_h = take(&c, maxN * Fl);
+    /* The attention's gradients (d_att, d_q, d_k, d_v) and the FFN's (d_h)
+     * are never live together: backward runs one sub-block at a time, and
+     * forward uses each only as its own sub-block's free room. One region. */
+    const size_t slice = (maxN * Cl + 15) & ~(size_t)15, attn4 = 4 * slice, ffn = maxN * Fl;
+    float *grads = take(&c, attn4 > ffn ? attn4 : ffn);
+    float **attn_grads[4] = {&A->d_att, &A->d_q, &A->d_k, &A->d_v};
+    for (int i = 0; i < 4; i++) *attn_grads[i] = grads ? grads + i * slice : NULL;
+    A->d_h = grads;
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
     /* Recomputation: the probabilities of the attention being computed or
      * differentiated; with full, one layer's activations of each stack, the

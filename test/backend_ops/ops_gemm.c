@@ -406,6 +406,33 @@ static void linear_dy16_case(const Target *t, int N, int in, int out, Rng *rng) 
     dev_free(t, d_dy16), dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dyw);
 }
 
+/* The bias gradient of linear_bwd is bias_bwd's on the same backend, bit
+ * for bit, whenever it does not come from the fp32 GEMM's epilogue (bf16,
+ * or fusion off): on CUDA in bf16 it is computed in the pass that also
+ * makes dy's bf16 copy for the GEMMs, which must change neither. */
+static void linear_db_case(const Target *t, int mode, int N, int in, int out, Rng *rng) {
+    if (!t->bf16 && mode == 0 && !t->is_cpu) return;  // fp32 with fusion: the epilogue's own sums
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *db0 = rand_floats(out, rng, -1, 1);
+    float *d_x = dev_from(t, x, nx), *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny);
+    float *d_db[2] = {dev_from(t, db0, out), dev_from(t, db0, out)}, *d_gx = dev_nan(t, nx);
+    float *d_gW = dev_from(t, W, nw);
+    set_mode(t, mode);
+    op_linear_bwd(be, d_gx, GRAD_WRITE, d_gW, d_db[0], d_dy, d_x, d_W, N, in, out);
+    op_bias_bwd(be, d_db[1], d_dy, N, out);
+    set_mode(t, 0);
+    float *got = dev_fetch(t, d_db[0], out), *want = dev_fetch(t, d_db[1], out);
+    char what[120];
+    snprintf(what, sizeof what, "linear_bwd db N=%d in=%d out=%d%s against bias_bwd", N, in, out,
+             mode ? " separate" : "");
+    check_exact(t, what, got, want, out);
+    free(x), free(W), free(dy), free(db0), free(got), free(want);
+    dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dy), dev_free(t, d_db[0]), dev_free(t, d_db[1]);
+    dev_free(t, d_gx), dev_free(t, d_gW);
+}
+
 /* How many linear_fwd16 cases ran cuBLASLt's bf16-output path (CUDA): printed, for the GPU report. */
 static int g_out16_fused, g_out16_cases;
 
@@ -503,6 +530,7 @@ void test_linear(const Target *t, Rng *rng) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         linear_dy16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+        for (int mode = 0; mode < n_modes(t); mode++) linear_db_case(t, mode, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++)
             for (int v = 0; v < 16; v++)
                 linear_fwd16_case(t, mode, v & 1, v & 2, v & 4, v & 8, shapes[i][0], shapes[i][1], shapes[i][2], rng);
