@@ -181,25 +181,29 @@ static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl, 
     f->a = take_kept(c, N * Fl, bf16);
 }
 
-/* One encoder layer's activations for backward (beside its input), and its
- * stream between attention and FFN into *mid. */
-static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, int B, int S, bool keep_P) {
+/* One encoder layer's activations for backward (beside its input), and
+ * with keep_mid its stream between attention and FFN into *mid (else *mid
+ * is left as it is: see carve_scratch). */
+static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, int B, int S, bool keep_P,
+                            bool keep_mid) {
     const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
     const size_t ns = (size_t)seq_rows(m, B * S);
     const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
-    *mid = take(c, ns * C);
+    if (keep_mid) *mid = take(c, ns * C);
     carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns, bf16);
     carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl, relu, bf16);
 }
 
 /* The same for a decoder layer: its streams after self- and cross-attention. */
 static void carve_dec_layer(Carver *c, const Model *m, DecActs *a, float **mid1, float **mid2, int B, int S, int T,
-                            bool keep_P) {
+                            bool keep_P, bool keep_mid) {
     const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
     const size_t nt = (size_t)seq_rows(m, B * T);
     const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
-    *mid1 = take(c, nt * C);
-    *mid2 = take(c, nt * C);
+    if (keep_mid) {
+        *mid1 = take(c, nt * C);
+        *mid2 = take(c, nt * C);
+    }
     carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt, bf16);
     carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt, bf16);
     carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl, relu, bf16);
@@ -217,10 +221,11 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
     Carver c = {base, 0};
     const bool full = m->recompute == MODEL_RECOMPUTE_FULL, keep_P = m->recompute == MODEL_RECOMPUTE_NONE;
+    const bool keep_mid = keep_P;  // selective rebuilds the streams between sub-blocks too
     if (has_enc)
         for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, ns * C);
     for (int l = st->enc_lo; l < st->enc_hi && !full; l++)  // full: only the layer inputs (enc_res)
-        carve_enc_layer(&c, m, &A->enc[l], &A->enc_mid[l], B, S, keep_P);
+        carve_enc_layer(&c, m, &A->enc[l], &A->enc_mid[l], B, S, keep_P, keep_mid);
     if (st->enc_ln || has_dec) A->enc_out = take(&c, (size_t)seq_full(m, B * S) * C);  // gathered
     if (st->enc_ln) {
         A->enc_m = take(&c, ns);
@@ -229,7 +234,7 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     if (has_dec)
         for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, nt * C);
     for (int l = st->dec_lo; l < st->dec_hi && !full; l++)
-        carve_dec_layer(&c, m, &A->dec[l], &A->dec_mid1[l], &A->dec_mid2[l], B, S, T, keep_P);
+        carve_dec_layer(&c, m, &A->dec[l], &A->dec_mid1[l], &A->dec_mid2[l], B, S, T, keep_P, keep_mid);
     if (st->head) {
         A->dec_out = take(&c, (size_t)seq_full(m, B * T) * C);  // gathered: the output layer's input
         A->dec_m = take(&c, nt);
@@ -268,21 +273,33 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->d_h = grads;
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
     /* Recomputation: the probabilities of the attention being computed or
-     * differentiated; with full, one layer's activations of each stack, the
+     * differentiated; with selective, one layer's streams between its
+     * sub-blocks; with full, one layer's activations of each stack; the
      * views of every layer pointing at them. */
     const ModelStage *st = &m->stage;
     A->sp_full = m->seq_par ? take(&c, maxNf * C) : NULL;
     A->sp_part = m->seq_par ? take(&c, maxn * C) : NULL;
     A->sp_grads = m->seq_par ? take(&c, (size_t)9 * C) : NULL;
     A->P_shared = m->recompute != MODEL_RECOMPUTE_NONE ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
+    if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {  // the streams between sub-blocks: one layer's, rebuilt
+        const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
+        A->enc_mid_shared = has_enc ? take(&c, ns * C) : NULL;
+        A->dec_mid1_shared = has_dec ? take(&c, nt * C) : NULL;
+        A->dec_mid2_shared = has_dec ? take(&c, nt * C) : NULL;
+        for (int l = st->enc_lo; l < st->enc_hi; l++) A->enc_mid[l] = A->enc_mid_shared;
+        for (int l = st->dec_lo; l < st->dec_hi; l++) {
+            A->dec_mid1[l] = A->dec_mid1_shared;
+            A->dec_mid2[l] = A->dec_mid2_shared;
+        }
+    }
     if (m->recompute == MODEL_RECOMPUTE_FULL) {
-        if (st->enc_hi > st->enc_lo) carve_enc_layer(&c, m, &A->enc_shared, &A->enc_mid_shared, B, S, false);
+        if (st->enc_hi > st->enc_lo) carve_enc_layer(&c, m, &A->enc_shared, &A->enc_mid_shared, B, S, false, true);
         for (int l = st->enc_lo; l < st->enc_hi; l++) {
             A->enc[l] = A->enc_shared;
             A->enc_mid[l] = A->enc_mid_shared;
         }
         if (st->dec_hi > st->dec_lo)
-            carve_dec_layer(&c, m, &A->dec_shared, &A->dec_mid1_shared, &A->dec_mid2_shared, B, S, T, false);
+            carve_dec_layer(&c, m, &A->dec_shared, &A->dec_mid1_shared, &A->dec_mid2_shared, B, S, T, false, true);
         for (int l = st->dec_lo; l < st->dec_hi; l++) {
             A->dec[l] = A->dec_shared;
             A->dec_mid1[l] = A->dec_mid1_shared;
@@ -855,6 +872,19 @@ static void attention_fwd_of(const Model *m, const AttnActs *a, float *out, floa
         op_attention_fwd(m->be, out, P, a->q.f, a->k.f, a->v.f, k_len, B, Hl, Tq, Tk, D, causal);
 }
 
+/* x_out = x_in + Dropout(att W_o^T + b_o): an attention block's end, from
+ * its kept output att (N rows; x_in, x_out this rank's), with next as in
+ * residual_fwd. Also how selective recomputation rebuilds the stream
+ * after an attention block in backward: the same ops and dropout keys on
+ * the same inputs, so the same bits. */
+static void attn_out_fwd(const Model *m, const AttnW *w, const AttnActs *a, float *x_out, const float *x_in, int N,
+                         float p, uint64_t seed, uint64_t stream, const NextLn *next) {
+    const int C = m->cfg.d_model, Cl = C / m->tp.size;
+    float *tmp = m->acts->d_tmp;  // free in forward, and in backward between layers
+    lin_fwd(m, tmp, kept_in(&a->att), w->wo, NULL, N, Cl, C);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
+}
+
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
  * else the encoder output, (B Tk, C) gathered. ln_done: LN(x_in) is where
  * kept_dst(&a->ln, d_ln) says already (the previous residual op wrote it);
@@ -867,7 +897,6 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk, n = seq_rows(m, N);
     ModelActs *A = m->acts;
-    float *tmp = A->d_tmp;  // (N, C) scratch: free during forward
     float *ln32 = kept_dst(&a->ln, A->d_ln);
     ln_fwd_kept(m, &a->ln, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
@@ -876,8 +905,7 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     float *att32 = kept_dst(&a->att, A->d_att);
     attention_fwd_of(m, a, att32, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
     keep(m, &a->att, att32, (size_t)N * Cl);
-    lin_fwd(m, tmp, kept_in(&a->att), w->wo, NULL, N, Cl, C);
-    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
+    attn_out_fwd(m, w, a, x_out, x_in, N, p, seed, stream, next);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
@@ -1325,6 +1353,10 @@ static void grads_needed_at(Model *m, const float *w, size_t n_elems) {
 /* Backward of the current stage. The last stage starts from the loss; the
  * others from the output gradients the caller wrote where
  * model_stage_output_grad points. */
+/* Selective recomputation keeps no stream between a layer's sub-blocks:
+ * the layer's backward rebuilds them first (attn_out_fwd). */
+static bool mids_rebuilt(const Model *m) { return m->recompute == MODEL_RECOMPUTE_SELECTIVE; }
+
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
     const ModelConfig *c = &m->cfg;
     const ModelStage *st = &m->stage;
@@ -1363,6 +1395,12 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->self);
         DecActs *a = &A->dec[l];
         if (full) dec_layer_fwd(m, l, B, S, T, p, key);  // the layer again from its input
+        if (mids_rebuilt(m)) {  // the streams after self- and cross-attention, from the input and kept outputs
+            attn_out_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], Nt, p, key.seed,
+                         stream_of(key, l, SITE_DEC_SELF), NULL);
+            attn_out_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], Nt, p, key.seed,
+                         stream_of(key, l, SITE_DEC_CROSS), NULL);
+        }
         const PrevRes cross = {g->cross.bo, stream_of(key, l, SITE_DEC_CROSS)};
         const PrevRes self = {g->self.bo, stream_of(key, l, SITE_DEC_SELF)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
@@ -1391,6 +1429,9 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->self);
         const EncActs *a = &A->enc[l];
         if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, p, key);
+        if (mids_rebuilt(m))
+            attn_out_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], Ns, p, key.seed,
+                         stream_of(key, l, SITE_ENC_ATTN), NULL);
         const PrevRes self = {g->self.bo, stream_of(key, l, SITE_ENC_ATTN)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN), &self);
