@@ -99,8 +99,10 @@ OP(linear_bwd_x16, GEMM, OWN, OWN,
  * first when relu: y16 = bf16(act(x W^T + b)), x given as fp32 (x) or as
  * bf16 bits (x16), exactly one of them. tmp is (N, out) fp32 room the op
  * may use (the caller's free scratch; CUDA writes there only when
- * cuBLASLt cannot store bf16 with this epilogue). On the CPU, bit for bit
- * linear_fwd (or _x16) into tmp, then act_fwd16 (relu) or to_bf16; CUDA
+ * cuBLASLt cannot store bf16 with this epilogue), or NULL where the caller
+ * has none that large (the logits): the op then finds its own, CUDA in
+ * row chunks of its scratch (scratch_linear_fwd16). On the CPU, bit for bit
+ * linear_fwd (or _x16) into fp32, then act_fwd16 (relu) or to_bf16; CUDA
  * asks cuBLASLt for the whole in one GEMM, whose fp32 sums may be ordered
  * differently from the fp32-output GEMM's. */
 OP(linear_fwd16, GEMM, OWN, OWN,
@@ -112,6 +114,21 @@ OP(linear_fwd16, GEMM, OWN, OWN,
     const float *b,       // (out) or NULL
     bool relu, int N, int in, int out),
    (y16, tmp, x, x16, W, b, relu, N, in, out))
+
+/* linear_bwd without a bias, dy given as bf16 bits (dy16): the gradient
+ * of the bf16 logits (xent_vp_grad_inplace16) into the output layer. dx
+ * and dW are linear_bwd's on the widened dy: in bf16 mode linear_bwd
+ * rounds dy to exactly these bits before multiplying, so these are its
+ * bits; in fp32 mode the widened values are multiplied as they are. */
+OP(linear_bwd_dy16, GEMM, OWN, OWN,
+   (float *dx,             // (N, in) or NULL
+    GradMode dx_mode,
+    float *dW,             // (out, in) or NULL
+    const uint16_t *dy16,  // (N, out) bf16 bits
+    const float *x,        // (N, in)
+    const float *W,        // (out, in)
+    int N, int in, int out),
+   (dx, dx_mode, dW, dy16, x, W, N, in, out))
 
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
@@ -188,7 +205,8 @@ OP(act_fwd, ELEMENTWISE, REF, STREAM, (float *y, const float *x, size_t n_elems,
  * bit for bit, in one pass (the FFN activation kept in bf16). */
 OP(act_fwd16, ELEMENTWISE, REF, STREAM, (uint16_t *y16, const float *x, size_t n_elems, Activation act),
    (y16, x, n_elems, act))
-/* dx += dy * act'(x) (GRAD_ADD), or dx = dy * act'(x) (GRAD_WRITE) */
+/* dx += dy * act'(x) (GRAD_ADD), or dx = dy * act'(x) (GRAD_WRITE); written,
+ * dx may be dy itself (each element is read before it is written). */
 OP(act_bwd, ELEMENTWISE, REF, STREAM,
    (float *dx, GradMode mode, const float *dy, const float *x, size_t n_elems, Activation act),
    (dx, mode, dy, x, n_elems, act))
@@ -230,6 +248,10 @@ OP(sumsq_segs, OPTIMIZER, OWN, STREAM, (float *acc, const float *x, const OpSegT
 OP(to_bf16, CONVERT, REF, STREAM, (uint16_t *dst, const float *src, size_t n_elems), (dst, src, n_elems))
 /* dst = src widened to fp32 (exact). */
 OP(from_bf16, CONVERT, REF, STREAM, (float *dst, const uint16_t *src, size_t n_elems), (dst, src, n_elems))
+/* x = x rounded to bfloat16, kept in fp32 (to_bf16 then from_bf16, in
+ * place): the values a bf16-kept tensor would hold, for a model keeping
+ * them in fp32 (model_set_keep_bf16 off in bf16 mode). */
+OP(round_bf16, CONVERT, REF, STREAM, (float *x, size_t n_elems), (x, n_elems))
 
 /* ---- Masked softmax ------------------------------------------------------
  * Rows are (b, h, i) over Tk keys: P = softmax(scale * S) where key j is
@@ -448,6 +470,30 @@ OP(xent_vp_grad_inplace, LOSS, REF, STREAM,
     const int32_t *targets,  // (N)
     float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id),
    (logits, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id))
+
+/* The same three on logits kept as bf16 bits (the output layer's
+ * linear_fwd16): each gives the fp32 op's results on the widened logits,
+ * bit for bit (the arithmetic is the fp32 op's; widening is exact). The
+ * in-place gradient is then rounded to bf16 as it is stored over them:
+ * the dy16 of linear_bwd_dy16. */
+OP(xent_vp_max16, LOSS, REF, STREAM,
+   (float *row_max,            // (N)
+    const uint16_t *logits16,  // (N, V_local) bf16 bits
+    int N, int V_local, int V_valid),
+   (row_max, logits16, N, V_local, V_valid))
+OP(xent_vp_sums16, LOSS, REF, STREAM,
+   (float *stats,              // (N, 3)
+    const uint16_t *logits16,  // (N, V_local) bf16 bits
+    const float *row_max,      // (N) global
+    const int32_t *targets,    // (N)
+    int N, int V_local, int V_valid, int vocab_start, int32_t ignore_id),
+   (stats, logits16, row_max, targets, N, V_local, V_valid, vocab_start, ignore_id))
+OP(xent_vp_grad_inplace16, LOSS, REF, STREAM,
+   (uint16_t *logits16,      // (N, V_local) in: logits; out: gradient, bf16 bits
+    const float *lse,        // (N)
+    const int32_t *targets,  // (N)
+    float dloss, int N, int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id),
+   (logits16, lse, targets, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id))
 
 /* ---- AdamW (decoupled weight decay, as torch.optim.AdamW) ------------------
  * p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

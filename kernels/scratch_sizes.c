@@ -30,18 +30,41 @@ size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x
     return scratch_x(bf16, (size_t)N * in, x16) + scratch_gemm_operand(bf16, (size_t)out * in, w_twin);
 }
 
-size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
-                          int out, bool w_twin, bool x16) {
+int scratch_out16_rows(int N, int out) {
+    if (N <= 0 || out <= 0) return 0;
+    const size_t rows = SCRATCH_OUT16_CHUNK_ELEMS / (size_t)out;
+    return rows < 1 ? 1 : rows < (size_t)N ? (int)rows : N;
+}
+
+size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool has_tmp) {
+    const size_t whole = scratch_linear_fwd(bf16, N, in, out, w_twin, x16);
+    if (has_tmp || N <= 0 || in <= 0 || out <= 0) return whole;
+    const int R = scratch_out16_rows(N, out);  // the row chunks through fp32, should the one GEMM be refused
+    const size_t chunks = scratch_round((size_t)R * out * sizeof(float)) + scratch_linear_fwd(bf16, R, in, out, w_twin, x16);
+    return whole > chunks ? whole : chunks;
+}
+
+static size_t linear_bwd_bytes(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
+                               int out, bool w_twin, bool x16, bool dy16) {
     if (N <= 0 || out <= 0) return 0;
     size_t n_bytes = 0;
     if (want_db)  // the epilogue's vector, and the separate kernel's partials should cuBLASLt refuse it
         n_bytes += (fused_bgrad && want_dW && in > 0 ? scratch_round((size_t)out * sizeof(float)) : 0) +
                    scratch_bias_bwd(N, out);
     if (in <= 0) return n_bytes;
-    if (want_dx || want_dW) n_bytes += scratch_gemm_operand(bf16, (size_t)N * out, false);  // dy
-    if (want_dx) n_bytes += scratch_gemm_operand(bf16, (size_t)out * in, w_twin);          // W
-    if (want_dW) n_bytes += scratch_x(bf16, (size_t)N * in, x16);                          // x
+    if (want_dx || want_dW) n_bytes += scratch_x(bf16, (size_t)N * out, dy16);          // dy
+    if (want_dx) n_bytes += scratch_gemm_operand(bf16, (size_t)out * in, w_twin);  // W
+    if (want_dW) n_bytes += scratch_x(bf16, (size_t)N * in, x16);                  // x
     return n_bytes;
+}
+
+size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
+                          int out, bool w_twin, bool x16) {
+    return linear_bwd_bytes(bf16, fused_bgrad, want_dx, want_dW, want_db, N, in, out, w_twin, x16, false);
+}
+
+size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin) {
+    return linear_bwd_bytes(bf16, false, want_dx, want_dW, false, N, in, out, w_twin, false, true);
 }
 
 int scratch_bias_chunks(int N) { return (N + SCRATCH_BIAS_CHUNK_ROWS - 1) / SCRATCH_BIAS_CHUNK_ROWS; }

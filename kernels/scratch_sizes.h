@@ -56,6 +56,17 @@ size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x
 size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
                           int out, bool w_twin, bool x16);
 
+/* linear_fwd16 (ops_list.h). has_tmp: the caller gave (N, out) fp32 room for
+ * the fallback; without it the fallback runs in row chunks of
+ * scratch_out16_rows rows through fp32 room in scratch, SCRATCH_OUT16_CHUNK_ELEMS
+ * floats at most (one row more when a row is longer). */
+#define SCRATCH_OUT16_CHUNK_ELEMS ((size_t)4 << 20)
+int scratch_out16_rows(int N, int out);
+size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool has_tmp);
+/* linear_bwd_dy16: dy as bf16 bits (multiplied as they are in bf16,
+ * widened in fp32), no bias. */
+size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin);
+
 int scratch_bias_chunks(int N);
 size_t scratch_bias_bwd(int N, int C);
 int scratch_ln_chunks(int N);

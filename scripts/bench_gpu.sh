@@ -11,6 +11,8 @@
 #    step, the first one with its launch-to-first-step time) and, for the
 #    configurations PyTorch replays (BENCH_TORCH), writes its batches
 #    (--dump-batches).
+#    Then one more tptrain run with --recompute selective (BENCH_SELECTIVE's
+#    configuration): the memory the recomputation saves, at what speed.
 # 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
 #    the step's time goes, by class of operation and by op (the table by op
 #    after the class table); both go in the report.
@@ -46,6 +48,8 @@
 # ("1 8"), BENCH_TORCH (PRESET-TOKENS configurations PyTorch replays;
 # default base-16384 when it runs, else the first; "all": every one),
 # BENCH_SDPA ("auto,flash,efficient,cudnn,math"), BENCH_COMPILE_SDPA (best),
+# BENCH_SELECTIVE (PRESET-TOKENS-BUCKET of the --recompute selective run, default
+# that of the profile run; "none" to skip it),
 # BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
 # configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
@@ -80,6 +84,7 @@ torch_cfgs=${BENCH_TORCH:-$main_cfg}
 sdpa=${BENCH_SDPA:-auto,flash,efficient,cudnn,math}
 compile_sdpa=${BENCH_COMPILE_SDPA:-best}
 profile_cfg=${BENCH_PROFILE:-$main_cfg-$first_bucket}
+selective_cfg=${BENCH_SELECTIVE:-$main_cfg-$first_bucket}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 dtype=bf16
@@ -127,7 +132,8 @@ declare -A cfg_flops  # PRESET-TOKENS-bBUCKET: FLOPs per step, measured by its t
 # out_of_time PRESET TOKENS BUCKET RUN MODE FLOPS_STEP: true (with a skipped row) when the run,
 # priced by its kind's measured parts (tptrain, eager, compile), would outlast the budget.
 out_of_time() {
-  local kind=${5:-$4} est
+  local kind=$4 est
+  [ "$4" = pytorch ] && kind=$5  # tptrain's runs, whatever their mode, are priced as tptrain
   est=$(estimate "$kind" "$6")
   [ $((SECONDS + est)) -ge "$t_end" ] || return 1
   row "$1" "$2" "$3" "{\"framework\": \"$4\", \"mode\": \"$5\", \"skipped\": \"time budget (BENCH_BUDGET): estimated at $est s, $((t_end - SECONDS)) s left\"}"
@@ -157,33 +163,47 @@ else
 fi
 rm -rf "$out/check_model" "$out/check_batches.st"
 echo "bench_gpu: the PyTorch model against the float64 reference: $check"
-# 1. tptrain, every configuration and bucket
+# tptrain_run PRESET TOKENS BUCKET MODE [FLAGS...]: one tptrain run and its row (MODE: the row's
+# mode beside "tptrain", "" for the default run; FLAGS: train_mt's extra flags).
+tptrain_run() {
+  local preset=$1 btok=$2 bucket=$3 mode=$4 name guess t0 log r
+  shift 4
+  name=$preset-$btok-b$bucket${mode:+-${mode// /-}}
+  guess=$(awk -v a="$flops_per_token" -v b="$btok" 'BEGIN { printf "%.6g", a * b }')
+  out_of_time "$preset" "$btok" "$bucket" tptrain "$mode" "$guess" && return
+  t0=$SECONDS
+  log=$out/logs/$name.tptrain.log
+  echo "bench_gpu: $name: tptrain${mode:+ ($mode)}"
+  # the batches are dumped for every run: the row's tokens and FLOPs are counted from them
+  if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$cache" --preset "$preset" \
+       --device "$device" --dtype "$dtype" --batch-tokens "$btok" --length-bucket "$bucket" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
+       --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" "$@" > "$log" 2>&1 &&
+     r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
+           --dtype "$dtype" --mode "$mode" 2>> "$log"); then
+    row "$preset" "$btok" "$bucket" "$r"
+    if [ -z "$mode" ]; then  # the default run prices the rest
+      measure tptrain $((SECONDS - t0)) "$r"
+      cfg_flops[$name]=${m_flops_step:-$guess}
+      flops_per_token=${m_flops_per_token:-$flops_per_token}
+    fi
+  else
+    fail_row "$preset" "$btok" "$bucket" tptrain "$mode" "$log" "$?"
+  fi
+  [ -z "$mode" ] && wanted "$preset-$btok" "$torch_cfgs" || rm -f "$out/$name.batches.st"
+}
+
+# 1. tptrain, every configuration and bucket; then the memory-lean run (BENCH_SELECTIVE)
 for bucket in $buckets; do
   for preset in $presets; do
     for btok in $tokens; do
-      name=$preset-$btok-b$bucket
-      guess=$(awk -v a="$flops_per_token" -v b="$btok" 'BEGIN { printf "%.6g", a * b }')
-      out_of_time "$preset" "$btok" "$bucket" tptrain "" "$guess" && continue
-      t0=$SECONDS
-      log=$out/logs/$name.tptrain.log
-      echo "bench_gpu: $name: tptrain"
-      # the batches are dumped for every run: the row's tokens and FLOPs are counted from them
-      if timeout -k 5 "$(left)" "$bin/train_mt" --data "$corpus" --cache-dir "$cache" --preset "$preset" \
-           --device "$device" --dtype "$dtype" --batch-tokens "$btok" --length-bucket "$bucket" --max-steps "$steps" --eval-interval 0 --log-interval 1 \
-           --metrics "$out/$name.metrics.jsonl" --dump-batches "$out/$name.batches.st" > "$log" 2>&1 &&
-         r=$("$py" "$bench_py" tptrain "$out/$name.batches.st" "$out/$name.metrics.jsonl" --warmup "$warmup" \
-               --dtype "$dtype" 2>> "$log"); then
-        row "$preset" "$btok" "$bucket" "$r"
-        measure tptrain $((SECONDS - t0)) "$r"
-        cfg_flops[$name]=${m_flops_step:-$guess}
-        flops_per_token=${m_flops_per_token:-$flops_per_token}
-      else
-        fail_row "$preset" "$btok" "$bucket" tptrain "" "$log" "$?"
-      fi
-      wanted "$preset-$btok" "$torch_cfgs" || rm -f "$out/$name.batches.st"
+      tptrain_run "$preset" "$btok" "$bucket" ""
     done
   done
 done
+if [ "$selective_cfg" != none ]; then
+  IFS=- read -r spreset stok sbucket <<< "$selective_cfg"
+  tptrain_run "$spreset" "$stok" "${sbucket:-1}" "recompute selective" --recompute selective
+fi
 
 # 2. where tptrain's step goes: one --profile run
 if [ "$profile_cfg" != none ] && ! [ "$SECONDS" -ge "$t_end" ]; then

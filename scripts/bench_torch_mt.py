@@ -470,7 +470,7 @@ def cmd_tptrain(a):
         raise SystemExit(f"{a.metrics}: no records of steps {w} and {last} (train_mt --log-interval 1; --warmup >= 1)")
     timed = batches[a.warmup * micro:]
     dev = a.device_name or ("cuda" if torch.cuda.is_available() else "cpu")
-    res = result("tptrain", "", cfg, timed, last - w, steps[last] - steps[w], a.dtype, dev)
+    res = result("tptrain", a.mode, cfg, timed, last - w, steps[last] - steps[w], a.dtype, dev)
     res.update(backend="own kernels", first_step_s=first_launch)
     if memory:
         r0 = memory[0]
@@ -562,6 +562,7 @@ def main():
     t.add_argument("--warmup", type=int, default=5)
     t.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     t.add_argument("--device-name", help="the device the run used (default: this machine's GPU, else cpu)")
+    t.add_argument("--mode", default="", help="the row's mode beside tptrain (e.g. 'recompute selective')")
     b = sub.add_parser("table")
     b.add_argument("results")
     a = p.parse_args()

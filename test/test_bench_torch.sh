@@ -206,6 +206,9 @@ for bucket in 1 8; do
     grep -q "^| tiny | 512 | $bucket | $run |" "$work/bench/bench.md" || fail "bench.md has no row for $run, bucket $bucket"
   done
 done
+# the memory-lean run (BENCH_SELECTIVE: the first configuration and bucket), beside its own eager row
+grep -q "^| tiny | 512 | 1 | tptrain recompute selective | own kernels | [0-9]" "$work/bench/bench.md" ||
+  fail "bench.md has no --recompute selective row: $(grep 'selective' "$work/bench/bench.md")"
 grep -A 14 "train_mt --profile" "$work/bench/bench.md" | grep -q "^  GEMM" || fail "bench.md has no profile table"
 grep -q "^  remainder" "$work/bench/bench.md" || fail "the profile table has no remainder row"
 grep -A 60 "^profile: time per op" "$work/bench/bench.md" | grep -q "^  linear_fwd" || fail "bench.md has no table by op"

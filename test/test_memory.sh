@@ -129,17 +129,21 @@ def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64,
     maxN, maxn, maxNf = max(Ns, Nt), max(ns, nt), max(Nsf, Ntf)
     if rc == "full":
         enc, dec = ns * C, nt * C
-    else:
-        enc = ns * ((2 + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + (B * Hl * S * S if rc == "none" else 0)
-        dec = nt * ((3 + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl + \
-            (B * Hl * (T * T + T * S) if rc == "none" else 0)
+    else:   # selective keeps neither the probabilities nor the streams between sub-blocks
+        mid = 1 if rc == "none" else 0
+        enc = ns * ((1 + mid + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + (B * Hl * S * S if mid else 0)
+        dec = nt * ((1 + 2 * mid + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl + \
+            (B * Hl * (T * T + T * S) if mid else 0)
     slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
-    slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (Vl + 6)   # final LayerNorms, logits, loss
-    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * (4 * Cl + 2 * Fl) + B * Hl * maxL ** 2  # (the logits' gradient: over them)
+    slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (kb * Vl + 6)   # final LayerNorms, logits (kept), loss
+    # (the logits' gradient: over them); the attention's gradients and the FFN's hidden one share a region
+    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * max(4 * Cl, Fl) + B * Hl * maxL ** 2
     if sp:
         scratch += maxNf * C + maxn * C + 9 * C
     if rc != "none":
         scratch += B * Hl * maxL ** 2
+    if rc == "selective":   # one layer's streams between sub-blocks, rebuilt in its backward
+        scratch += ns * C + 2 * nt * C
     if rc == "full":
         scratch += ns * ((1 + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + \
             nt * ((2 + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl

@@ -76,8 +76,13 @@ static void r_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const f
 }
 static void r_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
                            const float *W, const float *b, bool relu, int N, int in, int out) {
-    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), x16 != NULL));
+    note(scratch_linear_fwd16(bf16(be), N, in, out, twin(be, W), x16 != NULL, tmp != NULL));
     g_cpu->linear_fwd16(be, y16, tmp, x, x16, W, b, relu, N, in, out);
+}
+static void r_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,
+                              const float *x, const float *W, int N, int in, int out) {
+    note(scratch_linear_bwd_dy16(bf16(be), dx != NULL, dW != NULL, N, in, out, twin(be, W)));
+    g_cpu->linear_bwd_dy16(be, dx, dx_mode, dW, dy16, x, W, N, in, out);
 }
 static void r_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                              const uint16_t *x16, const float *W, int N, int in, int out) {
@@ -126,7 +131,7 @@ static Backend *recorder(Dtype dtype) {
     g_ops = *be->ops;
     g_ops.gemm = r_gemm, g_ops.linear_fwd = r_linear_fwd, g_ops.linear_bwd = r_linear_bwd, g_ops.copy = r_copy;
     g_ops.linear_fwd_x16 = r_linear_fwd_x16, g_ops.linear_bwd_x16 = r_linear_bwd_x16;
-    g_ops.linear_fwd16 = r_linear_fwd16;
+    g_ops.linear_fwd16 = r_linear_fwd16, g_ops.linear_bwd_dy16 = r_linear_bwd_dy16;
     g_ops.bias_bwd = r_bias_bwd, g_ops.embedding_bwd = r_embedding_bwd, g_ops.layernorm_bwd = r_layernorm_bwd;
     g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc, g_ops.residual_ln_bwd = r_residual_ln_bwd;
     be->ops = &g_ops;

@@ -126,14 +126,24 @@ static void t_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float alp
     cpu_gemm(ta, tb, M, N, K, alpha, A, B, beta, C);
 }
 
+/* The forward's operands as the GEMM multiplies them, in the workspace
+ * after its first `skip` floats: x (fp32, or x16 widened) and W, rounded to
+ * bf16 in bf16 mode (x16 needs no rounding: it is bf16 already). */
+static void fwd_operands(Backend *be, size_t skip, const float **x, const uint16_t *x16, const float **W, int N,
+                         int in, int out) {
+    const size_t nx = (size_t)N * in, nW = (size_t)out * in;
+    const bool bf16 = be->dtype == DTYPE_BF16;
+    if (!bf16 && !x16) return;
+    float *ws = operand_space(be, skip + nx + nW) + skip;
+    if (x16) cpu_from_bf16(ws, x16, nx);
+    else rounded(*x, nx, ws);
+    *x = ws;
+    if (bf16) *W = rounded(*W, nW, ws + nx);
+}
+
 static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
                          int out) {
-    if (be->dtype == DTYPE_BF16) {
-        const size_t nx = (size_t)N * in, nW = (size_t)out * in;
-        float *ws = operand_space(be, nx + nW);
-        x = rounded(x, nx, ws);
-        W = rounded(W, nW, ws + nx);
-    }
+    fwd_operands(be, 0, &x, NULL, &W, N, in, out);
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
@@ -160,10 +170,8 @@ static const float *widened(Backend *be, const uint16_t *x16, size_t n, size_t a
 
 static void t_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
                              int in, int out) {
-    const size_t nx = (size_t)N * in, nW = (size_t)out * in;
-    float *rest = NULL;
-    const float *x = widened(be, x16, nx, be->dtype == DTYPE_BF16 ? nW : 0, &rest);
-    if (be->dtype == DTYPE_BF16) W = rounded(W, nW, rest);
+    const float *x = NULL;
+    fwd_operands(be, 0, &x, x16, &W, N, in, out);
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
@@ -181,14 +189,29 @@ static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW
     cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, dW ? x : NULL, W, N, in, out);
 }
 
+/* tmp NULL: the fp32 product goes to the workspace, ahead of the operands. */
 static void t_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
                            const float *W, const float *b, bool relu, int N, int in, int out) {
     TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
-    if (x) t_linear_fwd(be, tmp, x, W, b, N, in, out);
-    else t_linear_fwd_x16(be, tmp, x16, W, b, N, in, out);
     const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
+    const size_t skip = tmp ? 0 : n;
+    if (!tmp) tmp = operand_space(be, n + (size_t)N * in + (size_t)out * in);
+    fwd_operands(be, skip, &x, x16, &W, N, in, out);
+    cpu_linear_fwd(tmp, x, W, b, N, in, out);
     if (relu) cpu_act_fwd16(y16, tmp, n, ACT_RELU);
     else cpu_to_bf16(y16, tmp, n);
+}
+
+static void t_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,
+                              const float *x, const float *W, int N, int in, int out) {
+    const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
+    float *rest = NULL;
+    const float *dy = widened(be, dy16, ndy, be->dtype == DTYPE_BF16 ? nx + nW : 0, &rest);
+    if (be->dtype == DTYPE_BF16) {
+        if (dW) x = rounded(x, nx, rest);
+        if (dx) W = rounded(W, nW, rest + nx);
+    }
+    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, x, W, N, in, out);
 }
 
 /* ---- the rest: the reference as it is ------------------------------------------ */
@@ -261,6 +284,7 @@ static void t_clip_coef(Backend *be, float *nc, const float *ss, int k, float ma
 static void t_scale_by(Backend *be, float *x, const float *s, size_t n) { (void)be; cpu_scale_by(x, s, n); }
 static void t_to_bf16(Backend *be, uint16_t *d, const float *s, size_t n) { (void)be; cpu_to_bf16(d, s, n); }
 static void t_from_bf16(Backend *be, float *d, const uint16_t *s, size_t n) { (void)be; cpu_from_bf16(d, s, n); }
+static void t_round_bf16(Backend *be, float *x, size_t n) { (void)be; cpu_round_bf16(x, n); }
 static void t_softmax_fwd(Backend *be, float *P, const float *S, const int32_t *kl, int B, int H, int Tq, int Tk,
                           float scale, bool causal) {
     (void)be;
@@ -354,6 +378,20 @@ static void t_xent_vp_grad_inplace(Backend *be, float *logits, const float *lse,
                                    int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
     (void)be;
     cpu_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
+}
+static void t_xent_vp_max16(Backend *be, float *rm, const uint16_t *logits, int N, int Vl, int Vv) {
+    (void)be;
+    cpu_xent_vp_max16(rm, logits, N, Vl, Vv);
+}
+static void t_xent_vp_sums16(Backend *be, float *st, const uint16_t *logits, const float *rm, const int32_t *t,
+                             int N, int Vl, int Vv, int vs, int32_t ig) {
+    (void)be;
+    cpu_xent_vp_sums16(st, logits, rm, t, N, Vl, Vv, vs, ig);
+}
+static void t_xent_vp_grad_inplace16(Backend *be, uint16_t *logits, const float *lse, const int32_t *t, float dloss,
+                                     int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
+    (void)be;
+    cpu_xent_vp_grad_inplace16(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
 }
 static void t_adamw(Backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                     float eps, float wd, int t) {

@@ -134,6 +134,10 @@ void cpu_from_bf16(float *dst, const uint16_t *src, size_t n_elems) {
     for (size_t i = 0; i < n_elems; i++) dst[i] = tp_bf16_to_f32(src[i]);
 }
 
+void cpu_round_bf16(float *x, size_t n_elems) {
+    for (size_t i = 0; i < n_elems; i++) x[i] = tp_bf16_round(x[i]);
+}
+
 void cpu_embedding_fwd(float *out,           // (N, C)
                       const int32_t *ids,   // (N)
                       const float *table,   // (V_local, C)

@@ -4,6 +4,7 @@
  * V_valid are never read. */
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "err.h"
 #include "cpu_ops.h"
@@ -92,4 +93,43 @@ void cpu_xent_vp_bwd(float *dlogits, const float *logits, const float *lse, cons
         grad_row(dlogits + (size_t)n * V_local, logits + (size_t)n * V_local, lse[n], targets[n] - vocab_start,
                  V_valid, dloss, eps, smooth, false);
     }
+}
+
+/* ---- the same on bf16 logits -------------------------------------------------
+ * Each row is widened (exactly) into a buffer and handed to the fp32 op as a
+ * one-row call: the very arithmetic, so the fp32 op's bits. */
+
+static float *row_buffer(int V_local) { return TP_MALLOC((size_t)(V_local > 0 ? V_local : 1) * sizeof(float)); }
+
+void cpu_xent_vp_max16(float *row_max, const uint16_t *logits16, int N, int V_local, int V_valid) {
+    float *row = row_buffer(V_local);
+    for (int n = 0; n < N; n++) {
+        cpu_from_bf16(row, logits16 + (size_t)n * V_local, (size_t)V_valid);
+        cpu_xent_vp_max(row_max + n, row, 1, V_local, V_valid);
+    }
+    free(row);
+}
+
+void cpu_xent_vp_sums16(float *stats, const uint16_t *logits16, const float *row_max, const int32_t *targets, int N,
+                        int V_local, int V_valid, int vocab_start, int32_t ignore_id) {
+    float *row = row_buffer(V_local);
+    for (int n = 0; n < N; n++) {
+        cpu_from_bf16(row, logits16 + (size_t)n * V_local, (size_t)V_valid);
+        cpu_xent_vp_sums(stats + (size_t)n * 3, row, row_max + n, targets + n, 1, V_local, V_valid, vocab_start,
+                         ignore_id);
+    }
+    free(row);
+}
+
+void cpu_xent_vp_grad_inplace16(uint16_t *logits16, const float *lse, const int32_t *targets, float dloss, int N,
+                                int V_local, int V_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
+    float *row = row_buffer(V_local);
+    for (int n = 0; n < N; n++) {
+        uint16_t *row16 = logits16 + (size_t)n * V_local;
+        cpu_from_bf16(row, row16, (size_t)V_local);
+        cpu_xent_vp_grad_inplace(row, lse + n, targets + n, dloss, 1, V_local, V_valid, vocab_start, V, eps,
+                                 ignore_id);
+        cpu_to_bf16(row16, row, (size_t)V_local);
+    }
+    free(row);
 }

@@ -126,12 +126,8 @@ __global__ void softmax_bwd_kernel(float *dS,        // (n_rows, Tk)
         softmax_row_bwd<ACCUM>(dS + r * Tk, dP + r * Tk, P + r * Tk, Tk, scale, lane);
 }
 
-// An input element as fp32: stored so, or bf16 bits widened (exact). The
-// _x16 ops read q, k, v as bf16; every product and sum stays fp32.
-__device__ __forceinline__ float ld_in(const float *x, long long i) { return x[i]; }
-__device__ __forceinline__ float ld_in(const uint16_t *x, long long i) {
-    return __uint_as_float((uint32_t)x[i] << 16);
-}
+// (ld_in, cuda_kernel_util.cuh: the _x16 ops read q, k, v as bf16; every
+// product and sum stays fp32.)
 
 // A strided per-(b, h) matrix view (see the top of the file), of fp32 or
 // bf16 elements.

@@ -258,8 +258,16 @@ static void cu_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float 
     TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
     CudaGemmCtx *g = impl_of(be)->gemm;
     const CudaGemmOperand w = operand_of(be, W), xo = x ? x_f32(x) : x_bf16(x16);
-    const size_t need = cuda_linear_fwd_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x);
+    const size_t need = cuda_linear_fwd16_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x, tmp != NULL);
     cuda_op_linear_fwd16(g, y16, tmp, xo, w, b, relu, N, in, out, scratch(be, need), need);
+}
+
+static void cu_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,
+                               const float *x, const float *W, int N, int in, int out) {
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W);
+    const size_t need = cuda_linear_bwd_dy16_scratch_bytes(g, dx != NULL, dW != NULL, N, in, out, w.bf16 != NULL);
+    cuda_op_linear_bwd_dy16(g, dx, dx_mode, dW, dy16, x_f32(x), w, N, in, out, scratch(be, need), need);
 }
 
 static void cu_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
@@ -342,6 +350,7 @@ static void cu_clip_coef(Backend *be, float *nc, const float *ss, int k, float m
 static void cu_scale_by(Backend *be, float *x, const float *s, size_t n) { cuda_op_scale_by(x, s, n, stream_of(be)); }
 static void cu_to_bf16(Backend *be, uint16_t *d, const float *s, size_t n) { cuda_op_to_bf16(d, s, n, stream_of(be)); }
 static void cu_from_bf16(Backend *be, float *d, const uint16_t *s, size_t n) { cuda_op_from_bf16(d, s, n, stream_of(be)); }
+static void cu_round_bf16(Backend *be, float *x, size_t n) { cuda_op_round_bf16(x, n, stream_of(be)); }
 static void cu_softmax_fwd(Backend *be, float *P, const float *S, const int32_t *kl, int B, int H, int Tq, int Tk,
                            float scale, bool causal) {
     cuda_op_softmax_fwd(P, S, kl, B, H, Tq, Tk, scale, causal, stream_of(be));
@@ -411,6 +420,17 @@ static void cu_xent_vp_loss(Backend *be, float *losses, float *lse, const float 
 static void cu_xent_vp_grad_inplace(Backend *be, float *logits, const float *lse, const int32_t *t, float dloss,
                                     int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
     cuda_op_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, stream_of(be));
+}
+static void cu_xent_vp_max16(Backend *be, float *rm, const uint16_t *logits, int N, int Vl, int Vv) {
+    cuda_op_xent_vp_max16(rm, logits, N, Vl, Vv, stream_of(be));
+}
+static void cu_xent_vp_sums16(Backend *be, float *st, const uint16_t *logits, const float *rm, const int32_t *t,
+                              int N, int Vl, int Vv, int vs, int32_t ig) {
+    cuda_op_xent_vp_sums16(st, logits, rm, t, N, Vl, Vv, vs, ig, stream_of(be));
+}
+static void cu_xent_vp_grad_inplace16(Backend *be, uint16_t *logits, const float *lse, const int32_t *t, float dloss,
+                                      int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
+    cuda_op_xent_vp_grad_inplace16(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, stream_of(be));
 }
 static void cu_xent_vp_bwd(Backend *be, float *dl, const float *logits, const float *lse, const int32_t *t,
                            float dloss, int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {

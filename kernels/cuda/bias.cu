@@ -8,6 +8,10 @@
 // pass 2 sums the partials of each column over chunks in order and adds the
 // result, rounded once, to db (as the CPU, which sums in double). The
 // partials live in the caller's scratch (cuda_bias_bwd_scratch_bytes).
+// A bf16 linear backward needs dy's bf16 copy too: pass 1 can store it as
+// it reads dy (cuda_op_bias_bwd_bf16_copy), one read of dy instead of two.
+#include <cuda_bf16.h>
+
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 
@@ -26,9 +30,13 @@ __global__ void bias_add_kernel(float *y,        // (N, C)
         y[i] += b[i % (size_t)C];
 }
 
-// grid (ceil(C/32), n_chunks), block (32, 8).
-__global__ void bias_bwd_partial_kernel(double *partials,  // (n_chunks, C)
-                                        const float *dy,   // (N, C)
+// grid (ceil(C/32), n_chunks), block (32, 8). COPY: each element read is
+// also stored as bf16 into dy16 (the GEMMs' operand rounding), so a caller
+// that needs both reads dy once.
+template <bool COPY>
+__global__ void bias_bwd_partial_kernel(double *partials,      // (n_chunks, C)
+                                        __nv_bfloat16 *dy16,   // (N, C): COPY
+                                        const float *dy,       // (N, C)
                                         int N, int C) {
     __shared__ double smem[BIAS_ROWT][BIAS_COLS];
     const int c = blockIdx.x * BIAS_COLS + threadIdx.x;
@@ -36,8 +44,11 @@ __global__ void bias_bwd_partial_kernel(double *partials,  // (n_chunks, C)
     const int row_end = min(N, row_begin + BIAS_CHUNK_ROWS);
     double acc = 0.0;
     if (c < C)
-        for (int n = row_begin + threadIdx.y; n < row_end; n += BIAS_ROWT)
-            acc += dy[(size_t)n * C + c];
+        for (int n = row_begin + threadIdx.y; n < row_end; n += BIAS_ROWT) {
+            const float v = dy[(size_t)n * C + c];
+            acc += v;
+            if (COPY) dy16[(size_t)n * C + c] = __float2bfloat16_rn(v);
+        }
     smem[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
@@ -68,12 +79,15 @@ static void bias_add_launch(float *y, const float *b, int N, int C, cudaStream_t
 
 static int bias_chunks(int N) { return scratch_bias_chunks(N); }
 
-static void bias_bwd_launch(float *db, const float *dy, int N, int C,
+static void bias_bwd_launch(float *db, uint16_t *dy16, const float *dy, int N, int C,
                             double *partials,  // (n_chunks, C)
                             cudaStream_t stream) {
     const int n_chunks = bias_chunks(N);
     dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
-    bias_bwd_partial_kernel<<<grid, block, 0, stream>>>(partials, dy, N, C);
+    if (dy16)
+        bias_bwd_partial_kernel<true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16, dy, N, C);
+    else
+        bias_bwd_partial_kernel<false><<<grid, block, 0, stream>>>(partials, NULL, dy, N, C);
     CUDA_CHECK(cudaGetLastError());
     bias_bwd_final_kernel<<<(C + BIAS_THREADS - 1) / BIAS_THREADS, BIAS_THREADS, 0, stream>>>(
         db, partials, n_chunks, C);
@@ -95,9 +109,8 @@ extern "C" size_t cuda_bias_bwd_scratch_bytes(int N, int C) {
     return scratch_bias_bwd(N, C);
 }
 
-extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void *scratch,
-                                 cudaStream_t stream) {
-    const char *op = "cuda_op_bias_bwd";
+static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, const float *dy, int N, int C, void *scratch,
+                        cudaStream_t stream) {
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, C);
     if (N == 0 || C == 0) return;  // adds nothing
@@ -106,5 +119,16 @@ extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void 
     TP_CHECK(bias_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
     TpCarver cv = tp_carver(scratch, cuda_bias_bwd_scratch_bytes(N, C), op);
     double *partials = (double *)tp_carve(&cv, (size_t)bias_chunks(N) * C * sizeof(double));
-    bias_bwd_launch(db, dy, N, C, partials, stream);
+    bias_bwd_launch(db, dy16, dy, N, C, partials, stream);
+}
+
+extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void *scratch,
+                                 cudaStream_t stream) {
+    bias_bwd_op("cuda_op_bias_bwd", db, NULL, dy, N, C, scratch, stream);
+}
+
+extern "C" void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int N, int C,
+                                           void *scratch, cudaStream_t stream) {
+    TP_NEED_PTR("cuda_op_bias_bwd_bf16_copy", dy16);
+    bias_bwd_op("cuda_op_bias_bwd_bf16_copy", db, dy16, dy, N, C, scratch, stream);
 }

@@ -1,4 +1,5 @@
-// convert.cu: fp32 <-> bf16 (raw bits) for the staging of bf16 collectives.
+// convert.cu: fp32 <-> bf16 (raw bits) for the staging of bf16 collectives,
+// and fp32 rounded to bf16 values in place.
 // The rounding is common/bf16.h's integer arithmetic (nearest, ties to
 // even; NaN kept quiet with its sign), so the GPU and the CPU reference
 // give the same bits, NaN included (__float2bfloat16_rn canonicalises NaN).
@@ -25,6 +26,13 @@ __global__ void from_bf16_kernel(float *dst,           // (n_elems)
         dst[i] = __uint_as_float((uint32_t)src[i] << 16);
 }
 
+__global__ void round_bf16_kernel(float *x,  // (n_elems)
+                                  size_t n_elems) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_elems;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __uint_as_float((uint32_t)tp_bf16_bits(x[i]) << 16);
+}
+
 // ---- exported ops ------------------------------------------------------------------
 
 // The checks of both ops, then one launch of kernel over n_elems.
@@ -44,4 +52,11 @@ extern "C" void cuda_op_to_bf16(uint16_t *dst, const float *src, size_t n_elems,
 
 extern "C" void cuda_op_from_bf16(float *dst, const uint16_t *src, size_t n_elems, cudaStream_t stream) {
     convert_launch("cuda_op_from_bf16", from_bf16_kernel, dst, src, n_elems, stream);
+}
+
+extern "C" void cuda_op_round_bf16(float *x, size_t n_elems, cudaStream_t stream) {
+    if (n_elems == 0) return;
+    TP_CHECK(x != NULL, "cuda_op_round_bf16: x is NULL");
+    round_bf16_kernel<<<tp_grid_1d(n_elems, CONVERT_THREADS), CONVERT_THREADS, 0, stream>>>(x, n_elems);
+    CUDA_CHECK(cudaGetLastError());
 }

@@ -141,16 +141,19 @@ void cuda_op_linear_fwd(CudaGemmCtx *ctx,
 /* y16 = bf16(act(x W^T + b)), act ReLU when relu, else none (ops_list.h's
  * linear_fwd16): one cuBLASLt GEMM storing bf16 (epilogue BIAS, RELU or
  * RELU_BIAS, fp32 bias) in bf16 precision when cuBLASLt has an algorithm;
- * otherwise cuda_op_linear_fwd into tmp (N, out) and the rounding kernel.
- * The scratch is cuda_linear_fwd_scratch_bytes's. */
+ * otherwise cuda_op_linear_fwd into tmp (N, out) and the rounding kernel,
+ * or with tmp NULL the same in row chunks through fp32 room in scratch
+ * (scratch_linear_fwd16). has_tmp: tmp will be given. */
+size_t cuda_linear_fwd16_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
+                                       bool x_bf16_only, bool has_tmp);
 void cuda_op_linear_fwd16(CudaGemmCtx *ctx,
                           uint16_t *y16,      // (N, out) bf16 bits
-                          float *tmp,         // (N, out)
+                          float *tmp,         // (N, out) or NULL
                           CudaGemmOperand x,  // (N, in)
                           CudaGemmOperand W,  // (out, in)
                           const float *b,     // (out) or NULL
                           bool relu, int N, int in, int out,
-                          void *scratch,      // (scratch_bytes >= cuda_linear_fwd_scratch_bytes(...))
+                          void *scratch,      // (scratch_bytes >= cuda_linear_fwd16_scratch_bytes(...))
                           size_t scratch_bytes);
 
 /* dx += dy W (GRAD_ADD) or dx = dy W (GRAD_WRITE: beta = 0, dx never read);
@@ -169,6 +172,22 @@ void cuda_op_linear_bwd(CudaGemmCtx *ctx,
                         int N, int in, int out,
                         void *scratch,      // (scratch_bytes >= cuda_linear_bwd_scratch_bytes(...))
                         size_t scratch_bytes);
+
+/* cuda_op_linear_bwd without db, dy as bf16 bits (ops_list.h's
+ * linear_bwd_dy16): multiplied as they are in bf16, widened into scratch
+ * in fp32. */
+size_t cuda_linear_bwd_dy16_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, int N, int in,
+                                          int out, bool w_has_bf16);
+void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx,
+                             float *dx,             // (N, in) or NULL
+                             GradMode dx_mode,
+                             float *dW,             // (out, in) or NULL
+                             const uint16_t *dy16,  // (N, out) bf16 bits
+                             CudaGemmOperand x,     // (N, in)
+                             CudaGemmOperand W,     // (out, in)
+                             int N, int in, int out,
+                             void *scratch,  // (scratch_bytes >= cuda_linear_bwd_dy16_scratch_bytes(...))
+                             size_t scratch_bytes);
 
 /* fp32 -> bf16 (bf16 as its 16 raw bits; round to nearest even, NaN kept):
  * the compute weights' re-cast. */

@@ -31,6 +31,13 @@ __device__ __forceinline__ uint16_t tp_bf16_bits(float x) {
     return (uint16_t)(u >> 16);
 }
 
+// An input element as fp32: stored so, or bf16 bits widened (exact), for
+// kernels templated on their input's storage.
+__device__ __forceinline__ float ld_in(const float *x, long long i) { return x[i]; }
+__device__ __forceinline__ float ld_in(const uint16_t *x, long long i) {
+    return __uint_as_float((uint32_t)x[i] << 16);
+}
+
 // Argument checks of the exported ops (stay on in release builds).
 #define TP_NEED_PTR(op, ptr) TP_CHECK((ptr) != NULL, "%s: %s is NULL", (op), #ptr)
 #define TP_NEED_SIZE(op, x) TP_CHECK((x) >= 0, "%s: %s = %d is negative", (op), #x, (int)(x))

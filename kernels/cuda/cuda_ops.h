@@ -94,6 +94,12 @@ size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C);
 size_t cuda_sum_scratch_bytes(size_t n_elems);  // sum_acc and sumsq_acc
 /* The bytes version of cuda_op_copy. */
 void cuda_op_copy_bytes(void *dst, const void *src, size_t n_bytes, void *scratch, cudaStream_t stream);
+/* cuda_op_bias_bwd that also writes dy's bf16 copy (round to nearest even,
+ * as the GEMMs' operand copies) as it reads dy: the same db bits and the
+ * same copy, one pass over dy instead of two (linear_bwd in bf16). The
+ * scratch is cuda_bias_bwd_scratch_bytes's. */
+void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int N, int C, void *scratch,
+                                cudaStream_t stream);
 /* Attention's fused path (one (b, h) pair per block, out of shared memory;
  * on by default): off sends every call down the general path, which gives
  * the same bits. For the tests that prove that. Process-wide. */

@@ -214,13 +214,53 @@ extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, CudaGemmOperand x
     }
 }
 
+extern "C" size_t cuda_linear_fwd16_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
+                                                  bool x_bf16_only, bool has_tmp) {
+    return scratch_linear_fwd16(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16, x_bf16_only, has_tmp);
+}
+
+// Rows [first, ...) of an (N, in) operand.
+static CudaGemmOperand rows_from(CudaGemmOperand x, size_t first, int in) {
+    const size_t at = first * (size_t)in;
+    CudaGemmOperand o = {x.f32 ? x.f32 + at : NULL, x.bf16 ? x.bf16 + at : NULL};
+    return o;
+}
+
+// The fp32 product, then the rounding (with ReLU): into tmp whole, or with
+// no tmp in row chunks through fp32 room carved from the scratch.
+static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x, CudaGemmOperand W,
+                                  const float *b, bool relu, int N, int in, int out, void *scratch,
+                                  size_t scratch_bytes) {
+    int R = N;
+    if (!tmp) {
+        R = scratch_out16_rows(N, out);
+        const size_t room = scratch_round((size_t)R * out * sizeof(float));
+        TP_CHECK(scratch_bytes >= room, "cuda_op_linear_fwd16: %zu bytes of scratch, %zu needed", scratch_bytes,
+                 room);
+        tmp = (float *)scratch;
+        scratch = (char *)scratch + room;
+        scratch_bytes -= room;
+    }
+    for (int r = 0; r < N; r += R) {
+        const int rows = N - r < R ? N - r : R;
+        const size_t n = (size_t)rows * out;
+        cuda_op_linear_fwd(ctx, tmp, rows_from(x, (size_t)r, in), W, b, rows, in, out, scratch, scratch_bytes);
+        uint16_t *dst = y16 + (size_t)r * out;
+        if (relu) cuda_op_act_fwd16(dst, tmp, n, ACT_RELU, ctx->stream);
+        else cuda_op_to_bf16(dst, tmp, n, ctx->stream);
+    }
+}
+
 extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x,
                                      CudaGemmOperand W, const float *b, bool relu, int N, int in, int out,
                                      void *scratch, size_t scratch_bytes) {
     const char *op = "cuda_op_linear_fwd16";
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
     if (N == 0 || out == 0) return;
-    TP_CHECK(y16 && tmp && (in == 0 || (given(x) && W.f32)), "%s: NULL tensor (N=%d in=%d out=%d)", op, N, in, out);
+    TP_CHECK(y16 && (in == 0 || (given(x) && W.f32)), "%s: NULL tensor (N=%d in=%d out=%d)", op, N, in, out);
+    const size_t need =
+        cuda_linear_fwd16_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x), tmp != NULL);
+    TP_CHECK(scratch_bytes >= need, "%s: %zu bytes of scratch given, %zu needed", op, scratch_bytes, need);
     if (ctx->precision == CUDA_GEMM_BF16 && ctx->fuse && in > 0) {  // the GEMM stores bf16, after bias and ReLU
         TpCarver cv = carver_of(scratch, scratch_bytes,
                                 cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x)), op);
@@ -233,10 +273,7 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
             return;
         }
     }
-    cuda_op_linear_fwd(ctx, tmp, x, W, b, N, in, out, scratch, scratch_bytes);  // fp32, then rounded
-    const size_t n = (size_t)N * out;
-    if (relu) cuda_op_act_fwd16(y16, tmp, n, ACT_RELU, ctx->stream);
-    else cuda_op_to_bf16(y16, tmp, n, ctx->stream);
+    linear_fwd16_separate(ctx, y16, tmp, x, W, b, relu, N, in, out, scratch, scratch_bytes);
     ctx->stats.n_out16_separate++;
 }
 
@@ -251,30 +288,46 @@ extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool wan
                               w_has_bf16, x_bf16_only);
 }
 
-// dx (N, in), dW (out, in), db (out), each or NULL; dy (N, out), x (N, in), W (out, in).
-// dx_mode GRAD_WRITE: the dx GEMM runs with beta = 0 (cuBLASLt does not read C).
-extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW, float *db,
-                                   const float *dy, CudaGemmOperand x, CudaGemmOperand W, int N, int in, int out,
-                                   void *scratch, size_t scratch_bytes) {
-    TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_bwd: negative size N=%d in=%d out=%d", N, in, out);
-    TP_CHECK(grad_mode_valid(dx_mode), "cuda_op_linear_bwd: unknown gradient mode %d", (int)dx_mode);
+extern "C" size_t cuda_linear_bwd_dy16_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, int N,
+                                                     int in, int out, bool w_has_bf16) {
+    return scratch_linear_bwd_dy16(ctx->precision == CUDA_GEMM_BF16, want_dx, want_dW, N, in, out, w_has_bf16);
+}
+
+// The two backward GEMMs and the bias gradient, dy an operand (fp32, or
+// bf16 bits alone: then no db, which sums the fp32 dy). The scratch was
+// checked against `need` by the caller's size function.
+static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMode dx_mode, float *dW, float *db,
+                            CudaGemmOperand dy, CudaGemmOperand x, CudaGemmOperand W, int N, int in, int out,
+                            void *scratch, size_t scratch_bytes, size_t need) {
+    TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
+    TP_CHECK(grad_mode_valid(dx_mode), "%s: unknown gradient mode %d", op, (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
-    TP_CHECK(out == 0 || dy, "cuda_op_linear_bwd: dy is NULL");
-    TP_CHECK(!dx || out == 0 || in == 0 || W.f32, "cuda_op_linear_bwd: dx wanted but W is NULL");
-    TP_CHECK(!dW || out == 0 || in == 0 || given(x), "cuda_op_linear_bwd: dW wanted but x is NULL");
+    TP_CHECK(out == 0 || given(dy), "%s: dy is NULL", op);
+    TP_CHECK(!db || out == 0 || dy.f32, "%s: a bias gradient needs the fp32 dy", op);
+    TP_CHECK(!dx || out == 0 || in == 0 || W.f32, "%s: dx wanted but W is NULL", op);
+    TP_CHECK(!dW || out == 0 || in == 0 || given(x), "%s: dW wanted but x is NULL", op);
     const float dx_beta = dx_mode == GRAD_ADD ? 1.0f : 0.0f;
     if (out == 0) {  // dy W is an (N, in) zero matrix: a written dx becomes zeros, the rest is left as it is
         if (dx) gemm_prepared(ctx, false, false, N, in, 0, 1.0f, NULL, NULL, dx_beta, dx);
         return;
     }
-    const size_t need = cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
-                                                      W.bf16 != NULL, bf16_only(x));
-    TpCarver cv = carver_of(scratch, scratch_bytes, need, "cuda_op_linear_bwd");
+    TpCarver cv = carver_of(scratch, scratch_bytes, need, op);
     const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx);
     float *bgrad = try_fused ? (float *)tp_carve(&cv, (size_t)out * sizeof(float)) : NULL;  // (out) epilogue output
     void *bias_scratch = db ? tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, out)) : NULL;
     const bool need_dy = (dx || dW) && in > 0;
-    const void *dya = need_dy ? operand(ctx, &cv, f32_operand(dy), (size_t)N * out) : NULL;
+    const void *dya = NULL;
+    bool db_done = false;
+    if (need_dy && db && !try_fused && ctx->precision == CUDA_GEMM_BF16 && !dy.bf16) {
+        // the bias gradient's pass over dy also stores the GEMMs' bf16 copy of it
+        uint16_t *copy = (uint16_t *)tp_carve(&cv, (size_t)N * out * sizeof(uint16_t));
+        cuda_op_bias_bwd_bf16_copy(db, copy, dy.f32, N, out, bias_scratch, ctx->stream);
+        ctx->stats.n_bgrad_separate++;
+        dya = copy;
+        db_done = true;
+    } else if (need_dy) {
+        dya = operand(ctx, &cv, dy, (size_t)N * out);
+    }
     if (dx && in > 0) {  // dx += dy W, or dx = dy W
         const void *wa = operand(ctx, &cv, W, (size_t)out * in);
         gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, dx_beta, dx);
@@ -287,15 +340,37 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode
                                    CUBLASLT_EPILOGUE_BGRADB, bgrad);
         if (!fused) gemm_prepared(ctx, true, false, out, in, N, 1.0f, dya, xa, 1.0f, dW);
     }
-    if (db) {
+    if (db && !db_done) {
         if (fused) {
             launch_accumulate(ctx->stream, db, bgrad, (size_t)out);
             ctx->stats.n_bgrad_fused++;
         } else {
-            cuda_op_bias_bwd(db, dy, N, out, bias_scratch, ctx->stream);
+            cuda_op_bias_bwd(db, dy.f32, N, out, bias_scratch, ctx->stream);
             ctx->stats.n_bgrad_separate++;
         }
     }
+}
+
+// dx (N, in), dW (out, in), db (out), each or NULL; dy (N, out), x (N, in), W (out, in).
+// dx_mode GRAD_WRITE: the dx GEMM runs with beta = 0 (cuBLASLt does not read C).
+extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW, float *db,
+                                   const float *dy, CudaGemmOperand x, CudaGemmOperand W, int N, int in, int out,
+                                   void *scratch, size_t scratch_bytes) {
+    const size_t need = N > 0 ? cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
+                                                              W.bf16 != NULL, bf16_only(x))
+                              : 0;
+    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, dx_mode, dW, db, f32_operand(dy), x, W, N, in, out, scratch,
+                    scratch_bytes, need);
+}
+
+extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW,
+                                        const uint16_t *dy16, CudaGemmOperand x, CudaGemmOperand W, int N, int in,
+                                        int out, void *scratch, size_t scratch_bytes) {
+    const size_t need =
+        N > 0 ? cuda_linear_bwd_dy16_scratch_bytes(ctx, dx != NULL, dW != NULL, N, in, out, W.bf16 != NULL) : 0;
+    CudaGemmOperand dy = {NULL, dy16};
+    linear_bwd_core(ctx, "cuda_op_linear_bwd_dy16", dx, dx_mode, dW, NULL, dy, x, W, N, in, out, scratch,
+                    scratch_bytes, need);
 }
 
 extern "C" void cuda_gemm_f32_to_bf16(cudaStream_t stream, uint16_t *dst, const float *src, size_t n_elems) {

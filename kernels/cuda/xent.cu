@@ -89,18 +89,25 @@ __global__ void xent_fwd_kernel(float *losses,           // (N)
     }
 }
 
+// An output element: fp32, or rounded to bf16 bits as it is stored.
+__device__ __forceinline__ void st_out(float *x, long long i, float v) { x[i] = v; }
+__device__ __forceinline__ void st_out(uint16_t *x, long long i, float v) { x[i] = tp_bf16_bits(v); }
+
 // g[n, v] = dloss * (exp(x - lse) - (1-eps)[v == local] - smooth) for
 // v < V_valid; local = targets[n] - vocab_start. The full-row backward is the
 // one-shard case (V_local = V_valid = V, vocab_start = 0).
-// grid (column blocks, row blocks).
+// grid (column blocks, row blocks). T: the logits' storage (fp32, or bf16
+// bits read widened: the same arithmetic on the same values).
 //   IN_PLACE false (op_xent_vp_bwd): dlogits += g; ignored rows and padding
 //     columns are left as they are.
-//   IN_PLACE true (op_xent_vp_grad_inplace): dlogits is logits, and g is
-//     written over the logit it is computed from (each element read and
-//     written by one thread); ignored rows and padding columns become 0.
-template <bool IN_PLACE>
-__global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local)
-                                const float *logits,     // (N, V_local)
+//   IN_PLACE true (op_xent_vp_grad_inplace, _inplace16): out is logits, and
+//     g is written over the logit it is computed from (each element read and
+//     written by one thread; to bf16 rounded as stored); ignored rows and
+//     padding columns become 0.
+template <bool IN_PLACE, typename T>
+__global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local): !IN_PLACE
+                                T *out,                  // (N, V_local): IN_PLACE, = logits
+                                const T *logits,         // (N, V_local)
                                 const float *lse,        // (N)
                                 const int32_t *targets,  // (N)
                                 float dloss, float smooth, int N, int V_local, int V_valid,
@@ -111,39 +118,40 @@ __global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local)
         const int valid = y == ignore_id ? 0 : V_valid;
         const long long local = (long long)y - vocab_start;
         const float row_lse = lse[n];
-        const float *row = logits + (size_t)n * V_local;
-        float *drow = dlogits + (size_t)n * V_local;
+        const T *row = logits + (size_t)n * V_local;
         const int end = IN_PLACE ? V_local : V_valid;
         for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < end; v += gridDim.x * blockDim.x) {
             float g = 0.0f;
             if (v < valid) {
-                const float p = expf(row[v] - row_lse);
+                const float p = expf(ld_in(row, v) - row_lse);
                 const float target = (v == local ? 1.0f - eps : 0.0f) + smooth;
                 g = dloss * (p - target);
             }
-            if (IN_PLACE) drow[v] = g;
-            else drow[v] += g;
+            if (IN_PLACE) st_out(out + (size_t)n * V_local, v, g);
+            else dlogits[(size_t)n * V_local + v] += g;
         }
     }
 }
 
 // One block per row: the shard's max over its V_valid real columns.
-__global__ void xent_vp_max_kernel(float *row_max,       // (N)
-                                   const float *logits,  // (N, V_local)
+template <typename T>
+__global__ void xent_vp_max_kernel(float *row_max,    // (N)
+                                   const T *logits,   // (N, V_local)
                                    int N, int V_local, int V_valid) {
     __shared__ float smem[TP_WARP];
     for (int n = blockIdx.x; n < N; n += gridDim.x) {
-        const float *row = logits + (size_t)n * V_local;
+        const T *row = logits + (size_t)n * V_local;
         float max = -INFINITY;
-        for (int v = threadIdx.x; v < V_valid; v += blockDim.x) max = fmaxf(max, row[v]);
+        for (int v = threadIdx.x; v < V_valid; v += blockDim.x) max = fmaxf(max, ld_in(row, v));
         max = tp_block_max(max, smem);
         if (threadIdx.x == 0) row_max[n] = max;
     }
 }
 
 // One block per row: {sum exp(x - max), sum x, x_target or 0} of the shard.
+template <typename T>
 __global__ void xent_vp_sums_kernel(float *stats,            // (N, 3)
-                                    const float *logits,     // (N, V_local)
+                                    const T *logits,         // (N, V_local)
                                     const float *row_max,    // (N) global
                                     const int32_t *targets,  // (N)
                                     int N, int V_local, int V_valid, int vocab_start,
@@ -156,12 +164,13 @@ __global__ void xent_vp_sums_kernel(float *stats,            // (N, 3)
             if (threadIdx.x == 0) st[0] = st[1] = st[2] = 0.0f;
             continue;
         }
-        const float *row = logits + (size_t)n * V_local;
+        const T *row = logits + (size_t)n * V_local;
         const float max = row_max[n];
         double sum_exp = 0.0, sum_x = 0.0;
         for (int v = threadIdx.x; v < V_valid; v += blockDim.x) {
-            sum_exp += expf(row[v] - max);
-            sum_x += row[v];
+            const float x = ld_in(row, v);
+            sum_exp += expf(x - max);
+            sum_x += x;
         }
         sum_exp = tp_block_sum(sum_exp, smem);
         sum_x = tp_block_sum(sum_x, smem);
@@ -169,7 +178,7 @@ __global__ void xent_vp_sums_kernel(float *stats,            // (N, 3)
             const long long local = (long long)y - vocab_start;
             st[0] = (float)sum_exp;
             st[1] = (float)sum_x;
-            st[2] = (local >= 0 && local < V_valid) ? row[local] : 0.0f;
+            st[2] = (local >= 0 && local < V_valid) ? ld_in(row, local) : 0.0f;
         }
     }
 }
@@ -222,34 +231,37 @@ static void xent_bwd_launch(float *dlogits, const float *logits, const float *ls
                             cudaStream_t stream) {
     const float smooth = eps / (float)V;  // the CPU's expression
     dim3 grid(tp_grid_1d((size_t)V_valid, XENT_THREADS), row_grid(N));
-    xent_bwd_kernel<false><<<grid, XENT_THREADS, 0, stream>>>(dlogits, logits, lse, targets, dloss,
-                                                             smooth, N, V_local, V_valid,
-                                                             vocab_start, eps, ignore_id);
+    xent_bwd_kernel<false, float><<<grid, XENT_THREADS, 0, stream>>>(
+        dlogits, (float *)NULL, logits, lse, targets, dloss, smooth, N, V_local, V_valid, vocab_start, eps,
+        ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void xent_grad_inplace_launch(float *logits, const float *lse, const int32_t *targets,
+template <typename T>
+static void xent_grad_inplace_launch(T *logits, const float *lse, const int32_t *targets,
                                      float dloss, int N, int V_local, int V_valid, int vocab_start,
                                      int V, float eps, int32_t ignore_id, cudaStream_t stream) {
     const float smooth = eps / (float)V;  // the CPU's expression
     dim3 grid(tp_grid_1d((size_t)V_local, XENT_THREADS), row_grid(N));
-    xent_bwd_kernel<true><<<grid, XENT_THREADS, 0, stream>>>(logits, logits, lse, targets, dloss,
-                                                            smooth, N, V_local, V_valid, vocab_start,
-                                                            eps, ignore_id);
+    xent_bwd_kernel<true, T><<<grid, XENT_THREADS, 0, stream>>>(
+        (float *)NULL, logits, logits, lse, targets, dloss, smooth, N, V_local, V_valid, vocab_start, eps,
+        ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void xent_vp_max_launch(float *row_max, const float *logits, int N, int V_local,
+template <typename T>
+static void xent_vp_max_launch(float *row_max, const T *logits, int N, int V_local,
                                int V_valid, cudaStream_t stream) {
-    xent_vp_max_kernel<<<row_grid(N), XENT_THREADS, 0, stream>>>(row_max, logits, N, V_local,
-                                                                V_valid);
+    xent_vp_max_kernel<T><<<row_grid(N), XENT_THREADS, 0, stream>>>(row_max, logits, N, V_local,
+                                                                   V_valid);
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void xent_vp_sums_launch(float *stats, const float *logits, const float *row_max,
+template <typename T>
+static void xent_vp_sums_launch(float *stats, const T *logits, const float *row_max,
                                 const int32_t *targets, int N, int V_local, int V_valid,
                                 int vocab_start, int32_t ignore_id, cudaStream_t stream) {
-    xent_vp_sums_kernel<<<row_grid(N), XENT_THREADS, 0, stream>>>(
+    xent_vp_sums_kernel<T><<<row_grid(N), XENT_THREADS, 0, stream>>>(
         stats, logits, row_max, targets, N, V_local, V_valid, vocab_start, ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -313,9 +325,9 @@ static void check_vp(const char *op, int N, int V_local, int V_valid) {
              op, V_valid, V_local);
 }
 
-extern "C" void cuda_op_xent_vp_max(float *row_max, const float *logits, int N, int V_local,
-                                    int V_valid, cudaStream_t stream) {
-    const char *op = "cuda_op_xent_vp_max";
+template <typename T>
+static void vp_max(const char *op, float *row_max, const T *logits, int N, int V_local, int V_valid,
+                   cudaStream_t stream) {
     check_vp(op, N, V_local, V_valid);
     if (N == 0) return;
     TP_NEED_PTR(op, row_max);
@@ -323,10 +335,20 @@ extern "C" void cuda_op_xent_vp_max(float *row_max, const float *logits, int N, 
     xent_vp_max_launch(row_max, logits, N, V_local, V_valid, stream);
 }
 
-extern "C" void cuda_op_xent_vp_sums(float *stats, const float *logits, const float *row_max,
-                                     const int32_t *targets, int N, int V_local, int V_valid,
-                                     int vocab_start, int32_t ignore_id, cudaStream_t stream) {
-    const char *op = "cuda_op_xent_vp_sums";
+extern "C" void cuda_op_xent_vp_max(float *row_max, const float *logits, int N, int V_local,
+                                    int V_valid, cudaStream_t stream) {
+    vp_max("cuda_op_xent_vp_max", row_max, logits, N, V_local, V_valid, stream);
+}
+
+extern "C" void cuda_op_xent_vp_max16(float *row_max, const uint16_t *logits16, int N, int V_local,
+                                      int V_valid, cudaStream_t stream) {
+    vp_max("cuda_op_xent_vp_max16", row_max, logits16, N, V_local, V_valid, stream);
+}
+
+template <typename T>
+static void vp_sums(const char *op, float *stats, const T *logits, const float *row_max,
+                    const int32_t *targets, int N, int V_local, int V_valid, int vocab_start,
+                    int32_t ignore_id, cudaStream_t stream) {
     check_vp(op, N, V_local, V_valid);
     TP_NEED_SIZE(op, vocab_start);
     if (N == 0) return;
@@ -336,6 +358,20 @@ extern "C" void cuda_op_xent_vp_sums(float *stats, const float *logits, const fl
     if (V_valid > 0) TP_NEED_PTR(op, logits);
     xent_vp_sums_launch(stats, logits, row_max, targets, N, V_local, V_valid, vocab_start,
                         ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_vp_sums(float *stats, const float *logits, const float *row_max,
+                                     const int32_t *targets, int N, int V_local, int V_valid,
+                                     int vocab_start, int32_t ignore_id, cudaStream_t stream) {
+    vp_sums("cuda_op_xent_vp_sums", stats, logits, row_max, targets, N, V_local, V_valid,
+            vocab_start, ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_vp_sums16(float *stats, const uint16_t *logits16, const float *row_max,
+                                       const int32_t *targets, int N, int V_local, int V_valid,
+                                       int vocab_start, int32_t ignore_id, cudaStream_t stream) {
+    vp_sums("cuda_op_xent_vp_sums16", stats, logits16, row_max, targets, N, V_local, V_valid,
+            vocab_start, ignore_id, stream);
 }
 
 extern "C" void cuda_op_xent_vp_loss(float *losses, float *lse, const float *row_max,
@@ -374,11 +410,10 @@ extern "C" void cuda_op_xent_vp_bwd(float *dlogits, const float *logits, const f
                     ignore_id, stream);
 }
 
-extern "C" void cuda_op_xent_vp_grad_inplace(float *logits, const float *lse,
-                                             const int32_t *targets, float dloss, int N,
-                                             int V_local, int V_valid, int vocab_start, int V,
-                                             float eps, int32_t ignore_id, cudaStream_t stream) {
-    const char *op = "cuda_op_xent_vp_grad_inplace";
+template <typename T>
+static void vp_grad_inplace(const char *op, T *logits, const float *lse, const int32_t *targets,
+                            float dloss, int N, int V_local, int V_valid, int vocab_start, int V,
+                            float eps, int32_t ignore_id, cudaStream_t stream) {
     check_vp(op, N, V_local, V_valid);
     TP_NEED_SIZE(op, vocab_start);
     TP_NEED_SIZE(op, V);
@@ -389,4 +424,20 @@ extern "C" void cuda_op_xent_vp_grad_inplace(float *logits, const float *lse,
     TP_NEED_PTR(op, targets);
     xent_grad_inplace_launch(logits, lse, targets, dloss, N, V_local, V_valid, vocab_start,
                              V > 0 ? V : 1, eps, ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_vp_grad_inplace(float *logits, const float *lse,
+                                             const int32_t *targets, float dloss, int N,
+                                             int V_local, int V_valid, int vocab_start, int V,
+                                             float eps, int32_t ignore_id, cudaStream_t stream) {
+    vp_grad_inplace("cuda_op_xent_vp_grad_inplace", logits, lse, targets, dloss, N, V_local,
+                    V_valid, vocab_start, V, eps, ignore_id, stream);
+}
+
+extern "C" void cuda_op_xent_vp_grad_inplace16(uint16_t *logits16, const float *lse,
+                                               const int32_t *targets, float dloss, int N,
+                                               int V_local, int V_valid, int vocab_start, int V,
+                                               float eps, int32_t ignore_id, cudaStream_t stream) {
+    vp_grad_inplace("cuda_op_xent_vp_grad_inplace16", logits16, lse, targets, dloss, N, V_local,
+                    V_valid, vocab_start, V, eps, ignore_id, stream);
 }

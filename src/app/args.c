@@ -252,8 +252,9 @@ static const Flag TRAIN_FLAGS[] = {
      .help = "the stages' layers, e.g. enc:0-3|enc:4-5,dec:0-1|dec:2-5"},
     {CHOICE_("recompute", "Parallelism", "none|selective|full", RECOMPUTE_VALUES, recompute), .metavar = "R",
      .dflt = "none",
-     .help = "none, selective (attention probabilities recomputed in backward) or full (only each layer's input "
-             "kept; the layer run again in backward); results are bit for bit those of none"},
+     .help = "none, selective (attention probabilities and the streams between a layer's sub-blocks recomputed "
+             "in backward) or full (only each layer's input kept; the layer run again in backward); results are "
+             "bit for bit those of none"},
     {SWITCH_("sequence-parallel", "Parallelism", seq_par),
      .help = "with tp > 1: LayerNorms, dropout and residual streams hold 1/tp of the tokens per rank (allgather "
              "and reduce-scatter in place of the tp allreduces; stage messages carry a rank's rows)"},

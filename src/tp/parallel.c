@@ -29,11 +29,15 @@ void tp_vocab_embedding_fwd(const TpGroup *g, Backend *be, float *out, const int
 }
 
 void tp_vocab_xent_fwd(const TpGroup *g, Backend *be, float *losses, float *lse, float *row_max, float *stats,
-                       const float *logits, const int32_t *targets, int N, int vocab_local, int vocab_valid,
-                       int vocab_start, int V, float eps, int32_t ignore_id) {
-    op_xent_vp_max(be, row_max, logits, N, vocab_local, vocab_valid);
+                       const float *logits, const uint16_t *logits16, const int32_t *targets, int N,
+                       int vocab_local, int vocab_valid, int vocab_start, int V, float eps, int32_t ignore_id) {
+    TP_CHECK((logits == NULL) != (logits16 == NULL), "tp_vocab_xent_fwd: give exactly one of logits and logits16");
+    if (logits16) op_xent_vp_max16(be, row_max, logits16, N, vocab_local, vocab_valid);
+    else op_xent_vp_max(be, row_max, logits, N, vocab_local, vocab_valid);
     reduce(g, row_max, (size_t)N, COMM_MAX);
-    op_xent_vp_sums(be, stats, logits, row_max, targets, N, vocab_local, vocab_valid, vocab_start, ignore_id);
+    if (logits16)
+        op_xent_vp_sums16(be, stats, logits16, row_max, targets, N, vocab_local, vocab_valid, vocab_start, ignore_id);
+    else op_xent_vp_sums(be, stats, logits, row_max, targets, N, vocab_local, vocab_valid, vocab_start, ignore_id);
     reduce(g, stats, (size_t)N * 3, COMM_SUM);
     op_xent_vp_loss(be, losses, lse, row_max, stats, targets, N, V, eps, ignore_id);
 }

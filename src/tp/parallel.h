@@ -66,11 +66,12 @@ void tp_vocab_embedding_fwd(const TpGroup *g, Backend *be, float *out, const int
 /* The label-smoothed cross-entropy of N rows whose logits (N, vocab_local)
  * hold this rank's vocabulary columns (the first vocab_valid real, from
  * vocab_start; V is the real vocabulary size): losses (N) and lse (N), the
- * same on every rank, for op_xent_vp_bwd. row_max (N) and stats (N, 3) are
- * scratch the backward pass does not need. */
+ * same on every rank, for op_xent_vp_bwd. The logits come as fp32 (logits)
+ * or as bf16 bits (logits16), exactly one of them. row_max (N) and stats
+ * (N, 3) are scratch the backward pass does not need. */
 void tp_vocab_xent_fwd(const TpGroup *g, Backend *be, float *losses, float *lse, float *row_max, float *stats,
-                       const float *logits, const int32_t *targets, int N, int vocab_local, int vocab_valid,
-                       int vocab_start, int V, float eps, int32_t ignore_id);
+                       const float *logits, const uint16_t *logits16, const int32_t *targets, int N,
+                       int vocab_local, int vocab_valid, int vocab_start, int V, float eps, int32_t ignore_id);
 
 /* Sequence parallelism: a (N, C) tensor split by rows gives rank r the rows
  * [r n, r n + n) of its padded whole (size n rows, C), n = tp_seq_rows(g, N)

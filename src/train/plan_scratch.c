@@ -118,12 +118,15 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
         attn(&w, cfg, layer, "cross_attn", Nt, Ns, backward, true, true);
         ffn(&w, cfg, layer, Nt, backward);
     }
-    if (st->head) {  // the tied output layer, the loss sum
-        fwd(&w, "", "embed", Nt, C, Vl);
+    if (st->head) {  // the tied output layer (bf16: logits stored as bf16, no tmp), the loss sum
+        if (bf16) w.need = max_z(w.need, scratch_linear_fwd16(bf16, Nt, C, Vl, twin(&w, "", "embed"), false, false));
+        else fwd(&w, "", "embed", Nt, C, Vl);
         w.need = max_z(w.need, scratch_sum((size_t)Nt));
         if (backward) {
-            w.need = max_z(w.need, scratch_linear_bwd(bf16, w.fused_bgrad, true, true, false, Nt, C, Vl,
-                                                      twin(&w, "", "embed"), false));
+            const bool tw = twin(&w, "", "embed");
+            w.need = max_z(w.need, bf16 ? scratch_linear_bwd_dy16(bf16, true, true, Nt, C, Vl, tw)
+                                        : scratch_linear_bwd(bf16, w.fused_bgrad, true, true, false, Nt, C, Vl, tw,
+                                                             false));
             w.need = max_z(w.need, scratch_layernorm_bwd(rows(&w, Nt), C));  // the decoder's final LayerNorm
         }
     }

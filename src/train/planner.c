@@ -342,7 +342,7 @@ static void bench_attn(void *p) {
 static float *zeros(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(float), MEM_WORKSPACE); }
 
 static void layer_costs(const PlanInput *in, const PlanCalib *c, int tp, const ModelStage *st, PlanShape s,
-                        double *layers_fwd, double *head_fwd, double *attn_fwd);
+                        double *layers_fwd, double *head_fwd, double *attn_fwd, double *attn_out);
 
 /* Seconds of one training micro-batch (forward and backward) of model m
  * on a batch of shape s: the mean of eight after a warm-up. */
@@ -396,8 +396,8 @@ static void elem_calibrate(Backend *be, const PlanInput *in, PlanShape big, Plan
     double rest[2], floats[2];
     for (int k = 0; k < 2; k++) {
         const double t = model_step_s(be, &m, shapes[k], sync);
-        double layers, head, attn;
-        layer_costs(&in1, c, 1, &whole, shapes[k], &layers, &head, &attn);
+        double layers, head, attn, attn_out;
+        layer_costs(&in1, c, 1, &whole, shapes[k], &layers, &head, &attn, &attn_out);
         size_t slot, scratch;
         model_plan_activations(&one, 1, &whole, MODEL_RECOMPUTE_NONE, false, m.keep_bf16, shapes[k].B, shapes[k].S,
                                shapes[k].T, &slot, &scratch);
@@ -571,9 +571,10 @@ static double p2p_s(const PlanCalib *c, double n) {
 
 /* Forward seconds of a micro-batch of shape s on a tp rank of stage st:
  * its layers' GEMMs and attention, the output layer's GEMM, and of it the
- * attention alone. */
+ * attention alone and the attention blocks' output projections (what
+ * selective recomputation runs again: model.c's attn_out_fwd). */
 static void layer_costs(const PlanInput *in, const PlanCalib *c, int tp, const ModelStage *st, PlanShape s,
-                        double *layers_fwd, double *head_fwd, double *attn_fwd) {
+                        double *layers_fwd, double *head_fwd, double *attn_fwd, double *attn_out) {
     const ModelConfig *cfg = &in->cfg;
     const int C = cfg->d_model, Cl = C / tp, Fl = cfg->d_ff / tp, Vl = vocab_padded(cfg, tp) / tp;
     const double Ns = (double)s.B * s.S, Nt = (double)s.B * s.T, Hl = cfg->n_heads / tp, dh = C / cfg->n_heads;
@@ -583,6 +584,7 @@ static void layer_costs(const PlanInput *in, const PlanCalib *c, int tp, const M
     const double dec_gemm = 4 * GEMM(Nt, Cl, C) + 2 * GEMM(Nt, C, Cl) + 2 * GEMM(Ns, Cl, C) + GEMM(Nt, Fl, C) +
                             GEMM(Nt, C, Fl);
     *head_fwd = st->head ? GEMM(Nt, Vl, C) : 0.0;
+    *attn_out = n_enc * GEMM(Ns, C, Cl) + 2.0 * n_dec * GEMM(Nt, C, Cl);
 #undef GEMM
     const double ar = c->attn_flops_per_s > 0.0 ? c->attn_flops_per_s : 1e9;
     const double enc_attn = 4.0 * s.B * Hl * (double)s.S * s.S * dh / ar;
@@ -599,8 +601,8 @@ static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage
     const int tp = in->tp, C = cfg->d_model;
     const double Ns = (double)s.B * s.S, Nt = (double)s.B * s.T;
     const int n_enc = st->enc_hi - st->enc_lo, n_dec = st->dec_hi - st->dec_lo;
-    double layers_fwd, head_gemm, attn;
-    layer_costs(in, c, tp, st, s, &layers_fwd, &head_gemm, &attn);
+    double layers_fwd, head_gemm, attn, attn_out;
+    layer_costs(in, c, tp, st, s, &layers_fwd, &head_gemm, &attn, &attn_out);
     /* element-wise work: in proportion to the activations a slot keeps */
     size_t slot, scratch;
     model_plan_activations(cfg, tp, st, MODEL_RECOMPUTE_NONE, in->seq_par, in->dtype == DTYPE_BF16, s.B, s.S, s.T,
@@ -608,7 +610,7 @@ static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage
     const int e = elem_nearest(c, (double)s.B * (s.S + s.T));
     const double elem = e < 0 ? 0.0 : c->elem[e].per_float * (double)slot + c->elem[e].fixed_per_layer * (n_enc + n_dec);
     double t = 3.0 * (layers_fwd + head_gemm) + elem;  // forward, and backward's two GEMMs per GEMM
-    if (in->recompute == MODEL_RECOMPUTE_SELECTIVE) t += 0.5 * attn;
+    if (in->recompute == MODEL_RECOMPUTE_SELECTIVE) t += 0.5 * attn + attn_out;
     if (in->recompute == MODEL_RECOMPUTE_FULL) t += layers_fwd + elem / 3.0;
     *compute = t;
     /* tp: per sub-block one allreduce forward and one backward of (N, C);
@@ -624,6 +626,8 @@ static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage
         const double per_s = in->seq_par ? 2.0 * allreduce_s(c, tp, bs / 2.0) : allreduce_s(c, tp, bs);
         const double per_t = in->seq_par ? 2.0 * allreduce_s(c, tp, bt / 2.0) : allreduce_s(c, tp, bt);
         comm = passes * (fwd_calls_s * per_s + fwd_calls_t * per_t);
+        if (in->recompute == MODEL_RECOMPUTE_SELECTIVE)  // the attention blocks' ends rebuilt: their ROW reduce
+            comm += (in->seq_par ? 0.5 : 1.0) * (n_enc * per_s + 2.0 * n_dec * per_t);
         if (st->head) comm += 3.0 * allreduce_s(c, tp, Nt * 3 * sizeof(float));  // the loss's row statistics
     }
     *tp_comm = comm;

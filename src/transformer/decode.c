@@ -435,10 +435,16 @@ void model_score(Model *m, const Batch *b, double *scores) {
     Backend *be = m->be;
     int n;
     model_forward(m, b, false, (DropoutKey){0}, &n);
-    float *nll_dev = fbuf(be, (size_t)N), *lse = fbuf(be, (size_t)N);
-    op_xent_fwd(be, nll_dev, lse, model_logits(m), model_targets(m), N, V, 0.0f, c->pad_id);
+    float *nll_dev = fbuf(be, (size_t)N), *lse = fbuf(be, (size_t)N), *wide = NULL;
+    const float *logits = model_logits(m);
+    if (!logits) {  // kept in bf16: their values, widened
+        logits = wide = fbuf(be, (size_t)N * V);
+        op_from_bf16(be, wide, model_logits16(m), (size_t)N * V);
+    }
+    op_xent_fwd(be, nll_dev, lse, logits, model_targets(m), N, V, 0.0f, c->pad_id);
     float *nll = TP_MALLOC((size_t)N * sizeof(float));
     backend_download(be, nll, nll_dev, (size_t)N * sizeof(float));
+    backend_free(be, wide);
     backend_free(be, nll_dev);
     backend_free(be, lse);
     for (int i = 0; i < b->B; i++) {

@@ -108,7 +108,7 @@ struct ModelActs {
     float **dec_mid1, **dec_mid2;  // [dec_layers] (Nt, C) after self / cross blocks
     float *enc_out, *enc_m, *enc_r;  // (Ns, C) final encoder LayerNorm
     float *dec_out, *dec_m, *dec_r;  // (Nt, C) final decoder LayerNorm
-    float *logits;               // (Nt, V/tp); after model_backward, their gradient
+    Kept logits;                 // (Nt, V/tp), bf16 in bf16 mode; after model_backward, their gradient
     float *losses, *lse;         // (Nt)
     float *row_max, *xstats;     // (Nt), (Nt, 3) vocab-parallel loss statistics
     /* scratch, in the shared buffer */
@@ -116,7 +116,8 @@ struct ModelActs {
     float *d_res_t;              // (Nt, C)
     float *d_tmp, *d_ln;         // (maxN, C)
     float *d_att, *d_q, *d_k, *d_v;  // (maxN, C/tp)
-    float *d_h, *d_a;            // (maxN, F/tp)
+    float *d_h;                  // (maxN, F/tp): the FFN's hidden gradient, after and before the activation
+                                 // (the same room as d_att .. d_v: see carve_scratch)
     float *d_scratch;            // (B, H/tp, maxL, maxL)
     /* recomputation (model_set_recompute), in the shared buffer too */
     float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer
@@ -180,25 +181,29 @@ static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl, 
     f->a = take_kept(c, N * Fl, bf16);
 }
 
-/* One encoder layer's activations for backward (beside its input), and its
- * stream between attention and FFN into *mid. */
-static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, int B, int S, bool keep_P) {
+/* One encoder layer's activations for backward (beside its input), and
+ * with keep_mid its stream between attention and FFN into *mid (else *mid
+ * is left as it is: see carve_scratch). */
+static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, int B, int S, bool keep_P,
+                            bool keep_mid) {
     const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
     const size_t ns = (size_t)seq_rows(m, B * S);
     const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
-    *mid = take(c, ns * C);
+    if (keep_mid) *mid = take(c, ns * C);
     carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns, bf16);
     carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl, relu, bf16);
 }
 
 /* The same for a decoder layer: its streams after self- and cross-attention. */
 static void carve_dec_layer(Carver *c, const Model *m, DecActs *a, float **mid1, float **mid2, int B, int S, int T,
-                            bool keep_P) {
+                            bool keep_P, bool keep_mid) {
     const int C = m->cfg.d_model, tp = m->tp.size, Cl = C / tp, Fl = m->cfg.d_ff / tp, Hl = m->cfg.n_heads / tp;
     const size_t nt = (size_t)seq_rows(m, B * T);
     const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
-    *mid1 = take(c, nt * C);
-    *mid2 = take(c, nt * C);
+    if (keep_mid) {
+        *mid1 = take(c, nt * C);
+        *mid2 = take(c, nt * C);
+    }
     carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt, bf16);
     carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt, bf16);
     carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl, relu, bf16);
@@ -216,10 +221,11 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
     Carver c = {base, 0};
     const bool full = m->recompute == MODEL_RECOMPUTE_FULL, keep_P = m->recompute == MODEL_RECOMPUTE_NONE;
+    const bool keep_mid = keep_P;  // selective rebuilds the streams between sub-blocks too
     if (has_enc)
         for (int l = st->enc_lo; l <= st->enc_hi; l++) A->enc_res[l] = take(&c, ns * C);
     for (int l = st->enc_lo; l < st->enc_hi && !full; l++)  // full: only the layer inputs (enc_res)
-        carve_enc_layer(&c, m, &A->enc[l], &A->enc_mid[l], B, S, keep_P);
+        carve_enc_layer(&c, m, &A->enc[l], &A->enc_mid[l], B, S, keep_P, keep_mid);
     if (st->enc_ln || has_dec) A->enc_out = take(&c, (size_t)seq_full(m, B * S) * C);  // gathered
     if (st->enc_ln) {
         A->enc_m = take(&c, ns);
@@ -228,12 +234,12 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     if (has_dec)
         for (int l = st->dec_lo; l <= st->dec_hi; l++) A->dec_res[l] = take(&c, nt * C);
     for (int l = st->dec_lo; l < st->dec_hi && !full; l++)
-        carve_dec_layer(&c, m, &A->dec[l], &A->dec_mid1[l], &A->dec_mid2[l], B, S, T, keep_P);
+        carve_dec_layer(&c, m, &A->dec[l], &A->dec_mid1[l], &A->dec_mid2[l], B, S, T, keep_P, keep_mid);
     if (st->head) {
         A->dec_out = take(&c, (size_t)seq_full(m, B * T) * C);  // gathered: the output layer's input
         A->dec_m = take(&c, nt);
         A->dec_r = take(&c, nt);
-        A->logits = take(&c, Nt * Vl);
+        A->logits = take_kept(&c, Nt * Vl, m->keep_bf16);
         A->losses = take(&c, Nt);
         A->lse = take(&c, Nt);
         A->row_max = take(&c, Nt);
@@ -257,29 +263,43 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->d_res_t = take(&c, nt * C);
     A->d_tmp = take(&c, maxNf * C);
     A->d_ln = take(&c, maxNf * C);
-    A->d_att = take(&c, maxN * Cl);
-    A->d_q = take(&c, maxN * Cl);
-    A->d_k = take(&c, maxN * Cl);
-    A->d_v = take(&c, maxN * Cl);
-    A->d_h = take(&c, maxN * Fl);
-    A->d_a = take(&c, maxN * Fl);
+    /* The attention's gradients (d_att, d_q, d_k, d_v) and the FFN's (d_h)
+     * are never live together: backward runs one sub-block at a time, and
+     * forward uses each only as its own sub-block's free room. One region. */
+    const size_t slice = (maxN * Cl + 15) & ~(size_t)15, attn4 = 4 * slice, ffn = maxN * Fl;
+    float *grads = take(&c, attn4 > ffn ? attn4 : ffn);
+    float **attn_grads[4] = {&A->d_att, &A->d_q, &A->d_k, &A->d_v};
+    for (int i = 0; i < 4; i++) *attn_grads[i] = grads ? grads + i * slice : NULL;
+    A->d_h = grads;
     A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
     /* Recomputation: the probabilities of the attention being computed or
-     * differentiated; with full, one layer's activations of each stack, the
+     * differentiated; with selective, one layer's streams between its
+     * sub-blocks; with full, one layer's activations of each stack; the
      * views of every layer pointing at them. */
     const ModelStage *st = &m->stage;
     A->sp_full = m->seq_par ? take(&c, maxNf * C) : NULL;
     A->sp_part = m->seq_par ? take(&c, maxn * C) : NULL;
     A->sp_grads = m->seq_par ? take(&c, (size_t)9 * C) : NULL;
     A->P_shared = m->recompute != MODEL_RECOMPUTE_NONE ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
+    if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {  // the streams between sub-blocks: one layer's, rebuilt
+        const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
+        A->enc_mid_shared = has_enc ? take(&c, ns * C) : NULL;
+        A->dec_mid1_shared = has_dec ? take(&c, nt * C) : NULL;
+        A->dec_mid2_shared = has_dec ? take(&c, nt * C) : NULL;
+        for (int l = st->enc_lo; l < st->enc_hi; l++) A->enc_mid[l] = A->enc_mid_shared;
+        for (int l = st->dec_lo; l < st->dec_hi; l++) {
+            A->dec_mid1[l] = A->dec_mid1_shared;
+            A->dec_mid2[l] = A->dec_mid2_shared;
+        }
+    }
     if (m->recompute == MODEL_RECOMPUTE_FULL) {
-        if (st->enc_hi > st->enc_lo) carve_enc_layer(&c, m, &A->enc_shared, &A->enc_mid_shared, B, S, false);
+        if (st->enc_hi > st->enc_lo) carve_enc_layer(&c, m, &A->enc_shared, &A->enc_mid_shared, B, S, false, true);
         for (int l = st->enc_lo; l < st->enc_hi; l++) {
             A->enc[l] = A->enc_shared;
             A->enc_mid[l] = A->enc_mid_shared;
         }
         if (st->dec_hi > st->dec_lo)
-            carve_dec_layer(&c, m, &A->dec_shared, &A->dec_mid1_shared, &A->dec_mid2_shared, B, S, T, false);
+            carve_dec_layer(&c, m, &A->dec_shared, &A->dec_mid1_shared, &A->dec_mid2_shared, B, S, T, false, true);
         for (int l = st->dec_lo; l < st->dec_hi; l++) {
             A->dec[l] = A->dec_shared;
             A->dec_mid1[l] = A->dec_mid1_shared;
@@ -577,7 +597,8 @@ void model_stage_collect(const Model *m, Comm *pp, const ModelStage *stages, int
     if (me == 0) backend_recast_weights(full->be);
 }
 
-const float *model_logits(const Model *m) { return m->acts->logits; }
+const float *model_logits(const Model *m) { return m->acts->logits.f; }
+const uint16_t *model_logits16(const Model *m) { return m->acts->logits.h; }
 
 const int32_t *model_targets(const Model *m) { return m->acts->dev_tgt_out; }
 
@@ -822,8 +843,7 @@ static void residual_fwd(const Model *m, float *x_out, const float *x_in, float 
  * does: kept as bf16 (rounded as the GEMM stores them; d_q, d_k, d_v, free
  * in forward, are the op's fp32 room should it need one), or
  * with fp32 keeping (model_set_keep_bf16 off) rounded where they are, in
- * fp32, through d_att's room (free then: the attention output is kept in
- * fp32 too), so both keepings compute on the same values. */
+ * fp32, so both keepings compute on the same values. */
 static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, GemmIn src, int N, int Nk) {
     const int C = m->cfg.d_model, Cl = C / m->tp.size;
     ModelActs *A = m->acts;
@@ -839,11 +859,7 @@ static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, Gemm
         }
         float *x32 = kp[i]->f;
         lin_fwd(m, x32, i ? src : ln, W[i], bias[i], rows, C, Cl);
-        if (m->be->dtype == DTYPE_BF16) {
-            uint16_t *bits = (uint16_t *)A->d_att;
-            op_to_bf16(m->be, bits, x32, n);
-            op_from_bf16(m->be, x32, bits, n);
-        }
+        if (m->be->dtype == DTYPE_BF16) op_round_bf16(m->be, x32, n);
     }
 }
 
@@ -854,6 +870,19 @@ static void attention_fwd_of(const Model *m, const AttnActs *a, float *out, floa
         op_attention_fwd_x16(m->be, out, P, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
     else
         op_attention_fwd(m->be, out, P, a->q.f, a->k.f, a->v.f, k_len, B, Hl, Tq, Tk, D, causal);
+}
+
+/* x_out = x_in + Dropout(att W_o^T + b_o): an attention block's end, from
+ * its kept output att (N rows; x_in, x_out this rank's), with next as in
+ * residual_fwd. Also how selective recomputation rebuilds the stream
+ * after an attention block in backward: the same ops and dropout keys on
+ * the same inputs, so the same bits. */
+static void attn_out_fwd(const Model *m, const AttnW *w, const AttnActs *a, float *x_out, const float *x_in, int N,
+                         float p, uint64_t seed, uint64_t stream, const NextLn *next) {
+    const int C = m->cfg.d_model, Cl = C / m->tp.size;
+    float *tmp = m->acts->d_tmp;  // free in forward, and in backward between layers
+    lin_fwd(m, tmp, kept_in(&a->att), w->wo, NULL, N, Cl, C);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
 }
 
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
@@ -868,7 +897,6 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk, n = seq_rows(m, N);
     ModelActs *A = m->acts;
-    float *tmp = A->d_tmp;  // (N, C) scratch: free during forward
     float *ln32 = kept_dst(&a->ln, A->d_ln);
     ln_fwd_kept(m, &a->ln, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
@@ -877,8 +905,7 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     float *att32 = kept_dst(&a->att, A->d_att);
     attention_fwd_of(m, a, att32, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
     keep(m, &a->att, att32, (size_t)N * Cl);
-    lin_fwd(m, tmp, kept_in(&a->att), w->wo, NULL, N, Cl, C);
-    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
+    attn_out_fwd(m, w, a, x_out, x_in, N, p, seed, stream, next);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
@@ -1015,10 +1042,45 @@ void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, i
     op_copy(m->be, enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
 }
 
+/* The tied output layer: this rank's vocabulary columns of the logits,
+ * from the decoder's output (gathered). In bf16 mode kept as bf16, stored
+ * so by the GEMM (the logits are the largest activation of the step: no
+ * fp32 copy of them is ever made); with fp32 keeping in bf16 mode rounded
+ * in place, so the loss sees the same values either way. */
+static void head_fwd(const Model *m, int Nt) {
+    const ModelActs *A = m->acts;
+    const int C = m->cfg.d_model, Vl = m->vocab_local;
+    if (A->logits.h) {
+        op_linear_fwd16(m->be, A->logits.h, NULL, A->dec_out, NULL, m->w.embed, NULL, false, Nt, C, Vl);
+        return;
+    }
+    op_linear_fwd(m->be, A->logits.f, A->dec_out, m->w.embed, NULL, Nt, C, Vl);
+    if (m->be->dtype == DTYPE_BF16) op_round_bf16(m->be, A->logits.f, (size_t)Nt * Vl);
+}
+
+/* loss -> logits -> the decoder output's gradient (into d_ln) and the tied
+ * embedding's output-layer part: the logits' gradient is written over them
+ * (they are not needed again); kept in bf16, it is rounded as it is stored,
+ * the very bits the bf16 GEMMs would round it to. */
+static void head_bwd(Model *m, int Nt, float loss_scale) {
+    const ModelConfig *c = &m->cfg;
+    ModelActs *A = m->acts;
+    const int C = c->d_model, Vl = m->vocab_local, V = c->vocab_size;
+    if (A->logits.h) {
+        op_xent_vp_grad_inplace16(m->be, A->logits.h, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
+                                  m->vocab_start, V, c->label_smoothing, c->pad_id);
+        op_linear_bwd_dy16(m->be, A->d_ln, GRAD_WRITE, m->g.embed, A->logits.h, A->dec_out, m->w.embed, Nt, C, Vl);
+        return;
+    }
+    op_xent_vp_grad_inplace(m->be, A->logits.f, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
+                            m->vocab_start, V, c->label_smoothing, c->pad_id);
+    op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, m->g.embed, NULL, A->logits.f, A->dec_out, m->w.embed, Nt, C, Vl);
+}
+
 void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, float *loss_sum) {
     const ModelConfig *c = &m->cfg;
     const ModelStage *st = &m->stage;
-    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int B = b->B, S = b->S, T = b->T, V = c->vocab_size;
     const int Nt = B * T;
     const float p = drop_p(m, train);
     acts_prepare(m, B, S, T);
@@ -1033,9 +1095,8 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     if (final_ln_chained(m, st->dec_lo, st->dec_hi, c->dec_layers, st->head)) final_ln_gather(m, A->dec_out, Nt);
     else
         final_ln_fwd(m, A->dec_out, A->dec_m, A->dec_r, A->dec_res[c->dec_layers], m->w.dec_ln_g, m->w.dec_ln_b, Nt);
-    /* tied output layer: this rank's vocabulary columns; the loss reduces row statistics only */
-    op_linear_fwd(m->be, A->logits, A->dec_out, m->w.embed, NULL, Nt, C, m->vocab_local);
-    tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits, tgt_out, Nt,
+    head_fwd(m, Nt);
+    tp_vocab_xent_fwd(&m->tp, m->be, A->losses, A->lse, A->row_max, A->xstats, A->logits.f, A->logits.h, tgt_out, Nt,
                       m->vocab_local, m->vocab_valid, m->vocab_start, V, c->label_smoothing, c->pad_id);
     op_sum_acc(m->be, loss_sum, A->losses, (size_t)Nt);
 }
@@ -1256,11 +1317,11 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
     const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
-    lin_bwd(m, A->d_a, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
-    /* the activation's input, or for ReLU its output (positive exactly
-     * where the input is), as kept */
-    if (!f->h && f->a.h) op_act_bwd_x16(m->be, A->d_h, GRAD_WRITE, A->d_a, f->a.h, nF, m->cfg.act);
-    else op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_a, f->h ? f->h : f->a.f, nF, m->cfg.act);
+    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
+    /* through the activation in place: its input, or for ReLU its output
+     * (positive exactly where the input is), as kept */
+    if (!f->h && f->a.h) op_act_bwd_x16(m->be, A->d_h, GRAD_WRITE, A->d_h, f->a.h, nF, m->cfg.act);
+    else op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_h, f->h ? f->h : f->a.f, nF, m->cfg.act);
     zero_pad_rows(m, A->d_ln, N);
     lin_bwd(m, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, col_in_bwd(m, &f->ln, N), w->w1, N, C, Fl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
@@ -1292,10 +1353,14 @@ static void grads_needed_at(Model *m, const float *w, size_t n_elems) {
 /* Backward of the current stage. The last stage starts from the loss; the
  * others from the output gradients the caller wrote where
  * model_stage_output_grad points. */
+/* Selective recomputation keeps no stream between a layer's sub-blocks:
+ * the layer's backward rebuilds them first (attn_out_fwd). */
+static bool mids_rebuilt(const Model *m) { return m->recompute == MODEL_RECOMPUTE_SELECTIVE; }
+
 void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float loss_scale) {
     const ModelConfig *c = &m->cfg;
     const ModelStage *st = &m->stage;
-    const int B = b->B, S = b->S, T = b->T, C = c->d_model, V = c->vocab_size;
+    const int B = b->B, S = b->S, T = b->T, C = c->d_model;
     const int Ns = B * S, Nt = B * T;
     const float p = drop_p(m, train);
     ModelActs *A = m->acts;
@@ -1307,14 +1372,10 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     if (st->head) {
         /* loss -> logits -> decoder output (tied embedding gets the output-layer part);
          * the logits' gradient is written over them (they are not needed again) */
-        const int Vl = m->vocab_local;
-        float *d_logits = A->logits;
-        op_xent_vp_grad_inplace(m->be, d_logits, A->lse, A->dev_tgt_out, loss_scale, Nt, Vl, m->vocab_valid,
-                                m->vocab_start, V, c->label_smoothing, c->pad_id);
-        grads_needed_at(m, m->w.embed, (size_t)Vl * C);  // the tied embedding: written now, final last
+        grads_needed_at(m, m->w.embed, (size_t)m->vocab_local * C);  // the tied embedding: written now, final last
         grads_needed_at(m, m->w.dec_ln_g, 0);
         zero_pad_rows(m, A->d_ln, Nt);
-        op_linear_bwd(m->be, A->d_ln, GRAD_WRITE, m->g.embed, NULL, d_logits, A->dec_out, m->w.embed, Nt, C, Vl);
+        head_bwd(m, Nt, loss_scale);
         final_ln_bwd(m, A->d_res_t, A->d_ln, A->dec_res[c->dec_layers], A->dec_m, A->dec_r, m->w.dec_ln_g,
                      m->g.dec_ln_g, m->g.dec_ln_b, Nt);
         grads_final_from(m, m->w.dec_ln_g);
@@ -1334,6 +1395,12 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->self);
         DecActs *a = &A->dec[l];
         if (full) dec_layer_fwd(m, l, B, S, T, p, key);  // the layer again from its input
+        if (mids_rebuilt(m)) {  // the streams after self- and cross-attention, from the input and kept outputs
+            attn_out_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], Nt, p, key.seed,
+                         stream_of(key, l, SITE_DEC_SELF), NULL);
+            attn_out_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], Nt, p, key.seed,
+                         stream_of(key, l, SITE_DEC_CROSS), NULL);
+        }
         const PrevRes cross = {g->cross.bo, stream_of(key, l, SITE_DEC_CROSS)};
         const PrevRes self = {g->self.bo, stream_of(key, l, SITE_DEC_SELF)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
@@ -1362,6 +1429,9 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->self);
         const EncActs *a = &A->enc[l];
         if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, p, key);
+        if (mids_rebuilt(m))
+            attn_out_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], Ns, p, key.seed,
+                         stream_of(key, l, SITE_ENC_ATTN), NULL);
         const PrevRes self = {g->self.bo, stream_of(key, l, SITE_ENC_ATTN)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
                 stream_of(key, l, SITE_ENC_FFN), &self);

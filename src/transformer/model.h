@@ -209,8 +209,11 @@ void model_stage_collect(const Model *m, Comm *pp, const ModelStage *stages, int
 
 /* Logits of the last forward pass: (B*T, vocab_local), row b*T + t (the
  * whole vocabulary when tp = 1); a device pointer. model_backward writes
- * the logits' gradient over them: read them before it. */
+ * the logits' gradient over them: read them before it. A model keeping
+ * bf16 (model_set_keep_bf16) holds them as bf16 bits alone: model_logits
+ * is then NULL and model_logits16 gives them; otherwise the reverse. */
 const float *model_logits(const Model *m);
+const uint16_t *model_logits16(const Model *m);
 /* The device copy of the last batch's target ids (B*T). */
 const int32_t *model_targets(const Model *m);
 

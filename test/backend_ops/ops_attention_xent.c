@@ -523,7 +523,57 @@ static void test_xent_vp(const Target *t, Rng *rng) {
     dev_free(t, d_t), dev_free(t, d_row_max), dev_free(t, d_stats), dev_free(t, d_losses), dev_free(t, d_lse);
 }
 
+/* The bf16-logit forms on one backend against its fp32 forms on the
+ * widened logits: the same bits (max, the three sums, and the in-place
+ * gradient, which must equal the fp32 one rounded by to_bf16). A vocab-
+ * parallel shard with NaN padding columns, some ignored rows. */
+static void xent_vp16_case(const Target *t, int N, int V_local, int V_valid, int vocab_start, int V, Rng *rng) {
+    Backend *be = t->be;
+    const float eps = 0.1f, dloss = 0.37f;
+    const int32_t ignore_id = 0;
+    const size_t nl = (size_t)N * V_local;
+    float *x = rand_floats(nl, rng, -6, 6);
+    for (int n = 0; n < N; n++)
+        for (int j = V_valid; j < V_local; j++) x[(size_t)n * V_local + j] = NAN;
+    float *xw = host_bf16(x, nl);
+    int32_t *targets = malloc((size_t)N * sizeof *targets);
+    for (int n = 0; n < N; n++) targets[n] = n % 4 == 1 ? ignore_id : 1 + (int32_t)(rng_next(rng) % (uint64_t)(V - 1));
+    targets[0] = vocab_start + V_valid - 1;  // in this shard, its last real column
+    int32_t *d_t = dev_from_i32(t, targets, N);
+    uint16_t *d_x16 = dev_bits(t, xw, nl);
+    float *d_xw = dev_from(t, xw, nl);
+    char what[160];
+    float *d_max[2] = {dev_nan(t, N), dev_nan(t, N)}, *d_st[2] = {dev_nan(t, (size_t)N * 3), dev_nan(t, (size_t)N * 3)};
+    op_xent_vp_max(be, d_max[0], d_xw, N, V_local, V_valid);
+    op_xent_vp_max16(be, d_max[1], d_x16, N, V_local, V_valid);
+    op_xent_vp_sums(be, d_st[0], d_xw, d_max[0], d_t, N, V_local, V_valid, vocab_start, ignore_id);
+    op_xent_vp_sums16(be, d_st[1], d_x16, d_max[0], d_t, N, V_local, V_valid, vocab_start, ignore_id);
+    float *m0 = dev_fetch(t, d_max[0], N), *m1 = dev_fetch(t, d_max[1], N);
+    float *s0 = dev_fetch(t, d_st[0], (size_t)N * 3), *s1 = dev_fetch(t, d_st[1], (size_t)N * 3);
+    snprintf(what, sizeof what, "xent_vp_max16 N=%d V_local=%d against xent_vp_max", N, V_local);
+    check_exact(t, what, m1, m0, N);
+    snprintf(what, sizeof what, "xent_vp_sums16 N=%d V_local=%d against xent_vp_sums", N, V_local);
+    check_exact(t, what, s1, s0, (size_t)N * 3);
+    float *lse = host_alloc(N);  // a plausible lse per row: max + log(sum exp)
+    for (int n = 0; n < N; n++) lse[n] = m0[n] + logf(s0[n * 3] > 0 ? s0[n * 3] : 1.0f);
+    float *d_lse = dev_from(t, lse, N);
+    op_xent_vp_grad_inplace(be, d_xw, d_lse, d_t, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id);
+    uint16_t *d_want = backend_alloc(be, nl * sizeof(uint16_t), MEM_ACT);
+    op_to_bf16(be, d_want, d_xw, nl);
+    op_xent_vp_grad_inplace16(be, d_x16, d_lse, d_t, dloss, N, V_local, V_valid, vocab_start, V, eps, ignore_id);
+    float *want = dev_fetch_bits(t, d_want, nl), *got = dev_fetch_bits(t, d_x16, nl);
+    snprintf(what, sizeof what, "xent_vp_grad_inplace16 N=%d V_local=%d against grad_inplace then to_bf16", N,
+             V_local);
+    check_exact(t, what, got, want, nl);
+    free(x), free(xw), free(targets), free(m0), free(m1), free(s0), free(s1), free(lse), free(want), free(got);
+    dev_free(t, d_t), dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_lse), dev_free(t, d_want);
+    for (int k = 0; k < 2; k++) dev_free(t, d_max[k]), dev_free(t, d_st[k]);
+}
+
 void test_xent(const Target *t, Rng *rng) {
+    xent_vp16_case(t, 9, 26, 24, 26, 50, rng);       // the second of two shards, two padding columns
+    xent_vp16_case(t, 7, 1000, 1000, 0, 1000, rng);  // one shard, rows wider than a block
+
     xent_case(t, 9, 1000, rng);   // rows wider than a block
     xent_case(t, 6, 37, rng);     // rows narrower than a block
     xent_case(t, 3, 32000, rng);  // a real vocabulary

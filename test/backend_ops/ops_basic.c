@@ -142,6 +142,17 @@ void test_elementwise(const Target *t, Rng *rng) {
             float *g0 = dev_fetch(t, d_g[0], n), *g1 = dev_fetch(t, d_g[1], n);
             snprintf(what, sizeof what, "%s bwd_x16 %s", name, m ? "written" : "added");
             check_exact(t, what, g1, g0, n);
+            if (mode == GRAD_WRITE) {  // written in place over dy (the model's FFN backward), both forms
+                for (int k = 0; k < 2; k++) {
+                    float *d_io = dev_from(t, dy, n);
+                    if (k) op_act_bwd_x16(be, d_io, mode, d_io, d_y16, n, (Activation)act);
+                    else op_act_bwd(be, d_io, mode, d_io, d_xb, n, (Activation)act);
+                    float *gi = dev_fetch(t, d_io, n);
+                    snprintf(what, sizeof what, "%s bwd%s written in place over dy", name, k ? "_x16" : "");
+                    check_exact(t, what, gi, g0, n);
+                    free(gi), dev_free(t, d_io);
+                }
+            }
             free(g0), free(g1), dev_free(t, d_g[0]), dev_free(t, d_g[1]);
         }
         dev_free(t, d_xb);
@@ -275,6 +286,19 @@ void test_bf16_convert(const Target *t, Rng *rng) {
         bad += u != (uint32_t)want[i] << 16;
     }
     TCHECK(bad == 0, "%s: from_bf16 is not exact (%zu elements)", t->name, bad);
+    /* round_bf16 in place: the same rounding, kept in fp32 (specials too) */
+    float *d_r = dev_from(t, x, n);
+    op_round_bf16(be, d_r, n);
+    free(y);
+    y = dev_fetch(t, d_r, n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &y[i], sizeof u);
+        bad += u != (uint32_t)want[i] << 16;
+    }
+    TCHECK(bad == 0, "%s: round_bf16 differs from to_bf16's rounding (%zu elements)", t->name, bad);
+    dev_free(t, d_r);
     free(x), free(want), free(got), free(y);
     dev_free(t, d_x), dev_free(t, d_h), dev_free(t, d_y);
 }

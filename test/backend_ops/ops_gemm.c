@@ -18,6 +18,7 @@
 
 #include "err.h"
 #include "harness.h"
+#include "scratch_sizes.h"
 
 /* ---- epilogue modes: CUDA runs each linear case fused and separate ---------------------- */
 
@@ -370,6 +371,68 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
     dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
 }
 
+/* linear_bwd_dy16 on bf16 bits of dy gives, on the same backend, the bits
+ * of linear_bwd (no db) on those values widened: every subset of dx and
+ * dW, dx written over NaN garbage and added to. */
+static void linear_dy16_case(const Target *t, int N, int in, int out, Rng *rng) {
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *dyw = host_bf16(dy, ny), *g0 = rand_floats(nx + nw, rng, -1, 1);
+    uint16_t *d_dy16 = dev_bits(t, dyw, ny);
+    float *d_x = dev_from(t, x, nx), *d_W = dev_from(t, W, nw), *d_dyw = dev_from(t, dyw, ny);
+    char what[160];
+    for (int which = 1; which < 4; which++)
+        for (int m = 0; m < 2; m++) {
+            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
+            if (mode == GRAD_WRITE && !(which & 1)) continue;
+            float *got[2][2];
+            for (int k = 0; k < 2; k++) {
+                float *d_gx = mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx), *d_gW = dev_from(t, g0 + nx, nw);
+                float *gx = which & 1 ? d_gx : NULL, *gW = which & 2 ? d_gW : NULL;
+                if (k) op_linear_bwd_dy16(be, gx, mode, gW, d_dy16, d_x, d_W, N, in, out);
+                else op_linear_bwd(be, gx, mode, gW, NULL, d_dyw, d_x, d_W, N, in, out);
+                got[k][0] = dev_fetch(t, d_gx, nx), got[k][1] = dev_fetch(t, d_gW, nw);
+                dev_free(t, d_gx), dev_free(t, d_gW);
+            }
+            for (int j = 0; j < 2; j++) {
+                snprintf(what, sizeof what, "linear_bwd_dy16 which=%d %s N=%d in=%d out=%d %s against linear_bwd",
+                         which, mode == GRAD_WRITE ? "dx written" : "added", N, in, out, j ? "dW" : "dx");
+                check_exact(t, what, got[1][j], got[0][j], j ? nw : nx);
+                free(got[0][j]), free(got[1][j]);
+            }
+        }
+    free(x), free(W), free(dy), free(dyw), free(g0);
+    dev_free(t, d_dy16), dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dyw);
+}
+
+/* The bias gradient of linear_bwd is bias_bwd's on the same backend, bit
+ * for bit, whenever it does not come from the fp32 GEMM's epilogue (bf16,
+ * or fusion off): on CUDA in bf16 it is computed in the pass that also
+ * makes dy's bf16 copy for the GEMMs, which must change neither. */
+static void linear_db_case(const Target *t, int mode, int N, int in, int out, Rng *rng) {
+    if (!t->bf16 && mode == 0 && !t->is_cpu) return;  // fp32 with fusion: the epilogue's own sums
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *db0 = rand_floats(out, rng, -1, 1);
+    float *d_x = dev_from(t, x, nx), *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny);
+    float *d_db[2] = {dev_from(t, db0, out), dev_from(t, db0, out)}, *d_gx = dev_nan(t, nx);
+    float *d_gW = dev_from(t, W, nw);
+    set_mode(t, mode);
+    op_linear_bwd(be, d_gx, GRAD_WRITE, d_gW, d_db[0], d_dy, d_x, d_W, N, in, out);
+    op_bias_bwd(be, d_db[1], d_dy, N, out);
+    set_mode(t, 0);
+    float *got = dev_fetch(t, d_db[0], out), *want = dev_fetch(t, d_db[1], out);
+    char what[120];
+    snprintf(what, sizeof what, "linear_bwd db N=%d in=%d out=%d%s against bias_bwd", N, in, out,
+             mode ? " separate" : "");
+    check_exact(t, what, got, want, out);
+    free(x), free(W), free(dy), free(db0), free(got), free(want);
+    dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dy), dev_free(t, d_db[0]), dev_free(t, d_db[1]);
+    dev_free(t, d_gx), dev_free(t, d_gW);
+}
+
 /* How many linear_fwd16 cases ran cuBLASLt's bf16-output path (CUDA): printed, for the GPU report. */
 static int g_out16_fused, g_out16_cases;
 
@@ -378,8 +441,8 @@ static int g_out16_fused, g_out16_cases;
  * bit on the CPU and on CUDA's separate path (fusion off); CUDA's one-GEMM
  * path within one bf16 step (its fp32 sums may be ordered otherwise), and
  * the counts say which path ran. */
-static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, bool x16, int N, int in, int out,
-                              Rng *rng) {
+static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, bool x16, bool has_tmp, int N, int in,
+                              int out, Rng *rng) {
     Backend *be = t->be;
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
     float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
@@ -392,7 +455,8 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
 #ifdef TPTRAIN_TEST_CUDA
     const GpuGemmCounts g0 = t->is_cpu ? (GpuGemmCounts){0} : gpu_gemm_counts(be);
 #endif
-    op_linear_fwd16(be, d_y16, d_tmp, x16 ? NULL : d_x, x16 ? d_x16 : NULL, d_W, bias ? d_b : NULL, relu, N, in, out);
+    op_linear_fwd16(be, d_y16, has_tmp ? d_tmp : NULL, x16 ? NULL : d_x, x16 ? d_x16 : NULL, d_W, bias ? d_b : NULL,
+                    relu, N, in, out);
 #ifdef TPTRAIN_TEST_CUDA
     const GpuGemmCounts g1 = t->is_cpu ? (GpuGemmCounts){0} : gpu_gemm_counts(be);
 #endif
@@ -404,8 +468,8 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
     set_mode(t, 0);
     float *got = dev_fetch_bits(t, d_y16, ny), *want = dev_fetch_bits(t, d_w16, ny);
     char what[200];
-    snprintf(what, sizeof what, "linear_fwd16 N=%d in=%d out=%d bias=%d relu=%d x16=%d%s", N, in, out, bias, relu, x16,
-             mode ? " separate" : "");
+    snprintf(what, sizeof what, "linear_fwd16 N=%d in=%d out=%d bias=%d relu=%d x16=%d%s%s", N, in, out, bias, relu,
+             x16, has_tmp ? "" : " no tmp", mode ? " separate" : "");
     bool fused = false;
 #ifdef TPTRAIN_TEST_CUDA
     if (!t->is_cpu) {
@@ -465,10 +529,16 @@ void test_linear(const Target *t, Rng *rng) {
     g_out16_fused = g_out16_cases = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+        linear_dy16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+        for (int mode = 0; mode < n_modes(t); mode++) linear_db_case(t, mode, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++)
-            for (int v = 0; v < 8; v++)
-                linear_fwd16_case(t, mode, v & 1, v & 2, v & 4, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+            for (int v = 0; v < 16; v++)
+                linear_fwd16_case(t, mode, v & 1, v & 2, v & 4, v & 8, shapes[i][0], shapes[i][1], shapes[i][2], rng);
     }
+    /* no tmp, more than one chunk of rows (scratch_out16_rows) on the fallback: the output layer's shape */
+    const int rows = scratch_out16_rows(1 << 20, 4003);
+    for (int mode = 0; mode < n_modes(t); mode++)
+        linear_fwd16_case(t, mode, false, false, false, false, 2 * rows + 5, 24, 4003, rng);
     if (!t->is_cpu)
         printf("test_backend_ops: %s: linear_fwd16 stored bf16 from the GEMM in %d of %d cases (the rest: fp32, "
                "then rounded)\n", t->name, g_out16_fused, g_out16_cases);
