@@ -274,7 +274,8 @@ OP(softmax_bwd, ATTENTION, REF, STREAM,
 /* ---- Scaled dot-product attention, per head --------------------------------
  * q, k, v hold H heads of width D side by side: head h of token t is
  * q[t, h*D : (h+1)*D]. out = softmax(q k^T / sqrt(D), masks) v.
- * P (the probabilities) is saved for backward. */
+ * P (the probabilities) is saved for backward. out may be NULL: P alone
+ * (selective recomputation rebuilding P in backward), the same bits. */
 OP(attention_fwd, ATTENTION, REF, STREAM,
    (float *out,            // (B, Tq, H*D)
     float *P,              // (B, H, Tq, Tk)

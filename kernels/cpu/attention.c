@@ -103,7 +103,7 @@ void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
     int HD = H * D;
     float scale = 1.0f / sqrtf((float)D);
     if (Tk == 0) {  // nothing to attend to: every output row is zero
-        for (size_t i = 0; i < (size_t)B * Tq * HD; i++) out[i] = 0.0f;
+        for (size_t i = 0; out && i < (size_t)B * Tq * HD; i++) out[i] = 0.0f;
         return;
     }
     for (int b = 0; b < B; b++)
@@ -111,12 +111,13 @@ void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
             const float *q_bh = q + (size_t)b * Tq * HD + (size_t)h * D;  // (Tq, D) ld HD
             const float *k_bh = k + (size_t)b * Tk * HD + (size_t)h * D;  // (Tk, D) ld HD
             const float *v_bh = v + (size_t)b * Tk * HD + (size_t)h * D;  // (Tk, D) ld HD
-            float *out_bh = out + (size_t)b * Tq * HD + (size_t)h * D;    // (Tq, D) ld HD
             float *P_bh = P + ((size_t)b * H + h) * Tq * Tk;              // (Tq, Tk)
             sgemm_ld(false, true, Tq, Tk, D, 1.0f, q_bh, HD, k_bh, HD, 0.0f, P_bh, Tk);
             for (int i = 0; i < Tq; i++)
                 softmax_row(P_bh + (size_t)i * Tk, P_bh + (size_t)i * Tk, Tk,
                             valid_keys(k_len[b], i, Tk, causal), scale);
+            if (!out) continue;  // P alone
+            float *out_bh = out + (size_t)b * Tq * HD + (size_t)h * D;  // (Tq, D) ld HD
             sgemm_ld(false, false, Tq, D, Tk, 1.0f, P_bh, Tk, v_bh, HD, 0.0f, out_bh, HD);
         }
 }

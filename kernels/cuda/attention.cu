@@ -270,7 +270,7 @@ attn_fused_fwd_kernel(float *out, float *P, const T *q, const T *k, const T *v,
         const size_t head = (size_t)h * D;
         __syncthreads();  // the last pair is done with shared memory
         fused_load_rows(s.K, s.ld_d, k + (size_t)b * Tk * HD + head, HD, Tk, D);
-        fused_load_rows(s.V, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);
+        if (out) fused_load_rows(s.V, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);  // out NULL: P alone
         const int klen = k_len[b];
         for (int i0 = 0; i0 < Tq; i0 += ATT_QROWS) {
             const int nq = Tq - i0 < ATT_QROWS ? Tq - i0 : ATT_QROWS;
@@ -288,6 +288,7 @@ attn_fused_fwd_kernel(float *out, float *P, const T *q, const T *k, const T *v,
                 for (int j = lane; j < Tk; j += TP_WARP) prow[j] = srow[j];
             }
             __syncthreads();
+            if (!out) continue;
             const AttProduct pv = att_fwd_out(&s, out + ((size_t)b * Tq + i0) * HD + head, HD, nq, Tk, D);
             att_run(&pv, tid);  // out = P v
         }
@@ -450,6 +451,7 @@ static void attention_fwd_launch(float *out, float *P, const T *q, const T *k,
     bh_gemm_launch(probs_out(P, H, Tq, Tk), tokens(q, Tq, H, D), tokens_t(k, Tk, H, D), Tq, Tk, D,
                    H, BH, false, stream);
     softmax_fwd_launch(P, P, k_len, B, H, Tq, Tk, scale, causal, stream);
+    if (!out) return;  // P alone
     // out = P v: (Tq, Tk) x (Tk, D)
     bh_gemm_launch(tokens_out(out, Tq, H, D), probs(P, H, Tq, Tk), tokens(v, Tk, H, D), Tq, D, Tk,
                    H, BH, false, stream);
@@ -530,9 +532,8 @@ static void attention_fwd_op(const char *op, float *out, float *P, const T *q, c
                              cudaStream_t stream) {
     check_attention(op, B, H, Tq, Tk, D);
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
-    TP_NEED_PTR(op, out);
-    if (Tk == 0) {  // nothing to attend to: every output row is zero
-        CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)B * Tq * H * D * sizeof(float), stream));
+    if (Tk == 0) {  // nothing to attend to: every output row is zero (out NULL: nothing at all)
+        if (out) CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)B * Tq * H * D * sizeof(float), stream));
         return;
     }
     TP_NEED_PTR(op, P);

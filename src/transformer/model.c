@@ -1283,10 +1283,10 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     const int N = B * Tq, Nk = B * Tk;
     ModelActs *A = m->acts;
     /* probabilities not kept: recomputed from q, k (the same op on the same
-     * inputs: bitwise the forward's); the output goes to d_q, free until attention_bwd writes it */
+     * inputs: bitwise the forward's); P alone, its product with v not needed */
     const float *P = a->P;
     if (!P) {
-        attention_fwd_of(m, a, A->d_q, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
+        attention_fwd_of(m, a, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);

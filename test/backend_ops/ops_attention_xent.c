@@ -159,6 +159,26 @@ static void attention_case(const Target *t, const char *name, const int32_t *k_l
     snprintf(what, sizeof what, "attention fwd P %s", name);
     check_rel(t, what, got_P, P, NULL, np, tol(t, SUM_RTOL));
     check_exact_where(t, what, got_P, P, masked, np);
+    {  // out NULL: P alone (selective recomputation), the same bits
+        float *d_P1 = dev_nan(t, np);
+        op_attention_fwd(be, NULL, d_P1, d_q, d_k, d_v, d_klen, B, H, Tq, Tk, D, causal);
+        float *p1 = dev_fetch(t, d_P1, np);
+        snprintf(what, sizeof what, "attention fwd P alone (out NULL) %s", name);
+        check_exact(t, what, p1, got_P, np);
+#ifdef TPTRAIN_TEST_CUDA
+        if (!t->is_cpu) {  // and on the general path
+            gpu_set_fused_attention(false);
+            op_attention_fwd(be, NULL, d_P1, d_q, d_k, d_v, d_klen, B, H, Tq, Tk, D, causal);
+            gpu_set_fused_attention(true);
+            free(p1);
+            p1 = dev_fetch(t, d_P1, np);
+            snprintf(what, sizeof what, "attention fwd P alone (out NULL, general path) %s", name);
+            check_exact(t, what, p1, got_P, np);
+        }
+#endif
+        free(p1);
+        dev_free(t, d_P1);
+    }
     for (int b = 0; b < B; b++) {  // rows of a batch without keys are zeros (by value: the sign may vary)
         if (k_len[b] > 0) continue;
         size_t n_nonzero = 0;
