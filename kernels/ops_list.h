@@ -304,16 +304,20 @@ OP(attention_bwd, ATTENTION, REF, STREAM,
    (dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D))
 /* The same two ops with q, k and v given as bf16 bits (bf16 mode keeps
  * them so): attention_fwd and attention_bwd on the widened values, bit for
- * bit (every product and sum still in fp32; only the loads narrow). */
+ * bit (every product and sum still in fp32; only the loads narrow). The
+ * forward's output goes to out in fp32 or to out16 as its bf16 rounding
+ * (the attention output bf16 mode keeps), at most one of them (neither:
+ * P alone). */
 OP(attention_fwd_x16, ATTENTION, OWN, STREAM,
-   (float *out,             // (B, Tq, H*D)
+   (float *out,             // (B, Tq, H*D), or NULL
+    uint16_t *out16,        // (B, Tq, H*D) bf16 bits, or NULL: out rounded as it is stored (to_bf16's bits)
     float *P,               // (B, H, Tq, Tk)
     const uint16_t *q16,    // (B, Tq, H*D)
     const uint16_t *k16,    // (B, Tk, H*D)
     const uint16_t *v16,    // (B, Tk, H*D)
     const int32_t *k_len,   // (B)
     int B, int H, int Tq, int Tk, int D, bool causal),
-   (out, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal))
+   (out, out16, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal))
 OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
    (float *dq,              // (B, Tq, H*D)
     float *dk,              // (B, Tk, H*D)

@@ -269,6 +269,22 @@ static void emulate_fwd(Rng *rng, int Tq, int Tk, int D) {
         plain(O, D, 0, S, Tk, 1, vd, D, 1, nq, D, Tk);
         snprintf(what, sizeof what, "fwd out Tq %d (rows %d+%d) Tk %d D %d", Tq, i0, nq, Tk, D);
         check_rows(what, out + (size_t)i0 * HD + h * D, HD, O, nq, D);
+        /* the same product stored as bf16 bits (C16): each element the rounding of the fp32 one */
+        uint16_t *o16 = malloc((size_t)nq * HD * sizeof(uint16_t));
+        for (size_t i = 0; i < (size_t)nq * HD; i++) o16[i] = 0xffffu;
+        AttProduct p16 = att_fwd_out(&s, NULL, HD, nq, Tk, D);
+        p16.C16 = o16 + h * D;
+        run_all(&p16);
+        long diff = 0, stray = 0;
+        for (int i = 0; i < nq; i++)
+            for (int d = 0; d < (int)HD; d++) {
+                const uint16_t g = o16[(size_t)i * HD + d];
+                if (d / D == h) diff += g != tp_f32_to_bf16(O[(size_t)i * D + d - h * D]);
+                else stray += g != 0xffffu;
+            }
+        CHECK(diff == 0 && stray == 0, "%s stored as bf16: %ld elements not the fp32 ones rounded, %ld written "
+              "outside head %d", what, diff, stray, h);
+        free(o16);
     }
     snprintf(what, sizeof what, "fwd out Tq %d Tk %d D %d", Tq, Tk, D);
     check_other_heads(what, out, Tq, H, D, h);

@@ -307,31 +307,36 @@ static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradMo
     cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
 /* q (B, Tq, H*D), k and v (B, Tk, H*D) widened into the workspace, one
- * after the other (negative sizes: empty here, refused by the reference). */
-static void widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
-                      int Tq, int Tk, int D, const float **q, const float **k, const float **v) {
+ * after the other (negative sizes: empty here, refused by the reference),
+ * and with out_room a (B, Tq, H*D) fp32 output after them (else NULL). */
+static float *widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
+                        int Tq, int Tk, int D, const float **q, const float **k, const float **v, bool out_room) {
     const size_t bhd = (size_t)(B > 0 ? B : 0) * (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0);
     const size_t nq = bhd * (size_t)(Tq > 0 ? Tq : 0), nk = bhd * (size_t)(Tk > 0 ? Tk : 0);
-    float *ws = backend_workspace(be, (nq + 2 * nk + 1) * sizeof(float));
+    float *ws = backend_workspace(be, (nq + 2 * nk + (out_room ? nq : 0) + 1) * sizeof(float));
     cpu_from_bf16(ws, q16, nq);
     cpu_from_bf16(ws + nq, k16, nk);
     cpu_from_bf16(ws + nq + nk, v16, nk);
     *q = ws, *k = ws + nq, *v = ws + nq + nk;
+    return out_room ? ws + nq + 2 * nk : NULL;
 }
 
-static void t_attention_fwd_x16(Backend *be, float *out, float *P, const uint16_t *q16, const uint16_t *k16,
-                                const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
-                                bool causal) {
+/* out16: the fp32 output made in the workspace, then rounded. */
+static void t_attention_fwd_x16(Backend *be, float *out, uint16_t *out16, float *P, const uint16_t *q16,
+                                const uint16_t *k16, const uint16_t *v16, const int32_t *kl, int B, int H, int Tq,
+                                int Tk, int D, bool causal) {
+    TP_CHECK(!(out && out16), "op_attention_fwd_x16: give at most one of out and out16");
     const float *q, *k, *v;
-    widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
-    cpu_attention_fwd(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal);
+    float *room = widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, out16 != NULL);
+    cpu_attention_fwd(out16 ? room : out, P, q, k, v, kl, B, H, Tq, Tk, D, causal);
+    if (out16 && B > 0 && H > 0 && Tq > 0 && D > 0) cpu_to_bf16(out16, room, (size_t)B * Tq * H * D);
 }
 
 static void t_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
                                 const float *P, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
                                 float *scratch, int B, int H, int Tq, int Tk, int D) {
     const float *q, *k, *v;
-    widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
+    widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, false);
     cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
 }
 

@@ -140,6 +140,7 @@ typedef MatViewT<float> MatView;
 struct OutView {
     float *ptr;
     long long bs, hs, rs, cs;
+    uint16_t *ptr16;  // instead of ptr: stored as bf16 bits (never accumulated)
 };
 
 // tile[a][b] = X(r0 + a, c0 + b), zero outside (n_r, n_c); tile is GT x (GT+1).
@@ -174,7 +175,7 @@ __global__ void bh_gemm_kernel(OutView Cv, MatViewT<TA> Av, MatViewT<TB> Bv, int
         const int b = z / H, h = z % H;
         const TA *A = Av.ptr + b * Av.bs + h * Av.hs;
         const TB *Bm = Bv.ptr + b * Bv.bs + h * Bv.hs;
-        float *C = Cv.ptr + b * Cv.bs + h * Cv.hs;
+        const long long c_at = b * Cv.bs + h * Cv.hs;
         float acc[GT / GR];
 #pragma unroll
         for (int u = 0; u < GT / GR; u++) acc[u] = 0.0f;
@@ -194,7 +195,12 @@ __global__ void bh_gemm_kernel(OutView Cv, MatViewT<TA> Av, MatViewT<TB> Bv, int
         for (int u = 0; u < GT / GR; u++) {
             const int r = r0 + ty + u * GR, c = c0 + tx;
             if (r < M && c < N) {
-                float *out = C + r * Cv.rs + c * Cv.cs;
+                const long long at = c_at + r * Cv.rs + c * Cv.cs;
+                if (Cv.ptr16) {
+                    Cv.ptr16[at] = tp_bf16_bits(acc[u]);
+                    continue;
+                }
+                float *out = Cv.ptr + at;
                 *out = accumulate ? *out + acc[u] : acc[u];
             }
         }
@@ -259,7 +265,7 @@ __device__ __forceinline__ void fused_load_rows(float *dst, int ld, const uint16
 // memory as att_fwd_smem lays it out: K, V, a query tile and its scores.
 template <typename T>
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
-attn_fused_fwd_kernel(float *out, float *P, const T *q, const T *k, const T *v,
+attn_fused_fwd_kernel(float *out, uint16_t *out16, float *P, const T *q, const T *k, const T *v,
                       const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, float scale) {
     extern __shared__ float smem[];
     const AttFwdSmem s = att_fwd_smem(smem, Tk, D);
@@ -270,7 +276,8 @@ attn_fused_fwd_kernel(float *out, float *P, const T *q, const T *k, const T *v,
         const size_t head = (size_t)h * D;
         __syncthreads();  // the last pair is done with shared memory
         fused_load_rows(s.K, s.ld_d, k + (size_t)b * Tk * HD + head, HD, Tk, D);
-        if (out) fused_load_rows(s.V, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);  // out NULL: P alone
+        const bool pv_wanted = out || out16;  // neither: P alone
+        if (pv_wanted) fused_load_rows(s.V, D, v + (size_t)b * Tk * HD + head, HD, Tk, D);
         const int klen = k_len[b];
         for (int i0 = 0; i0 < Tq; i0 += ATT_QROWS) {
             const int nq = Tq - i0 < ATT_QROWS ? Tq - i0 : ATT_QROWS;
@@ -288,8 +295,10 @@ attn_fused_fwd_kernel(float *out, float *P, const T *q, const T *k, const T *v,
                 for (int j = lane; j < Tk; j += TP_WARP) prow[j] = srow[j];
             }
             __syncthreads();
-            if (!out) continue;
-            const AttProduct pv = att_fwd_out(&s, out + ((size_t)b * Tq + i0) * HD + head, HD, nq, Tk, D);
+            if (!pv_wanted) continue;
+            const size_t at = ((size_t)b * Tq + i0) * HD + head;
+            AttProduct pv = att_fwd_out(&s, out ? out + at : NULL, HD, nq, Tk, D);
+            if (out16) pv.C16 = out16 + at;
             att_run(&pv, tid);  // out = P v
         }
     }
@@ -418,8 +427,12 @@ static MatViewT<T> tokens_t(const T *x, int Tn, int H, int D) {
     MatViewT<T> m = {x, (long long)Tn * H * D, D, 1, (long long)H * D};
     return m;
 }
+static OutView tokens_out16(uint16_t *x, int T, int H, int D) {
+    OutView m = {NULL, (long long)T * H * D, D, (long long)H * D, 1, x};
+    return m;
+}
 static OutView tokens_out(float *x, int T, int H, int D) {
-    OutView m = {x, (long long)T * H * D, D, (long long)H * D, 1};
+    OutView m = {x, (long long)T * H * D, D, (long long)H * D, 1, NULL};
     return m;
 }
 // (B, H, Tq, Tk) blocks: (Tq, Tk) matrices, or their (Tk, Tq) transposes.
@@ -432,29 +445,29 @@ static MatView probs_t(const float *p, int H, int Tq, int Tk) {
     return m;
 }
 static OutView probs_out(float *p, int H, int Tq, int Tk) {
-    OutView m = {p, (long long)H * Tq * Tk, (long long)Tq * Tk, Tk, 1};
+    OutView m = {p, (long long)H * Tq * Tk, (long long)Tq * Tk, Tk, 1, NULL};
     return m;
 }
 
 template <typename T>
-static void attention_fwd_launch(float *out, float *P, const T *q, const T *k,
+static void attention_fwd_launch(float *out, uint16_t *out16, float *P, const T *q, const T *k,
                                  const T *v, const int32_t *k_len, int B, int H, int Tq,
                                  int Tk, int D, bool causal, cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
     if (fused_fits(attn_fused_fwd_smem_bytes(Tk, D))) {
-        fused_launch(attn_fused_fwd_kernel<T>, attn_fused_fwd_smem_bytes(Tk, D), BH, stream, out, P, q, k, v, k_len,
-                     B, H, Tq, Tk, D, causal, scale);
+        fused_launch(attn_fused_fwd_kernel<T>, attn_fused_fwd_smem_bytes(Tk, D), BH, stream, out, out16, P, q, k, v,
+                     k_len, B, H, Tq, Tk, D, causal, scale);
         return;
     }
     // P = q k^T: (Tq, D) x (D, Tk)
     bh_gemm_launch(probs_out(P, H, Tq, Tk), tokens(q, Tq, H, D), tokens_t(k, Tk, H, D), Tq, Tk, D,
                    H, BH, false, stream);
     softmax_fwd_launch(P, P, k_len, B, H, Tq, Tk, scale, causal, stream);
-    if (!out) return;  // P alone
+    if (!out && !out16) return;  // P alone
     // out = P v: (Tq, Tk) x (Tk, D)
-    bh_gemm_launch(tokens_out(out, Tq, H, D), probs(P, H, Tq, Tk), tokens(v, Tk, H, D), Tq, D, Tk,
-                   H, BH, false, stream);
+    bh_gemm_launch(out ? tokens_out(out, Tq, H, D) : tokens_out16(out16, Tq, H, D), probs(P, H, Tq, Tk),
+                   tokens(v, Tk, H, D), Tq, D, Tk, H, BH, false, stream);
 }
 
 template <typename T>
@@ -527,13 +540,16 @@ static void check_attention(const char *op, int B, int H, int Tq, int Tk, int D)
 }
 
 template <typename T>
-static void attention_fwd_op(const char *op, float *out, float *P, const T *q, const T *k, const T *v,
-                             const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal,
+static void attention_fwd_op(const char *op, float *out, uint16_t *out16, float *P, const T *q, const T *k,
+                             const T *v, const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal,
                              cudaStream_t stream) {
     check_attention(op, B, H, Tq, Tk, D);
+    TP_CHECK(!(out && out16), "%s: give at most one of out and out16", op);
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
-    if (Tk == 0) {  // nothing to attend to: every output row is zero (out NULL: nothing at all)
-        if (out) CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)B * Tq * H * D * sizeof(float), stream));
+    if (Tk == 0) {  // nothing to attend to: every output row is zero (bf16 zeros are zero bits too)
+        const size_t n = (size_t)B * Tq * H * D;
+        if (out) CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(float), stream));
+        if (out16) CUDA_CHECK(cudaMemsetAsync(out16, 0, n * sizeof(uint16_t), stream));
         return;
     }
     TP_NEED_PTR(op, P);
@@ -541,19 +557,21 @@ static void attention_fwd_op(const char *op, float *out, float *P, const T *q, c
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, k_len);
-    attention_fwd_launch<T>(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
+    attention_fwd_launch<T>(out, out16, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
 }
 
 extern "C" void cuda_op_attention_fwd(float *out, float *P, const float *q, const float *k,
                                       const float *v, const int32_t *k_len, int B, int H, int Tq,
                                       int Tk, int D, bool causal, cudaStream_t stream) {
-    attention_fwd_op("cuda_op_attention_fwd", out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
+    attention_fwd_op("cuda_op_attention_fwd", out, (uint16_t *)NULL, P, q, k, v, k_len, B, H, Tq, Tk, D, causal,
+                     stream);
 }
 
-extern "C" void cuda_op_attention_fwd_x16(float *out, float *P, const uint16_t *q16, const uint16_t *k16,
-                                          const uint16_t *v16, const int32_t *k_len, int B, int H, int Tq,
-                                          int Tk, int D, bool causal, cudaStream_t stream) {
-    attention_fwd_op("cuda_op_attention_fwd_x16", out, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal, stream);
+extern "C" void cuda_op_attention_fwd_x16(float *out, uint16_t *out16, float *P, const uint16_t *q16,
+                                          const uint16_t *k16, const uint16_t *v16, const int32_t *k_len, int B,
+                                          int H, int Tq, int Tk, int D, bool causal, cudaStream_t stream) {
+    attention_fwd_op("cuda_op_attention_fwd_x16", out, out16, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal,
+                     stream);
 }
 
 // GRAD_WRITE with Tq or Tk 0: no product runs, and the gradients it would

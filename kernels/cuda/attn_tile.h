@@ -28,6 +28,9 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "bf16.h"  // tp_f32_to_bf16: the C16 stores
 
 #ifdef __CUDACC__
 #define ATT_HD __host__ __device__ __forceinline__
@@ -76,12 +79,15 @@ ATT_HD AttMat att_mat(const float *p, int rs, int cs) {
 }
 
 // One product: C (row stride c_rs, unit column stride) = A B, or += when
-// accumulate; A is (M, K), B is (K, N), M and N >= 1. Tile e goes to thread
+// accumulate; or, C16 set instead of C, A B stored as bf16 bits (rounded
+// as tp_f32_to_bf16 rounds; never accumulated); A is (M, K), B is (K, N),
+// M and N >= 1. Tile e goes to thread
 // (first + e) % ATT_THREADS, so a product can start where another one left
 // threads idle (first is a multiple of the warp size: warps keep whole runs
 // of consecutive tiles).
 typedef struct {
     float *C;
+    uint16_t *C16;
     long long c_rs;
     int accumulate;
     AttMat A, B;
@@ -89,7 +95,7 @@ typedef struct {
 } AttProduct;
 
 ATT_HD AttProduct att_product(float *C, long long c_rs, int accumulate, AttMat A, AttMat B, int M, int N, int K) {
-    AttProduct p = {C, c_rs, accumulate, A, B, M, N, K, 0};
+    AttProduct p = {C, NULL, c_rs, accumulate, A, B, M, N, K, 0};
     return p;
 }
 
@@ -123,6 +129,10 @@ ATT_HD void att_run(const AttProduct *p, int tid) {
             ATT_UNROLL for (int c = 0; c < ATT_TN; c++) {
                 const int n = att_col(g, e, c);
                 if (n >= N) continue;
+                if (p->C16) {
+                    p->C16[m * p->c_rs + n] = tp_f32_to_bf16(acc[r][c]);
+                    continue;
+                }
                 float *o = p->C + m * p->c_rs + n;
                 *o = p->accumulate ? *o + acc[r][c] : acc[r][c];
             }

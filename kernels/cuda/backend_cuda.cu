@@ -368,10 +368,10 @@ static void cu_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradM
                              int H, int Tq, int Tk, int D) {
     cuda_op_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
 }
-static void cu_attention_fwd_x16(Backend *be, float *out, float *P, const uint16_t *q, const uint16_t *k,
+static void cu_attention_fwd_x16(Backend *be, float *out, uint16_t *out16, float *P, const uint16_t *q, const uint16_t *k,
                                  const uint16_t *v, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
                                  bool causal) {
-    cuda_op_attention_fwd_x16(out, P, q, k, v, kl, B, H, Tq, Tk, D, causal, stream_of(be));
+    cuda_op_attention_fwd_x16(out, out16, P, q, k, v, kl, B, H, Tq, Tk, D, causal, stream_of(be));
 }
 static void cu_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
                                  const float *P, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *scr,

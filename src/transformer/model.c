@@ -863,11 +863,13 @@ static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, Gemm
     }
 }
 
-/* attention_fwd on the kept q, k, v as they are. */
-static void attention_fwd_of(const Model *m, const AttnActs *a, float *out, float *P, const int32_t *k_len, int B,
-                             int Hl, int Tq, int Tk, int D, bool causal) {
+/* attention_fwd on the kept q, k, v as they are; the output to out in
+ * fp32, or (bf16 q, k, v only) to out16 as its bf16 rounding; neither:
+ * P alone. */
+static void attention_fwd_of(const Model *m, const AttnActs *a, float *out, uint16_t *out16, float *P,
+                             const int32_t *k_len, int B, int Hl, int Tq, int Tk, int D, bool causal) {
     if (a->q.h)
-        op_attention_fwd_x16(m->be, out, P, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
+        op_attention_fwd_x16(m->be, out, out16, P, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
     else
         op_attention_fwd(m->be, out, P, a->q.f, a->k.f, a->v.f, k_len, B, Hl, Tq, Tk, D, causal);
 }
@@ -902,9 +904,11 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
     const GemmIn src = kv ? f32_in(kv) : ln;
     qkv_fwd(m, w, a, ln, src, N, Nk);
-    float *att32 = kept_dst(&a->att, A->d_att);
-    attention_fwd_of(m, a, att32, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
-    keep(m, &a->att, att32, (size_t)N * Cl);
+    /* kept in bf16: written so by the attention (its q, k, v are bf16 then too) */
+    float *att32 = a->att.h && a->q.h ? NULL : kept_dst(&a->att, A->d_att);
+    attention_fwd_of(m, a, att32, att32 ? NULL : a->att.h, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D,
+                     causal);
+    if (att32) keep(m, &a->att, att32, (size_t)N * Cl);
     attn_out_fwd(m, w, a, x_out, x_in, N, p, seed, stream, next);
 }
 
@@ -1286,7 +1290,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
      * inputs: bitwise the forward's); P alone, its product with v not needed */
     const float *P = a->P;
     if (!P) {
-        attention_fwd_of(m, a, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
+        attention_fwd_of(m, a, NULL, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);

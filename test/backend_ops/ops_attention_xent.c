@@ -305,7 +305,8 @@ static void attention_x16_case(const Target *t, const char *name, const int32_t 
                     d_g[i] = mode ? dev_nan(t, n3[i]) : dev_from(t, start, n3[i]);
                 }
                 if (x16) {
-                    op_attention_fwd_x16(be, d_out, d_P, h16[0], h16[1], h16[2], d_klen, B, H, Tq, Tk, D, causal);
+                    op_attention_fwd_x16(be, d_out, NULL, d_P, h16[0], h16[1], h16[2], d_klen, B, H, Tq, Tk, D,
+                                         causal);
                     op_attention_bwd_x16(be, d_g[0], d_g[1], d_g[2], gm, d_dout, d_P, h16[0], h16[1], h16[2],
                                          d_scratch, B, H, Tq, Tk, D);
                 } else {
@@ -315,6 +316,24 @@ static void attention_x16_case(const Target *t, const char *name, const int32_t 
                 }
                 got[x16][0] = dev_fetch(t, d_out, nq), got[x16][1] = dev_fetch(t, d_P, np);
                 for (int i = 0; i < 3; i++) got[x16][2 + i] = dev_fetch(t, d_g[i], n3[i]), dev_free(t, d_g[i]);
+                if (x16 && mode == 0) {  // the output stored as bf16: to_bf16 of the fp32 one, and the same P
+                    uint16_t *d_o16 = backend_alloc(be, nq * sizeof(uint16_t), MEM_ACT), *d_w16 = NULL;
+                    d_w16 = backend_alloc(be, nq * sizeof(uint16_t), MEM_ACT);
+                    float *d_P2 = dev_nan(t, np);
+                    op_attention_fwd_x16(be, NULL, d_o16, d_P2, h16[0], h16[1], h16[2], d_klen, B, H, Tq, Tk, D,
+                                         causal);
+                    op_to_bf16(be, d_w16, d_out, nq);
+                    float *o16 = dev_fetch_bits(t, d_o16, nq), *w16 = dev_fetch_bits(t, d_w16, nq);
+                    float *p2 = dev_fetch(t, d_P2, np);
+                    char what[200];
+                    snprintf(what, sizeof what, "attention_x16 out16 %s%s = to_bf16(out)", name,
+                             path ? " (general path)" : "");
+                    check_exact(t, what, o16, w16, nq);
+                    snprintf(what, sizeof what, "attention_x16 out16 %s%s: P", name, path ? " (general path)" : "");
+                    check_exact(t, what, p2, got[x16][1], np);
+                    free(o16), free(w16), free(p2);
+                    dev_free(t, d_o16), dev_free(t, d_w16), dev_free(t, d_P2);
+                }
                 dev_free(t, d_out), dev_free(t, d_P);
             }
             for (int j = 0; j < 5; j++) {
