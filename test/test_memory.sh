@@ -136,6 +136,7 @@ def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64,
             (B * Hl * (T * T + T * S) if mid else 0)
     slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
     slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (kb * Vl + 6)   # final LayerNorms, logits (kept), loss
+    slot += Nsf * C / 2 if dt == "bf16" else 0   # the encoder output's bf16 rounding, the cross k/v input
     # (the logits' gradient: over them); the attention's gradients and the FFN's hidden one share a region
     scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * max(4 * Cl, Fl) + B * Hl * maxL ** 2
     if sp:

@@ -3,10 +3,13 @@
  *
  * One DecodeState holds, per decoder layer, the self-attention keys/values
  * of every row so far (rows, max_T, C) and the cross-attention keys/values
- * of the encoder output (rows, S, C). A step embeds one token per row and
+ * of the encoder output (rows, S, C). max_T is the positions the search can
+ * reach, the batch's longest length limit (decode_max_len), not the
+ * model's max_len: a few times the sentences' length, not 256. A step embeds one token per row and
  * runs the decoder stack on it with the same ops as training, so the logits
  * equal those of a full forward pass (the tests check it). Beam search
- * reorders the self-attention caches by parent row after every step.
+ * reorders the self-attention caches by parent row after every step (into
+ * a second set of caches, which greedy search does without).
  *
  * Everything runs on the model's backend; host and device meet once per
  * step: the chosen tokens go up (with the rows' key lengths) and the logits
@@ -28,7 +31,7 @@ typedef struct {
     int32_t *host_ids;         // (rows) host staging for k_len and tok
     float *host_logits;        // (rows, V) host: the step's logits, for the search
     float **sk, **sv;          // [dec_layers] (rows, max_T, C)
-    float **sk2, **sv2;        // [dec_layers] same, reorder targets
+    float **sk2, **sv2;        // [dec_layers] same, reorder targets (beam search only)
     float **ck, **cv;          // [dec_layers] (rows, S, C)
     float *pe;                 // (max_T, C) sinusoidal positions
     float *x, *ln, *q, *kn, *vn, *att, *tmp;  // (rows, C)
@@ -54,21 +57,30 @@ int decode_max_len(const ModelConfig *cfg, int src_len) {
 static float *fbuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(float), MEM_WORKSPACE); }
 static int32_t *ibuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 1) * sizeof(int32_t), MEM_WORKSPACE); }
 
+/* The positions a search over these sources can reach: one per step. */
+static int positions(const ModelConfig *c, const int32_t *src_len, int n) {
+    int T = 1;
+    for (int i = 0; i < n; i++) T = decode_max_len(c, src_len[i]) + 1 > T ? decode_max_len(c, src_len[i]) + 1 : T;
+    return T;
+}
+
 size_t decode_workspace_bytes(const ModelConfig *c, int n, int beam, int S) {
     const size_t C = (size_t)c->d_model, F = (size_t)c->d_ff, H = (size_t)c->n_heads, L = (size_t)c->dec_layers;
-    const size_t R = (size_t)n * (size_t)(beam > 0 ? beam : 1), T = (size_t)c->max_len, Sz = (size_t)S;
-    const size_t N = (size_t)n;
+    const size_t R = (size_t)n * (size_t)(beam > 0 ? beam : 1), Sz = (size_t)S;
+    const size_t T = (size_t)decode_max_len(c, S) + 1;  // sources of S tokens at most
+    const size_t N = (size_t)n, caches = beam > 0 ? 4 : 2;  // beam search: the reorder targets too
     /* state_init's allocations in order: the row ids, the encoder output and
      * the cross keys/values it is projected into (gone once every layer's
      * caches are made), then the per-step buffers */
-    const size_t kept = 3 * R + L * (4 * R * T * C + 2 * R * Sz * C);
+    const size_t kept = 3 * R + L * (caches * R * T * C + 2 * R * Sz * C);
     const size_t during = 2 * N * Sz * C;
     const size_t after = T * C + 7 * R * C + 2 * R * F + 2 * R + R * H * (Sz > T ? Sz : T) + R * (size_t)c->vocab_size;
     return (kept + (during > after ? during : after)) * sizeof(float);
 }
 
-/* Encodes the n sentences once and gives each of them `beam` rows. */
-static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
+/* Encodes the n sentences once and gives each of them `beam` rows;
+ * reorders: the search will reorder the rows (beam search). */
+static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam, bool reorders) {
     const ModelConfig *c = &m->cfg;
     const int C = c->d_model, F = c->d_ff, H = c->n_heads, L = c->dec_layers, S = b->S;
     TP_CHECK(m->tp.size == 1, "decoding runs on a whole model (tensor parallelism 1), not a shard of %d", m->tp.size);
@@ -76,7 +88,7 @@ static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
     st->m = m;
     st->rows = b->n * beam;
     st->S = S;
-    st->max_T = c->max_len;
+    st->max_T = positions(c, b->src_len, b->n);
     Backend *be = m->be;
     const size_t R = (size_t)st->rows, T = (size_t)st->max_T;
     st->host_ids = TP_MALLOC(R * sizeof(int32_t));
@@ -105,8 +117,8 @@ static void state_init(DecodeState *st, Model *m, const SrcBatch *b, int beam) {
         const AttnW *w = &m->w.dec[l].cross;
         st->sk[l] = fbuf(be, R * T * C);
         st->sv[l] = fbuf(be, R * T * C);
-        st->sk2[l] = fbuf(be, R * T * C);
-        st->sv2[l] = fbuf(be, R * T * C);
+        st->sk2[l] = reorders ? fbuf(be, R * T * C) : NULL;
+        st->sv2[l] = reorders ? fbuf(be, R * T * C) : NULL;
         st->ck[l] = fbuf(be, R * S * C);
         st->cv[l] = fbuf(be, R * S * C);
         /* Cross keys/values once per sentence, then copied to its beam rows. */
@@ -263,7 +275,7 @@ void decode_greedy(Model *m, const SrcBatch *b, Hypotheses *out) {
     const ModelConfig *c = &m->cfg;
     const int n = b->n, V = c->vocab_size;
     DecodeState st;
-    state_init(&st, m, b, 1);
+    state_init(&st, m, b, 1, false);
     hyps_alloc(out, n);
     int32_t *tok = TP_MALLOC((size_t)n * sizeof(int32_t));
     bool *done = TP_CALLOC((size_t)n, sizeof(bool));
@@ -321,7 +333,7 @@ void decode_beam(Model *m, const SrcBatch *b, int beam, float lenpen, Hypotheses
     const ModelConfig *c = &m->cfg;
     const int n = b->n, V = c->vocab_size, K = beam, R = n * K, T = c->max_len;
     DecodeState st;
-    state_init(&st, m, b, K);
+    state_init(&st, m, b, K, true);
     hyps_alloc(out, n);
     int32_t *tok = TP_MALLOC((size_t)R * sizeof(int32_t));
     double *score = TP_MALLOC((size_t)R * sizeof(double));      // running log-prob of each live row

@@ -107,6 +107,7 @@ struct ModelActs {
     float **dec_res;             // [dec_layers + 1] (Nt, C)
     float **dec_mid1, **dec_mid2;  // [dec_layers] (Nt, C) after self / cross blocks
     float *enc_out, *enc_m, *enc_r;  // (Ns, C) final encoder LayerNorm
+    uint16_t *enc_out16;         // (Ns, C) its bf16 rounding, the cross-attention k/v GEMMs' input (bf16 mode)
     float *dec_out, *dec_m, *dec_r;  // (Nt, C) final decoder LayerNorm
     Kept logits;                 // (Nt, V/tp), bf16 in bf16 mode; after model_backward, their gradient
     float *losses, *lse;         // (Nt)
@@ -227,6 +228,7 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     for (int l = st->enc_lo; l < st->enc_hi && !full; l++)  // full: only the layer inputs (enc_res)
         carve_enc_layer(&c, m, &A->enc[l], &A->enc_mid[l], B, S, keep_P, keep_mid);
     if (st->enc_ln || has_dec) A->enc_out = take(&c, (size_t)seq_full(m, B * S) * C);  // gathered
+    A->enc_out16 = has_dec && m->keep_bf16 ? take_kept(&c, (size_t)seq_full(m, B * S) * C, true).h : NULL;
     if (st->enc_ln) {
         A->enc_m = take(&c, ns);
         A->enc_r = take(&c, ns);
@@ -887,6 +889,15 @@ static void attn_out_fwd(const Model *m, const AttnW *w, const AttnActs *a, floa
     residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->bo, N, p, seed, stream, next);
 }
 
+/* The encoder output as the cross-attention's key/value source: in bf16
+ * mode its rounding, made once per forward (enc_out16), which the k and v
+ * GEMMs of every decoder layer multiply as it is instead of rounding the
+ * fp32 values again each; else the fp32 values. */
+static GemmIn kv_in(const Model *m, const float *kv) {
+    const ModelActs *A = m->acts;
+    return kv == A->enc_out && A->enc_out16 ? (GemmIn){NULL, A->enc_out16} : f32_in(kv);
+}
+
 /* x_out = x_in + Dropout(Attn(LN(x_in), kv)). kv == NULL: self-attention;
  * else the encoder output, (B Tk, C) gathered. ln_done: LN(x_in) is where
  * kept_dst(&a->ln, d_ln) says already (the previous residual op wrote it);
@@ -902,7 +913,7 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     float *ln32 = kept_dst(&a->ln, A->d_ln);
     ln_fwd_kept(m, &a->ln, ln32, a->ln_m, a->ln_r, x_in, w->ln_g, w->ln_b, n, ln_done);
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
-    const GemmIn src = kv ? f32_in(kv) : ln;
+    const GemmIn src = kv ? kv_in(m, kv) : ln;
     qkv_fwd(m, w, a, ln, src, N, Nk);
     /* kept in bf16: written so by the attention (its q, k, v are bf16 then too) */
     float *att32 = a->att.h && a->q.h ? NULL : kept_dst(&a->att, A->d_att);
@@ -1093,6 +1104,8 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     const int32_t *src_len = A->dev_src_len, *tgt_out = A->dev_tgt_out;
 
     encoder_fwd(m, A->dev_src, src_len, B, S, p, key);
+    if (A->enc_out16)  // the decoder layers' k/v input (computed, or received by a decoder stage), rounded once
+        op_to_bf16(m->be, A->enc_out16, A->enc_out, (size_t)seq_full(m, B * S) * c->d_model);
     if (st->dec_embed) embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
     for (int l = st->dec_lo; l < st->dec_hi; l++) dec_layer_fwd(m, l, B, S, T, p, key);
     if (!st->head) return;
@@ -1307,7 +1320,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
      * kv, k and v add to d_kv, which sums every decoder layer's part */
     zero_pad_rows(m, A->d_ln, N);
     lin_bwd(m, A->d_ln, GRAD_WRITE, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
-    const GemmIn src = kv ? f32_in(kv) : ln;
+    const GemmIn src = kv ? kv_in(m, kv) : ln;
     float *d_src = kv ? d_kv : A->d_ln;
     lin_bwd(m, d_src, GRAD_ADD, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
     lin_bwd(m, d_src, GRAD_ADD, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
