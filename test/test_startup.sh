@@ -2,7 +2,8 @@
 # train_mt's start-up phases (src/app/startup.h): one line before the first
 # step, "train_mt: start-up T s: name v, ...", and the same phases as
 # "startup_s" in the first training record of --metrics only. Checked for a
-# --task run, a corpus run (its data phases and the decoding model), a
+# --task run, a corpus run (its data phases; at tp 1 no decoding model: the
+# training model decodes itself, and --eval-interval 0 decodes nothing), a
 # resumed run (the resume phase) and two ranks (one line, from rank 0): the
 # line comes before the first step's line; the record's phases are the
 # line's, in its order, each equal to the printed figure to its two
@@ -18,7 +19,7 @@ corpus=$(cd "$2" && pwd)
 enter_workdir
 use_corpus_cache cache
 
-check() {  # name log metrics phases-that-must-be-there...
+check() {  # name log metrics phases-that-must-be-there... (!phase: must not be)
   /usr/bin/python3 - "$@" <<'PY'
 import json, re, sys
 name, log, metrics, need = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
@@ -43,7 +44,10 @@ for (k, v), (_, p) in zip(boot, printed):
     assert v >= 0, f"{name}: phase {k} is {v}"
     assert abs(v - p) <= 0.005 + 1e-9, f"{name}: phase {k}: record {v}, line {p}"
 for k in need:
-    assert k in dict(boot), f"{name}: no phase {k} in {boot}"
+    if k.startswith("!"):
+        assert k[1:] not in dict(boot), f"{name}: phase {k[1:]} in {boot}"
+    else:
+        assert k in dict(boot), f"{name}: no phase {k} in {boot}"
 s = sum(v for _, v in boot)
 assert abs(total - s) <= 0.005 + ROUND * len(boot) + 1e-9, f"{name}: line total {total}, phases add up to {s}"
 launch = train[0]["since_launch_s"]
@@ -62,7 +66,7 @@ check resumed resumed.log resumed.jsonl model optimizer resume first_batch
 
 "$build/train_mt" --data "$corpus" --cache-dir cache "${tiny[@]}" --metrics corpus.jsonl > corpus.log 2>&1 ||
     { cat corpus.log; exit 1; }
-check corpus corpus.log corpus.jsonl corpus tokenizer text_form batching model decode_model optimizer first_batch
+check corpus corpus.log corpus.jsonl corpus tokenizer text_form batching model '!decode_model' optimizer first_batch
 
 "$build/tprun" --standalone --nproc_per_node 2 "$build/train_mt" --task copy "${tiny[@]}" --tp 2 \
     --metrics tp2.jsonl > tp2.log 2>&1 || { cat tp2.log; exit 1; }

@@ -47,7 +47,7 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
     PlanInput in = {.cfg = a->cfg, .tp = l->tp, .dp = l->dp, .pp = l->pp, .micro = l->micro, .stages = l->stages,
                     .recompute = l->rc, .seq_par = l->sp && l->tp > 1, .grad = grad, .gpu = gpu, .dtype = a->dtype,
                     .slots = plan_slots(gpu, threads), .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
-                    .n_eval = ps->n_eval, .beam = a->beam};
+                    .n_eval = a->eval_interval > 0 ? ps->n_eval : 0, .beam = a->beam};
     /* ranks sharing a GPU stage their groups' buffers through host memory
      * (the run's runtime_choose_comm, for one node of W ranks) */
     const int W = l->tp * l->dp * l->pp;
@@ -57,8 +57,12 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
                 (runtime_choose_comm(a->comm, runtime_have_nccl(), true, W, W, in.slots, &comm, why, sizeof why) != 0 ||
                  comm == RUNTIME_COMM_SHM);
     in.nccl = gpu && W > 1 && !in.staged;  // a GPU per rank: NCCL communicators
-    in.gather_at_eval = !a->synthetic;  // the decoding rank, or a corpus with tp > 1 (a tp 1 group gathers on rank 0 only)
-    in.decode = !a->synthetic;
+    /* evaluation (--eval-interval > 0) on a corpus: rank 0 decodes dev BLEU with
+     * the whole model, its own when tp and pp are 1 (nothing to gather), else
+     * a copy gathered there (the tp group gathers with it) */
+    const bool evaluates = a->eval_interval > 0;
+    in.gather_at_eval = !a->synthetic && evaluates && !(l->tp == 1 && l->pp == 1);
+    in.decode = !a->synthetic && evaluates;
     in.decode_n = ps->decode_n;
     in.decode_S = ps->decode_S;
     return in;

@@ -116,15 +116,19 @@ static int run_build_model(Run *r) {
     }
     if (r->stack_here) startup_mark(r->boot, "stack_model");
     r->evm = r->pp > 1 ? (r->stack_here ? &r->stack : NULL) : &r->m;
-    /* Dev BLEU decodes with the whole model, assembled on rank 0 (no
-     * gradient buffer: it only decodes, and the memory table counts it). */
-    r->decode_here = r->lead && !a->synthetic;
-    if (r->decode_here &&
+    /* Dev BLEU decodes with the whole model on rank 0: the training model
+     * itself when it is whole (tp 1, pp 1), else a copy assembled there (no
+     * gradient buffer: it only decodes, and the memory table counts it);
+     * nothing without evaluation (--eval-interval 0). */
+    r->decode_here = r->lead && !a->synthetic && a->eval_interval > 0;
+    r->whole_is_m = mesh->tp == 1 && r->pp == 1;
+    r->whole_held = r->decode_here && !r->whole_is_m;
+    if (r->whole_held &&
         model_create_ex(&r->whole, r->be, &a->cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 2;
     }
-    if (r->decode_here) startup_mark(r->boot, "decode_model");
+    if (r->whole_held) startup_mark(r->boot, "decode_model");
     return 0;
 }
 
@@ -158,7 +162,7 @@ static int run_build_optimizer(Run *r) {
         fprintf(stderr, "train_mt: --resume: %s\n", err);
         adamw_free(&r->opt);
         grad_sync_free(r->gsync);
-        if (r->decode_here) model_free(&r->whole);
+        if (r->whole_held) model_free(&r->whole);
         model_free(&r->m);
         source_close(&r->src);
         runtime_free(&r->rt);  // before the backend: NCCL works on its stream
@@ -367,8 +371,8 @@ static void run_evaluate(Run *r, int step) {
     if (mesh->dp_rank == 0 && r->pp > 1) model_stage_collect(&r->m, r->rt.pp, r->stages, r->pp, r->evm);
     EvalResult ev = {0};
     if (mesh->dp_rank == 0 && r->evm) {
-        Model *whole = r->decode_here ? &r->whole : NULL;
-        if (r->decode_here || (!a->synthetic && mesh->tp > 1)) model_gather(r->evm, whole);
+        Model *whole = !r->decode_here ? NULL : r->whole_is_m ? &r->m : &r->whole;
+        if (r->whole_held || (!a->synthetic && mesh->tp > 1)) model_gather(r->evm, whole);
         ev = evaluate(r->evm, whole, &r->src);
         if (r->lead) run_eval_line(r, step, &ev, t0);
     }
@@ -487,7 +491,9 @@ static int run_export(Run *r) {
     bool writer = r->lead;
     if (mesh->dp_rank == 0 && r->pp > 1) model_stage_collect(&r->m, r->rt.pp, r->stages, r->pp, r->evm);
     if (mesh->dp_rank == 0 && r->evm) {
-        Model *dst = r->decode_here ? &r->whole : NULL;
+        Model *dst = r->whole_held ? &r->whole : NULL;
+        const bool gather = !(writer && r->whole_is_m);  // a whole training model is written as it is
+        if (!gather) dst = &r->m;
         if (writer && !dst) {
             /* model_gather writes every tensor */
             TP_CHECK(model_create_ex(&full, r->be, &r->m.cfg, NULL, a->seed, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err,
@@ -495,7 +501,7 @@ static int run_export(Run *r) {
                      "%s", err);
             dst = &full;
         }
-        model_gather(r->evm, dst);
+        if (gather) model_gather(r->evm, dst);
         if (writer) {
             int s = a->synthetic ? model_export(dst, a->export_dir, err, sizeof err)
                                  : mt_save(dst, r->src.spm_path, a->export_dir, err, sizeof err);
@@ -528,7 +534,7 @@ int run_close(Run *r, int rc) {
     trainer_free(&r->trainer);
     adamw_free(&r->opt);
     grad_sync_free(r->gsync);
-    if (r->decode_here) model_free(&r->whole);
+    if (r->whole_held) model_free(&r->whole);
     if (r->stack_here) model_free(&r->stack);
     model_free(&r->m);
     source_close(&r->src);

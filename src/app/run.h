@@ -38,8 +38,10 @@ typedef struct {
     Source src;
     Model m;      // this rank's stage (its tp shard)
     Model stack;  // with stages: the whole stack's tp shard, on the first stage's ranks of dp rank 0
-    Model whole;  // the whole model on rank 0, which decodes for dev BLEU
+    Model whole;  // the whole model on rank 0, which decodes for dev BLEU (whole_held)
     bool stack_here, decode_here;
+    bool whole_is_m;  // the training model is whole (tp 1, pp 1): it decodes and exports itself
+    bool whole_held;  // r->whole was made (decode_here, and the training model is not whole)
     Model *evm;  // the model evaluate() runs (NULL on ranks that do not evaluate)
     GradSync *gsync;
     AdamW opt;

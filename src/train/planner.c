@@ -203,10 +203,15 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     double act = 0.0;
     /* evaluation: dp rank 0's tp group; with stages on a whole-stack copy on pp rank 0 */
     const bool evaluates = out->dp == 0 && (pp == 1 || out->pp == 0);
+    /* dev BLEU on rank 0: a whole training model (tp 1, pp 1) decodes itself, in its own slot */
+    const bool decode_on_m = rank == 0 && in->decode && tp == 1 && pp == 1;
     double transient_eval = 0.0;
     if (evaluates && pp == 1) {
         for (int e = 0; e < in->n_eval; e++)
             act_add(&acts, in, tp, st, in->recompute, in->seq_par, (M - 1) % acts.n_slots, in->eval[e]);
+        if (decode_on_m)
+            act_add(&acts, in, tp, st, in->recompute, in->seq_par, (M - 1) % acts.n_slots,
+                    (PlanShape){in->decode_n, in->decode_S, 1});
     }
     act += (double)act_bytes(&acts);
     act_free(&acts);
@@ -225,7 +230,7 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     if (evaluates && in->gather_at_eval)  // model_gather's buffer, whatever tp
         transient_eval = (double)((size_t)tp * largest_tensor(&in->cfg, tp, pp > 1 ? &whole : st) * f);
     double transient_ws = 0.0;
-    if (rank == 0 && in->decode) {  // the whole model for dev BLEU: weights, the encoder's activations, the state
+    if (rank == 0 && in->decode && !decode_on_m) {  // a whole model for dev BLEU: weights, the encoder's activations
         const size_t n = table_elems(&in->cfg, 1, &whole);
         tag[MEM_MASTER] += (double)(n * f);
         if (gpu_bf16) tag[MEM_COMPUTE] += (double)(n * sizeof(uint16_t));
@@ -235,8 +240,9 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
         act_add(&da, in, 1, &whole, MODEL_RECOMPUTE_NONE, false, 0, (PlanShape){in->decode_n, in->decode_S, 1});
         act += (double)act_bytes(&da);
         act_free(&da);
-        transient_ws = (double)decode_workspace_bytes(&in->cfg, in->decode_n, in->beam, in->decode_S);
     }
+    if (rank == 0 && in->decode)  // the decode state
+        transient_ws = (double)decode_workspace_bytes(&in->cfg, in->decode_n, in->beam, in->decode_S);
     tag[MEM_ACT] = act;
     double held = 0.0;
     for (int t = 0; t < MEM_LIBRARY; t++) held += tag[t];

@@ -52,8 +52,8 @@ typedef struct {
     /* evaluation on dp rank 0's tp group (dev loss): the batches' shapes */
     const PlanShape *eval;
     int n_eval;
-    bool gather_at_eval;        // model_gather before evaluation (a corpus with tp > 1, or a decoding rank)
-    bool decode;                // rank 0 holds the whole model and decodes dev sentences
+    bool gather_at_eval;        // model_gather before evaluation (a corpus with tp or pp > 1)
+    bool decode;                // rank 0 decodes dev sentences (with tp or pp > 1 on a whole copy it holds)
     int decode_n, decode_S, beam;  // the largest decode batch: sentences, source length (eos included)
 } PlanInput;
 
