@@ -30,7 +30,7 @@ __global__ void round_bf16_kernel(float *x,  // (n_elems)
                                   size_t n_elems) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_elems;
          i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __uint_as_float((uint32_t)tp_bf16_bits(x[i]) << 16);
+        x[i] = tp_bf16_round(x[i]);
 }
 
 // ---- exported ops ------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <stdint.h>
 
+#include "bf16.h"  // tp_f32_to_bf16: the rounding, host and device
 #include "cuda_common.h"
 #include "scratch_sizes.h"
 
@@ -21,22 +22,15 @@
 // Upper bound on 1-D grid sizes; kernels loop grid-stride past it.
 #define TP_MAX_GRID 65535u
 
-// fp32 -> bf16 bits: common/bf16.h's integer rounding (nearest, ties to
+// fp32 -> bf16 bits: common/bf16.h's rounding itself (nearest, ties to
 // even; a NaN kept quiet with its sign), so every kernel that writes bf16
 // gives the CPU reference's bits (__float2bfloat16_rn canonicalises NaN).
-__device__ __forceinline__ uint16_t tp_bf16_bits(float x) {
-    uint32_t u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+__device__ __forceinline__ uint16_t tp_bf16_bits(float x) { return tp_f32_to_bf16(x); }
 
 // An input element as fp32: stored so, or bf16 bits widened (exact), for
 // kernels templated on their input's storage.
 __device__ __forceinline__ float ld_in(const float *x, long long i) { return x[i]; }
-__device__ __forceinline__ float ld_in(const uint16_t *x, long long i) {
-    return __uint_as_float((uint32_t)x[i] << 16);
-}
+__device__ __forceinline__ float ld_in(const uint16_t *x, long long i) { return tp_bf16_to_f32(x[i]); }
 
 // Argument checks of the exported ops (stay on in release builds).
 #define TP_NEED_PTR(op, ptr) TP_CHECK((ptr) != NULL, "%s: %s is NULL", (op), #ptr)

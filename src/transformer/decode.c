@@ -60,7 +60,10 @@ static int32_t *ibuf(Backend *be, size_t n) { return backend_alloc(be, (n ? n : 
 /* The positions a search over these sources can reach: one per step. */
 static int positions(const ModelConfig *c, const int32_t *src_len, int n) {
     int T = 1;
-    for (int i = 0; i < n; i++) T = decode_max_len(c, src_len[i]) + 1 > T ? decode_max_len(c, src_len[i]) + 1 : T;
+    for (int i = 0; i < n; i++) {
+        const int t = decode_max_len(c, src_len[i]) + 1;
+        T = t > T ? t : T;
+    }
     return T;
 }
 

@@ -250,6 +250,16 @@ static size_t carve_acts(ModelActs *A, const Model *m, float *base, int B, int S
     return c.off;
 }
 
+/* Every layer's streams between its sub-blocks pointing at the one set
+ * in the scratch (recomputation rebuilds them layer by layer). */
+static void bind_shared_mids(ModelActs *A, const ModelStage *st) {
+    for (int l = st->enc_lo; l < st->enc_hi; l++) A->enc_mid[l] = A->enc_mid_shared;
+    for (int l = st->dec_lo; l < st->dec_hi; l++) {
+        A->dec_mid1[l] = A->dec_mid1_shared;
+        A->dec_mid2[l] = A->dec_mid2_shared;
+    }
+}
+
 /* The same for the scratch of (B, S, T), shared by the slots. */
 static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, int S, int T) {
     const ModelConfig *cfg = &m->cfg;
@@ -288,25 +298,15 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
         A->enc_mid_shared = has_enc ? take(&c, ns * C) : NULL;
         A->dec_mid1_shared = has_dec ? take(&c, nt * C) : NULL;
         A->dec_mid2_shared = has_dec ? take(&c, nt * C) : NULL;
-        for (int l = st->enc_lo; l < st->enc_hi; l++) A->enc_mid[l] = A->enc_mid_shared;
-        for (int l = st->dec_lo; l < st->dec_hi; l++) {
-            A->dec_mid1[l] = A->dec_mid1_shared;
-            A->dec_mid2[l] = A->dec_mid2_shared;
-        }
+        bind_shared_mids(A, st);
     }
     if (m->recompute == MODEL_RECOMPUTE_FULL) {
         if (st->enc_hi > st->enc_lo) carve_enc_layer(&c, m, &A->enc_shared, &A->enc_mid_shared, B, S, false, true);
-        for (int l = st->enc_lo; l < st->enc_hi; l++) {
-            A->enc[l] = A->enc_shared;
-            A->enc_mid[l] = A->enc_mid_shared;
-        }
+        for (int l = st->enc_lo; l < st->enc_hi; l++) A->enc[l] = A->enc_shared;
         if (st->dec_hi > st->dec_lo)
             carve_dec_layer(&c, m, &A->dec_shared, &A->dec_mid1_shared, &A->dec_mid2_shared, B, S, T, false, true);
-        for (int l = st->dec_lo; l < st->dec_hi; l++) {
-            A->dec[l] = A->dec_shared;
-            A->dec_mid1[l] = A->dec_mid1_shared;
-            A->dec_mid2[l] = A->dec_mid2_shared;
-        }
+        for (int l = st->dec_lo; l < st->dec_hi; l++) A->dec[l] = A->dec_shared;
+        bind_shared_mids(A, st);
     }
     return c.off;
 }
