@@ -54,8 +54,8 @@
 # BENCH_SELECTIVE (PRESET-TOKENS-BUCKET of the --recompute selective run, default
 # that of the profile run; "none" to skip it),
 # BENCH_GRAPHS (PRESET-TOKENS-BUCKET configurations of the --cuda-graphs on
-# runs; default every preset and token count of the sweep at the largest
-# bucket asked for; "none" to skip them),
+# runs; default the main preset (PyTorch's) at every token count of the
+# sweep and the largest bucket asked for; "none" to skip them),
 # BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
 # configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
@@ -93,7 +93,7 @@ profile_cfg=${BENCH_PROFILE:-$main_cfg-$first_bucket}
 selective_cfg=${BENCH_SELECTIVE:-$main_cfg-$first_bucket}
 graph_bucket=$(tr ' ' '\n' <<< "$buckets" | sort -n | tail -n 1)
 graphs_default=""
-for p in $presets; do for t in $tokens; do graphs_default+=" $p-$t-$graph_bucket"; done; done
+for t in $tokens; do graphs_default+=" ${main_cfg%%-*}-$t-$graph_bucket"; done
 graphs_cfgs=${BENCH_GRAPHS:-$graphs_default}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
