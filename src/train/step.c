@@ -168,6 +168,7 @@ static void graph_forward(MicroCtx *c, int i) {
     backend_upload(t->be, t->step_vars, &sv, sizeof sv);
     PhaseCtx p = {c, i};
     step_graphs_run(t->graphs, GRAPH_FORWARD, m->slot, b->B, b->S, b->T, m->layout_gen, run_forward, &p);
+    model_unstage_batch(m);
 }
 
 static void graph_backward(MicroCtx *c, int i) {

@@ -658,6 +658,8 @@ void model_stage_batch(Model *m, const Batch *b) {
     m->acts->staged = b;
 }
 
+void model_unstage_batch(Model *m) { m->acts->staged = NULL; }
+
 size_t model_activation_bytes(const Model *m) {
     size_t n = m->scratch->cap_elems;
     for (int i = 0; i < m->n_slots; i++) n += m->slots[i]->cap_elems;

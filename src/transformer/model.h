@@ -177,6 +177,10 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
  * a captured forward (backend_capture_begin) needs, since a graph replays
  * the pointers it was recorded with. */
 void model_stage_batch(Model *m, const Batch *b);
+/* Forgets the staged batch when no model_forward_step consumed it (its
+ * forward was a graph's replay), so that a later forward of another batch
+ * at the same address uploads its own ids. */
+void model_unstage_batch(Model *m);
 
 /* model_forward_step, then one read: returns the mean loss over
  * non-padding target tokens; *n_tokens receives their count. */
