@@ -172,8 +172,15 @@ static void *track(Backend *be, void *p, size_t n_bytes, MemTag tag, bool host) 
     return p;
 }
 
+/* The calls a graph capture cannot hold (backend.h). */
+static void not_capturing(const Backend *be, const char *what) {
+    TP_CHECK(!be->capturing, "%s inside a graph capture (a program error: the captured ops must not %s)", what,
+             "allocate, free, copy to or from the host, or wait");
+}
+
 void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag) {
     TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc: tag %d cannot be allocated", (int)tag);
+    not_capturing(be, "backend_alloc");
     if (n_bytes == 0) n_bytes = 1;
     if (be->mem_limit && n_bytes > be->mem_limit - (be->mem.total_cur < be->mem_limit ? be->mem.total_cur : be->mem_limit))
         out_of_memory(be, n_bytes, tag, false);
@@ -182,12 +189,14 @@ void *backend_alloc(Backend *be, size_t n_bytes, MemTag tag) {
 
 void *backend_alloc_host(Backend *be, size_t n_bytes, MemTag tag) {
     TP_CHECK(tag >= 0 && tag < MEM_LIBRARY, "backend_alloc_host: tag %d cannot be allocated", (int)tag);
+    not_capturing(be, "backend_alloc_host");
     if (n_bytes == 0) n_bytes = 1;
     return track(be, be->ops->host_alloc(be, n_bytes), n_bytes, tag, true);
 }
 
 void backend_free(Backend *be, void *p) {
     if (!p) return;
+    not_capturing(be, "backend_free");
     for (BackendAlloc **pp = &be->allocs; *pp; pp = &(*pp)->next) {
         BackendAlloc *a = *pp;
         if (a->p != p) continue;
@@ -196,8 +205,12 @@ void backend_free(Backend *be, void *p) {
         *pp = a->next;
         const bool host = a->host;
         free(a);
-        if (host) be->ops->host_free(be, p);
-        else be->ops->dev_free(be, p);
+        if (host) {
+            be->ops->host_free(be, p);
+        } else {
+            be->ops->dev_free(be, p);
+            be->n_frees++;
+        }
         return;
     }
     tp_die(__FILE__, __LINE__, "backend_free: %p was not allocated by this backend", p);
@@ -254,14 +267,45 @@ void *backend_workspace(Backend *be, size_t n_bytes) {
 }
 
 void backend_upload(Backend *be, void *dst_dev, const void *src_host, size_t n_bytes) {
+    not_capturing(be, "backend_upload");
     if (n_bytes) be->ops->upload(be, dst_dev, src_host, n_bytes);
 }
 
 void backend_download(Backend *be, void *dst_host, const void *src_dev, size_t n_bytes) {
+    not_capturing(be, "backend_download");
     if (n_bytes) be->ops->download(be, dst_host, src_dev, n_bytes);
 }
 
-void backend_sync(Backend *be) { be->ops->sync(be); }
+void backend_sync(Backend *be) {
+    not_capturing(be, "backend_sync");
+    be->ops->sync(be);
+}
+
+/* ---- graphs ---------------------------------------------------------------------- */
+
+void backend_capture_begin(Backend *be) {
+    TP_CHECK(!be->capturing, "backend_capture_begin: a capture is already open");
+    TP_CHECK(!be->profile, "backend_capture_begin: graphs and --profile do not mix (the profile marks every op)");
+    be->ops->capture_begin(be);
+    be->capturing = true;
+}
+
+void *backend_capture_end(Backend *be, char *err, size_t err_len) {
+    TP_CHECK(be->capturing, "backend_capture_end: no capture is open");
+    be->capturing = false;
+    return be->ops->capture_end(be, err, err_len);
+}
+
+void backend_graph_launch(Backend *be, void *graph) {
+    not_capturing(be, "backend_graph_launch");
+    be->ops->graph_launch(be, graph);
+}
+
+void backend_graph_free(Backend *be, void *graph) {
+    if (graph) be->ops->graph_free(be, graph);
+}
+
+void backend_set_step_vars(Backend *be, const StepVars *step_vars) { be->step_vars = step_vars; }
 
 const float *backend_host_view(Backend *be, const float *dev, size_t n_elems) {
     if (be->host_visible) return dev;

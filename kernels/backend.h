@@ -150,7 +150,29 @@ typedef struct BackendOps {
     void (*mark)(Backend *be, void *marks, int i);
     void (*marks_read)(Backend *be, void *marks, int n, double *seconds);
     void (*marks_free)(Backend *be, void *marks);
+    /* graphs (backend_capture_begin below): capture_end returns the
+     * backend's graph, or NULL with one sentence in err */
+    void (*capture_begin)(Backend *be);
+    void *(*capture_end)(Backend *be, char *err, size_t err_len);
+    void (*graph_launch)(Backend *be, void *graph);
+    void (*graph_free)(Backend *be, void *graph);
 } BackendOps;
+
+/* Values of one micro-batch that the ops read from device memory instead of
+ * their arguments while a backend has them set (backend_set_step_vars), so
+ * that a graph captured once replays with new values (CUDA graphs):
+ * dropout_fwd_at, dropout_bwd_at, residual_ln_fwd and residual_ln_bwd draw
+ * the mask of stream stream_base + stream_id (dropout_stream's fields are
+ * disjoint bits, so a base of dropout_stream(step, micro, 0, 0, 0) and an
+ * argument of dropout_stream(0, 0, layer, site, tp) draw exactly the mask
+ * of dropout_stream(step, micro, layer, site, tp)); xent_vp_grad_inplace
+ * and xent_vp_grad_inplace16 scale by loss_scale instead of their dloss.
+ * Fixed-width fields: the same bytes are read on the device. */
+typedef struct {
+    uint64_t stream_base;
+    float loss_scale;
+    uint32_t pad;
+} StepVars;
 
 /* The context. Backends keep their private state behind impl. */
 
@@ -174,6 +196,10 @@ struct Backend {
     size_t ws_bytes;
     struct BackendAlloc *allocs;  // live allocations (pointer, size, tag)
     struct OpProfile *profile;    // --profile's state (kernels/profile.h), NULL when off
+    const StepVars *step_vars;    // device memory the ops read (backend_set_step_vars), NULL when off
+    bool capturing;               // between backend_capture_begin and _end
+    uint64_t n_frees;             // device buffers freed so far: a graph's pointers hold while it is unchanged
+    void *capture;                // the backend's capture state (CPU: the recording)
     void *impl;
 };
 
@@ -274,5 +300,31 @@ void backend_recast_weights(Backend *be);
 /* The compute copy of the weight tensor W (a pointer into a registered
  * master range), or NULL when W is not in one or there is no copy. */
 const void *backend_compute_twin(const Backend *be, const float *W);
+
+/* ---- Graphs: ops recorded once, replayed many times (CUDA graphs) ----------
+ * backend_capture_begin starts recording the ops this thread queues on the
+ * backend: from then on they are recorded, not run. backend_capture_end
+ * stops and returns the recording as a graph, or NULL with one sentence in
+ * err when the backend could not make one (then nothing ran: the caller
+ * runs the ops again without capture). backend_graph_launch queues the
+ * graph's ops again, in order, with the very arguments they were recorded
+ * with: pointers, sizes and values. So whatever changes between launches
+ * must live in device memory: the batch's ids (uploaded before the launch
+ * into the same buffers) and the StepVars (backend_set_step_vars); and the
+ * buffers the graph names must not move (backend_free counts into
+ * n_frees: a graph captured at another count may name freed memory).
+ * Between begin and end nothing may allocate, free, upload, download or
+ * synchronise: each dies naming itself (a program error, not bad input).
+ * CUDA: stream capture, cudaGraphInstantiate, cudaGraphLaunch. CPU: each
+ * op's entry with its arguments kept in a list and called again in order
+ * (kernels/cpu/graph_record.cc): the same contract, so the CPU tests prove
+ * that what a graph replays is what the step computes. */
+void backend_capture_begin(Backend *be);
+void *backend_capture_end(Backend *be, char *err, size_t err_len);
+void backend_graph_launch(Backend *be, void *graph);
+void backend_graph_free(Backend *be, void *graph);  // NULL is a no-op
+/* Makes the ops named at StepVars read *step_vars (device memory, or NULL:
+ * back to their arguments). The caller keeps it valid while it is set. */
+void backend_set_step_vars(Backend *be, const StepVars *step_vars);
 
 #endif

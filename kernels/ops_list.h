@@ -20,8 +20,12 @@
  *   cuda   the launcher's trailing arguments after the parameters: STREAM
  *          (cudaStream_t stream), SCRATCH (void *scratch, cudaStream_t stream:
  *          at least the op's cuda_<op>_scratch_bytes bytes), STATUS
- *          (CudaOpStatus *status, cudaStream_t stream). OWN: declared by hand
- *          (the GEMM family, cuda_gemm.h).
+ *          (CudaOpStatus *status, cudaStream_t stream). STEP (const StepVars
+ *          *step, cudaStream_t stream) and STEP_SCRATCH (const StepVars *step,
+ *          void *scratch, cudaStream_t stream): the ops that read the
+ *          backend's StepVars while they are set (backend.h; step NULL:
+ *          their arguments). OWN: declared by hand (the GEMM family,
+ *          cuda_gemm.h).
  *   (arguments) the parameters' names in order, for the forwarding calls.
  *
  * The contract of every op (shapes, accumulation, masks, precision) is the
@@ -341,12 +345,12 @@ OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
  * first + i of it (first a multiple of 4), so the windows of a tensor split
  * by rows together draw the mask of the whole (sequence parallelism);
  * ops.h's op_dropout_fwd / op_dropout_bwd are the whole tensor (first = 0). */
-OP(dropout_fwd_at, ELEMENTWISE, REF, STREAM,
+OP(dropout_fwd_at, ELEMENTWISE, REF, STEP,
    (float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
    (out, x, n_elems, first, p, seed, stream_id))
 /* dx += mask * dy / (1-p) (GRAD_ADD), or dx = mask * dy / (1-p)
  * (GRAD_WRITE: dropped elements become 0; p == 0 copies). */
-OP(dropout_bwd_at, ELEMENTWISE, REF, STREAM,
+OP(dropout_bwd_at, ELEMENTWISE, REF, STEP,
    (float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed,
     uint64_t stream_id),
    (dx, mode, dy, n_elems, first, p, seed, stream_id))
@@ -363,7 +367,7 @@ OP(dropout_bwd_at, ELEMENTWISE, REF, STREAM,
  * read. The LayerNorm output goes to y in fp32 or, y NULL, to y16 as its
  * bf16 rounding (to_bf16's, bit for bit; the model's bf16-kept LayerNorm
  * outputs): exactly one of the two is given. */
-OP(residual_ln_fwd, LAYERNORM, OWN, STREAM,
+OP(residual_ln_fwd, LAYERNORM, OWN, STEP,
    (float *res_out,       // (N, C)
     float *y,             // (N, C) or NULL
     uint16_t *y16,        // (N, C) or NULL
@@ -382,7 +386,7 @@ OP(residual_ln_fwd, LAYERNORM, OWN, STREAM,
  * sums (d_bias NULL: skipped), as bias_bwd. d_branch is WRITTEN, not
  * accumulated (it equals dropout_bwd_at into zeros): the one pass needs no
  * zeroing before it. d_branch aliases neither dy nor d_res. */
-OP(residual_ln_bwd, LAYERNORM, REF, SCRATCH,
+OP(residual_ln_bwd, LAYERNORM, REF, STEP_SCRATCH,
    (float *d_res,         // (N, C) accumulated
     float *d_branch,      // (N, C) written
     float *dgamma,        // (C) accumulated
@@ -469,7 +473,7 @@ OP(xent_vp_bwd, LOSS, REF, STREAM,
  * needs: no (N, V_local) gradient buffer, no pass to zero one. Padding
  * columns and ignored rows become 0. The one backward op that overwrites
  * rather than accumulates: each element equals op_xent_vp_bwd's into zeros. */
-OP(xent_vp_grad_inplace, LOSS, REF, STREAM,
+OP(xent_vp_grad_inplace, LOSS, REF, STEP,
    (float *logits,           // (N, V_local) in: logits; out: gradient
     const float *lse,        // (N)
     const int32_t *targets,  // (N)
@@ -493,7 +497,7 @@ OP(xent_vp_sums16, LOSS, REF, STREAM,
     const int32_t *targets,    // (N)
     int N, int V_local, int V_valid, int vocab_start, int32_t ignore_id),
    (stats, logits16, row_max, targets, N, V_local, V_valid, vocab_start, ignore_id))
-OP(xent_vp_grad_inplace16, LOSS, REF, STREAM,
+OP(xent_vp_grad_inplace16, LOSS, REF, STEP,
    (uint16_t *logits16,      // (N, V_local) in: logits; out: gradient, bf16 bits
     const float *lse,        // (N)
     const int32_t *targets,  // (N)

@@ -12,7 +12,10 @@
 #    configurations PyTorch replays (BENCH_TORCH), writes its batches
 #    (--dump-batches).
 #    Then one more tptrain run with --recompute selective (BENCH_SELECTIVE's
-#    configuration): the memory the recomputation saves, at what speed.
+#    configuration): the memory the recomputation saves, at what speed; and
+#    one with --cuda-graphs on per BENCH_GRAPHS configuration: each batch
+#    shape's forward and backward replayed as CUDA graphs (bucketed lengths
+#    make shapes repeat), the row "tptrain cuda graphs".
 # 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
 #    the step's time goes, by class of operation and by op (the table by op
 #    after the class table); both go in the report.
@@ -50,6 +53,9 @@
 # BENCH_SDPA ("auto,flash,efficient,cudnn,math"), BENCH_COMPILE_SDPA (best),
 # BENCH_SELECTIVE (PRESET-TOKENS-BUCKET of the --recompute selective run, default
 # that of the profile run; "none" to skip it),
+# BENCH_GRAPHS (PRESET-TOKENS-BUCKET configurations of the --cuda-graphs on
+# runs; default the main preset (PyTorch's) at every token count of the
+# sweep and the largest bucket asked for; "none" to skip them),
 # BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
 # configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
@@ -85,6 +91,10 @@ sdpa=${BENCH_SDPA:-auto,flash,efficient,cudnn,math}
 compile_sdpa=${BENCH_COMPILE_SDPA:-best}
 profile_cfg=${BENCH_PROFILE:-$main_cfg-$first_bucket}
 selective_cfg=${BENCH_SELECTIVE:-$main_cfg-$first_bucket}
+graph_bucket=$(tr ' ' '\n' <<< "$buckets" | sort -n | tail -n 1)
+graphs_default=""
+for t in $tokens; do graphs_default+=" ${main_cfg%%-*}-$t-$graph_bucket"; done
+graphs_cfgs=${BENCH_GRAPHS:-$graphs_default}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 dtype=bf16
@@ -203,6 +213,12 @@ done
 if [ "$selective_cfg" != none ]; then
   IFS=- read -r spreset stok sbucket <<< "$selective_cfg"
   tptrain_run "$spreset" "$stok" "${sbucket:-1}" "recompute selective" --recompute selective
+fi
+if [ "$graphs_cfgs" != none ]; then
+  for gcfg in $graphs_cfgs; do
+    IFS=- read -r gpreset gtok gbucket <<< "$gcfg"
+    tptrain_run "$gpreset" "$gtok" "${gbucket:-1}" "cuda graphs" --cuda-graphs on
+  done
 fi
 
 # 2. where tptrain's step goes: one --profile run

@@ -185,6 +185,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_layernorm(t, rng);
     test_dropout(t, rng);
     test_residual_ln(t, rng);
+    test_step_vars(t, rng);
     test_adamw(t, rng);
     test_multi_tensor(t, rng);
     test_softmax(t, rng);

@@ -209,6 +209,11 @@ done
 # the memory-lean run (BENCH_SELECTIVE: the first configuration and bucket), beside its own eager row
 grep -q "^| tiny | 512 | 1 | tptrain recompute selective | own kernels | [0-9]" "$work/bench/bench.md" ||
   fail "bench.md has no --recompute selective row: $(grep 'selective' "$work/bench/bench.md")"
+# the graphs runs (BENCH_GRAPHS: each configuration at the largest bucket)
+grep -q "^| tiny | 512 | 8 | tptrain cuda graphs | own kernels | [0-9]" "$work/bench/bench.md" ||
+  fail "bench.md has no --cuda-graphs row: $(grep 'graphs' "$work/bench/bench.md")"
+grep -q '"graphs": {"captured": [1-9]' "$work"/bench/tiny-512-b8-cuda-graphs.metrics.jsonl ||
+  fail "the --cuda-graphs run captured no graph"
 grep -A 14 "train_mt --profile" "$work/bench/bench.md" | grep -q "^  GEMM" || fail "bench.md has no profile table"
 grep -q "^  remainder" "$work/bench/bench.md" || fail "the profile table has no remainder row"
 grep -A 60 "^profile: time per op" "$work/bench/bench.md" | grep -q "^  linear_fwd" || fail "bench.md has no table by op"

@@ -18,6 +18,7 @@
 #include "clock.h"
 #include "cpu_ops.h"
 #include "err.h"
+#include "graph_record.h"
 
 /* Every buffer comes zeroed and 64-byte aligned, its size rounded up to 64
  * bytes, straight from the kernel's zero pages rather than written with
@@ -103,6 +104,13 @@ static void cpu_destroy(Backend *be) { free(be); }
  * below that differs from its entry does not compile. */
 #define OP(name, cls, cpu, cuda, params, args) static void t_##name TP_OP_WITH_BE params;
 #include "ops_list.h"
+
+/* The StepVars' values where they are set (backend.h; host memory here),
+ * read as the op runs: in a graph's replay too. */
+static uint64_t step_stream(const Backend *be, uint64_t stream_id) {
+    return be->step_vars ? be->step_vars->stream_base + stream_id : stream_id;
+}
+static float step_scale(const Backend *be, float dloss) { return be->step_vars ? be->step_vars->loss_scale : dloss; }
 
 /* ---- bf16 emulation of the GEMM operands ---------------------------------------- */
 
@@ -249,14 +257,13 @@ static void t_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, f
     const size_t n_elems = (size_t)(N > 0 ? N : 0) * (size_t)(C > 0 ? C : 0);
     TP_CHECK(n_elems == 0 || (y == NULL) != (y16 == NULL), "op_residual_ln_fwd: give exactly one of y and y16");
     float *out = y ? y : backend_workspace(be, (n_elems ? n_elems : 1) * sizeof(float));
-    cpu_residual_ln_fwd(ro, out, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st);
+    cpu_residual_ln_fwd(ro, out, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, step_stream(be, st));
     if (y16) cpu_to_bf16(y16, out, n_elems);
 }
 static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
                               const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
                               uint64_t first, float p, uint64_t seed, uint64_t st) {
-    (void)be;
-    cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
+    cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, step_stream(be, st));
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
 static void t_act_bwd_x16(Backend *be, float *dx, GradMode mode, const float *dy, const uint16_t *x, size_t n,
@@ -342,13 +349,11 @@ static void t_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, Gr
 
 static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                           uint64_t st) {
-    (void)be;
-    cpu_dropout_fwd_at(o, x, n, first, p, seed, st);
+    cpu_dropout_fwd_at(o, x, n, first, p, seed, step_stream(be, st));
 }
 static void t_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t first, float p,
                              uint64_t seed, uint64_t st) {
-    (void)be;
-    cpu_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st);
+    cpu_dropout_bwd_at(dx, mode, dy, n, first, p, seed, step_stream(be, st));
 }
 static void t_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                        float eps, int32_t ig) {
@@ -381,8 +386,7 @@ static void t_xent_vp_bwd(Backend *be, float *dl, const float *logits, const flo
 }
 static void t_xent_vp_grad_inplace(Backend *be, float *logits, const float *lse, const int32_t *t, float dloss, int N,
                                    int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
-    (void)be;
-    cpu_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
+    cpu_xent_vp_grad_inplace(logits, lse, t, step_scale(be, dloss), N, Vl, Vv, vs, V, eps, ig);
 }
 static void t_xent_vp_max16(Backend *be, float *rm, const uint16_t *logits, int N, int Vl, int Vv) {
     (void)be;
@@ -395,8 +399,7 @@ static void t_xent_vp_sums16(Backend *be, float *st, const uint16_t *logits, con
 }
 static void t_xent_vp_grad_inplace16(Backend *be, uint16_t *logits, const float *lse, const int32_t *t, float dloss,
                                      int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
-    (void)be;
-    cpu_xent_vp_grad_inplace16(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig);
+    cpu_xent_vp_grad_inplace16(logits, lse, t, step_scale(be, dloss), N, Vl, Vv, vs, V, eps, ig);
 }
 static void t_adamw(Backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                     float eps, float wd, int t) {
@@ -440,6 +443,8 @@ static const BackendOps CPU_OPS = {
 #define OP(name, cls, cpu, cuda, params, args) .name = t_##name,
 #include "ops_list.h"
     .marks_new = cpu_marks_new, .mark = cpu_mark, .marks_read = cpu_marks_read, .marks_free = cpu_marks_free,
+    .capture_begin = cpu_capture_begin, .capture_end = cpu_capture_end, .graph_launch = cpu_graph_launch,
+    .graph_free = cpu_graph_free,
 };
 
 Backend *backend_cpu_create(Dtype dtype) {

@@ -380,22 +380,22 @@ static void cu_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, G
 }
 static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                            uint64_t st) {
-    cuda_op_dropout_fwd_at(o, x, n, first, p, seed, st, stream_of(be));
+    cuda_op_dropout_fwd_at(o, x, n, first, p, seed, st, be->step_vars, stream_of(be));
 }
 static void cu_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t first,
                               float p, uint64_t seed, uint64_t st) {
-    cuda_op_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st, stream_of(be));
+    cuda_op_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st, be->step_vars, stream_of(be));
 }
 static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, float *mean, float *rstd,
                                const float *ri, const float *br, const float *bias, const float *g, const float *b,
                                int N, int C, float eps, uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cuda_op_residual_ln_fwd(ro, y, y16, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st,
+    cuda_op_residual_ln_fwd(ro, y, y16, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st, be->step_vars,
                             stream_of(be));
 }
 static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias,
                                const float *dy, const float *x, const float *mean, const float *rstd, const float *g,
                                int N, int C, uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+    cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st, be->step_vars,
                             scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C)), stream_of(be));
 }
 static void cu_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
@@ -419,7 +419,7 @@ static void cu_xent_vp_loss(Backend *be, float *losses, float *lse, const float 
 }
 static void cu_xent_vp_grad_inplace(Backend *be, float *logits, const float *lse, const int32_t *t, float dloss,
                                     int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
-    cuda_op_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, stream_of(be));
+    cuda_op_xent_vp_grad_inplace(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, be->step_vars, stream_of(be));
 }
 static void cu_xent_vp_max16(Backend *be, float *rm, const uint16_t *logits, int N, int Vl, int Vv) {
     cuda_op_xent_vp_max16(rm, logits, N, Vl, Vv, stream_of(be));
@@ -430,7 +430,8 @@ static void cu_xent_vp_sums16(Backend *be, float *st, const uint16_t *logits, co
 }
 static void cu_xent_vp_grad_inplace16(Backend *be, uint16_t *logits, const float *lse, const int32_t *t, float dloss,
                                       int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
-    cuda_op_xent_vp_grad_inplace16(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, stream_of(be));
+    cuda_op_xent_vp_grad_inplace16(logits, lse, t, dloss, N, Vl, Vv, vs, V, eps, ig, be->step_vars,
+                                   stream_of(be));
 }
 static void cu_xent_vp_bwd(Backend *be, float *dl, const float *logits, const float *lse, const int32_t *t,
                            float dloss, int N, int Vl, int Vv, int vs, int V, float eps, int32_t ig) {
@@ -488,6 +489,43 @@ static void cu_adamw_segs(Backend *be, float *p, const float *g, float *m, float
     cuda_op_adamw_segs(p, g, m, v, s, lr, b1, b2, eps, wd, t, stream_of(be));
 }
 
+// ---- graphs: stream capture, instantiated once, launched per replay -----------------------
+// ThreadLocal capture: a call this thread makes that a capture cannot hold
+// fails (and backend.c stops the allocator's and the copies' calls before
+// they reach CUDA); other threads (NCCL's, the data loader's) are not affected.
+
+static void cu_capture_begin(Backend *be) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_of(be), cudaStreamCaptureModeThreadLocal));
+}
+
+static void *cu_capture_end(Backend *be, char *err, size_t err_len) {
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(stream_of(be), &graph);
+    if (e != cudaSuccess || !graph) {
+        snprintf(err, err_len, "stream capture failed: %s", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    if (e != cudaSuccess) {
+        snprintf(err, err_len, "cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return (void *)exec;
+}
+
+static void cu_graph_launch(Backend *be, void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, stream_of(be)));
+}
+
+static void cu_graph_free(Backend *be, void *graph) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_of(be)));  // a launch of it may still be queued
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
 static BackendOps cuda_ops_table(void) {
     BackendOps o;
     memset(&o, 0, sizeof o);
@@ -499,6 +537,8 @@ static BackendOps cuda_ops_table(void) {
 #define OP(name, cls, cpu, cuda, params, args) o.name = cu_##name;
 #include "ops_list.h"
     o.marks_new = cu_marks_new, o.mark = cu_mark, o.marks_read = cu_marks_read, o.marks_free = cu_marks_free;
+    o.capture_begin = cu_capture_begin, o.capture_end = cu_capture_end, o.graph_launch = cu_graph_launch;
+    o.graph_free = cu_graph_free;
     return o;
 }
 static const BackendOps CUDA_OPS = cuda_ops_table();

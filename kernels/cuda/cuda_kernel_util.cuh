@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "bf16.h"  // tp_f32_to_bf16: the rounding, host and device
+#include "backend.h"  // StepVars
 #include "cuda_common.h"
 #include "scratch_sizes.h"
 
@@ -26,6 +27,13 @@
 // even; a NaN kept quiet with its sign), so every kernel that writes bf16
 // gives the CPU reference's bits (__float2bfloat16_rn canonicalises NaN).
 __device__ __forceinline__ uint16_t tp_bf16_bits(float x) { return tp_f32_to_bf16(x); }
+
+// A dropout's stream id as the op draws it: with the backend's StepVars set
+// (backend.h), their stream_base, read on the device when the kernel runs
+// (a graph's replay reads the new one), plus the argument.
+__device__ __forceinline__ uint64_t tp_step_stream(const StepVars *step, uint64_t stream_id) {
+    return step ? step->stream_base + stream_id : stream_id;
+}
 
 // An input element as fp32: stored so, or bf16 bits widened (exact), for
 // kernels templated on their input's storage.

@@ -79,6 +79,10 @@ bool cuda_status_message(const volatile CudaOpStatus *status, char *buf, size_t 
 #define CUDA_OP_SCRATCH(name, params) void cuda_op_##name(TP_OP_BARE params, void *scratch, cudaStream_t stream);
 #define CUDA_OP_STATUS(name, params) \
     void cuda_op_##name(TP_OP_BARE params, CudaOpStatus *status, cudaStream_t stream);
+#define CUDA_OP_STEP(name, params) \
+    void cuda_op_##name(TP_OP_BARE params, const StepVars *step, cudaStream_t stream);
+#define CUDA_OP_STEP_SCRATCH(name, params) \
+    void cuda_op_##name(TP_OP_BARE params, const StepVars *step, void *scratch, cudaStream_t stream);
 #define CUDA_OP_OWN(name, params)
 #define OP(name, cls, cpu, cuda, params, args) CUDA_OP_##cuda(name, params)
 #include "ops_list.h"

@@ -23,10 +23,11 @@
 __global__ void dropout_kernel(float *out,      // (n_elems)
                                const float *x,  // (n_elems)
                                size_t n_elems, uint64_t first_block, float p, float scale, uint32_t seed_lo,
-                               uint32_t seed_hi, uint32_t stream_lo, uint32_t stream_hi,
-                               bool accumulate) {
+                               uint32_t seed_hi, uint64_t stream_id, const StepVars *step, bool accumulate) {
     const size_t n_groups = (n_elems + 3) / 4;
     const uint32_t key[2] = {seed_lo, seed_hi};
+    const uint64_t s = tp_step_stream(step, stream_id);
+    const uint32_t stream_lo = (uint32_t)s, stream_hi = (uint32_t)(s >> 32);
     for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < n_groups;
          grp += (size_t)gridDim.x * blockDim.x) {
         uint32_t words[4];
@@ -46,12 +47,11 @@ __global__ void dropout_kernel(float *out,      // (n_elems)
 // ---- launchers ---------------------------------------------------------------------
 
 static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed,
-                           uint64_t stream_id, bool accumulate, cudaStream_t stream) {
+                           uint64_t stream_id, const StepVars *step, bool accumulate, cudaStream_t stream) {
     const float scale = dropout_scale(p);  // the CPU's expression (philox.h)
     const size_t n_groups = (n_elems + 3) / 4;
     dropout_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
-        out, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)stream_id,
-        (uint32_t)(stream_id >> 32), accumulate);
+        out, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), stream_id, step, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -70,7 +70,8 @@ static bool dropout_args_ok(const char *op, const char *const names[2], const vo
 }
 
 extern "C" void cuda_op_dropout_fwd_at(float *out, const float *x, size_t n_elems, uint64_t first, float p,
-                                       uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+                                       uint64_t seed, uint64_t stream_id, const StepVars *step,
+                                       cudaStream_t stream) {
     static const char *const names[2] = {"out", "x"};
     if (!dropout_args_ok("cuda_op_dropout_fwd_at", names, out, x, n_elems, first, p)) return;
     if (p == 0.0f) {
@@ -78,11 +79,12 @@ extern "C" void cuda_op_dropout_fwd_at(float *out, const float *x, size_t n_elem
         cuda_op_copy_bytes(out, x, n_elems * sizeof(float), NULL, stream);
         return;
     }
-    dropout_launch(out, x, n_elems, first, p, seed, stream_id, false, stream);
+    dropout_launch(out, x, n_elems, first, p, seed, stream_id, step, false, stream);
 }
 
 extern "C" void cuda_op_dropout_bwd_at(float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first,
-                                       float p, uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+                                       float p, uint64_t seed, uint64_t stream_id, const StepVars *step,
+                                       cudaStream_t stream) {
     static const char *const names[2] = {"dx", "dy"};
     TP_CHECK(grad_mode_valid(mode), "cuda_op_dropout_bwd_at: unknown gradient mode %d", (int)mode);
     if (!dropout_args_ok("cuda_op_dropout_bwd_at", names, dx, dy, n_elems, first, p)) return;
@@ -92,5 +94,5 @@ extern "C" void cuda_op_dropout_bwd_at(float *dx, GradMode mode, const float *dy
         else cuda_op_copy_bytes(dx, dy, n_elems * sizeof(float), NULL, stream);  // dx is dy (no-op) or apart
         return;
     }
-    dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, add, stream);
+    dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, step, add, stream);
 }

@@ -40,14 +40,16 @@ typedef struct {
     uint64_t first;           // the window's first element in the whole mask
     float p, scale;           // scale = 1/(1-p), the CPU's expression
     uint32_t key[2];          // seed lo, hi
-    uint32_t stream_lo, stream_hi;
+    uint64_t stream;          // the stream id; with step, step->stream_base is added on the device
+    const StepVars *step;     // the backend's StepVars, or NULL
     bool on;                  // p > 0 (p == 0 copies, as op_dropout_fwd does)
 } RlnDrop;
 
 // ---- device helpers ------------------------------------------------------------
 
 __device__ __forceinline__ void rln_words(const RlnDrop &d, uint64_t block, uint32_t w[4]) {
-    dropout_block_words(block, d.key, d.stream_lo, d.stream_hi, w);
+    const uint64_t s = tp_step_stream(d.step, d.stream);
+    dropout_block_words(block, d.key, (uint32_t)s, (uint32_t)(s >> 32), w);
 }
 
 // Dropout of v with its mask word: v * scale or 0 (v itself when off).
@@ -228,15 +230,15 @@ __global__ void residual_ln_bwd_final_kernel(float *dgamma,               // (C)
 
 // ---- launchers ---------------------------------------------------------------------
 
-static RlnDrop rln_drop_of(uint64_t first, float p, uint64_t seed, uint64_t stream_id) {
+static RlnDrop rln_drop_of(uint64_t first, float p, uint64_t seed, uint64_t stream_id, const StepVars *step) {
     RlnDrop d;
     d.first = first;
     d.p = p;
     d.scale = dropout_scale(p);  // the CPU's expression (philox.h)
     d.key[0] = (uint32_t)seed;
     d.key[1] = (uint32_t)(seed >> 32);
-    d.stream_lo = (uint32_t)stream_id;
-    d.stream_hi = (uint32_t)(stream_id >> 32);
+    d.stream = stream_id;
+    d.step = step;
     d.on = p > 0.0f;
     return d;
 }
@@ -298,7 +300,8 @@ extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, uint16_t *y16,
                                         const float *res_in,
                                         const float *branch, const float *bias, const float *gamma,
                                         const float *beta, int N, int C, float eps, uint64_t first, float p,
-                                        uint64_t seed, uint64_t stream_id, cudaStream_t stream) {
+                                        uint64_t seed, uint64_t stream_id, const StepVars *step,
+                                        cudaStream_t stream) {
     const char *op = "cuda_op_residual_ln_fwd";
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, C);
@@ -317,7 +320,7 @@ extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, uint16_t *y16,
                  op);
     }
     residual_ln_fwd_launch(res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps,
-                           rln_drop_of(first, p, seed, stream_id), stream);
+                           rln_drop_of(first, p, seed, stream_id, step), stream);
 }
 
 extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) { return scratch_residual_ln_bwd(N, C); }
@@ -325,7 +328,8 @@ extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) { return scra
 extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
                                         const float *dy, const float *x, const float *mean, const float *rstd,
                                         const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
-                                        uint64_t stream_id, void *scratch, cudaStream_t stream) {
+                                        uint64_t stream_id, const StepVars *step, void *scratch,
+                                        cudaStream_t stream) {
     const char *op = "cuda_op_residual_ln_bwd";
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, C);
@@ -345,5 +349,5 @@ extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dg
     TpCarver cv = tp_carver(scratch, cuda_residual_ln_bwd_scratch_bytes(N, C), op);
     double *part = (double *)tp_carve(&cv, 3 * (size_t)rln_chunks(N) * C * sizeof(double));  // (3, n_chunks, C)
     residual_ln_bwd_launch(d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C,
-                           rln_drop_of(first, p, seed, stream_id), part, stream);
+                           rln_drop_of(first, p, seed, stream_id, step), part, stream);
 }

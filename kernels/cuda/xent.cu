@@ -104,14 +104,17 @@ __device__ __forceinline__ void st_out(uint16_t *x, long long i, float v) { x[i]
 //     g is written over the logit it is computed from (each element read and
 //     written by one thread; to bf16 rounded as stored); ignored rows and
 //     padding columns become 0.
+// step: the backend's StepVars (backend.h), whose loss_scale replaces dloss
+// (read on the device: a graph's replay reads the new one), or NULL.
 template <bool IN_PLACE, typename T>
 __global__ void xent_bwd_kernel(float *dlogits,          // (N, V_local): !IN_PLACE
                                 T *out,                  // (N, V_local): IN_PLACE, = logits
                                 const T *logits,         // (N, V_local)
                                 const float *lse,        // (N)
                                 const int32_t *targets,  // (N)
-                                float dloss, float smooth, int N, int V_local, int V_valid,
-                                int vocab_start, float eps, int32_t ignore_id) {
+                                float dloss, const StepVars *step, float smooth, int N, int V_local,
+                                int V_valid, int vocab_start, float eps, int32_t ignore_id) {
+    if (step) dloss = step->loss_scale;
     for (int n = blockIdx.y; n < N; n += gridDim.y) {
         const int32_t y = targets[n];
         if (!IN_PLACE && y == ignore_id) continue;
@@ -232,19 +235,19 @@ static void xent_bwd_launch(float *dlogits, const float *logits, const float *ls
     const float smooth = eps / (float)V;  // the CPU's expression
     dim3 grid(tp_grid_1d((size_t)V_valid, XENT_THREADS), row_grid(N));
     xent_bwd_kernel<false, float><<<grid, XENT_THREADS, 0, stream>>>(
-        dlogits, (float *)NULL, logits, lse, targets, dloss, smooth, N, V_local, V_valid, vocab_start, eps,
-        ignore_id);
+        dlogits, (float *)NULL, logits, lse, targets, dloss, (const StepVars *)NULL, smooth, N, V_local, V_valid,
+        vocab_start, eps, ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
 static void xent_grad_inplace_launch(T *logits, const float *lse, const int32_t *targets,
-                                     float dloss, int N, int V_local, int V_valid, int vocab_start,
-                                     int V, float eps, int32_t ignore_id, cudaStream_t stream) {
+                                     float dloss, const StepVars *step, int N, int V_local, int V_valid,
+                                     int vocab_start, int V, float eps, int32_t ignore_id, cudaStream_t stream) {
     const float smooth = eps / (float)V;  // the CPU's expression
     dim3 grid(tp_grid_1d((size_t)V_local, XENT_THREADS), row_grid(N));
     xent_bwd_kernel<true, T><<<grid, XENT_THREADS, 0, stream>>>(
-        (float *)NULL, logits, logits, lse, targets, dloss, smooth, N, V_local, V_valid, vocab_start, eps,
+        (float *)NULL, logits, logits, lse, targets, dloss, step, smooth, N, V_local, V_valid, vocab_start, eps,
         ignore_id);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -412,8 +415,8 @@ extern "C" void cuda_op_xent_vp_bwd(float *dlogits, const float *logits, const f
 
 template <typename T>
 static void vp_grad_inplace(const char *op, T *logits, const float *lse, const int32_t *targets,
-                            float dloss, int N, int V_local, int V_valid, int vocab_start, int V,
-                            float eps, int32_t ignore_id, cudaStream_t stream) {
+                            float dloss, const StepVars *step, int N, int V_local, int V_valid,
+                            int vocab_start, int V, float eps, int32_t ignore_id, cudaStream_t stream) {
     check_vp(op, N, V_local, V_valid);
     TP_NEED_SIZE(op, vocab_start);
     TP_NEED_SIZE(op, V);
@@ -422,22 +425,24 @@ static void vp_grad_inplace(const char *op, T *logits, const float *lse, const i
     TP_NEED_PTR(op, logits);
     TP_NEED_PTR(op, lse);
     TP_NEED_PTR(op, targets);
-    xent_grad_inplace_launch(logits, lse, targets, dloss, N, V_local, V_valid, vocab_start,
+    xent_grad_inplace_launch(logits, lse, targets, dloss, step, N, V_local, V_valid, vocab_start,
                              V > 0 ? V : 1, eps, ignore_id, stream);
 }
 
 extern "C" void cuda_op_xent_vp_grad_inplace(float *logits, const float *lse,
                                              const int32_t *targets, float dloss, int N,
                                              int V_local, int V_valid, int vocab_start, int V,
-                                             float eps, int32_t ignore_id, cudaStream_t stream) {
-    vp_grad_inplace("cuda_op_xent_vp_grad_inplace", logits, lse, targets, dloss, N, V_local,
+                                             float eps, int32_t ignore_id, const StepVars *step,
+                                             cudaStream_t stream) {
+    vp_grad_inplace("cuda_op_xent_vp_grad_inplace", logits, lse, targets, dloss, step, N, V_local,
                     V_valid, vocab_start, V, eps, ignore_id, stream);
 }
 
 extern "C" void cuda_op_xent_vp_grad_inplace16(uint16_t *logits16, const float *lse,
                                                const int32_t *targets, float dloss, int N,
                                                int V_local, int V_valid, int vocab_start, int V,
-                                               float eps, int32_t ignore_id, cudaStream_t stream) {
-    vp_grad_inplace("cuda_op_xent_vp_grad_inplace16", logits16, lse, targets, dloss, N, V_local,
+                                               float eps, int32_t ignore_id, const StepVars *step,
+                                               cudaStream_t stream) {
+    vp_grad_inplace("cuda_op_xent_vp_grad_inplace16", logits16, lse, targets, dloss, step, N, V_local,
                     V_valid, vocab_start, V, eps, ignore_id, stream);
 }

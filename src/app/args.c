@@ -260,6 +260,10 @@ static const Flag TRAIN_FLAGS[] = {
              "and reduce-scatter in place of the tp allreduces; stage messages carry a rank's rows)"},
     {CHOICE_("device", "Parallelism", "auto|cpu|cuda", DEVICE_VALUES, device), .dflt = "auto",
      .help = "where the model runs (auto: cuda when a GPU is visible; LOCAL_RANK picks the GPU)"},
+    {CHOICE_("cuda-graphs", "Parallelism", "on|off", ONOFF_VALUES, cuda_graphs), .dflt = "off",
+     .help = "one rank only: each batch shape's forward and backward captured once as a graph (CUDA graphs; on "
+             "the CPU a recording) and replayed whenever the shape comes again, one launch instead of one per op; "
+             "results are bit for bit those of off (--length-bucket makes shapes repeat)"},
     {CHOICE_("dtype", "Parallelism", "fp32|bf16", DTYPE_VALUES, dtype), .dflt_note = "bf16 on cuda, fp32 on cpu",
      .help = "precision: bf16 GEMM operands with fp32 accumulation, activations kept in bf16 where backward "
              "reads them only as GEMM operands, attention on bf16 q, k, v; fp32 master weights and optimizer"},

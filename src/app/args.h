@@ -33,6 +33,7 @@ typedef struct {
     int batch_tokens, spm_vocab;
     int length_bucket;       // --length-bucket: padded lengths are multiples of this (1: none)
     bool profile;            // --profile: time per class of operation
+    bool cuda_graphs;        // --cuda-graphs: forward and backward replayed as graphs (train/graphs.h)
     int micro_batches;  // per dp rank and step (gradient accumulation)
     bool strict;
     int max_steps, epochs, log_interval, eval_interval, beam;

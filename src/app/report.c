@@ -185,6 +185,18 @@ void report_profile(Backend *be, FILE *metrics, const char *path, int step) {
     fflush(stdout);
 }
 
+void report_graphs(GraphStats g, FILE *metrics, const char *path, int step) {
+    printf("train_mt: graphs: %ld captured, %ld forward and backward phases replayed, %ld run op by op, %ld "
+           "dropped as stale, %d kept%s\n",
+           g.captured, g.replayed, g.eager, g.stale, g.kept, g.failed ? " (a capture was refused: graphs off)" : "");
+    if (metrics)
+        metrics_line(metrics, path,
+                     "{\"step\": %d, \"graphs\": {\"captured\": %ld, \"replayed\": %ld, \"eager\": %ld, "
+                     "\"stale\": %ld, \"kept\": %d, \"failed\": %s}}\n",
+                     step, g.captured, g.replayed, g.eager, g.stale, g.kept, g.failed ? "true" : "false");
+    fflush(stdout);
+}
+
 void report_summary(const Runtime *rt, const RunClock *c, int first_step, int total) {
     char took[32];
     fmt_duration(took, sizeof took, tp_now_s() - c->t_start);

@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "tp/comm.h"
 #include "tp/runtime.h"
+#include "train/graphs.h"
 #include "transformer/stage.h"
 
 /* A run's clocks (tp_now_s) and the tp collectives of its training steps
@@ -53,6 +54,9 @@ char *memory_metrics(const Runtime *rt, Backend *be, bool want);
 void profile_start(Backend *be, Runtime *rt);
 /* Rank 0's steps (each rank times its own): the table, and its record in --metrics. */
 void report_profile(Backend *be, FILE *metrics, const char *path, int step);
+/* --cuda-graphs on: one line of what the graphs did (captured, replayed,
+ * run op by op, dropped as stale), and a "graphs" record in the metrics. */
+void report_graphs(GraphStats g, FILE *metrics, const char *path, int step);
 
 /* Rank 0: the run's time (training, data-parallel communication, evaluation)
  * and, with tp > 1, the tp collectives per training step. Not collective. */

@@ -26,6 +26,9 @@
 #include "train/preempt.h"
 #include "transformer/export.h"
 
+/* --cuda-graphs on: graphs kept at most (train/graphs.h), each one phase of one batch shape. */
+#define RUN_MAX_GRAPHS 128
+
 /* The backend, the stages and the ranks. The backend first: where the
  * model's buffers live decides the data groups' communicator (NCCL on its
  * stream, or shm staged through its page-locked buffers, or plain shm on
@@ -394,6 +397,11 @@ int run_train(Run *r) {
     if (a->profile) profile_start(r->be, &r->rt);
     trainer_init(&r->trainer, &r->m, &r->opt, r->rt.tp, r->rt.dp, r->gsync, a->opt.clip_norm);
     trainer_set_pipeline(&r->trainer, r->rt.pp);
+    char err[256];
+    if (a->cuda_graphs && trainer_use_graphs(&r->trainer, RUN_MAX_GRAPHS, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        return 1;
+    }
     r->tty = r->lead && isatty(STDOUT_FILENO);
     r->clock.t_start = r->t_window = tp_now_s();
     horizon_begin(&r->hz);
@@ -452,6 +460,8 @@ void run_report(Run *r) {
         report_pipeline_stage(&r->rt, r->stages, a->micro_batches, &r->clock, r->trainer.pp_sent,
                               r->trainer.pp_received, r->total - r->first_step + 1);
     if (a->profile && r->lead) report_profile(r->be, r->metrics, a->metrics_path, r->total);
+    if (r->trainer.graphs && r->lead) report_graphs(step_graphs_stats(r->trainer.graphs), r->metrics, a->metrics_path,
+                                                    r->total);
     memory_report_end(&r->rt, r->be, r->lead ? r->metrics : NULL, a->metrics_path, r->total);
     free(r->mem_last);
     r->mem_last = NULL;

@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "err.h"
 #include "kernels/ops.h"
+#include "kernels/profile.h"
 #include "train/pipeline.h"
 
 enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq parts, norm, factor
@@ -29,6 +30,8 @@ void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync
 
 void trainer_free(Trainer *t) {
     if (t->be) {
+        step_graphs_free(t->graphs);
+        backend_free(t->be, t->step_vars);
         backend_free(t->be, t->sc);
         backend_free(t->be, t->embed_zeros);
         op_segs_free(t->be, t->norm_segs);
@@ -108,11 +111,79 @@ static void fault_mid_step(uint32_t step, int i, int n_micro) {
     raise(stop ? SIGSTOP : SIGKILL);
 }
 
+/* ---- graphs (trainer_use_graphs) ---- */
+
+int trainer_use_graphs(Trainer *t, int max_graphs, char *err, size_t err_len) {
+    const int tp = t->tp ? comm_size(t->tp) : 1, dp = t->dp ? comm_size(t->dp) : 1;
+    if (tp > 1 || dp > 1 || pp_size(t) > 1) {
+        tp_error_set(err, err_len, "--cuda-graphs on needs one rank (this run has tp %d, dp %d, pp %d): the "
+                     "collectives are not captured", tp, dp, pp_size(t));
+        return -1;
+    }
+    if (backend_profile_on(t->be)) {
+        tp_error_set(err, err_len, "--cuda-graphs on and --profile do not mix: the profile times every op");
+        return -1;
+    }
+    if (!t->graphs) {
+        t->graphs = step_graphs_new(t->be, max_graphs);
+        t->step_vars = backend_alloc(t->be, sizeof(StepVars), MEM_WORKSPACE);
+    }
+    return 0;
+}
+
+/* The key the captured ops are given: the step and the micro-batch come
+ * from the StepVars' stream_base on the device instead (backend.h). */
+static DropoutKey graph_key(DropoutKey k) {
+    k.step = 0;
+    k.micro = 0;
+    return k;
+}
+
+typedef struct {
+    MicroCtx *c;
+    int i;
+} PhaseCtx;
+
+static void run_forward(void *ctx) {
+    const PhaseCtx *p = ctx;
+    Trainer *t = p->c->t;
+    model_forward_step(t->m, &p->c->b[p->i], true, graph_key(key_of(p->c, p->i)), t->sc + SC_LOSS);
+}
+
+static void run_backward(void *ctx) {
+    const PhaseCtx *p = ctx;
+    model_backward(p->c->t->m, &p->c->b[p->i], true, graph_key(key_of(p->c, p->i)), p->c->scale);
+}
+
+/* Micro-batch i's ids and StepVars to the device, then its forward (one
+ * stage: its backward comes before the next micro-batch's forward, so the
+ * StepVars hold for both). */
+static void graph_forward(MicroCtx *c, int i) {
+    Trainer *t = c->t;
+    Model *m = t->m;
+    const Batch *b = &c->b[i];
+    model_stage_batch(m, b);
+    const DropoutKey k = key_of(c, i);
+    const StepVars sv = {.stream_base = dropout_stream(k.step, k.micro, 0, 0, 0), .loss_scale = c->scale};
+    backend_upload(t->be, t->step_vars, &sv, sizeof sv);
+    PhaseCtx p = {c, i};
+    step_graphs_run(t->graphs, GRAPH_FORWARD, m->slot, b->B, b->S, b->T, m->layout_gen, run_forward, &p);
+    model_unstage_batch(m);
+}
+
+static void graph_backward(MicroCtx *c, int i) {
+    Model *m = c->t->m;
+    const Batch *b = &c->b[i];
+    PhaseCtx p = {c, i};
+    step_graphs_run(c->t->graphs, GRAPH_BACKWARD, m->slot, b->B, b->S, b->T, m->layout_gen, run_backward, &p);
+}
+
 static void micro_forward(void *ctx, int i) {
     MicroCtx *c = ctx;
     fault_mid_step(c->key.step, i, c->n_micro);
     use_slot(c, i);
-    if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, key_of(c, i), c->t->sc + SC_LOSS);
+    if (c->b[i].B > 0 && c->t->graphs) graph_forward(c, i);
+    else if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, key_of(c, i), c->t->sc + SC_LOSS);
 }
 
 /* With stages, the gradients from offset 0 (the tied embedding) are
@@ -136,7 +207,8 @@ static void micro_backward(void *ctx, int i, int last) {
     m->grads_needed = on_grads_needed;
     m->grads_final_ctx = t->gs;
     use_slot(c, i);
-    if (c->b[i].B > 0) model_backward(m, &c->b[i], true, key_of(c, i), c->scale);
+    if (c->b[i].B > 0 && t->graphs) graph_backward(c, i);
+    else if (c->b[i].B > 0) model_backward(m, &c->b[i], true, key_of(c, i), c->scale);
     m->grads_final = NULL;
     m->grads_needed = NULL;
     if (reduce && (!staged || zero2)) grad_sync_finish(t->gs);
@@ -242,7 +314,9 @@ void train_step(Trainer *t, const Batch *b, int n_micro, long n_global, DropoutK
     const PipeStage st = {.ctx = &mc, .p = p, .s = s, .m = n_micro, .forward = micro_forward,
                           .backward = micro_backward, .recv_prev = recv_prev, .send_next = send_next,
                           .recv_next = recv_next, .send_prev = send_prev};
+    if (t->graphs) backend_set_step_vars(be, t->step_vars);
     pipeline_run(&st);
+    backend_set_step_vars(be, NULL);
     if (p > 1) finish_stage_grads(t);
     const double t0 = tp_now_s();
     if (p > 1) comm_ok(comm_allreduce(t->pp, t->sc + SC_LOSS, 1, COMM_SUM), t->pp);  // the last stage's

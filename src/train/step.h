@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "tp/comm.h"
 #include "train/grad_sync.h"
+#include "train/graphs.h"
 #include "transformer/model.h"
 #include "transformer/optim.h"
 
@@ -29,6 +30,8 @@ typedef struct {
     float *embed_zeros;  // pp > 1 on a stage without the embedding: its share of the embedding group's sum
     double pp_wait_s;    // wall time in the pipeline's exchanges, summed over steps
     long pp_sent, pp_received;  // stage messages (one micro-batch's boundary tensors), summed over steps
+    StepGraphs *graphs;  // trainer_use_graphs: forward and backward replayed as graphs; NULL: off
+    StepVars *step_vars; // device: what the graphs read per micro-batch (with graphs)
 } Trainer;
 
 typedef struct {
@@ -51,6 +54,13 @@ void trainer_init(Trainer *t, Model *m, AdamW *opt, Comm *tp, Comm *dp, GradSync
  * supported with stages. */
 void trainer_set_pipeline(Trainer *t, Comm *pp);
 void trainer_free(Trainer *t);
+
+/* Replays each micro-batch's forward and backward as graphs from the
+ * second time its shape comes (train/graphs.h: at most max_graphs of
+ * them), with results equal bit for bit to the steps run op by op. One
+ * rank only (tp, dp and pp 1: the collectives are not captured) and not
+ * with --profile: -1 and one sentence in err otherwise. */
+int trainer_use_graphs(Trainer *t, int max_graphs, char *err, size_t err_len);
 
 /* AdamW state for what the rank updates under gs: the whole buffer
  * (zero 0) or its ZeRO pieces. */

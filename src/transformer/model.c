@@ -98,6 +98,7 @@ struct ModelActs {
     float *buf;                  // device, MEM_ACT
     int32_t *ids;                // device, MEM_ACT: the uploaded batch (dev_* below point into it)
     size_t ids_cap;
+    const Batch *staged;         // model_stage_batch's batch, whose ids are in place; NULL when none
     const int32_t *dev_src, *dev_src_len, *dev_tgt_in, *dev_tgt_out, *dev_tgt_len;
     size_t n_elems, cap_elems;
     EncActs *enc;                // [enc_layers]
@@ -397,12 +398,14 @@ void model_set_slots(Model *m, int n) {
     TP_CHECK(m->slots, "out of memory");
     for (int i = m->n_slots; i < n; i++) m->slots[i] = acts_new(&m->cfg);
     m->n_slots = n;
+    m->layout_gen++;
     model_use_slot(m, 0);
 }
 
 /* Every slot is carved again at its next use (the layout changed). */
 static void slots_recarve(Model *m) {
     for (int i = 0; i < m->n_slots; i++) m->slots[i]->B = 0;
+    m->layout_gen++;
 }
 
 void model_set_recompute(Model *m, ModelRecompute mode) {
@@ -621,11 +624,13 @@ int batch_target_tokens(const Batch *b, int32_t pad_id) {
 }
 
 /* The batch's ids on the device: the host arrays themselves where the
- * backend sees host memory, else one upload into a buffer kept for reuse. */
-static void upload_batch(Model *m, const Batch *b) {
+ * backend sees host memory (unless copy), else one upload into a buffer
+ * kept for reuse. */
+static void upload_batch(Model *m, const Batch *b, bool copy) {
     ModelActs *A = m->acts;
     const size_t nS = (size_t)b->B * b->S, nT = (size_t)b->B * b->T, B = (size_t)b->B;
-    if (m->be->host_visible) {
+    A->staged = NULL;
+    if (m->be->host_visible && !copy) {
         A->dev_src = b->src, A->dev_src_len = b->src_len, A->dev_tgt_in = b->tgt_in;
         A->dev_tgt_out = b->tgt_out, A->dev_tgt_len = b->tgt_len;
         return;
@@ -646,6 +651,14 @@ static void upload_batch(Model *m, const Batch *b) {
         p += parts[i].n;
     }
 }
+
+void model_stage_batch(Model *m, const Batch *b) {
+    acts_prepare(m, b->B, b->S, b->T);
+    upload_batch(m, b, true);
+    m->acts->staged = b;
+}
+
+void model_unstage_batch(Model *m) { m->acts->staged = NULL; }
 
 size_t model_activation_bytes(const Model *m) {
     size_t n = m->scratch->cap_elems;
@@ -1100,7 +1113,8 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     const float p = drop_p(m, train);
     acts_prepare(m, B, S, T);
     ModelActs *A = m->acts;
-    upload_batch(m, b);
+    if (A->staged != b) upload_batch(m, b, false);
+    A->staged = NULL;
     const int32_t *src_len = A->dev_src_len, *tgt_out = A->dev_tgt_out;
 
     encoder_fwd(m, A->dev_src, src_len, B, S, p, key);

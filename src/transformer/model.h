@@ -62,6 +62,7 @@ typedef struct {
     bool seq_par;        // model_set_sequence_parallel; false by default
     bool keep_bf16;      // model_set_keep_bf16; by default true in bf16 mode
     struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
+    uint64_t layout_gen;  // bumped whenever the slots' carving may change (graphs captured before it are stale)
     /* Called by model_backward each time every gradient at buffer offset
      * >= from is final (backward finishes the buffer from its end to its
      * start), so a data-parallel reduction can start on finished buckets
@@ -168,6 +169,18 @@ int model_check_batch(const Model *m, const Batch *b, char *err, size_t err_len)
  * label-smoothed token losses (non-padding targets) to the device scalar
  * loss_sum; nothing is read back. train = false disables dropout. */
 void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, float *loss_sum);
+
+/* Carves the current slot for b's shape and copies b's ids into the
+ * slot's own device buffer (also on the CPU, where the forward otherwise
+ * reads the host arrays in place), so that the next model_forward_step of
+ * b uploads nothing and reads its ids from buffers that do not move: what
+ * a captured forward (backend_capture_begin) needs, since a graph replays
+ * the pointers it was recorded with. */
+void model_stage_batch(Model *m, const Batch *b);
+/* Forgets the staged batch when no model_forward_step consumed it (its
+ * forward was a graph's replay), so that a later forward of another batch
+ * at the same address uploads its own ids. */
+void model_unstage_batch(Model *m);
 
 /* model_forward_step, then one read: returns the mean loss over
  * non-padding target tokens; *n_tokens receives their count. */

@@ -163,6 +163,7 @@ void test_positions(const Target *t, Rng *rng);
 void test_layernorm(const Target *t, Rng *rng);
 void test_dropout(const Target *t, Rng *rng);
 void test_residual_ln(const Target *t, Rng *rng);  // ops_fused.c
+void test_step_vars(const Target *t, Rng *rng);    // ops_step.c
 void test_adamw(const Target *t, Rng *rng);
 void test_multi_tensor(const Target *t, Rng *rng);  // ops_multi.c
 void test_big_grids(const Target *t, Rng *rng);
