@@ -13,7 +13,11 @@
  * Then the cache's rules: first sight op by op, second captured, then
  * replayed; a graph is captured again after the backend freed a buffer or
  * the layout generation moved; no room, no graph; and (CPU) what a capture
- * cannot hold (an upload) ends the process naming itself. */
+ * cannot hold (an upload) ends the process naming itself. On a GPU, a call
+ * the driver refuses inside a capture (a wait on the capturing stream)
+ * makes the capture fail as a whole, not the process: the phase runs op by
+ * op with the same bits, graphs are off from then on, and the reason names
+ * the call. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +27,9 @@
 #include "check.h"
 #include "kernels/ops.h"
 #include "train/graphs.h"
+#ifdef TPTRAIN_TEST_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #define N_DROP 1000
 #define ROWS 6
@@ -36,11 +43,15 @@ typedef struct {
     int32_t *targets;       // (ROWS)
     uint64_t rel_stream;    // the stream id the phase passes
     int runs;               // calls of the phase's function
+    bool refused_call;      // GPU: the phase also waits on the stream (a capture cannot hold that)
 } Phase;
 
 static void phase_ops(void *ctx) {
     Phase *p = ctx;
     p->runs++;
+#ifdef TPTRAIN_TEST_CUDA
+    if (p->refused_call) (void)cudaStreamSynchronize((cudaStream_t)backend_stream(p->be));  // fine outside a capture
+#endif
     op_dropout_fwd_at(p->be, p->y, p->x, N_DROP, 0, 0.3f, SEED, p->rel_stream);
     op_xent_vp_grad_inplace(p->be, p->logits, p->lse, p->targets, 123.0f, ROWS, VOCAB, VOCAB, 0, VOCAB, 0.1f, -1);
 }
@@ -180,6 +191,20 @@ int main(int argc, char **argv) {
     step(&p, g, sv, 14, 3, 5, "shape 3");
     check_stats(g, &p, 4, 5, 5, 2, 2, 9, "room for two graphs: the third shape runs op by op");
     step_graphs_free(g);
+
+    if (gpu) {  // a refused call inside the capture: the capture fails, the run goes on op by op
+        g = step_graphs_new(be, 2);
+        p.refused_call = true;
+        p.runs = 0;
+        step(&p, g, sv, 20, 1, 0, "refused: first sight");
+        step(&p, g, sv, 21, 1, 0, "refused: the capture fails, op by op");
+        step(&p, g, sv, 22, 1, 0, "refused: graphs off");
+        const GraphStats s = step_graphs_stats(g);
+        CHECK(s.failed && s.captured == 0 && s.kept == 0 && s.eager == 3 && p.runs == 4,
+              "a refused capture: failed %d captured %ld kept %d eager %ld runs %d", s.failed, s.captured, s.kept,
+              s.eager, p.runs);
+        step_graphs_free(g);
+    }
     backend_set_step_vars(be, NULL);
 
     if (!gpu) check_capture_refuses_upload(be, p.x);

@@ -492,15 +492,41 @@ static void cu_adamw_segs(Backend *be, float *p, const float *g, float *m, float
 // ---- graphs: stream capture, instantiated once, launched per replay -----------------------
 // ThreadLocal capture: a call this thread makes that a capture cannot hold
 // fails (and backend.c stops the allocator's and the copies' calls before
-// they reach CUDA); other threads (NCCL's, the data loader's) are not affected.
+// they reach CUDA); other threads (NCCL's, the data loader's) are not
+// affected. A failed call inside the capture is kept, not fatal
+// (cuda_capture_absorbs): the capture then fails as a whole, naming it.
+
+static thread_local struct {
+    bool on, failed;
+    char what[384];
+} g_capture;
+
+extern "C" bool cuda_capture_absorbs(const char *call, const char *error, const char *file, int line) {
+    if (!g_capture.on) return false;
+    if (!g_capture.failed)
+        snprintf(g_capture.what, sizeof g_capture.what, "%s failed inside the capture (%s:%d): %s", call, file, line,
+                 error);
+    g_capture.failed = true;
+    return true;
+}
 
 static void cu_capture_begin(Backend *be) {
     CUDA_CHECK(cudaStreamBeginCapture(stream_of(be), cudaStreamCaptureModeThreadLocal));
+    g_capture.on = true;
+    g_capture.failed = false;
+    g_capture.what[0] = '\0';
 }
 
 static void *cu_capture_end(Backend *be, char *err, size_t err_len) {
+    g_capture.on = false;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(stream_of(be), &graph);
+    if (g_capture.failed) {  // the first failed call, whatever the end says
+        if (e == cudaSuccess && graph) CUDA_CHECK(cudaGraphDestroy(graph));
+        (void)cudaGetLastError();
+        snprintf(err, err_len, "%s", g_capture.what);
+        return NULL;
+    }
     if (e != cudaSuccess || !graph) {
         snprintf(err, err_len, "stream capture failed: %s", cudaGetErrorString(e));
         (void)cudaGetLastError();

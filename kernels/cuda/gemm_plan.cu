@@ -212,6 +212,9 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
         epilogue_refused(ctx, &k, s);
         return false;
     }
+    if (s != CUBLAS_STATUS_SUCCESS && cuda_capture_absorbs("cublasLtMatmul", cublasLtGetStatusString(s), __FILE__,
+                                                          __LINE__))
+        return true;  // inside a capture: it fails at its end, and the ops run again without it
     if (s != CUBLAS_STATUS_SUCCESS) lt_die("cublasLtMatmul", s, &k);
     ctx->stats.n_matmuls++;
     return true;
