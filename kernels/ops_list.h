@@ -99,6 +99,25 @@ OP(linear_bwd_x16, GEMM, OWN, OWN,
     int N, int in, int out),
    (dx, dx_mode, dW, db, dy, x16, W, N, in, out))
 
+/* linear_bwd_x16 through a ReLU: dy masked where the ReLU's output relu16
+ * (bf16 bits, as the FFN keeps it) is not positive, which is act_bwd_x16's
+ * ReLU gradient written into a temporary, then linear_bwd_x16 on that
+ * temporary, bit for bit (db from the masked fp32 values); dy itself is
+ * only read. One pass over dy where the two ops take three (the FFN's
+ * hidden gradient, the step's widest backward tensor): on a GPU in bf16
+ * the bias gradient's pass masks dy as it stores the GEMMs' bf16 copy. */
+OP(linear_bwd_relu_x16, GEMM, OWN, OWN,
+   (float *dx,              // (N, in) or NULL
+    GradMode dx_mode,
+    float *dW,              // (out, in) or NULL
+    float *db,              // (out) or NULL
+    const float *dy,        // (N, out) before the ReLU's gradient
+    const uint16_t *relu16, // (N, out) bf16 bits: the ReLU's output
+    const uint16_t *x16,    // (N, in) bf16 bits
+    const float *W,         // (out, in)
+    int N, int in, int out),
+   (dx, dx_mode, dW, db, dy, relu16, x16, W, N, in, out))
+
 /* The linear layer with its output rounded to bf16 as it is stored, ReLU
  * first when relu: y16 = bf16(act(x W^T + b)), x given as fp32 (x) or as
  * bf16 bits (x16), exactly one of them. tmp is (N, out) fp32 room the op

@@ -63,6 +63,18 @@ size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_d
     return linear_bwd_bytes(bf16, fused_bgrad, want_dx, want_dW, want_db, N, in, out, w_twin, x16, false);
 }
 
+/* Whether linear_bwd_relu masks dy in the bias pass (no fp32 copy of it). */
+static bool relu_in_bias_pass(bool bf16, bool want_dx, bool want_dW, bool want_db, int in) {
+    return bf16 && want_db && in > 0 && (want_dx || want_dW);
+}
+
+size_t scratch_linear_bwd_relu(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
+                               int out, bool w_twin) {
+    const size_t core = linear_bwd_bytes(bf16, fused_bgrad, want_dx, want_dW, want_db, N, in, out, w_twin, true, false);
+    if (N <= 0 || out <= 0 || relu_in_bias_pass(bf16, want_dx, want_dW, want_db, in)) return core;
+    return scratch_round((size_t)N * out * sizeof(float)) + core;
+}
+
 size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin) {
     return linear_bwd_bytes(bf16, false, want_dx, want_dW, false, N, in, out, w_twin, false, true);
 }

@@ -63,6 +63,11 @@ size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_d
 #define SCRATCH_OUT16_CHUNK_ELEMS ((size_t)4 << 20)
 int scratch_out16_rows(int N, int out);
 size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool has_tmp);
+/* linear_bwd_relu_x16: in bf16 with db, dx or dW wanted and in > 0, the
+ * bias pass masks dy as it copies it: linear_bwd's x16 bytes; otherwise
+ * the masked fp32 dy is made first, (N, out) floats more. */
+size_t scratch_linear_bwd_relu(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
+                               int out, bool w_twin);
 /* linear_bwd_dy16: dy as bf16 bits (multiplied as they are in bf16,
  * widened in fp32), no bias. */
 size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin);

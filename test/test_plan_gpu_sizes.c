@@ -89,6 +89,12 @@ static void r_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW
     note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
     g_cpu->linear_bwd_x16(be, dx, dx_mode, dW, db, dy, x16, W, N, in, out);
 }
+static void r_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                                  const uint16_t *relu16, const uint16_t *x16, const float *W, int N, int in,
+                                  int out) {
+    note(scratch_linear_bwd_relu(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
+    g_cpu->linear_bwd_relu_x16(be, dx, dx_mode, dW, db, dy, relu16, x16, W, N, in, out);
+}
 static void r_copy(Backend *be, float *d, const float *s, size_t n) {
     const uintptr_t a = (uintptr_t)d, b = (uintptr_t)s, nb = n * sizeof(float);
     note(d != s && a < b + nb && b < a + nb ? nb : 0);  // cuda_copy_scratch_bytes: overlapping ranges only
@@ -131,6 +137,7 @@ static Backend *recorder(Dtype dtype) {
     g_ops = *be->ops;
     g_ops.gemm = r_gemm, g_ops.linear_fwd = r_linear_fwd, g_ops.linear_bwd = r_linear_bwd, g_ops.copy = r_copy;
     g_ops.linear_fwd_x16 = r_linear_fwd_x16, g_ops.linear_bwd_x16 = r_linear_bwd_x16;
+    g_ops.linear_bwd_relu_x16 = r_linear_bwd_relu_x16;
     g_ops.linear_fwd16 = r_linear_fwd16, g_ops.linear_bwd_dy16 = r_linear_bwd_dy16;
     g_ops.bias_bwd = r_bias_bwd, g_ops.embedding_bwd = r_embedding_bwd, g_ops.layernorm_bwd = r_layernorm_bwd;
     g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc, g_ops.residual_ln_bwd = r_residual_ln_bwd;

@@ -168,7 +168,14 @@ static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, fl
     cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, x, W, N, in, out);
 }
 
-/* x16 widened into the workspace after room for `also` more floats. */
+/* x16 widened into the workspace, after its first `skip` floats and before
+ * room for `also` more. */
+static const float *widened_at(Backend *be, size_t skip, const uint16_t *x16, size_t n, size_t also, float **rest) {
+    float *ws = operand_space(be, skip + n + also) + skip;
+    cpu_from_bf16(ws, x16, n);
+    *rest = ws + n;
+    return ws;
+}
 static const float *widened(Backend *be, const uint16_t *x16, size_t n, size_t also, float **rest) {
     float *ws = operand_space(be, n + also);
     cpu_from_bf16(ws, x16, n);
@@ -183,18 +190,40 @@ static void t_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const f
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
-static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
-                             const uint16_t *x16, const float *W, int N, int in, int out) {
+/* linear_bwd_x16 with its operands in the workspace after `skip` floats;
+ * the floats it takes there after them (linear_bwd_x16_floats). */
+static size_t linear_bwd_x16_floats(const Backend *be, bool want_dW, int N, int in, int out) {
+    const size_t ndy = (size_t)N * out, nx = want_dW ? (size_t)N * in : 0, nW = (size_t)out * in;
+    return nx + (be->dtype == DTYPE_BF16 ? ndy + nW : 0);
+}
+static void linear_bwd_x16_at(Backend *be, size_t skip, float *dx, GradMode dx_mode, float *dW, float *db,
+                              const float *dy, const uint16_t *x16, const float *W, int N, int in, int out) {
     if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
     const size_t ndy = (size_t)N * out, nx = dW ? (size_t)N * in : 0, nW = (size_t)out * in;
     const bool bf16 = be->dtype == DTYPE_BF16;
     float *rest = NULL;
-    const float *x = widened(be, x16, nx, bf16 ? ndy + nW : 0, &rest);
+    const float *x = widened_at(be, skip, x16, nx, bf16 ? ndy + nW : 0, &rest);
     if (bf16) {
         dy = rounded(dy, ndy, rest);
         if (dx) W = rounded(W, nW, rest + ndy);
     }
     cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, dW ? x : NULL, W, N, in, out);
+}
+
+static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                             const uint16_t *x16, const float *W, int N, int in, int out) {
+    linear_bwd_x16_at(be, 0, dx, dx_mode, dW, db, dy, x16, W, N, in, out);
+}
+
+/* The masked dy at the workspace's start, linear_bwd_x16's operands after
+ * it (the whole room asked for first: the arena never moves in between). */
+static void t_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                                  const uint16_t *relu16, const uint16_t *x16, const float *W, int N, int in,
+                                  int out) {
+    const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
+    float *masked = operand_space(be, n + linear_bwd_x16_floats(be, dW != NULL, N, in, out));
+    cpu_act_bwd_x16(masked, GRAD_WRITE, dy, relu16, n, ACT_RELU);
+    linear_bwd_x16_at(be, n, dx, dx_mode, dW, db, masked, x16, W, N, in, out);
 }
 
 /* tmp NULL: the fp32 product goes to the workspace, ahead of the operands. */

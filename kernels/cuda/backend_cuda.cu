@@ -280,6 +280,16 @@ static void cu_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *d
     linear_bwd_on(be, dx, dx_mode, dW, db, dy, x_bf16(x16), W, N, in, out);
 }
 
+static void cu_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                                   const uint16_t *relu16, const uint16_t *x16, const float *W, int N, int in,
+                                   int out) {
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W);
+    const size_t need =
+        cuda_linear_bwd_relu_scratch_bytes(g, dx != NULL, dW != NULL, db != NULL, N, in, out, w.bf16 != NULL);
+    cuda_op_linear_bwd_relu(g, dx, dx_mode, dW, db, dy, relu16, x_bf16(x16), w, N, in, out, scratch(be, need), need);
+}
+
 // ---- the rest: one kernel family each ---------------------------------------------------
 // Arguments and their shapes are ops.h's; each entry adds the stream and, where
 // the kernel family needs one, scratch of the size its function computes.

@@ -9,7 +9,11 @@
 // result, rounded once, to db (as the CPU, which sums in double). The
 // partials live in the caller's scratch (cuda_bias_bwd_scratch_bytes).
 // A bf16 linear backward needs dy's bf16 copy too: pass 1 can store it as
-// it reads dy (cuda_op_bias_bwd_bf16_copy), one read of dy instead of two.
+// it reads dy (cuda_op_bias_bwd_bf16_copy), one read of dy instead of two;
+// behind a ReLU it can also apply the ReLU's gradient as it reads
+// (cuda_op_bias_bwd_relu_bf16_copy: dy where the kept ReLU output is
+// positive, else 0, act_bwd_x16's values), so the masked fp32 gradient is
+// never written at all.
 #include <cuda_bf16.h>
 
 #include "cuda_ops.h"
@@ -32,11 +36,14 @@ __global__ void bias_add_kernel(float *y,        // (N, C)
 
 // grid (ceil(C/32), n_chunks), block (32, 8). COPY: each element read is
 // also stored as bf16 into dy16 (the GEMMs' operand rounding), so a caller
-// that needs both reads dy once.
+// that needs both reads dy once. relu16 (or NULL): each element is first
+// masked by the ReLU's gradient, relu16 > 0 ? dy : 0 (elementwise.cu's
+// act_bwd on the widened bits, GRAD_WRITE).
 template <bool COPY>
-__global__ void bias_bwd_partial_kernel(double *partials,      // (n_chunks, C)
-                                        __nv_bfloat16 *dy16,   // (N, C): COPY
-                                        const float *dy,       // (N, C)
+__global__ void bias_bwd_partial_kernel(double *partials,        // (n_chunks, C)
+                                        __nv_bfloat16 *dy16,     // (N, C): COPY
+                                        const float *dy,         // (N, C)
+                                        const uint16_t *relu16,  // (N, C) or NULL
                                         int N, int C) {
     __shared__ double smem[BIAS_ROWT][BIAS_COLS];
     const int c = blockIdx.x * BIAS_COLS + threadIdx.x;
@@ -45,7 +52,8 @@ __global__ void bias_bwd_partial_kernel(double *partials,      // (n_chunks, C)
     double acc = 0.0;
     if (c < C)
         for (int n = row_begin + threadIdx.y; n < row_end; n += BIAS_ROWT) {
-            const float v = dy[(size_t)n * C + c];
+            float v = dy[(size_t)n * C + c];
+            if (relu16) v = ld_in(relu16, (size_t)n * C + c) > 0.0f ? v : 0.0f;
             acc += v;
             if (COPY) dy16[(size_t)n * C + c] = __float2bfloat16_rn(v);
         }
@@ -79,15 +87,15 @@ static void bias_add_launch(float *y, const float *b, int N, int C, cudaStream_t
 
 static int bias_chunks(int N) { return scratch_bias_chunks(N); }
 
-static void bias_bwd_launch(float *db, uint16_t *dy16, const float *dy, int N, int C,
+static void bias_bwd_launch(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N, int C,
                             double *partials,  // (n_chunks, C)
                             cudaStream_t stream) {
     const int n_chunks = bias_chunks(N);
     dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
     if (dy16)
-        bias_bwd_partial_kernel<true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16, dy, N, C);
+        bias_bwd_partial_kernel<true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16, dy, relu16, N, C);
     else
-        bias_bwd_partial_kernel<false><<<grid, block, 0, stream>>>(partials, NULL, dy, N, C);
+        bias_bwd_partial_kernel<false><<<grid, block, 0, stream>>>(partials, NULL, dy, relu16, N, C);
     CUDA_CHECK(cudaGetLastError());
     bias_bwd_final_kernel<<<(C + BIAS_THREADS - 1) / BIAS_THREADS, BIAS_THREADS, 0, stream>>>(
         db, partials, n_chunks, C);
@@ -109,8 +117,8 @@ extern "C" size_t cuda_bias_bwd_scratch_bytes(int N, int C) {
     return scratch_bias_bwd(N, C);
 }
 
-static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, const float *dy, int N, int C, void *scratch,
-                        cudaStream_t stream) {
+static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N,
+                        int C, void *scratch, cudaStream_t stream) {
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, C);
     if (N == 0 || C == 0) return;  // adds nothing
@@ -119,16 +127,23 @@ static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, const float *
     TP_CHECK(bias_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
     TpCarver cv = tp_carver(scratch, cuda_bias_bwd_scratch_bytes(N, C), op);
     double *partials = (double *)tp_carve(&cv, (size_t)bias_chunks(N) * C * sizeof(double));
-    bias_bwd_launch(db, dy16, dy, N, C, partials, stream);
+    bias_bwd_launch(db, dy16, dy, relu16, N, C, partials, stream);
 }
 
 extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void *scratch,
                                  cudaStream_t stream) {
-    bias_bwd_op("cuda_op_bias_bwd", db, NULL, dy, N, C, scratch, stream);
+    bias_bwd_op("cuda_op_bias_bwd", db, NULL, dy, NULL, N, C, scratch, stream);
 }
 
 extern "C" void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int N, int C,
                                            void *scratch, cudaStream_t stream) {
     TP_NEED_PTR("cuda_op_bias_bwd_bf16_copy", dy16);
-    bias_bwd_op("cuda_op_bias_bwd_bf16_copy", db, dy16, dy, N, C, scratch, stream);
+    bias_bwd_op("cuda_op_bias_bwd_bf16_copy", db, dy16, dy, NULL, N, C, scratch, stream);
+}
+
+extern "C" void cuda_op_bias_bwd_relu_bf16_copy(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16,
+                                                int N, int C, void *scratch, cudaStream_t stream) {
+    TP_NEED_PTR("cuda_op_bias_bwd_relu_bf16_copy", dy16);
+    TP_NEED_PTR("cuda_op_bias_bwd_relu_bf16_copy", relu16);
+    bias_bwd_op("cuda_op_bias_bwd_relu_bf16_copy", db, dy16, dy, relu16, N, C, scratch, stream);
 }

@@ -173,6 +173,24 @@ void cuda_op_linear_bwd(CudaGemmCtx *ctx,
                         void *scratch,      // (scratch_bytes >= cuda_linear_bwd_scratch_bytes(...))
                         size_t scratch_bytes);
 
+/* cuda_op_linear_bwd on dy masked by a ReLU's gradient (ops_list.h's
+ * linear_bwd_relu_x16: relu16 the kept ReLU output's bf16 bits, x as
+ * bf16 bits). */
+size_t cuda_linear_bwd_relu_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db, int N,
+                                          int in, int out, bool w_has_bf16);
+void cuda_op_linear_bwd_relu(CudaGemmCtx *ctx,
+                             float *dx,              // (N, in) or NULL
+                             GradMode dx_mode,
+                             float *dW,              // (out, in) or NULL
+                             float *db,              // (out) or NULL
+                             const float *dy,        // (N, out) before the ReLU's gradient
+                             const uint16_t *relu16, // (N, out) bf16 bits
+                             CudaGemmOperand x,      // (N, in) bf16 bits
+                             CudaGemmOperand W,      // (out, in)
+                             int N, int in, int out,
+                             void *scratch,  // (scratch_bytes >= cuda_linear_bwd_relu_scratch_bytes(...))
+                             size_t scratch_bytes);
+
 /* cuda_op_linear_bwd without db, dy as bf16 bits (ops_list.h's
  * linear_bwd_dy16): multiplied as they are in bf16, widened into scratch
  * in fp32. */

@@ -104,6 +104,11 @@ void cuda_op_copy_bytes(void *dst, const void *src, size_t n_bytes, void *scratc
  * scratch is cuda_bias_bwd_scratch_bytes's. */
 void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int N, int C, void *scratch,
                                 cudaStream_t stream);
+/* The same on dy masked by a ReLU's gradient (relu16 > 0 ? dy : 0, the
+ * kept ReLU output's bf16 bits; act_bwd_x16's values): db and the copy of
+ * the masked values, the masked fp32 dy never written. */
+void cuda_op_bias_bwd_relu_bf16_copy(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N, int C,
+                                     void *scratch, cudaStream_t stream);
 /* Attention's fused path (one (b, h) pair per block, out of shared memory;
  * on by default): off sends every call down the general path, which gives
  * the same bits. For the tests that prove that. Process-wide. */

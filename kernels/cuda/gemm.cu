@@ -294,11 +294,13 @@ extern "C" size_t cuda_linear_bwd_dy16_scratch_bytes(const CudaGemmCtx *ctx, boo
 }
 
 // The two backward GEMMs and the bias gradient, dy an operand (fp32, or
-// bf16 bits alone: then no db, which sums the fp32 dy). The scratch was
-// checked against `need` by the caller's size function.
+// bf16 bits alone: then no db, which sums the fp32 dy). relu16 (or NULL):
+// dy is first masked by a ReLU's gradient (relu16 > 0 ? dy : 0), by the
+// bias pass as it copies dy in bf16, else into fp32 scratch. The scratch
+// was checked against `need` by the caller's size function.
 static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMode dx_mode, float *dW, float *db,
-                            CudaGemmOperand dy, CudaGemmOperand x, CudaGemmOperand W, int N, int in, int out,
-                            void *scratch, size_t scratch_bytes, size_t need) {
+                            CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x, CudaGemmOperand W, int N,
+                            int in, int out, void *scratch, size_t scratch_bytes, size_t need) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
     TP_CHECK(grad_mode_valid(dx_mode), "%s: unknown gradient mode %d", op, (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
@@ -312,16 +314,25 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
         return;
     }
     TpCarver cv = carver_of(scratch, scratch_bytes, need, op);
+    const bool need_dy = (dx || dW) && in > 0;
+    const bool bf16 = ctx->precision == CUDA_GEMM_BF16;
+    if (relu16 && !(bf16 && db && need_dy)) {  // the masked fp32 dy first (act_bwd_x16's values)
+        TP_CHECK(dy.f32, "%s: a ReLU mask needs the fp32 dy", op);
+        float *masked = (float *)tp_carve(&cv, (size_t)N * out * sizeof(float));
+        cuda_op_act_bwd_x16(masked, GRAD_WRITE, dy.f32, relu16, (size_t)N * out, ACT_RELU, ctx->stream);
+        dy = f32_operand(masked);
+        relu16 = NULL;
+    }
     const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx);
     float *bgrad = try_fused ? (float *)tp_carve(&cv, (size_t)out * sizeof(float)) : NULL;  // (out) epilogue output
     void *bias_scratch = db ? tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, out)) : NULL;
-    const bool need_dy = (dx || dW) && in > 0;
     const void *dya = NULL;
     bool db_done = false;
-    if (need_dy && db && !try_fused && ctx->precision == CUDA_GEMM_BF16 && !dy.bf16) {
-        // the bias gradient's pass over dy also stores the GEMMs' bf16 copy of it
+    if (need_dy && db && !try_fused && bf16 && !dy.bf16) {
+        // the bias gradient's pass over dy also stores the GEMMs' bf16 copy of it (masked first behind a ReLU)
         uint16_t *copy = (uint16_t *)tp_carve(&cv, (size_t)N * out * sizeof(uint16_t));
-        cuda_op_bias_bwd_bf16_copy(db, copy, dy.f32, N, out, bias_scratch, ctx->stream);
+        if (relu16) cuda_op_bias_bwd_relu_bf16_copy(db, copy, dy.f32, relu16, N, out, bias_scratch, ctx->stream);
+        else cuda_op_bias_bwd_bf16_copy(db, copy, dy.f32, N, out, bias_scratch, ctx->stream);
         ctx->stats.n_bgrad_separate++;
         dya = copy;
         db_done = true;
@@ -359,8 +370,25 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode
     const size_t need = N > 0 ? cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
                                                               W.bf16 != NULL, bf16_only(x))
                               : 0;
-    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, dx_mode, dW, db, f32_operand(dy), x, W, N, in, out, scratch,
+    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, dx_mode, dW, db, f32_operand(dy), NULL, x, W, N, in, out, scratch,
                     scratch_bytes, need);
+}
+
+extern "C" size_t cuda_linear_bwd_relu_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
+                                                     int N, int in, int out, bool w_has_bf16) {
+    return scratch_linear_bwd_relu(ctx->precision == CUDA_GEMM_BF16, fuse_bgrad(ctx), want_dx, want_dW, want_db, N,
+                                   in, out, w_has_bf16);
+}
+
+extern "C" void cuda_op_linear_bwd_relu(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW, float *db,
+                                        const float *dy, const uint16_t *relu16, CudaGemmOperand x, CudaGemmOperand W,
+                                        int N, int in, int out, void *scratch, size_t scratch_bytes) {
+    TP_CHECK(relu16 || N <= 0 || out <= 0, "cuda_op_linear_bwd_relu: relu16 is NULL");
+    const size_t need =
+        N > 0 ? cuda_linear_bwd_relu_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out, W.bf16 != NULL)
+              : 0;
+    linear_bwd_core(ctx, "cuda_op_linear_bwd_relu", dx, dx_mode, dW, db, f32_operand(dy), relu16, x, W, N, in, out,
+                    scratch, scratch_bytes, need);
 }
 
 extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW,
@@ -369,7 +397,7 @@ extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx
     const size_t need =
         N > 0 ? cuda_linear_bwd_dy16_scratch_bytes(ctx, dx != NULL, dW != NULL, N, in, out, W.bf16 != NULL) : 0;
     CudaGemmOperand dy = {NULL, dy16};
-    linear_bwd_core(ctx, "cuda_op_linear_bwd_dy16", dx, dx_mode, dW, NULL, dy, x, W, N, in, out, scratch,
+    linear_bwd_core(ctx, "cuda_op_linear_bwd_dy16", dx, dx_mode, dW, NULL, dy, NULL, x, W, N, in, out, scratch,
                     scratch_bytes, need);
 }
 

@@ -96,7 +96,11 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     if (!backward) return;
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
     bwd(w, p, "fc2", false, N, Fl, C, w->bf16);
-    bwd(w, p, "fc1", true, N, C, Fl, ln_x16(w));
+    if (c->act == ACT_RELU && ln_x16(w))  // op_linear_bwd_relu_x16: ReLU's gradient in the bias pass
+        w->need = max_z(w->need, scratch_linear_bwd_relu(w->bf16, w->fused_bgrad, true, true, true, N, C, Fl,
+                                                         twin(w, p, "fc1")));
+    else
+        bwd(w, p, "fc1", true, N, C, Fl, ln_x16(w));
     ln_bwd(w, N, C, true);  // with the attention's residual before it
 }
 

@@ -1349,12 +1349,17 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     const size_t nF = (size_t)N * Fl;
     const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
     lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
-    /* through the activation in place: its input, or for ReLU its output
-     * (positive exactly where the input is), as kept */
-    if (!f->h && f->a.h) op_act_bwd_x16(m->be, A->d_h, GRAD_WRITE, A->d_h, f->a.h, nF, m->cfg.act);
-    else op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_h, f->h ? f->h : f->a.f, nF, m->cfg.act);
     zero_pad_rows(m, A->d_ln, N);
-    lin_bwd(m, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, col_in_bwd(m, &f->ln, N), w->w1, N, C, Fl);
+    const GemmIn ln = col_in_bwd(m, &f->ln, N);
+    if (!f->h && f->a.h && ln.h) {  // ReLU's output and the LayerNorm's kept in bf16: one op masks as it reads
+        op_linear_bwd_relu_x16(m->be, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, f->a.h, ln.h, w->w1, N, C, Fl);
+    } else {
+        /* through the activation in place: its input, or for ReLU its output
+         * (positive exactly where the input is), as kept */
+        if (!f->h && f->a.h) op_act_bwd_x16(m->be, A->d_h, GRAD_WRITE, A->d_h, f->a.h, nF, m->cfg.act);
+        else op_act_bwd(m->be, A->d_h, GRAD_WRITE, A->d_h, f->h ? f->h : f->a.f, nF, m->cfg.act);
+        lin_bwd(m, A->d_ln, GRAD_WRITE, g->w1, g->b1, A->d_h, ln, w->w1, N, C, Fl);
+    }
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
 }
 

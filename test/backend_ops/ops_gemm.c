@@ -371,6 +371,56 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
     dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
 }
 
+/* linear_bwd_relu_x16 gives, on the same backend, the bits of act_bwd_x16's
+ * ReLU gradient (written into a temporary) followed by linear_bwd_x16 on
+ * it: every subset of dx, dW and db, dx written over NaN garbage and added
+ * to; the ReLU outputs include zeros of both signs and negatives; dy is
+ * left as it was. */
+static void linear_relu_case(const Target *t, int N, int in, int out, Rng *rng) {
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
+    float *dy = rand_floats(ny, rng, -1, 1), *r = rand_floats(ny, rng, -1, 1), *g0 = rand_floats(nx + nw + out, rng, -1, 1);
+    for (size_t i = 0; i < ny; i += 7) r[i] = i % 2 ? -0.0f : 0.0f;
+    float *rw = host_bf16(r, ny);
+    uint16_t *d_x16 = dev_bits(t, xw, nx), *d_r16 = dev_bits(t, rw, ny);
+    float *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny), *d_tmp = dev_nan(t, ny);
+    char what[160];
+    for (int which = 1; which < 8; which++)
+        for (int m = 0; m < 2; m++) {
+            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
+            if (mode == GRAD_WRITE && !(which & 1)) continue;
+            float *got[2][3];
+            for (int k = 0; k < 2; k++) {
+                float *d_gx = mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx);
+                float *d_gW = dev_from(t, g0 + nx, nw), *d_gb = dev_from(t, g0 + nx + nw, out);
+                float *gx = which & 1 ? d_gx : NULL, *gW = which & 2 ? d_gW : NULL, *gb = which & 4 ? d_gb : NULL;
+                if (k) {
+                    op_linear_bwd_relu_x16(be, gx, mode, gW, gb, d_dy, d_r16, d_x16, d_W, N, in, out);
+                } else {
+                    op_act_bwd_x16(be, d_tmp, GRAD_WRITE, d_dy, d_r16, ny, ACT_RELU);
+                    op_linear_bwd_x16(be, gx, mode, gW, gb, d_tmp, d_x16, d_W, N, in, out);
+                }
+                got[k][0] = dev_fetch(t, d_gx, nx), got[k][1] = dev_fetch(t, d_gW, nw);
+                got[k][2] = dev_fetch(t, d_gb, out);
+                dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
+            }
+            const size_t n[3] = {nx, nw, (size_t)out};
+            static const char *names[3] = {"dx", "dW", "db"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(what, sizeof what, "linear_bwd_relu_x16 which=%d %s N=%d in=%d out=%d %s against act_bwd_x16 "
+                         "+ linear_bwd_x16", which, mode == GRAD_WRITE ? "dx written" : "added", N, in, out, names[j]);
+                check_exact(t, what, got[1][j], got[0][j], n[j]);
+                free(got[0][j]), free(got[1][j]);
+            }
+        }
+    float *dy_after = dev_fetch(t, d_dy, ny);
+    snprintf(what, sizeof what, "linear_bwd_relu_x16 N=%d in=%d out=%d: dy only read", N, in, out);
+    check_exact(t, what, dy_after, dy, ny);
+    free(dy_after), free(x), free(xw), free(W), free(dy), free(r), free(rw), free(g0);
+    dev_free(t, d_x16), dev_free(t, d_r16), dev_free(t, d_W), dev_free(t, d_dy), dev_free(t, d_tmp);
+}
+
 /* linear_bwd_dy16 on bf16 bits of dy gives, on the same backend, the bits
  * of linear_bwd (no db) on those values widened: every subset of dx and
  * dW, dx written over NaN garbage and added to. */
@@ -530,6 +580,7 @@ void test_linear(const Target *t, Rng *rng) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         linear_dy16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+        linear_relu_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++) linear_db_case(t, mode, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++)
             for (int v = 0; v < 16; v++)
