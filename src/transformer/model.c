@@ -1197,16 +1197,24 @@ float model_forward(Model *m, const Batch *b, bool train, DropoutKey key, int *n
 
 /* The output gradient of a residual sub-block on this rank's rows, through
  * its dropout written into out (d_tmp, or sp_part with sequence
- * parallelism), the bias gradient taken there; returned as the (N, C) input
- * gradient of the ROW layer (with sequence parallelism gathered into d_tmp). */
-static const float *residual_bwd(const Model *m, float *d_bias, const float *d_x, int N, float p, uint64_t seed,
-                                 uint64_t stream) {
+ * parallelism); returned as the (N, C) input gradient of the ROW layer
+ * (with sequence parallelism gathered into d_tmp). The bias gradient: with
+ * sequence parallelism taken here, on this rank's rows before the gather;
+ * otherwise left to the ROW layer's linear backward, whose pass over dy
+ * makes it (bias_bwd's bits; on a GPU in bf16 the same pass stores the
+ * GEMMs' bf16 copy of dy, one read of dy instead of two): *row_db is
+ * d_bias then, NULL when taken here. */
+static const float *residual_bwd(const Model *m, float *d_bias, float **row_db, const float *d_x, int N, float p,
+                                 uint64_t seed, uint64_t stream) {
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     ModelActs *A = m->acts;
     float *out = m->seq_par ? A->sp_part : A->d_tmp;
     op_dropout_bwd_at(m->be, out, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
-    op_bias_bwd(m->be, d_bias, out, n, C);
-    if (m->seq_par) tp_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
+    *row_db = m->seq_par ? NULL : d_bias;
+    if (m->seq_par) {
+        op_bias_bwd(m->be, d_bias, out, n, C);
+        tp_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
+    }
     return A->d_tmp;
 }
 
@@ -1320,8 +1328,9 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         attention_fwd_of(m, a, NULL, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
-    const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, d_x, N, p, seed, stream);
-    lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, NULL, d_out, kept_in(&a->att), w->wo, N, Cl, C);
+    float *row_db = NULL;
+    const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
+    lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
     if (a->q.h)
         op_attention_bwd_x16(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.h, a->k.h, a->v.h,
@@ -1347,8 +1356,9 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
-    const float *d_out = residual_bwd(m, g->b2, d_x, N, p, seed, stream);
-    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, NULL, d_out, kept_in(&f->a), w->w2, N, Fl, C);
+    float *row_db = NULL;
+    const float *d_out = residual_bwd(m, g->b2, &row_db, d_x, N, p, seed, stream);
+    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, row_db, d_out, kept_in(&f->a), w->w2, N, Fl, C);
     zero_pad_rows(m, A->d_ln, N);
     const GemmIn ln = col_in_bwd(m, &f->ln, N);
     if (!f->h && f->a.h && ln.h) {  // ReLU's output and the LayerNorm's kept in bf16: one op masks as it reads
