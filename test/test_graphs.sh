@@ -11,6 +11,8 @@
 # With the corpus: a run whose batches come in several padded shapes
 # (--length-bucket), so graphs of several shapes are captured, replayed
 # and, as the activations grow for a longer batch, captured again.
+# A run saved at step 10 with graphs and resumed to 20 with graphs ends
+# with the weights of 20 straight steps without them.
 # Then the refusals: with --profile, and on more than one rank. (The graph
 # cache's own rules, stale graphs among them, are test_step_graphs's.)
 #   test_graphs.sh BUILD_DIR [cpu|cuda] [CORPUS_DIR]
@@ -59,6 +61,17 @@ PY
 check bf16_accum 1 --dtype bf16 --micro-batches 2
 check fp32_selective 1 --dtype fp32 --recompute selective
 check bf16_full_gelu 1 --dtype bf16 --recompute full --activation gelu
+# resumed with graphs = straight without (the bf16_accum run above: 30 steps; here 20)
+"$build/train_mt" "${base[@]}" --dtype bf16 --max-steps 20 --eval-interval 0 --cuda-graphs off --export straight \
+  > straight.log 2>&1 || { cat straight.log; exit 1; }
+for to in 10 20; do
+  "$build/train_mt" "${base[@]}" --dtype bf16 --max-steps "$to" --eval-interval 0 --cuda-graphs on --save ckpt \
+    --resume auto --export "resumed$to" > "resume$to.log" 2>&1 || { cat "resume$to.log"; exit 1; }
+done
+grep -q "graphs: [1-9][0-9]* captured, [1-9]" resume20.log || { echo "FAIL: the resumed run replayed no graph"; cat resume20.log; exit 1; }
+cmp straight/model.safetensors resumed20/model.safetensors ||
+  { echo "FAIL: saved at 10 and resumed to 20 with graphs differs from 20 steps without"; exit 1; }
+echo "resume: saved at 10, resumed to 20 with graphs = 20 straight steps without, byte for byte"
 if [ -n "$corpus" ]; then
   use_corpus_cache cache
   base=(--data "$corpus" --cache-dir cache --preset tiny --batch-tokens 600 --length-bucket 16 --max-steps 40
