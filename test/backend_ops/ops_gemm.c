@@ -319,6 +319,56 @@ static void linear_bwd_out0(const Target *t, Rng *rng) {
     dev_free(t, d_x), dev_free(t, d_dy), dev_free(t, d_W);
 }
 
+/* One backward call of a case: form k (0 the reference, 1 the op tested)
+ * into the gradients given (NULL: not wanted). */
+typedef void (*BwdCall)(const Target *t, const void *ctx, int k, float *gx, GradMode mode, float *gW, float *gb);
+
+/* Every subset of dx (bit 0), dW (bit 1) and, with_db, db (bit 2), dx
+ * written over NaN garbage and added to: form 1's gradients against form
+ * 0's, bit for bit, on the same backend. g0: the gradients' starting
+ * values, nx + nw + out floats. */
+static void bwd_subsets(const Target *t, const char *op, const char *against, int N, int in, int out, bool with_db,
+                        const float *g0, BwdCall call, const void *ctx) {
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, n[3] = {nx, nw, (size_t)out};
+    static const char *names[3] = {"dx", "dW", "db"};
+    const int n_out = with_db ? 3 : 2;
+    char what[192];
+    for (int which = 1; which < (1 << n_out); which++)
+        for (int m = 0; m < 2; m++) {
+            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
+            if (mode == GRAD_WRITE && !(which & 1)) continue;
+            float *got[2][3];
+            for (int k = 0; k < 2; k++) {
+                float *d_g[3] = {mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx), dev_from(t, g0 + nx, nw),
+                                 dev_from(t, g0 + nx + nw, out)};
+                call(t, ctx, k, which & 1 ? d_g[0] : NULL, mode, which & 2 ? d_g[1] : NULL,
+                     which & 4 ? d_g[2] : NULL);
+                for (int j = 0; j < 3; j++) {
+                    got[k][j] = dev_fetch(t, d_g[j], n[j]);
+                    dev_free(t, d_g[j]);
+                }
+            }
+            for (int j = 0; j < 3; j++) {
+                snprintf(what, sizeof what, "%s which=%d %s N=%d in=%d out=%d %s against %s", op, which,
+                         mode == GRAD_WRITE ? "dx written" : "added", N, in, out, names[j], against);
+                if (j < n_out) check_exact(t, what, got[1][j], got[0][j], n[j]);
+                free(got[0][j]), free(got[1][j]);
+            }
+        }
+}
+
+typedef struct {
+    int N, in, out;
+    const float *dy, *tmp, *xw, *W, *dyw;  // device
+    const uint16_t *x16, *r16, *dy16;      // device bf16 bits
+} BwdCtx;
+
+static void x16_call(const Target *t, const void *ctx, int k, float *gx, GradMode mode, float *gW, float *gb) {
+    const BwdCtx *c = ctx;
+    if (k) op_linear_bwd_x16(t->be, gx, mode, gW, gb, c->dy, c->x16, c->W, c->N, c->in, c->out);
+    else op_linear_bwd(t->be, gx, mode, gW, gb, c->dy, c->xw, c->W, c->N, c->in, c->out);
+}
+
 /* The x16 forms on bf16 bits give, on the same backend, the bits of the
  * fp32 forms on those values widened: in bf16 mode the fp32 forms round x
  * to exactly those bits before multiplying, in fp32 the widening is exact.
@@ -343,32 +393,21 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
     snprintf(what, sizeof what, "linear_fwd_x16 N=%d in=%d out=%d against linear_fwd", N, in, out);
     check_exact(t, what, y1, y0, ny);
     free(y0), free(y1), dev_free(t, d_y[0]), dev_free(t, d_y[1]);
-    for (int which = 1; which < 8; which++)
-        for (int m = 0; m < 2; m++) {
-            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
-            if (mode == GRAD_WRITE && !(which & 1)) continue;
-            float *got[2][3];
-            for (int k = 0; k < 2; k++) {
-                float *d_gx = mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx);
-                float *d_gW = dev_from(t, g0 + nx, nw), *d_gb = dev_from(t, g0 + nx + nw, out);
-                float *gx = which & 1 ? d_gx : NULL, *gW = which & 2 ? d_gW : NULL, *gb = which & 4 ? d_gb : NULL;
-                if (k) op_linear_bwd_x16(be, gx, mode, gW, gb, d_dy, d_x16, d_W, N, in, out);
-                else op_linear_bwd(be, gx, mode, gW, gb, d_dy, d_xw, d_W, N, in, out);
-                got[k][0] = dev_fetch(t, d_gx, nx), got[k][1] = dev_fetch(t, d_gW, nw);
-                got[k][2] = dev_fetch(t, d_gb, out);
-                dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
-            }
-            const size_t n[3] = {nx, nw, (size_t)out};
-            static const char *names[3] = {"dx", "dW", "db"};
-            for (int j = 0; j < 3; j++) {
-                snprintf(what, sizeof what, "linear_bwd_x16 which=%d %s N=%d in=%d out=%d %s against linear_bwd",
-                         which, mode == GRAD_WRITE ? "dx written" : "added", N, in, out, names[j]);
-                check_exact(t, what, got[1][j], got[0][j], n[j]);
-                free(got[0][j]), free(got[1][j]);
-            }
-        }
+    const BwdCtx c = {.N = N, .in = in, .out = out, .dy = d_dy, .xw = d_xw, .W = d_W, .x16 = d_x16};
+    bwd_subsets(t, "linear_bwd_x16", "linear_bwd", N, in, out, true, g0, x16_call, &c);
     free(x), free(xw), free(W), free(b), free(dy), free(g0);
     dev_free(t, d_x16), dev_free(t, d_xw), dev_free(t, d_W), dev_free(t, d_b), dev_free(t, d_dy);
+}
+
+static void relu_call(const Target *t, const void *ctx, int k, float *gx, GradMode mode, float *gW, float *gb) {
+    const BwdCtx *c = ctx;
+    const size_t ny = (size_t)c->N * c->out;
+    if (k) {
+        op_linear_bwd_relu_x16(t->be, gx, mode, gW, gb, c->dy, c->r16, c->x16, c->W, c->N, c->in, c->out);
+        return;
+    }
+    op_act_bwd_x16(t->be, (float *)c->tmp, GRAD_WRITE, c->dy, c->r16, ny, ACT_RELU);
+    op_linear_bwd_x16(t->be, gx, mode, gW, gb, c->tmp, c->x16, c->W, c->N, c->in, c->out);
 }
 
 /* linear_bwd_relu_x16 gives, on the same backend, the bits of act_bwd_x16's
@@ -377,7 +416,6 @@ static void linear_x16_case(const Target *t, int N, int in, int out, Rng *rng) {
  * to; the ReLU outputs include zeros of both signs and negatives; dy is
  * left as it was. */
 static void linear_relu_case(const Target *t, int N, int in, int out, Rng *rng) {
-    Backend *be = t->be;
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
     float *x = rand_floats(nx, rng, -1, 1), *xw = host_bf16(x, nx), *W = rand_floats(nw, rng, -1, 1);
     float *dy = rand_floats(ny, rng, -1, 1), *r = rand_floats(ny, rng, -1, 1), *g0 = rand_floats(nx + nw + out, rng, -1, 1);
@@ -385,73 +423,34 @@ static void linear_relu_case(const Target *t, int N, int in, int out, Rng *rng) 
     float *rw = host_bf16(r, ny);
     uint16_t *d_x16 = dev_bits(t, xw, nx), *d_r16 = dev_bits(t, rw, ny);
     float *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny), *d_tmp = dev_nan(t, ny);
-    char what[160];
-    for (int which = 1; which < 8; which++)
-        for (int m = 0; m < 2; m++) {
-            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
-            if (mode == GRAD_WRITE && !(which & 1)) continue;
-            float *got[2][3];
-            for (int k = 0; k < 2; k++) {
-                float *d_gx = mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx);
-                float *d_gW = dev_from(t, g0 + nx, nw), *d_gb = dev_from(t, g0 + nx + nw, out);
-                float *gx = which & 1 ? d_gx : NULL, *gW = which & 2 ? d_gW : NULL, *gb = which & 4 ? d_gb : NULL;
-                if (k) {
-                    op_linear_bwd_relu_x16(be, gx, mode, gW, gb, d_dy, d_r16, d_x16, d_W, N, in, out);
-                } else {
-                    op_act_bwd_x16(be, d_tmp, GRAD_WRITE, d_dy, d_r16, ny, ACT_RELU);
-                    op_linear_bwd_x16(be, gx, mode, gW, gb, d_tmp, d_x16, d_W, N, in, out);
-                }
-                got[k][0] = dev_fetch(t, d_gx, nx), got[k][1] = dev_fetch(t, d_gW, nw);
-                got[k][2] = dev_fetch(t, d_gb, out);
-                dev_free(t, d_gx), dev_free(t, d_gW), dev_free(t, d_gb);
-            }
-            const size_t n[3] = {nx, nw, (size_t)out};
-            static const char *names[3] = {"dx", "dW", "db"};
-            for (int j = 0; j < 3; j++) {
-                snprintf(what, sizeof what, "linear_bwd_relu_x16 which=%d %s N=%d in=%d out=%d %s against act_bwd_x16 "
-                         "+ linear_bwd_x16", which, mode == GRAD_WRITE ? "dx written" : "added", N, in, out, names[j]);
-                check_exact(t, what, got[1][j], got[0][j], n[j]);
-                free(got[0][j]), free(got[1][j]);
-            }
-        }
+    const BwdCtx c = {.N = N, .in = in, .out = out, .dy = d_dy, .tmp = d_tmp, .W = d_W, .x16 = d_x16, .r16 = d_r16};
+    bwd_subsets(t, "linear_bwd_relu_x16", "act_bwd_x16 + linear_bwd_x16", N, in, out, true, g0, relu_call, &c);
     float *dy_after = dev_fetch(t, d_dy, ny);
+    char what[160];
     snprintf(what, sizeof what, "linear_bwd_relu_x16 N=%d in=%d out=%d: dy only read", N, in, out);
     check_exact(t, what, dy_after, dy, ny);
     free(dy_after), free(x), free(xw), free(W), free(dy), free(r), free(rw), free(g0);
     dev_free(t, d_x16), dev_free(t, d_r16), dev_free(t, d_W), dev_free(t, d_dy), dev_free(t, d_tmp);
 }
 
+static void dy16_call(const Target *t, const void *ctx, int k, float *gx, GradMode mode, float *gW, float *gb) {
+    const BwdCtx *c = ctx;
+    (void)gb;  // no bias: with_db off
+    if (k) op_linear_bwd_dy16(t->be, gx, mode, gW, c->dy16, c->xw, c->W, c->N, c->in, c->out);
+    else op_linear_bwd(t->be, gx, mode, gW, NULL, c->dyw, c->xw, c->W, c->N, c->in, c->out);
+}
+
 /* linear_bwd_dy16 on bf16 bits of dy gives, on the same backend, the bits
  * of linear_bwd (no db) on those values widened: every subset of dx and
  * dW, dx written over NaN garbage and added to. */
 static void linear_dy16_case(const Target *t, int N, int in, int out, Rng *rng) {
-    Backend *be = t->be;
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
     float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
-    float *dyw = host_bf16(dy, ny), *g0 = rand_floats(nx + nw, rng, -1, 1);
+    float *dyw = host_bf16(dy, ny), *g0 = rand_floats(nx + nw + out, rng, -1, 1);
     uint16_t *d_dy16 = dev_bits(t, dyw, ny);
     float *d_x = dev_from(t, x, nx), *d_W = dev_from(t, W, nw), *d_dyw = dev_from(t, dyw, ny);
-    char what[160];
-    for (int which = 1; which < 4; which++)
-        for (int m = 0; m < 2; m++) {
-            const GradMode mode = m ? GRAD_WRITE : GRAD_ADD;
-            if (mode == GRAD_WRITE && !(which & 1)) continue;
-            float *got[2][2];
-            for (int k = 0; k < 2; k++) {
-                float *d_gx = mode == GRAD_WRITE ? dev_nan(t, nx) : dev_from(t, g0, nx), *d_gW = dev_from(t, g0 + nx, nw);
-                float *gx = which & 1 ? d_gx : NULL, *gW = which & 2 ? d_gW : NULL;
-                if (k) op_linear_bwd_dy16(be, gx, mode, gW, d_dy16, d_x, d_W, N, in, out);
-                else op_linear_bwd(be, gx, mode, gW, NULL, d_dyw, d_x, d_W, N, in, out);
-                got[k][0] = dev_fetch(t, d_gx, nx), got[k][1] = dev_fetch(t, d_gW, nw);
-                dev_free(t, d_gx), dev_free(t, d_gW);
-            }
-            for (int j = 0; j < 2; j++) {
-                snprintf(what, sizeof what, "linear_bwd_dy16 which=%d %s N=%d in=%d out=%d %s against linear_bwd",
-                         which, mode == GRAD_WRITE ? "dx written" : "added", N, in, out, j ? "dW" : "dx");
-                check_exact(t, what, got[1][j], got[0][j], j ? nw : nx);
-                free(got[0][j]), free(got[1][j]);
-            }
-        }
+    const BwdCtx c = {.N = N, .in = in, .out = out, .xw = d_x, .W = d_W, .dyw = d_dyw, .dy16 = d_dy16};
+    bwd_subsets(t, "linear_bwd_dy16", "linear_bwd", N, in, out, false, g0, dy16_call, &c);
     free(x), free(W), free(dy), free(dyw), free(g0);
     dev_free(t, d_dy16), dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dyw);
 }
