@@ -2,8 +2,9 @@
  * never at start-up (kernels/cuda/cublaslt_load.c). A program linked with
  * the kernels does not map libcublasLt when it starts, nor after making a
  * CPU backend (asked for, or chosen by auto without a GPU); a missing
- * library is one sentence naming it; cublaslt_load then opens the
- * toolkit's library, and a call forwarded through it answers. Runs on any
+ * library is one sentence naming it; cublaslt_load_start (twice) loads it
+ * on a thread, cublaslt_load then opens nothing twice, and a call
+ * forwarded through it answers. Runs on any
  * machine with the toolkit (label cpu); built only with CUDA. */
 #include <cublasLt.h>
 #include <stdio.h>
@@ -47,6 +48,8 @@ int main(void) {
     printf("refused as expected: %s\n", err);
     CHECK(!cublaslt_is_loaded(), "loaded after a failed attempt");
 
+    cublaslt_load_start();
+    cublaslt_load_start();  // a second start: nothing more
     CHECK(cublaslt_load(err, sizeof err) == 0, "the toolkit's cuBLASLt: %s", err);
     CHECK(cublaslt_is_loaded() && mapped("libcublasLt"), "cuBLASLt not mapped after cublaslt_load");
     const char *name = cublasLtGetStatusName(CUBLAS_STATUS_NOT_SUPPORTED);

@@ -605,7 +605,7 @@ static CudaImpl *impl_create(void) {
 extern "C" Backend *backend_cuda_create(Dtype dtype, int local_rank, char *err, size_t err_len) {
     CudaDeviceInfo info;
     if (cuda_device_init(local_rank, &info, err, err_len)) return NULL;
-    if (cublaslt_load(err, err_len)) return NULL;
+    cublaslt_load_start();  // its start-up beside the program's; the first GEMM waits for it
     CUDA_CHECK(cudaFree(0));  // the context exists from here on
     Backend *be = (Backend *)TP_CALLOC(1, sizeof *be);
     be->ops = &CUDA_OPS;

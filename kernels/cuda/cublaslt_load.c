@@ -8,8 +8,11 @@
  * own prototypes, so gemm_plan.cu calls them unchanged; each forwards through
  * a pointer that cublaslt_load resolves once (dlopen of the soname of the
  * toolkit we were built with, found like a linked library: LD_LIBRARY_PATH,
- * the program's RUNPATH, ld.so's cache). backend_cuda_create calls
- * cublaslt_load first, so a missing library is one sentence, not a crash. */
+ * the program's RUNPATH, ld.so's cache). backend_cuda_create starts the
+ * load on a thread of its own (cublaslt_load_start), so its start-up runs
+ * beside the program's (the corpus, the model's initialisation) instead of
+ * before them; the first forwarded call waits for it, and a missing
+ * library is that call's one sentence, not a crash. */
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -36,6 +39,7 @@ static struct {
 
 static pthread_mutex_t lt_mutex = PTHREAD_MUTEX_INITIALIZER;
 static int lt_loaded;            // every pointer in lt is set
+static int lt_started;           // cublaslt_load_start made its thread
 static char lt_error[512];       // why the last attempt failed
 
 /* Opens soname and resolves every function, or fills lt_error. Under lt_mutex. */
@@ -68,6 +72,27 @@ int cublaslt_load_from(const char *soname, char *err, size_t err_len) {
 }
 
 int cublaslt_load(char *err, size_t err_len) { return cublaslt_load_from(CUBLASLT_SONAME, err, err_len); }
+
+static void *lt_loader(void *arg) {
+    (void)arg;
+    char err[512];
+    (void)cublaslt_load(err, sizeof err);  // a failure is told by the first call that needs the library
+    return NULL;
+}
+
+void cublaslt_load_start(void) {
+    pthread_mutex_lock(&lt_mutex);
+    const bool go = !lt_loaded && !lt_started;
+    lt_started = 1;
+    pthread_mutex_unlock(&lt_mutex);
+    if (!go) return;
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) != 0) return;  // no thread: the first call loads it
+    (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    (void)pthread_create(&t, &attr, lt_loader, NULL);
+    pthread_attr_destroy(&attr);
+}
 
 bool cublaslt_is_loaded(void) {
     pthread_mutex_lock(&lt_mutex);

@@ -92,15 +92,23 @@ typedef struct CudaGemmCtx CudaGemmCtx;
 /* cuBLASLt is opened at run time (cublaslt_load.c), not linked: programs
  * that stay on the CPU never pay its start-up. cublaslt_load opens the
  * toolkit's soname once and resolves every function the context calls:
- * 0, or -1 with one sentence in err (the library, and why). Called by
- * backend_cuda_create before the first context; _from takes another
- * soname (the tests' missing library). */
+ * 0, or -1 with one sentence in err (the library, and why); _from takes
+ * another soname (the tests' missing library). backend_cuda_create starts
+ * it in the background (cublaslt_load_start below). */
 int cublaslt_load(char *err, size_t err_len);
 int cublaslt_load_from(const char *soname, char *err, size_t err_len);
 bool cublaslt_is_loaded(void);
+/* cublaslt_load on a thread of its own, started now and not waited for:
+ * the library's 0.5 s of start-up overlaps the program's own (the corpus,
+ * the model's initialisation). The first call that needs it waits for it
+ * (the load holds the lock every forwarder takes); a failure is then that
+ * call's one sentence. A second start, or a start after the load, does
+ * nothing; without a thread the load happens at that first call. */
+void cublaslt_load_start(void);
 
-/* Creates the cuBLASLt handle on the current device (every call on the
- * context must run with that device current). workspace: the caller's
+/* Creates the context on the current device (every call on the context
+ * must run with that device current); its cuBLASLt handle is made at the
+ * first GEMM, once the library is loaded. workspace: the caller's
  * device buffer of workspace_bytes for cuBLASLt (it must outlive every
  * queued call). stream is used by every call; the caller keeps ownership. */
 CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecision precision, void *workspace,

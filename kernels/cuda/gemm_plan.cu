@@ -76,6 +76,13 @@ static void epilogue_refused(CudaGemmCtx *ctx, const PlanKey *k, cublasStatus_t 
 
 // A plan the caller can do without (it has separate kernels for it): a
 // fused epilogue or a bf16 output. A plain fp32 GEMM that fails is fatal.
+// The context's cuBLASLt handle, made at the first GEMM (on the thread
+// and device that run the backend's ops), when the library is loaded.
+static cublasLtHandle_t lt_handle(CudaGemmCtx *ctx) {
+    if (!ctx->handle) CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
+    return ctx->handle;
+}
+
 static bool optional(const PlanKey *k) {
     return k->epilogue != CUBLASLT_EPILOGUE_DEFAULT || k->d_type != CUDA_R_32F;
 }
@@ -135,7 +142,7 @@ static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
     cublasLtMatmulHeuristicResult_t res;
     memset(&res, 0, sizeof res);
     int n_found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(ctx->handle, p->desc, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_handle(ctx), p->desc, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
                                                       pref, 1, &res, &n_found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s == CUBLAS_STATUS_SUCCESS && n_found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
@@ -204,7 +211,7 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
     if (!p->supported) return false;
     if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    cublasStatus_t s = cublasLtMatmul(ctx->handle, p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, C,
+    cublasStatus_t s = cublasLtMatmul(lt_handle(ctx), p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, C,
                                       p->lay_c, &p->algo, ctx->workspace, ctx->stats.workspace_bytes, ctx->stream);
     if (s != CUBLAS_STATUS_SUCCESS && optional(&k)) {
         // refused before anything was queued: remembered, later calls go straight to the separate kernel
@@ -235,8 +242,7 @@ extern "C" CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecis
     ctx->fuse = true;
     ctx->workspace = workspace;
     ctx->stats.workspace_bytes = workspace_bytes;
-    CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
-    return ctx;
+    return ctx;  // the handle at the first GEMM (lt_handle): the library may still be loading (cublaslt_load_start)
 }
 
 extern "C" void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx) {
@@ -244,7 +250,7 @@ extern "C" void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx) {
     CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
     for (int s = 0; s < CUDA_GEMM_PLAN_SETS; s++)
         for (int w = 0; w < CUDA_GEMM_PLAN_WAYS; w++) plan_release(&ctx->plans[s][w]);
-    CUBLAS_CHECK(cublasLtDestroy(ctx->handle));
+    if (ctx->handle) CUBLAS_CHECK(cublasLtDestroy(ctx->handle));
     free(ctx);
 }
 
