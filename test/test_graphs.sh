@@ -13,7 +13,8 @@
 # and, as the activations grow for a longer batch, captured again.
 # A run saved at step 10 with graphs and resumed to 20 with graphs ends
 # with the weights of 20 straight steps without them.
-# Then the refusals: with --profile, and on more than one rank. (The graph
+# Then the refusals: with --profile, with --tp, --pp or --layout auto, and
+# on two ranks through tprun. (The graph
 # cache's own rules, stale graphs among them, are test_step_graphs's.)
 #   test_graphs.sh BUILD_DIR [cpu|cuda] [CORPUS_DIR]
 set -euo pipefail
@@ -84,6 +85,13 @@ if "$build/train_mt" "${base[@]}" --max-steps 2 --eval-interval 0 --cuda-graphs 
   echo "FAIL: --cuda-graphs on with --profile ran"; exit 1
 fi
 grep -q "cuda-graphs on and --profile do not mix" profile.log || { echo "FAIL: no reason given:"; cat profile.log; exit 1; }
+# a layout of more than one rank given on the command line: refused with the flags, before any set-up
+for flag in "--tp 2" "--pp 2" "--layout auto"; do
+  if "$build/train_mt" "${base[@]}" --max-steps 2 --eval-interval 0 --cuda-graphs on $flag > flag.log 2>&1; then
+    echo "FAIL: --cuda-graphs on ran with $flag"; exit 1
+  fi
+  grep -q "cuda-graphs on needs one rank" flag.log || { echo "FAIL: $flag: no reason given:"; cat flag.log; exit 1; }
+done
 if [ "$dev" = cpu ]; then
   if "$build/tprun" --nproc_per_node=2 "$build/train_mt" "${base[@]}" --max-steps 2 --eval-interval 0 --cuda-graphs on \
        > ranks.log 2>&1; then

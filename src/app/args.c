@@ -410,6 +410,16 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
                         "already (--seq-len)\n");
         exit(2);
     }
+    if (a->cuda_graphs && a->profile) {
+        fprintf(stderr, "train_mt: --cuda-graphs on and --profile do not mix: the profile times every op; drop one "
+                        "of them\n");
+        exit(2);
+    }
+    if (a->cuda_graphs && (a->tp > 1 || a->dp > 1 || a->pp > 1 || a->layout_auto)) {
+        fprintf(stderr, "train_mt: --cuda-graphs on needs one rank (tp, dp and pp 1: the collectives are not "
+                        "captured); drop %s\n", a->layout_auto ? "--layout auto" : a->tp > 1 ? "--tp" : a->dp > 1 ? "--dp" : "--pp");
+        exit(2);
+    }
     if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
         fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
         exit(2);
