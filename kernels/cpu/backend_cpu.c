@@ -177,10 +177,7 @@ static const float *widened_at(Backend *be, size_t skip, const uint16_t *x16, si
     return ws;
 }
 static const float *widened(Backend *be, const uint16_t *x16, size_t n, size_t also, float **rest) {
-    float *ws = operand_space(be, n + also);
-    cpu_from_bf16(ws, x16, n);
-    *rest = ws + n;
-    return ws;
+    return widened_at(be, 0, x16, n, also, rest);
 }
 
 static void t_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,

@@ -74,8 +74,6 @@ static void epilogue_refused(CudaGemmCtx *ctx, const PlanKey *k, cublasStatus_t 
             k->ab_type == CUDA_R_16BF ? "bf16" : "fp32", k->d_type == CUDA_R_16BF ? "bf16" : "fp32");
 }
 
-// A plan the caller can do without (it has separate kernels for it): a
-// fused epilogue or a bf16 output. A plain fp32 GEMM that fails is fatal.
 // The context's cuBLASLt handle, made at the first GEMM (on the thread
 // and device that run the backend's ops), when the library is loaded.
 static cublasLtHandle_t lt_handle(CudaGemmCtx *ctx) {
@@ -83,6 +81,8 @@ static cublasLtHandle_t lt_handle(CudaGemmCtx *ctx) {
     return ctx->handle;
 }
 
+// A plan the caller can do without (it has separate kernels for it): a
+// fused epilogue or a bf16 output. A plain fp32 GEMM that fails is fatal.
 static bool optional(const PlanKey *k) {
     return k->epilogue != CUBLASLT_EPILOGUE_DEFAULT || k->d_type != CUDA_R_32F;
 }

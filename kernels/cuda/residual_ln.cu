@@ -40,16 +40,22 @@ typedef struct {
     uint64_t first;           // the window's first element in the whole mask
     float p, scale;           // scale = 1/(1-p), the CPU's expression
     uint32_t key[2];          // seed lo, hi
-    uint64_t stream;          // the stream id; with step, step->stream_base is added on the device
+    uint64_t stream;          // the stream id; with step, step->stream_base is added (rln_resolve)
     const StepVars *step;     // the backend's StepVars, or NULL
     bool on;                  // p > 0 (p == 0 copies, as op_dropout_fwd does)
 } RlnDrop;
 
 // ---- device helpers ------------------------------------------------------------
 
+// The run's stream with the StepVars' base added, read once per thread
+// at a kernel's start (the kernels' own copy of d).
+__device__ __forceinline__ void rln_resolve(RlnDrop &d) {
+    d.stream = tp_step_stream(d.step, d.stream);
+    d.step = NULL;
+}
+
 __device__ __forceinline__ void rln_words(const RlnDrop &d, uint64_t block, uint32_t w[4]) {
-    const uint64_t s = tp_step_stream(d.step, d.stream);
-    dropout_block_words(block, d.key, (uint32_t)s, (uint32_t)(s >> 32), w);
+    dropout_block_words(block, d.key, (uint32_t)d.stream, (uint32_t)(d.stream >> 32), w);
 }
 
 // Dropout of v with its mask word: v * scale or 0 (v itself when off).
@@ -103,6 +109,7 @@ __global__ void residual_ln_fwd_kernel(float *res_out, float *y, uint16_t *y16, 
                                        const float *res_in,
                                        const float *branch, const float *bias, const float *gamma, const float *beta,
                                        int N, int C, float eps, RlnDrop d) {  // shapes: ops_list.h
+    rln_resolve(d);
     const int lane = threadIdx.x % TP_WARP;
     for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * RLN_ROWS_PER_BLOCK) {
@@ -155,6 +162,7 @@ __global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accu
                                             const float *rstd,    // (N)
                                             const float *gamma,   // (C)
                                             int N, int C, RlnDrop d) {
+    rln_resolve(d);
     const int lane = threadIdx.x % TP_WARP;
     for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
          n += gridDim.x * RLN_ROWS_PER_BLOCK) {

@@ -13,7 +13,6 @@
 #include "clock.h"
 #include "err.h"
 #include "kernels/ops.h"
-#include "kernels/profile.h"
 #include "train/pipeline.h"
 
 enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq parts, norm, factor
@@ -120,10 +119,6 @@ int trainer_use_graphs(Trainer *t, int max_graphs, char *err, size_t err_len) {
                      "collectives are not captured", tp, dp, pp_size(t));
         return -1;
     }
-    if (backend_profile_on(t->be)) {
-        tp_error_set(err, err_len, "--cuda-graphs on and --profile do not mix: the profile times every op");
-        return -1;
-    }
     if (!t->graphs) {
         t->graphs = step_graphs_new(t->be, max_graphs);
         t->step_vars = backend_alloc(t->be, sizeof(StepVars), MEM_WORKSPACE);
@@ -182,8 +177,9 @@ static void micro_forward(void *ctx, int i) {
     MicroCtx *c = ctx;
     fault_mid_step(c->key.step, i, c->n_micro);
     use_slot(c, i);
-    if (c->b[i].B > 0 && c->t->graphs) graph_forward(c, i);
-    else if (c->b[i].B > 0) model_forward_step(c->t->m, &c->b[i], true, key_of(c, i), c->t->sc + SC_LOSS);
+    if (c->b[i].B == 0) return;
+    if (c->t->graphs) graph_forward(c, i);
+    else model_forward_step(c->t->m, &c->b[i], true, key_of(c, i), c->t->sc + SC_LOSS);
 }
 
 /* With stages, the gradients from offset 0 (the tied embedding) are

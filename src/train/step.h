@@ -58,8 +58,9 @@ void trainer_free(Trainer *t);
 /* Replays each micro-batch's forward and backward as graphs from the
  * second time its shape comes (train/graphs.h: at most max_graphs of
  * them), with results equal bit for bit to the steps run op by op. One
- * rank only (tp, dp and pp 1: the collectives are not captured) and not
- * with --profile: -1 and one sentence in err otherwise. */
+ * rank only (tp, dp and pp 1: the collectives are not captured): -1 and one
+ * sentence in err otherwise. Not with --profile (train_mt refuses the pair
+ * with its flags; backend_capture_begin stops a capture under a profile). */
 int trainer_use_graphs(Trainer *t, int max_graphs, char *err, size_t err_len);
 
 /* AdamW state for what the rank updates under gs: the whole buffer
