@@ -198,16 +198,21 @@ void cpu_attention_flash_fwd(uint16_t *out16, float *lse, const float *q, const 
     flash_check("op_attention_flash_fwd", B, H, Tq, Tk, D);
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
     const int HD = H * D;
+    if (Tk == 0) {  // nothing to attend to: out zeros, lse -inf
+        for (size_t i = 0; i < (size_t)B * Tq * HD; i++) out16[i] = 0;
+        for (size_t i = 0; i < (size_t)B * H * Tq; i++) lse[i] = -INFINITY;
+        return;
+    }
     const float scale = 1.0f / sqrtf((float)D);
-    float *S = work, *out = work + (size_t)Tq * (Tk > 0 ? Tk : 0);  // (Tq, Tk), (Tq, D)
+    float *S = work, *out = work + (size_t)Tq * Tk;  // (Tq, Tk), (Tq, D)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             const size_t q_off = (size_t)b * Tq * HD + (size_t)h * D, k_off = (size_t)b * Tk * HD + (size_t)h * D;
             float *lse_bh = lse + ((size_t)b * H + h) * Tq;
-            if (Tk > 0) sgemm_ld(false, true, Tq, Tk, D, 1.0f, q + q_off, HD, k + k_off, HD, 0.0f, S, Tk);
+            sgemm_ld(false, true, Tq, Tk, D, 1.0f, q + q_off, HD, k + k_off, HD, 0.0f, S, Tk);
             for (int i = 0; i < Tq; i++) {
                 float *s = S + (size_t)i * Tk;
-                const int n = valid_keys(Tk > 0 ? k_len[b] : 0, i, Tk, causal);
+                const int n = valid_keys(k_len[b], i, Tk, causal);
                 float m = -INFINITY;
                 for (int j = 0; j < n; j++) m = fmaxf(m, scale * s[j]);
                 double sum = 0.0;
@@ -216,8 +221,7 @@ void cpu_attention_flash_fwd(uint16_t *out16, float *lse, const float *q, const 
                 flash_p_row(s, s, n, Tk, scale, lse_bh[i]);
                 for (int j = 0; j < n; j++) s[j] = bf16r(s[j]);
             }
-            if (Tk > 0) sgemm_ld(false, false, Tq, D, Tk, 1.0f, S, Tk, v + k_off, HD, 0.0f, out, D);
-            else cpu_zero(out, (size_t)Tq * D);
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, S, Tk, v + k_off, HD, 0.0f, out, D);
             for (int i = 0; i < Tq; i++)
                 cpu_to_bf16(out16 + q_off + (size_t)i * HD, out + (size_t)i * D, (size_t)D);
         }

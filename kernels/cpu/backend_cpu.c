@@ -360,15 +360,19 @@ static float *widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, c
     return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, out_room ? nq : 0);
 }
 
-/* The flash ops' work room, for sizes the reference accepts (it refuses the rest). */
-static size_t flash_room(int Tq, int Tk, int D) {
-    return Tq > 0 && Tk >= 0 && D > 0 ? cpu_attention_flash_work(Tq, Tk, D) : 0;
+/* The flash ops' q, k, v widened and their work room, when there is a
+ * product to take (else NULL: with Tq or Tk 0 the reference reads none). */
+static float *widen_flash(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
+                          int Tq, int Tk, int D, const float **q, const float **k, const float **v) {
+    *q = *k = *v = NULL;
+    if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return NULL;
+    return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, cpu_attention_flash_work(Tq, Tk, D));
 }
 static void t_attention_flash_fwd(Backend *be, uint16_t *out16, float *lse, const uint16_t *q16, const uint16_t *k16,
                                   const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
                                   bool causal) {
     const float *q, *k, *v;
-    float *work = widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, flash_room(Tq, Tk, D));
+    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
     cpu_attention_flash_fwd(out16, lse, q, k, v, kl, B, H, Tq, Tk, D, causal, work);
 }
 static void t_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
@@ -376,7 +380,7 @@ static void t_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, 
                                   const int32_t *kl, float *scratch, int B, int H, int Tq, int Tk, int D,
                                   bool causal) {
     const float *q, *k, *v;
-    float *work = widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, flash_room(Tq, Tk, D));
+    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
     cpu_attention_flash_bwd(dq, dk, dv, mode, dout, lse, q, k, v, kl, scratch, B, H, Tq, Tk, D, causal, work);
 }
 
