@@ -14,19 +14,10 @@
  *   - model_set_attention refuses fp32 mode and a head width that is not
  *     a multiple of 16, naming why.
  */
-#define _POSIX_C_SOURCE 200809L
+#include "micro_runs.h"
+
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "check.h"
-#include "data/synthetic.h"
-#include "tp/comm_shm.h"
-#include "transformer/model.h"
-
-enum { NMB = 2 };
 
 /* The oracle is exact attention in fp32. bf16 mode's gradients are off it
  * by a few percent of the largest (every GEMM operand rounded); flash adds
@@ -48,46 +39,17 @@ static ModelConfig test_config(void) {
     return c;
 }
 
-typedef struct {
-    float loss;
-    float *grads;  // (tab.n_elems) host copy
-    size_t act_bytes;
-} Run;
-
-/* Two micro-batches forward, then both backward, on a fresh model. */
-static Run run(Backend *be, const ModelConfig *cfg, const TpGroup *g, bool sp, ModelRecompute rc,
-               ModelAttention att) {
+/* The two micro-batches on a fresh model: the second's lengths past one
+ * 32-wide tile of the flash kernels. */
+static MicroRun run(Backend *be, const ModelConfig *cfg, const TpGroup *g, bool sp, ModelRecompute rc,
+                    ModelAttention att) {
     char err[256];
     Model m;
-    Run r = {0};
     CHECK(model_create(&m, be, cfg, g, 3, err, sizeof err) == 0, "%s", err);
     CHECK(model_set_sequence_parallel(&m, sp, err, sizeof err) == 0, "%s", err);
-    model_set_slots(&m, NMB);
     model_set_recompute(&m, rc);
     CHECK(model_set_attention(&m, att, err, sizeof err) == 0, "%s", err);
-    OwnedBatch b[NMB];
-    int n_tok = 0;
-    for (int i = 0; i < NMB; i++) {  // lengths past one 32-wide tile in the second batch
-        synth_batch(&b[i], SYNTH_REVERSE, config_tokens(cfg), 5 - 2 * i, 3, 9 + 30 * i, 17, (uint64_t)i + 1);
-        n_tok += batch_target_tokens(&b[i].view, cfg->pad_id);
-    }
-    float *loss = backend_alloc(be, sizeof(float), MEM_WORKSPACE);
-    model_zero_grad(&m);
-    for (int i = 0; i < NMB; i++) {
-        model_use_slot(&m, i);
-        model_forward_step(&m, &b[i].view, true, (DropoutKey){.seed = 5, .step = 2, .micro = (uint32_t)i}, loss);
-    }
-    for (int i = 0; i < NMB; i++) {
-        model_use_slot(&m, i);
-        model_backward(&m, &b[i].view, true, (DropoutKey){.seed = 5, .step = 2, .micro = (uint32_t)i},
-                       1.0f / (float)n_tok);
-    }
-    backend_download(be, &r.loss, loss, sizeof r.loss);
-    r.grads = malloc(m.tab.n_elems * sizeof(float));
-    backend_download(be, r.grads, m.grads, m.tab.n_elems * sizeof(float));
-    r.act_bytes = model_activation_bytes(&m);
-    backend_free(be, loss);
-    for (int i = 0; i < NMB; i++) owned_batch_free(&b[i]);
+    const MicroRun r = micro_run(&m, (const int[MICRO_N]){9, 39});
     model_free(&m);
     return r;
 }
@@ -100,7 +62,7 @@ static size_t n_grads(const ModelConfig *cfg, const TpGroup *g) {
     return n;
 }
 
-static void same_bits(const char *what, const Run *a, const Run *b, size_t n) {
+static void same_bits(const char *what, const MicroRun *a, const MicroRun *b, size_t n) {
     CHECK(memcmp(&a->loss, &b->loss, sizeof a->loss) == 0, "%s: loss %.9g against %.9g", what, a->loss, b->loss);
     size_t n_diff = 0;
     for (size_t k = 0; k < n; k++) n_diff += memcmp(&a->grads[k], &b->grads[k], 4) != 0;
@@ -108,7 +70,7 @@ static void same_bits(const char *what, const Run *a, const Run *b, size_t n) {
 }
 
 /* max |a - ref| / max |ref| over the gradients (infinity for a NaN). */
-static double grad_err(const Run *a, const Run *ref, size_t n) {
+static double grad_err(const MicroRun *a, const MicroRun *ref, size_t n) {
     double max_g = 0, max_d = 0;
     for (size_t k = 0; k < n; k++) {
         max_g = fmax(max_g, fabs(ref->grads[k]));
@@ -122,7 +84,7 @@ static double grad_err(const Run *a, const Run *ref, size_t n) {
 /* flash and exact attention in bf16, each against exact attention in fp32
  * (the oracle): flash's loss and gradients no further from it than bf16's
  * own error allows. Returns flash's gradient error. */
-static double close_to_fp32(const char *what, const Run *flash, const Run *exact, const Run *fp32, size_t n) {
+static double close_to_fp32(const char *what, const MicroRun *flash, const MicroRun *exact, const MicroRun *fp32, size_t n) {
     const double loss_flash = fabs(flash->loss - fp32->loss);
     CHECK(loss_flash <= LOSS_RTOL * fabs(fp32->loss), "%s: loss %.9g flash, %.9g fp32 (exact bf16 %.9g)", what,
           flash->loss, fp32->loss, exact->loss);
@@ -136,8 +98,8 @@ static void compare_all(Backend *be, Backend *be32, const TpGroup *g, const char
     const ModelConfig cfg = test_config();
     const size_t n = n_grads(&cfg, g);
     for (int sp = 0; sp <= (g->size > 1); sp++) {
-        Run flash[3], exact[3];
-        Run fp32 = run(be32, &cfg, g, sp, MODEL_RECOMPUTE_NONE, MODEL_ATTENTION_EXACT);
+        MicroRun flash[3], exact[3];
+        MicroRun fp32 = run(be32, &cfg, g, sp, MODEL_RECOMPUTE_NONE, MODEL_ATTENTION_EXACT);
         for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++) {
             flash[rc] = run(be, &cfg, g, sp, (ModelRecompute)rc, MODEL_ATTENTION_FLASH);
             exact[rc] = run(be, &cfg, g, sp, (ModelRecompute)rc, MODEL_ATTENTION_EXACT);
@@ -164,31 +126,14 @@ static void compare_all(Backend *be, Backend *be32, const TpGroup *g, const char
     }
 }
 
-static Backend *cpu_backend(Dtype dtype) {
-    char err[256];
-    Backend *be = backend_create(DEVICE_CPU, dtype, 0, err, sizeof err);
-    CHECK(be != NULL, "CPU backend: %s", err);
-    return be;
-}
-
-static int run_rank(const char *job, int tp, int rank) {
-    char err[512];
-    Comm *comm = comm_shm_create(job, "tp", rank, tp, 20.0, err, sizeof err);
-    if (!comm) {
-        fprintf(stderr, "rank %d: %s\n", rank, err);
-        return 10;
-    }
-    Backend *be = cpu_backend(DTYPE_BF16), *be32 = cpu_backend(DTYPE_F32);
-    if (!be || !be32) return 11;
-    const TpGroup g = {.size = tp, .rank = rank, .comm = comm};
+/* One tp rank's comparisons (micro_fork_ranks). */
+static void rank_compare(const TpGroup *g) {
+    Backend *be = micro_cpu_backend(DTYPE_BF16), *be32 = micro_cpu_backend(DTYPE_F32);
     char who[32];
-    snprintf(who, sizeof who, "tp %d rank %d", tp, rank);
-    compare_all(be, be32, &g, who);
-    backend_destroy(be), backend_destroy(be32);
-    comm_free(comm);
-    fflush(stdout);  // the rank ends with _exit
-    fflush(stderr);
-    return g_check_failures ? 1 : 0;
+    snprintf(who, sizeof who, "tp %d rank %d", g->size, g->rank);
+    if (be && be32) compare_all(be, be32, g, who);
+    if (be) backend_destroy(be);
+    if (be32) backend_destroy(be32);
 }
 
 /* fp32 mode and a head width of 8 are refused with their reasons. */
@@ -201,7 +146,7 @@ static void refusals(void) {
           "fp32 mode: flash attention not refused for want of bf16 (%s)", err);
     CHECK(m.attention == MODEL_ATTENTION_EXACT, "a refused flash attention was kept");
     model_free(&m);
-    Backend *be = cpu_backend(DTYPE_BF16);
+    Backend *be = micro_cpu_backend(DTYPE_BF16);
     cfg.n_heads = 4;  // heads of 8
     CHECK(model_create(&m, be, &cfg, NULL, 3, err, sizeof err) == 0, "%s", err);
     CHECK(model_set_attention(&m, MODEL_ATTENTION_FLASH, err, sizeof err) == -1 && strstr(err, "= 8"),
@@ -212,26 +157,8 @@ static void refusals(void) {
 
 int main(void) {
     refusals();
-    Backend *be = cpu_backend(DTYPE_BF16), *be32 = cpu_backend(DTYPE_F32);
-    if (be && be32) {
-        const TpGroup one = {.size = 1, .rank = 0, .comm = NULL};
-        compare_all(be, be32, &one, "tp 1");
-    }
-    if (be) backend_destroy(be);
-    if (be32) backend_destroy(be32);
-    fflush(stdout);
-    const int tp = 2;
-    char job[64];
-    snprintf(job, sizeof job, "fm%ld", (long)getpid());
-    pid_t pids[2];
-    for (int r = 0; r < tp; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) _exit(run_rank(job, tp, r));
-    }
-    for (int r = 0; r < tp; r++) {
-        int st = 0;
-        waitpid(pids[r], &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "tp %d rank %d failed (status %d)", tp, r, st);
-    }
+    const TpGroup one = {.size = 1, .rank = 0, .comm = NULL};
+    rank_compare(&one);
+    micro_fork_ranks("fm", 2, rank_compare);
     return check_report("test_flash_model");
 }
