@@ -355,6 +355,50 @@ OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
     int B, int H, int Tq, int Tk, int D),
    (dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D))
 
+/* ---- Attention without the probabilities (flash-style) ---------------------
+ * The forward keeps per row the log-sum-exp of its scaled scores instead of
+ * P, and the backward rebuilds P from it tile by tile; no (B, H, Tq, Tk)
+ * tensor is ever stored. q, k, v are bf16 bits (bf16 mode keeps them so),
+ * laid out as attention_fwd's; D a multiple of 16, at most 128 (a head's
+ * width on tensor cores). Precision (the CPU reference computes exactly this;
+ * a GPU sums in another order, on tensor cores):
+ *   s_ij = q_i . k_j (products of bf16 values, exact; fp32 sums),
+ *   z_ij = scale * s_ij with scale = 1/sqrt(D), for the n_i valid keys
+ *   (attention_fwd's masks), m_i = max_j z_ij,
+ *   lse_i = m_i + log(sum_j exp(z_ij - m_i)),  p_ij = exp(z_ij - lse_i),
+ *   out_i = bf16(sum_j bf16(p_ij) v_j);
+ * a row without a valid key has lse -INFINITY, p 0 and out 0. */
+OP(attention_flash_fwd, ATTENTION, OWN, STREAM,
+   (uint16_t *out16,        // (B, Tq, H*D) bf16 bits
+    float *lse,             // (B, H, Tq)
+    const uint16_t *q16,    // (B, Tq, H*D)
+    const uint16_t *k16,    // (B, Tk, H*D)
+    const uint16_t *v16,    // (B, Tk, H*D)
+    const int32_t *k_len,   // (B)
+    int B, int H, int Tq, int Tk, int D, bool causal),
+   (out16, lse, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal))
+/* Its backward, from the forward's lse: p_ij rebuilt as above (0 where
+ * masked), g_i = bf16(dout_i), dp_ij = g_i . v_j, delta_i = sum_j p_ij dp_ij
+ * (stored in scratch), ds_ij = scale * p_ij * (dp_ij - delta_i);
+ *   dv_j (+)= sum_i bf16(p_ij) g_i,  dq_i (+)= sum_j bf16(ds_ij) k_j,
+ *   dk_j (+)= sum_i bf16(ds_ij) q_i,
+ * accumulated (GRAD_ADD) or written (GRAD_WRITE; padding keys' dk and dv
+ * rows zeros, as attention_bwd's). Deterministic: no atomics. */
+OP(attention_flash_bwd, ATTENTION, OWN, STREAM,
+   (float *dq,              // (B, Tq, H*D)
+    float *dk,              // (B, Tk, H*D)
+    float *dv,              // (B, Tk, H*D)
+    GradMode mode,
+    const float *dout,      // (B, Tq, H*D)
+    const float *lse,       // (B, H, Tq): the forward's
+    const uint16_t *q16,    // (B, Tq, H*D)
+    const uint16_t *k16,    // (B, Tk, H*D)
+    const uint16_t *v16,    // (B, Tk, H*D)
+    const int32_t *k_len,   // (B)
+    float *scratch,         // (B, H, Tq): delta
+    int B, int H, int Tq, int Tk, int D, bool causal),
+   (dq, dk, dv, mode, dout, lse, q16, k16, v16, k_len, scratch, B, H, Tq, Tk, D, causal))
+
 /* ---- Dropout with a counter-based RNG --------------------------------------
  * Philox4x32-10 keyed by `seed`; element i uses counter
  * (i/4 lo, i/4 hi, stream_id lo, stream_id hi), word i%4. The mask is a pure

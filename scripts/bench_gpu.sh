@@ -15,7 +15,10 @@
 #    configuration): the memory the recomputation saves, at what speed; and
 #    one with --cuda-graphs on per BENCH_GRAPHS configuration: each batch
 #    shape's forward and backward replayed as CUDA graphs (bucketed lengths
-#    make shapes repeat), the row "tptrain cuda graphs".
+#    make shapes repeat), the row "tptrain cuda graphs"; and one with
+#    --attention flash per BENCH_FLASH configuration (attention on tensor
+#    cores that never stores its probabilities), the row "tptrain flash
+#    attention".
 # 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
 #    the step's time goes, by class of operation and by op (the table by op
 #    after the class table); both go in the report.
@@ -56,6 +59,10 @@
 # BENCH_GRAPHS (PRESET-TOKENS-BUCKET configurations of the --cuda-graphs on
 # runs; default the main preset (PyTorch's) at every token count of the
 # sweep and the largest bucket asked for; "none" to skip them),
+# BENCH_FLASH (PRESET-TOKENS-BUCKET configurations of the --attention flash
+# runs; default the profile's configuration and the main preset at every
+# token count with the largest bucket; "none" to skip them; always none
+# with BENCH_DEVICE=cpu, whose fp32 flash refuses),
 # BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
 # configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
@@ -97,6 +104,8 @@ for t in $tokens; do graphs_default+=" ${main_cfg%%-*}-$t-$graph_bucket"; done
 graphs_cfgs=${BENCH_GRAPHS:-$graphs_default}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
+flash_cfgs=${BENCH_FLASH:-$profile_cfg $graphs_default}
+[ "$device" = cpu ] && flash_cfgs=none
 dtype=bf16
 [ "$device" = cuda ] || dtype=fp32
 py=${BENCH_PYTHON:-}
@@ -218,6 +227,12 @@ if [ "$graphs_cfgs" != none ]; then
   for gcfg in $graphs_cfgs; do
     IFS=- read -r gpreset gtok gbucket <<< "$gcfg"
     tptrain_run "$gpreset" "$gtok" "${gbucket:-1}" "cuda graphs" --cuda-graphs on
+  done
+fi
+if [ "$flash_cfgs" != none ]; then
+  for fcfg in $flash_cfgs; do
+    IFS=- read -r fpreset ftok fbucket <<< "$fcfg"
+    tptrain_run "$fpreset" "$ftok" "${fbucket:-1}" "flash attention" --attention flash
   done
 fi
 

@@ -23,7 +23,9 @@
 #          do not fail a step; the project's do (scripts/sanitizer_split.py)
 #   c      50 steps on the corpus: --device cpu, then --device cuda with
 #          --dtype fp32 and bf16 (same seed, data, flags, dropout 0); the
-#          curves judged by scripts/compare_curves.py (its bands)
+#          curves judged by scripts/compare_curves.py (its bands); then
+#          --attention flash against exact attention, both bf16 with heads
+#          of 16 on the GPU, in the bf16 band
 #   d      tp = 2, tp = 4 and dp = 2 on the one GPU through tprun (--comm shm:
 #          device buffers staged through page-locked host memory), each against
 #          tp = 1 on the synthetic copy task, judged the same way (and one
@@ -503,6 +505,18 @@ else
       skip "c.compare_$dt" "needs c.cpu and c.cuda_$dt to pass"
     fi
   done
+  # flash attention (heads of 16) against exact attention, both bf16 on the GPU, the bf16 band
+  f_why=$(why_not --attention)
+  if [ -n "$f_why" ]; then
+    skip c.flash "$f_why"
+  elif STEP_NOTE_RE=$TRAIN_NOTE_RE step c.cuda_bf16_heads2 120 "$BIN/train_mt" --device cuda --dtype bf16 --heads 2 \
+         "${data[@]}" "${TRAIN_ARGS[@]}" --metrics "$out/c_cuda_exact.jsonl" &&
+       STEP_NOTE_RE=$TRAIN_NOTE_RE step c.cuda_flash 120 "$BIN/train_mt" --device cuda --dtype bf16 --heads 2 \
+         --attention flash "${data[@]}" "${TRAIN_ARGS[@]}" --metrics "$out/c_cuda_flash.jsonl"; then
+    judge c.compare_flash bf16 "$out/c_cuda_exact.jsonl" "$out/c_cuda_flash.jsonl" cuda_exact cuda_flash
+  else
+    skip c.compare_flash "needs c.cuda_bf16_heads2 and c.cuda_flash to pass"
+  fi
 fi
 
 fi

@@ -190,6 +190,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_multi_tensor(t, rng);
     test_softmax(t, rng);
     test_attention(t, rng);
+    test_attention_flash(t, rng);
     test_xent(t, rng);
     test_gemm(t, rng);
     test_linear(t, rng);

@@ -5,7 +5,8 @@
 # graphs). Copy-task runs with dropout on (the replays must draw each step's
 # own masks: the StepVars), gradient accumulation (the micro-batch index is
 # in the masks too, and the loss scale changes per step), evaluation
-# between steps, bf16 and fp32, and every recomputation mode. For each:
+# between steps, bf16 and fp32, every recomputation mode and flash
+# attention (its lse and delta buffers in the graph too). For each:
 # the exported weights byte for byte and every logged loss, and the graphs
 # record shows replays (a run that never replayed would prove nothing).
 # With the corpus: a run whose batches come in several padded shapes
@@ -62,6 +63,7 @@ PY
 check bf16_accum 1 --dtype bf16 --micro-batches 2
 check fp32_selective 1 --dtype fp32 --recompute selective
 check bf16_full_gelu 1 --dtype bf16 --recompute full --activation gelu
+check bf16_flash 1 --dtype bf16 --heads 2 --attention flash --micro-batches 2
 # resumed with graphs = straight without (the bf16_accum run above: 30 steps; here 20)
 "$build/train_mt" "${base[@]}" --dtype bf16 --max-steps 20 --eval-interval 0 --cuda-graphs off --export straight \
   > straight.log 2>&1 || { cat straight.log; exit 1; }

@@ -65,6 +65,18 @@ for v in "none 1 off gelu fp32" "none 1 off relu bf16" "none 1 off gelu bf16" "n
     --max-steps 2 --log-interval 1 --eval-interval 100 --metrics "$name.jsonl" "${flags[@]}" \
     > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
 done
+# Flash attention (bf16, heads of 16: --heads 2) keeps a float per query row
+# and head instead of the probabilities.
+for v in "none 1 off" "selective 2 on" "full 2 off"; do
+  read -r rc t sp <<< "$v"
+  flags=(--recompute "$rc" --dtype bf16 --heads 2 --attention flash)
+  [ "$sp" = on ] && flags+=(--sequence-parallel)
+  name="acts-$rc-$t-$sp-flash"
+  "$build/tprun" --nproc_per_node="$t" "$build/train_mt" --task copy --preset tiny --vocab-size 64 --tp "$t" \
+    --max-steps 2 --log-interval 1 --eval-interval 100 --metrics "$name.jsonl" "${flags[@]}" \
+    > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
+  grep -q "flash attention" "$name.log" || { echo "FAIL: $name does not say it runs flash attention"; exit 1; }
+done
 "$build/tprun" --nproc_per_node=2 "$build/train_mt" --data "$corpus" --preset tiny --tp 2 --max-steps 2 \
   --log-interval 1 --eval-interval 2 --metrics corpus.jsonl > corpus.log 2>&1 || { cat corpus.log; exit 1; }
 /usr/bin/python3 - <<'PY'
@@ -118,7 +130,7 @@ end = [json.loads(l) for l in open("corpus.jsonl") if "memory" in l][-1]["memory
 if end[0]["grads"] != end[1]["grads"] or end[0]["master"] <= end[1]["master"]:
     bad.append(f"corpus tp 2: rank 0 grads {end[0]['grads']} (rank 1 {end[1]['grads']}), master "
                f"{end[0]['master']} (rank 1 {end[1]['master']}): the decoding model must hold weights, not gradients")
-def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64):
+def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64, Le=2, Ld=2, V=64, flash=False):
     """Activation bytes per rank: docs/activation-memory.md, term by term."""
     Cl, Fl, Hl, Vl = C // tp, F // tp, H // tp, math.ceil(V / tp)
     kb = 0.5 if dt == "bf16" else 1          # a kept GEMM operand: bf16 halves it
@@ -127,27 +139,31 @@ def formula(tp, sp, rc, act="relu", dt="f32", B=32, S=12, T=13, C=32, H=4, F=64,
     ns, nt = (math.ceil(Ns / tp), math.ceil(Nt / tp)) if sp else (Ns, Nt)
     Nsf, Ntf = (ns * tp, nt * tp) if sp else (Ns, Nt)
     maxN, maxn, maxNf = max(Ns, Nt), max(ns, nt), max(Nsf, Ntf)
+    # what an attention keeps for backward: P per layer (exact, recompute none), or a float per row (flash)
+    enc_P = B * Hl * S if flash else B * Hl * S * S if rc == "none" else 0
+    dec_P = 2 * B * Hl * T if flash else B * Hl * (T * T + T * S) if rc == "none" else 0
     if rc == "full":
         enc, dec = ns * C, nt * C
     else:   # selective keeps neither the probabilities nor the streams between sub-blocks
         mid = 1 if rc == "none" else 0
-        enc = ns * ((1 + mid + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + (B * Hl * S * S if mid else 0)
-        dec = nt * ((1 + 2 * mid + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl + \
-            (B * Hl * (T * T + T * S) if mid else 0)
+        enc = ns * ((1 + mid + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + enc_P
+        dec = nt * ((1 + 2 * mid + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl + dec_P
     slot = Le * enc + Ld * dec + ns * C + nt * C                 # the layers, the last layer's output
     slot += Nsf * C + 2 * ns + Ntf * C + 2 * nt + Nt * (kb * Vl + 6)   # final LayerNorms, logits (kept), loss
     slot += Nsf * C / 2 if dt == "bf16" else 0   # the encoder output's bf16 rounding, the cross k/v input
     # (the logits' gradient: over them); the attention's gradients and the FFN's hidden one share a region
-    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * max(4 * Cl, Fl) + B * Hl * maxL ** 2
+    # the attention backward's scratch: dS (exact) or delta per row (flash)
+    scratch = ns * C + Nsf * C + nt * C + 2 * maxNf * C + maxN * max(4 * Cl, Fl) + B * Hl * maxL * (1 if flash else maxL)
     if sp:
         scratch += maxNf * C + maxn * C + 9 * C
-    if rc != "none":
+    if rc != "none" and not flash:   # the probabilities of the one attention being differentiated
         scratch += B * Hl * maxL ** 2
     if rc == "selective":   # one layer's streams between sub-blocks, rebuilt in its backward
         scratch += ns * C + 2 * nt * C
-    if rc == "full":
+    if rc == "full":   # one layer of each stack, with flash its attentions' rows too
         scratch += ns * ((1 + 2 * kb) * C + 4) + Ns * (4 * kb * Cl + hid * Fl) + \
-            nt * ((2 + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl
+            nt * ((2 + 3 * kb) * C + 6) + Nt * (6 * kb * Cl + hid * Fl) + 2 * kb * Ns * Cl + \
+            ((B * Hl * S + 2 * B * Hl * T) if flash else 0)
     return int(4 * (slot + scratch))   # (the batch's ids are used in place on the CPU; a GPU adds Ns + 2 Nt + 2 B int32)
 table = []
 for rc in ("none", "selective", "full"):
@@ -170,6 +186,17 @@ for rc, tp, sp, act, dt in (("none", 1, False, "gelu", "fp32"), ("none", 1, Fals
     table.append((f"{rc} {act} {dt}", tp, sp, got, want))
     if abs(got - want) > 0.05 * want:
         bad.append(f"{name}: activations {got} bytes, formula {want}")
+for rc, tp, sp in (("none", 1, False), ("selective", 2, True), ("full", 2, False)):
+    name = f"acts-{rc}-{tp}-{'on' if sp else 'off'}-flash"
+    end = [json.loads(l) for l in open(name + ".jsonl") if '"memory"' in l][-1]["memory"]
+    got = max(r["activations"] for r in end)
+    want = formula(tp, sp, rc, "relu", "bf16", H=2, flash=True)
+    table.append((f"{rc} flash bf16", tp, sp, got, want))
+    if abs(got - want) > 0.05 * want:
+        bad.append(f"{name}: activations {got} bytes, formula {want}")
+    exact = formula(tp, sp, rc, "relu", "bf16", H=2)
+    if not want < exact:
+        bad.append(f"{name}: the formula gives flash {want} bytes, not fewer than exact attention's {exact}")
 print("activation MiB per rank (measured / formula):")
 for rc, tp, sp, got, want in table:
     print(f"  recompute {rc:19} tp {tp} sp {'on ' if sp else 'off'}: {got / 2**20:7.3f} / {want / 2**20:7.3f} "

@@ -13,6 +13,7 @@
 #include <cblas.h>
 #include <math.h>
 
+#include "bf16.h"
 #include "cpu_ops.h"
 #include "err.h"
 
@@ -166,5 +167,104 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const flo
                      dq + q_off, HD);
             sgemm_ld(true, false, Tk, D, Tq, 1.0f, dS, Tk, q + q_off, HD, beta,
                      dk + k_off, HD);
+        }
+}
+
+/* ---- attention without the probabilities (ops_list.h: attention_flash_*) ----
+ * Per (b, h) in the work room: S = q k^T (fp32 sums of exact products of
+ * the bf16 values), p = exp(scale s - lse) over the valid keys, and the
+ * products on the bf16 roundings the contract names (p, dout and ds), each
+ * an sgemm on the rounded fp32 values. */
+
+static float bf16r(float x) { return tp_bf16_to_f32(tp_f32_to_bf16(x)); }
+
+static void flash_check(const char *op, int B, int H, int Tq, int Tk, int D) {
+    TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0, "%s: negative size", op);
+    TP_CHECK(D % 16 == 0 && D <= 128, "%s: head width D = %d must be a multiple of 16, at most 128", op, D);
+}
+
+/* Row i's probabilities from its scores s (Tk) and lse: exp(scale s - lse)
+ * over the n valid keys, zeros after them (all zeros when n is 0). */
+static void flash_p_row(float *p, const float *s, int n, int Tk, float scale, float lse) {
+    for (int j = 0; j < Tk; j++) p[j] = j < n ? expf(scale * s[j] - lse) : 0.0f;
+}
+
+size_t cpu_attention_flash_work(int Tq, int Tk, int D) {
+    return 2 * (size_t)Tq * Tk + (size_t)Tq * D;
+}
+
+void cpu_attention_flash_fwd(uint16_t *out16, float *lse, const float *q, const float *k, const float *v,
+                             const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, float *work) {
+    flash_check("op_attention_flash_fwd", B, H, Tq, Tk, D);
+    if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
+    const int HD = H * D;
+    if (Tk == 0) {  // nothing to attend to: out zeros, lse -inf
+        for (size_t i = 0; i < (size_t)B * Tq * HD; i++) out16[i] = 0;
+        for (size_t i = 0; i < (size_t)B * H * Tq; i++) lse[i] = -INFINITY;
+        return;
+    }
+    const float scale = 1.0f / sqrtf((float)D);
+    float *S = work, *out = work + (size_t)Tq * Tk;  // (Tq, Tk), (Tq, D)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const size_t q_off = (size_t)b * Tq * HD + (size_t)h * D, k_off = (size_t)b * Tk * HD + (size_t)h * D;
+            float *lse_bh = lse + ((size_t)b * H + h) * Tq;
+            sgemm_ld(false, true, Tq, Tk, D, 1.0f, q + q_off, HD, k + k_off, HD, 0.0f, S, Tk);
+            for (int i = 0; i < Tq; i++) {
+                float *s = S + (size_t)i * Tk;
+                const int n = valid_keys(k_len[b], i, Tk, causal);
+                float m = -INFINITY;
+                for (int j = 0; j < n; j++) m = fmaxf(m, scale * s[j]);
+                double sum = 0.0;
+                for (int j = 0; j < n; j++) sum += expf(scale * s[j] - m);
+                lse_bh[i] = n > 0 ? m + (float)log(sum) : -INFINITY;
+                flash_p_row(s, s, n, Tk, scale, lse_bh[i]);
+                for (int j = 0; j < n; j++) s[j] = bf16r(s[j]);
+            }
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, S, Tk, v + k_off, HD, 0.0f, out, D);
+            for (int i = 0; i < Tq; i++)
+                cpu_to_bf16(out16 + q_off + (size_t)i * HD, out + (size_t)i * D, (size_t)D);
+        }
+}
+
+void cpu_attention_flash_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *lse,
+                             const float *q, const float *k, const float *v, const int32_t *k_len, float *delta,
+                             int B, int H, int Tq, int Tk, int D, bool causal, float *work) {
+    TP_CHECK(grad_mode_valid(mode), "op_attention_flash_bwd: unknown gradient mode %d", (int)mode);
+    flash_check("op_attention_flash_bwd", B, H, Tq, Tk, D);
+    if (B == 0 || H == 0 || D == 0) return;
+    const int HD = H * D;
+    if (Tq == 0 || Tk == 0) {  // added: nothing; written: zeros
+        if (mode == GRAD_WRITE && Tk == 0) cpu_zero(dq, (size_t)B * Tq * HD);
+        if (mode == GRAD_WRITE && Tq == 0) cpu_zero(dk, (size_t)B * Tk * HD), cpu_zero(dv, (size_t)B * Tk * HD);
+        if (Tk == 0) cpu_zero(delta, (size_t)B * H * Tq);
+        return;
+    }
+    const float beta = mode == GRAD_ADD ? 1.0f : 0.0f, scale = 1.0f / sqrtf((float)D);
+    float *P = work, *dS = work + (size_t)Tq * Tk, *G = dS + (size_t)Tq * Tk;  // (Tq, Tk) x 2, (Tq, D)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const size_t q_off = (size_t)b * Tq * HD + (size_t)h * D, k_off = (size_t)b * Tk * HD + (size_t)h * D;
+            const float *lse_bh = lse + ((size_t)b * H + h) * Tq;
+            float *delta_bh = delta + ((size_t)b * H + h) * Tq;
+            for (int i = 0; i < Tq; i++)
+                for (int d = 0; d < D; d++) G[(size_t)i * D + d] = bf16r(dout[q_off + (size_t)i * HD + d]);
+            sgemm_ld(false, true, Tq, Tk, D, 1.0f, q + q_off, HD, k + k_off, HD, 0.0f, P, Tk);
+            sgemm_ld(false, true, Tq, Tk, D, 1.0f, G, D, v + k_off, HD, 0.0f, dS, Tk);  // dP
+            for (int i = 0; i < Tq; i++) {
+                float *p = P + (size_t)i * Tk, *ds = dS + (size_t)i * Tk;
+                const int n = valid_keys(k_len[b], i, Tk, causal);
+                flash_p_row(p, p, n, Tk, scale, lse_bh[i]);
+                double dot = 0.0;
+                for (int j = 0; j < n; j++) dot += (double)p[j] * ds[j];
+                delta_bh[i] = (float)dot;
+                for (int j = 0; j < Tk; j++) {
+                    ds[j] = j < n ? bf16r(scale * p[j] * (ds[j] - delta_bh[i])) : 0.0f;
+                    p[j] = bf16r(p[j]);
+                }
+            }
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, P, Tk, G, D, beta, dv + k_off, HD);
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, dS, Tk, k + k_off, HD, beta, dq + q_off, HD);
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, dS, Tk, q + q_off, HD, beta, dk + k_off, HD);
         }
 }

@@ -342,16 +342,46 @@ static void t_attention_bwd(Backend *be, float *dq, float *dk, float *dv, GradMo
 /* q (B, Tq, H*D), k and v (B, Tk, H*D) widened into the workspace, one
  * after the other (negative sizes: empty here, refused by the reference),
  * and with out_room a (B, Tq, H*D) fp32 output after them (else NULL). */
-static float *widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
-                        int Tq, int Tk, int D, const float **q, const float **k, const float **v, bool out_room) {
+static float *widen_qkv_room(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B,
+                             int H, int Tq, int Tk, int D, const float **q, const float **k, const float **v,
+                             size_t room) {
     const size_t bhd = (size_t)(B > 0 ? B : 0) * (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0);
     const size_t nq = bhd * (size_t)(Tq > 0 ? Tq : 0), nk = bhd * (size_t)(Tk > 0 ? Tk : 0);
-    float *ws = backend_workspace(be, (nq + 2 * nk + (out_room ? nq : 0) + 1) * sizeof(float));
+    float *ws = backend_workspace(be, (nq + 2 * nk + room + 1) * sizeof(float));
     cpu_from_bf16(ws, q16, nq);
     cpu_from_bf16(ws + nq, k16, nk);
     cpu_from_bf16(ws + nq + nk, v16, nk);
     *q = ws, *k = ws + nq, *v = ws + nq + nk;
-    return out_room ? ws + nq + 2 * nk : NULL;
+    return room ? ws + nq + 2 * nk : NULL;
+}
+static float *widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
+                        int Tq, int Tk, int D, const float **q, const float **k, const float **v, bool out_room) {
+    const size_t nq = (size_t)(B > 0 ? B : 0) * (H > 0 ? H : 0) * (D > 0 ? D : 0) * (Tq > 0 ? Tq : 0);
+    return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, out_room ? nq : 0);
+}
+
+/* The flash ops' q, k, v widened and their work room, when there is a
+ * product to take (else NULL: with Tq or Tk 0 the reference reads none). */
+static float *widen_flash(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
+                          int Tq, int Tk, int D, const float **q, const float **k, const float **v) {
+    *q = *k = *v = NULL;
+    if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return NULL;
+    return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, cpu_attention_flash_work(Tq, Tk, D));
+}
+static void t_attention_flash_fwd(Backend *be, uint16_t *out16, float *lse, const uint16_t *q16, const uint16_t *k16,
+                                  const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
+                                  bool causal) {
+    const float *q, *k, *v;
+    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
+    cpu_attention_flash_fwd(out16, lse, q, k, v, kl, B, H, Tq, Tk, D, causal, work);
+}
+static void t_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                  const float *lse, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
+                                  const int32_t *kl, float *scratch, int B, int H, int Tq, int Tk, int D,
+                                  bool causal) {
+    const float *q, *k, *v;
+    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
+    cpu_attention_flash_bwd(dq, dk, dv, mode, dout, lse, q, k, v, kl, scratch, B, H, Tq, Tk, D, causal, work);
 }
 
 /* out16: the fp32 output made in the workspace, then rounded. */

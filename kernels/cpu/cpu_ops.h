@@ -41,6 +41,16 @@ void cpu_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, con
  * CPU backend widens x16 (exact) and runs cpu_linear_fwd / cpu_linear_bwd
  * (whose bf16 mode would round x to those very values) or cpu_attention_*. */
 
+/* The attention_flash ops' reference on the widened bf16 q, k, v (exact),
+ * with work room of cpu_attention_flash_work(Tq, Tk, D) floats; the
+ * backward's delta is its scratch. */
+size_t cpu_attention_flash_work(int Tq, int Tk, int D);
+void cpu_attention_flash_fwd(uint16_t *out16, float *lse, const float *q, const float *k, const float *v,
+                             const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, float *work);
+void cpu_attention_flash_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *lse,
+                             const float *q, const float *k, const float *v, const int32_t *k_len, float *delta,
+                             int B, int H, int Tq, int Tk, int D, bool causal, float *work);
+
 /* Sum of squares of x, in double (the tests' host-side figure). */
 double cpu_sumsq(const float *x, size_t n_elems);
 /* Dropout over a whole tensor (the window at 0). */

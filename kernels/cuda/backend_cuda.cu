@@ -388,6 +388,17 @@ static void cu_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, G
                                  int B, int H, int Tq, int Tk, int D) {
     cuda_op_attention_bwd_x16(dq, dk, dv, mode, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
 }
+static void cu_attention_flash_fwd(Backend *be, uint16_t *out16, float *lse, const uint16_t *q, const uint16_t *k,
+                                   const uint16_t *v, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
+                                   bool causal) {
+    cuda_op_attention_flash_fwd(out16, lse, q, k, v, kl, B, H, Tq, Tk, D, causal, stream_of(be));
+}
+static void cu_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                   const float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                   const int32_t *kl, float *scr, int B, int H, int Tq, int Tk, int D, bool causal) {
+    cuda_op_attention_flash_bwd(dq, dk, dv, mode, dout, lse, q, k, v, kl, scr, B, H, Tq, Tk, D, causal,
+                                stream_of(be));
+}
 static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                            uint64_t st) {
     cuda_op_dropout_fwd_at(o, x, n, first, p, seed, st, be->step_vars, stream_of(be));

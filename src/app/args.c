@@ -141,6 +141,7 @@ static const int COMM_VALUES[] = {RUNTIME_COMM_AUTO, RUNTIME_COMM_NCCL, RUNTIME_
 static const int GDTYPE_VALUES[] = {COMM_F32, COMM_BF16};
 static const int ONOFF_VALUES[] = {1, 0};
 static const int RECOMPUTE_VALUES[] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL};
+static const int ATTENTION_VALUES[] = {MODEL_ATTENTION_EXACT, MODEL_ATTENTION_FLASH};
 static const int KEEP_VALUES[] = {KEEP_BLEU, KEEP_LOSS};
 
 #define T TrainArgs
@@ -255,6 +256,11 @@ static const Flag TRAIN_FLAGS[] = {
      .help = "none, selective (attention probabilities and the streams between a layer's sub-blocks recomputed "
              "in backward) or full (only each layer's input kept; the layer run again in backward); results are "
              "bit for bit those of none"},
+    {CHOICE_("attention", "Parallelism", "exact|flash", ATTENTION_VALUES, attention), .metavar = "A",
+     .dflt = "exact",
+     .help = "exact (the probabilities kept for backward, or recomputed with --recompute) or flash (bf16 only, "
+             "head width a multiple of 16 up to 128: a log-sum-exp per row kept instead, the probabilities rebuilt "
+             "tile by tile on tensor cores; no (B, H, T, T) tensor at all, results within bf16 rounding of exact)"},
     {SWITCH_("sequence-parallel", "Parallelism", seq_par),
      .help = "with tp > 1: LayerNorms, dropout and residual streams hold 1/tp of the tokens per rank (allgather "
              "and reduce-scatter in place of the tp allreduces; stage messages carry a rank's rows)"},

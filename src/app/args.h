@@ -50,6 +50,7 @@ typedef struct {
     int pp;                   // pipeline stages (1: none)
     const char *pp_layout;    // --pp-layout, or NULL: balanced by cost
     ModelRecompute recompute; // --recompute
+    ModelAttention attention; // --attention
     bool seq_par;             // --sequence-parallel
     RuntimeComm comm;         // --comm
     double comm_timeout;

@@ -46,6 +46,7 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
     grad.zero = l->zero;
     PlanInput in = {.cfg = a->cfg, .tp = l->tp, .dp = l->dp, .pp = l->pp, .micro = l->micro, .stages = l->stages,
                     .recompute = l->rc, .seq_par = l->sp && l->tp > 1, .grad = grad, .gpu = gpu, .dtype = a->dtype,
+                    .flash = a->attention == MODEL_ATTENTION_FLASH,
                     .slots = plan_slots(gpu, threads), .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
                     .n_eval = a->eval_interval > 0 ? ps->n_eval : 0, .beam = a->beam};
     /* ranks sharing a GPU stage their groups' buffers through host memory

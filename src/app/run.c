@@ -104,6 +104,10 @@ static int run_build_model(Run *r) {
     }
     startup_mark(r->boot, "model");  // allocation, initial values, compute weights
     model_set_recompute(&r->m, a->recompute);
+    if (model_set_attention(&r->m, a->attention, err, sizeof err)) {
+        fprintf(stderr, "train_mt: --attention flash: %s\n", err);
+        return 2;
+    }
     if (model_set_sequence_parallel(&r->m, a->seq_par, err, sizeof err)) {
         fprintf(stderr, "train_mt: --sequence-parallel: %s\n", err);
         return 2;
@@ -196,13 +200,14 @@ static void run_banner(const Run *r) {
                         : (a->dir == DIR_EN_JA ? "en->ja" : "ja->en"),
            r->total);
     printf("train_mt: %d rank%s: tp %d x dp %d x pp %d; %zu parameters per rank; device %s, %s; "
-           "collectives %s; recompute %s%s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp,
+           "collectives %s; recompute %s%s%s\n", mesh->world, mesh->world > 1 ? "s" : "", mesh->tp, mesh->dp,
            mesh->pp, r->m.tab.n_elems, r->be->device_name, dtype_name(r->be->dtype),
            mesh->world == 1             ? "none (one rank)"
            : r->rt.comm == RUNTIME_COMM_NCCL ? "nccl"
            : r->rt.staged                  ? "shm (device buffers staged through page-locked host memory)"
                                            : "shm",
-           model_recompute_name(a->recompute), r->m.seq_par ? "; sequence parallel" : "");
+           model_recompute_name(a->recompute), r->m.seq_par ? "; sequence parallel" : "",
+           r->m.attention == MODEL_ATTENTION_FLASH ? "; flash attention" : "");
     if (r->pp > 1) {
         char layout[512];
         model_stages_format(r->stages, r->pp, layout, sizeof layout);

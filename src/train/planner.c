@@ -33,7 +33,8 @@ typedef struct {
 static void act_add(ActPlan *a, const PlanInput *in, int tp, const ModelStage *st, ModelRecompute rc, bool sp,
                     int slot, PlanShape s) {
     size_t n_slot, n_scratch;
-    model_plan_activations(&in->cfg, tp, st, rc, sp, in->dtype == DTYPE_BF16, s.B, s.S, s.T, &n_slot, &n_scratch);
+    const bool bf16 = in->dtype == DTYPE_BF16;
+    model_plan_activations(&in->cfg, tp, st, rc, sp, bf16, bf16 && in->flash, s.B, s.S, s.T, &n_slot, &n_scratch);
     a->slot[slot] = max_z(a->slot[slot], n_slot);
     a->scratch = max_z(a->scratch, n_scratch);
     if (in->gpu) a->ids[slot] = max_z(a->ids[slot], (size_t)s.B * s.S + 2 * (size_t)s.B * s.T + 2 * (size_t)s.B);
@@ -405,7 +406,7 @@ static void elem_calibrate(Backend *be, const PlanInput *in, PlanShape big, Plan
         double layers, head, attn, attn_out;
         layer_costs(&in1, c, 1, &whole, shapes[k], &layers, &head, &attn, &attn_out);
         size_t slot, scratch;
-        model_plan_activations(&one, 1, &whole, MODEL_RECOMPUTE_NONE, false, m.keep_bf16, shapes[k].B, shapes[k].S,
+        model_plan_activations(&one, 1, &whole, MODEL_RECOMPUTE_NONE, false, m.keep_bf16, false, shapes[k].B, shapes[k].S,
                                shapes[k].T, &slot, &scratch);
         rest[k] = t - 3.0 * (layers + head);
         if (rest[k] < 0.05 * t) rest[k] = 0.05 * t;
@@ -611,7 +612,8 @@ static void micro_cost(const PlanInput *in, const PlanCalib *c, const ModelStage
     layer_costs(in, c, tp, st, s, &layers_fwd, &head_gemm, &attn, &attn_out);
     /* element-wise work: in proportion to the activations a slot keeps */
     size_t slot, scratch;
-    model_plan_activations(cfg, tp, st, MODEL_RECOMPUTE_NONE, in->seq_par, in->dtype == DTYPE_BF16, s.B, s.S, s.T,
+    const bool bf16 = in->dtype == DTYPE_BF16;
+    model_plan_activations(cfg, tp, st, MODEL_RECOMPUTE_NONE, in->seq_par, bf16, bf16 && in->flash, s.B, s.S, s.T,
                            &slot, &scratch);
     const int e = elem_nearest(c, (double)s.B * (s.S + s.T));
     const double elem = e < 0 ? 0.0 : c->elem[e].per_float * (double)slot + c->elem[e].fixed_per_layer * (n_enc + n_dec);

@@ -43,6 +43,7 @@ typedef struct {
     bool staged;                // the data groups are shared memory staging device buffers (ranks share a GPU)
     bool nccl;                  // the groups are NCCL communicators (a GPU per rank)
     Dtype dtype;
+    bool flash;                 // flash attention (model_set_attention; in bf16 only)
     int slots;                  // ranks that compute at once without slowing each other: the cores on
                                 // CPU, the GPUs on a GPU machine (0: as many as ranks)
     /* training micro-batches: train[(g dp + r) micro + i] is dp rank r's

@@ -71,7 +71,8 @@ typedef struct {
     Kept ln;                    // (N, C) LayerNorm output (this rank's rows)
     float *ln_m, *ln_r;         // (N), (N)  its statistics
     Kept q, k, v;               // (N, C/tp) queries, (Nk, C/tp) keys and values (bf16 in bf16 mode, see qkv_fwd)
-    float *P;                   // (B, H/tp, Tq, Tk) attention probabilities (NULL: recomputed in backward)
+    float *P;                   // (B, H/tp, Tq, Tk) attention probabilities (NULL: recomputed in backward, or flash)
+    float *lse;                 // (B, H/tp, Tq) flash attention's log-sum-exp per row (NULL: exact attention)
     Kept att;                   // (N, C/tp) this rank's heads, before out_proj
 } AttnActs;
 
@@ -120,9 +121,9 @@ struct ModelActs {
     float *d_att, *d_q, *d_k, *d_v;  // (maxN, C/tp)
     float *d_h;                  // (maxN, F/tp): the FFN's hidden gradient, after and before the activation
                                  // (the same room as d_att .. d_v: see carve_scratch)
-    float *d_scratch;            // (B, H/tp, maxL, maxL)
+    float *d_scratch;            // (B, H/tp, maxL, maxL); flash: (B, H/tp, maxL)
     /* recomputation (model_set_recompute), in the shared buffer too */
-    float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer
+    float *P_shared;             // (B, H/tp, maxL, maxL): probabilities not kept per layer (exact attention)
     EncActs enc_shared;          // full: one encoder layer's activations, rebuilt per layer
     DecActs dec_shared;          // full: one decoder layer's
     float *enc_mid_shared, *dec_mid1_shared, *dec_mid2_shared;
@@ -145,6 +146,9 @@ static uint64_t seq_first(const Model *m, int N, int C) {
 
 /* ---- activation layout ----------------------------------------------------- */
 
+/* Flash attention in use: asked for, on q, k, v kept in bf16. */
+static bool flash_on(const Model *m) { return m->attention == MODEL_ATTENTION_FLASH && m->keep_bf16; }
+
 typedef struct { float *base; size_t off; } Carver;
 
 static float *take(Carver *c, size_t n) {
@@ -163,7 +167,7 @@ static Kept take_kept(Carver *c, size_t n, bool bf16) {
 
 /* n: this rank's rows of the LayerNorm (seq_rows of B Tq). */
 static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, int C, int Cl, bool keep_P,
-                       size_t n, bool bf16) {
+                       size_t n, bool bf16, bool flash) {
     size_t N = (size_t)B * Tq, Nk = (size_t)B * Tk;
     a->ln = take_kept(c, n * C, bf16);
     a->ln_m = take(c, n);
@@ -171,7 +175,8 @@ static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, in
     a->q = take_kept(c, N * Cl, bf16);
     a->k = take_kept(c, Nk * Cl, bf16);
     a->v = take_kept(c, Nk * Cl, bf16);
-    a->P = keep_P ? take(c, (size_t)B * Hl * Tq * Tk) : NULL;
+    a->P = keep_P && !flash ? take(c, (size_t)B * Hl * Tq * Tk) : NULL;
+    a->lse = flash ? take(c, (size_t)B * Hl * Tq) : NULL;
     a->att = take_kept(c, N * Cl, bf16);
 }
 
@@ -192,7 +197,7 @@ static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, 
     const size_t ns = (size_t)seq_rows(m, B * S);
     const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
     if (keep_mid) *mid = take(c, ns * C);
-    carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns, bf16);
+    carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns, bf16, flash_on(m));
     carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl, relu, bf16);
 }
 
@@ -206,8 +211,8 @@ static void carve_dec_layer(Carver *c, const Model *m, DecActs *a, float **mid1,
         *mid1 = take(c, nt * C);
         *mid2 = take(c, nt * C);
     }
-    carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt, bf16);
-    carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt, bf16);
+    carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt, bf16, flash_on(m));
+    carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt, bf16, flash_on(m));
     carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl, relu, bf16);
 }
 
@@ -284,7 +289,7 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     float **attn_grads[4] = {&A->d_att, &A->d_q, &A->d_k, &A->d_v};
     for (int i = 0; i < 4; i++) *attn_grads[i] = grads ? grads + i * slice : NULL;
     A->d_h = grads;
-    A->d_scratch = take(&c, (size_t)B * Hl * maxL * maxL);
+    A->d_scratch = take(&c, (size_t)B * Hl * maxL * (flash_on(m) ? 1 : maxL));  // flash: delta per row
     /* Recomputation: the probabilities of the attention being computed or
      * differentiated; with selective, one layer's streams between its
      * sub-blocks; with full, one layer's activations of each stack; the
@@ -293,7 +298,8 @@ static size_t carve_scratch(ModelActs *A, const Model *m, float *base, int B, in
     A->sp_full = m->seq_par ? take(&c, maxNf * C) : NULL;
     A->sp_part = m->seq_par ? take(&c, maxn * C) : NULL;
     A->sp_grads = m->seq_par ? take(&c, (size_t)9 * C) : NULL;
-    A->P_shared = m->recompute != MODEL_RECOMPUTE_NONE ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
+    const bool P_shared = m->recompute != MODEL_RECOMPUTE_NONE && !flash_on(m);
+    A->P_shared = P_shared ? take(&c, (size_t)B * Hl * maxL * maxL) : NULL;
     if (m->recompute == MODEL_RECOMPUTE_SELECTIVE) {  // the streams between sub-blocks: one layer's, rebuilt
         const bool has_enc = st->enc_hi > st->enc_lo, has_dec = st->dec_hi > st->dec_lo;
         A->enc_mid_shared = has_enc ? take(&c, ns * C) : NULL;
@@ -374,7 +380,7 @@ static void acts_free(Backend *be, ModelActs *A) {
 /* The floats one slot and the shared scratch take for (B, S, T), from the
  * same walks that carve them, on a model shell: nothing is allocated. */
 void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *stage, ModelRecompute recompute,
-                            bool seq_par, bool keep_bf16, int B, int S, int T, size_t *slot_elems,
+                            bool seq_par, bool keep_bf16, bool flash, int B, int S, int T, size_t *slot_elems,
                             size_t *scratch_elems) {
     Model m;
     memset(&m, 0, sizeof m);
@@ -385,6 +391,7 @@ void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *st
     m.recompute = recompute;
     m.seq_par = seq_par && tp > 1;
     m.keep_bf16 = keep_bf16;
+    m.attention = flash ? MODEL_ATTENTION_FLASH : MODEL_ATTENTION_EXACT;
     ModelActs *A = acts_new(cfg);
     *slot_elems = carve_acts(A, &m, NULL, B, S, T);
     *scratch_elems = carve_scratch(A, &m, NULL, B, S, T);
@@ -432,6 +439,25 @@ void model_set_keep_bf16(Model *m, bool on) {
     m->keep_bf16 = on;
     slots_recarve(m);
 }
+
+int model_set_attention(Model *m, ModelAttention kind, char *err, size_t err_len) {
+    const int D = m->cfg.d_model / m->cfg.n_heads;
+    if (kind == MODEL_ATTENTION_FLASH && !m->keep_bf16) {
+        tp_error_set(err, err_len, "flash attention works on bf16 q, k and v: it needs bf16 (--dtype bf16)");
+        return -1;
+    }
+    if (kind == MODEL_ATTENTION_FLASH && (D % 16 || D > 128)) {
+        tp_error_set(err, err_len, "flash attention needs a head width (d_model / heads = %d) that is a multiple of "
+                     "16, at most 128", D);
+        return -1;
+    }
+    if (m->attention == kind) return 0;
+    m->attention = kind;
+    slots_recarve(m);
+    return 0;
+}
+
+const char *model_attention_name(ModelAttention kind) { return kind == MODEL_ATTENTION_FLASH ? "flash" : "exact"; }
 
 const char *model_recompute_name(ModelRecompute mode) {
     return mode == MODEL_RECOMPUTE_FULL ? "full" : mode == MODEL_RECOMPUTE_SELECTIVE ? "selective" : "none";
@@ -928,6 +954,11 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const GemmIn ln = col_in_fwd(m, &a->ln, ln32, N);
     const GemmIn src = kv ? kv_in(m, kv) : ln;
     qkv_fwd(m, w, a, ln, src, N, Nk);
+    if (a->lse) {  // flash: the output in bf16 and a log-sum-exp per row, no probabilities
+        op_attention_flash_fwd(m->be, a->att.h, a->lse, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
+        attn_out_fwd(m, w, a, x_out, x_in, N, p, seed, stream, next);
+        return;
+    }
     /* kept in bf16: written so by the attention (its q, k, v are bf16 then too) */
     float *att32 = a->att.h && a->q.h ? NULL : kept_dst(&a->att, A->d_att);
     attention_fwd_of(m, a, att32, att32 ? NULL : a->att.h, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D,
@@ -1324,7 +1355,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     /* probabilities not kept: recomputed from q, k (the same op on the same
      * inputs: bitwise the forward's); P alone, its product with v not needed */
     const float *P = a->P;
-    if (!P) {
+    if (!P && !a->lse) {
         attention_fwd_of(m, a, NULL, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
         P = A->P_shared;
     }
@@ -1332,7 +1363,10 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
     lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
-    if (a->q.h)
+    if (a->lse)
+        op_attention_flash_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, a->lse, a->q.h, a->k.h, a->v.h,
+                               k_len, A->d_scratch, B, Hl, Tq, Tk, D, causal);
+    else if (a->q.h)
         op_attention_bwd_x16(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.h, a->k.h, a->v.h,
                              A->d_scratch, B, Hl, Tq, Tk, D);
     else

@@ -40,6 +40,12 @@ typedef enum {
     MODEL_RECOMPUTE_FULL = 2,       // only each layer's input kept; the layer run again in backward
 } ModelRecompute;
 
+/* How attention keeps what its backward needs. */
+typedef enum {
+    MODEL_ATTENTION_EXACT = 0,  // the probabilities P (B, H, Tq, Tk), kept or recomputed (attention_fwd)
+    MODEL_ATTENTION_FLASH = 1,  // a log-sum-exp per row (B, H, Tq); P rebuilt tile by tile (attention_flash_*)
+} ModelAttention;
+
 typedef struct {
     ModelConfig cfg;
     Backend *be;         // where the buffers live and the ops run
@@ -61,6 +67,7 @@ typedef struct {
     ModelRecompute recompute;  // model_set_recompute; NONE by default
     bool seq_par;        // model_set_sequence_parallel; false by default
     bool keep_bf16;      // model_set_keep_bf16; by default true in bf16 mode
+    ModelAttention attention;  // model_set_attention; EXACT by default
     struct ModelScratch *scratch;  // private: backward's scratch, shared by the slots
     uint64_t layout_gen;  // bumped whenever the slots' carving may change (graphs captured before it are stale)
     /* Called by model_backward each time every gradient at buffer offset
@@ -161,6 +168,15 @@ const char *model_recompute_name(ModelRecompute mode);
  * activation layout is carved again at the next forward). */
 void model_set_keep_bf16(Model *m, bool on);
 
+/* The attention kind. FLASH needs q, k and v kept in bf16 (bf16 mode,
+ * model_set_keep_bf16 on) and a head width (d_model / n_heads) that is a
+ * multiple of 16, at most 128: then no (B, H, Tq, Tk) tensor is stored or
+ * recomputed, only a float per query row and head; results are those of
+ * EXACT within the bf16 roundings of the probabilities and gradients the
+ * flash ops make (ops_list.h). Returns 0, or -1 with a sentence in err. */
+int model_set_attention(Model *m, ModelAttention kind, char *err, size_t err_len);
+const char *model_attention_name(ModelAttention kind);
+
 /* Checks a batch against the config (ids in range, lengths consistent).
  * Returns 0 or -1 with a sentence in err. */
 int model_check_batch(const Model *m, const Batch *b, char *err, size_t err_len);
@@ -233,11 +249,12 @@ const int32_t *model_targets(const Model *m);
 /* The floats one activation slot (*slot_elems) and the shared backward
  * scratch (*scratch_elems) take for a batch of (B, S, T) on tp rank shards
  * of `stage` (NULL: the whole stack) with this recomputation, sequence
- * parallelism and bf16 keeping (model_set_keep_bf16, as a model in bf16
- * mode has it): the same walks the model carves them with, nothing
+ * parallelism, bf16 keeping (model_set_keep_bf16, as a model in bf16
+ * mode has it) and flash attention (model_set_attention; with bf16 keeping
+ * only): the same walks the model carves them with, nothing
  * allocated (the planner, train/planner.h). */
 void model_plan_activations(const ModelConfig *cfg, int tp, const ModelStage *stage, ModelRecompute recompute,
-                            bool seq_par, bool keep_bf16, int B, int S, int T, size_t *slot_elems,
+                            bool seq_par, bool keep_bf16, bool flash, int B, int S, int T, size_t *slot_elems,
                             size_t *scratch_elems);
 
 /* Bytes held by the activation buffer now (for memory reports). */

@@ -169,6 +169,7 @@ void test_multi_tensor(const Target *t, Rng *rng);  // ops_multi.c
 void test_big_grids(const Target *t, Rng *rng);
 void test_softmax(const Target *t, Rng *rng);
 void test_attention(const Target *t, Rng *rng);
+void test_attention_flash(const Target *t, Rng *rng);  // ops_flash.c
 void test_xent(const Target *t, Rng *rng);
 void test_gemm(const Target *t, Rng *rng);
 void test_linear(const Target *t, Rng *rng);
