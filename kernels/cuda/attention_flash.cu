@@ -25,6 +25,18 @@
 //          back): dv += bf16(p)^T bf16(dout), dk += bf16(ds)^T q.
 // Causal masks and k_len bound the tile loops: a tile with no valid key
 // is skipped (a key tile past k_len still writes its zero dk, dv rows).
+//
+// Precision: the contract's roundings, bit for bit the CPU reference's
+// (tp_bf16_bits, nearest-even): p and ds to bf16 before their products,
+// dout to bf16 as it is staged, out to bf16 as it is stored; z = scale * s
+// rounded alone (__fmul_rn, no FMA). What differs from the reference is
+// only the order of the fp32 sums (tensor cores, lane butterflies), the
+// running maximum behind lse, and the device's expf / logf: a few ulp,
+// which may flip a bf16 rounding of p, ds or out near a tie.
+//
+// Shared memory per block (bytes; padded rows, see Geo): forward 21,120 at
+// D = 64 and 33,408 at D = 128; dq 30,464 and 46,848; dk dv 33,024 and
+// 49,408 (the one above the default 48 KiB, opted in at launch).
 #include <mma.h>
 #include <cuda_bf16.h>
 #include <type_traits>
@@ -54,7 +66,16 @@ struct Geo {
     static constexpr int LDO = D + 4;                 // fp32 staging of a (32, D) result
     static constexpr int NF = 2 * (D / 16);           // 16x16 fragments of a (32, D) result
     static constexpr int NF_WARP = (NF + FW - 1) / FW;
+    // wmma: ldm a multiple of 8 bf16 / 4 floats, fragment starts 32-byte
+    // aligned (a 16-row step, a 16-column step, a whole tile), and the
+    // fp32 staging of a result fits in the two bf16 tiles it reuses.
+    static_assert(D % 16 == 0 && D >= 16 && D <= 128, "head width");
+    static_assert(LD % 8 == 0 && (16 * LD * 2) % 32 == 0 && (TILE * 2) % 32 == 0, "bf16 tile layout");
+    static_assert(LDO % 4 == 0 && (16 * LDO * 4) % 32 == 0, "fp32 staging layout");
+    static_assert(FT * LDO * 4 <= 2 * TILE * 2, "staging fits two tiles");
 };
+static_assert(LDS % 4 == 0 && (16 * LDS * 4) % 32 == 0 && (FT * LDS * 4) % 32 == 0, "fp32 score tile layout");
+static_assert(LDP % 8 == 0 && (16 * LDP * 2) % 32 == 0 && (FT * LDP * 2) % 32 == 0, "bf16 probability tile layout");
 
 __device__ __forceinline__ int flash_valid_keys(int k_len, int i, int Tk, bool causal) {
     int n = k_len < Tk ? k_len : Tk;
@@ -155,7 +176,9 @@ __device__ void acc_stage(float *O, Acc (&acc)[Geo<D>::NF_WARP]) {
 }
 
 // The staged (32, D) result's rows [r0, r0 + 32) below T into a head's
-// slice of an fp32 gradient: added, or written.
+// slice of an fp32 gradient: added, or written (old contents never read)
+// as 0 + v, so that writing gives the bits of adding into zeros (a -0
+// result becomes +0 either way).
 template <int D>
 __device__ void stage_out(float *dst, long long HD, const float *O, int r0, int T, bool add) {
     for (int e = threadIdx.x; e < FT * D; e += FTHREADS) {
@@ -163,7 +186,7 @@ __device__ void stage_out(float *dst, long long HD, const float *O, int r0, int 
         if (t >= T) continue;
         const float v = O[r * Geo<D>::LDO + c];
         float *p = dst + t * HD + c;
-        *p = add ? *p + v : v;
+        *p = add ? *p + v : 0.0f + v;
     }
 }
 
@@ -202,6 +225,7 @@ __device__ void fwd_stats(const FlashArgs &a, const __nv_bfloat16 *Qs, __nv_bflo
         __syncthreads();
         mm_abt<D>(Ss, Qs, Ks);
         __syncthreads();
+#pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
             const int r = w * ROWS_PER_WARP + rr, n = flash_valid_keys(klen, i0 + r, a.Tk, a.causal);
             const bool ok = j0 + lane < n;
@@ -239,11 +263,14 @@ __global__ void __launch_bounds__(FTHREADS) flash_fwd_kernel(FlashArgs a, uint16
         const uint16_t *vb = a.v + (long long)b * a.Tk * HD + (long long)h * D;
         load_tile<D>(Qs, qb, HD, i0, a.Tq);
         float m[ROWS_PER_WARP], l[ROWS_PER_WARP];
+#pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) m[rr] = -INFINITY, l[rr] = 0.0f;
         fwd_stats<D>(a, Qs, Ks, Ss, kb, i0, kend, klen, m, l);
-        if (lane == 0)
+        if (lane == 0) {
+#pragma unroll
             for (int rr = 0; rr < ROWS_PER_WARP; rr++)
                 lse_s[w * ROWS_PER_WARP + rr] = m[rr] == -INFINITY ? -INFINITY : m[rr] + logf(l[rr]);
+        }
         __syncthreads();
         Acc acc[Geo<D>::NF_WARP];
         acc_zero<D>(acc);
@@ -309,12 +336,15 @@ __global__ void __launch_bounds__(FTHREADS) flash_bwd_q_kernel(FlashArgs a, cons
         for (int r = threadIdx.x; r < FT; r += FTHREADS)
             lse_s[r] = i0 + r < a.Tq ? lse[((long long)b * a.H + h) * a.Tq + i0 + r] : -INFINITY;
         float delta[ROWS_PER_WARP];
+#pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) delta[rr] = 0.0f;
         Acc acc[Geo<D>::NF_WARP];
         acc_zero<D>(acc);
         for (int pass = 0; pass < 2; pass++) {  // 0: delta; 1: dq
-            if (pass == 1 && lane == 0)
+            if (pass == 1 && lane == 0) {  // read after the tile loop's first barrier
+#pragma unroll
                 for (int rr = 0; rr < ROWS_PER_WARP; rr++) delta_s[w * ROWS_PER_WARP + rr] = delta[rr];
+            }
             for (int j0 = 0; j0 < kend; j0 += FT) {
                 load_tile<D>(Ks, kb, HD, j0, a.Tk);
                 load_tile<D>(Vs, vb, HD, j0, a.Tk);
@@ -322,6 +352,7 @@ __global__ void __launch_bounds__(FTHREADS) flash_bwd_q_kernel(FlashArgs a, cons
                 mm_abt<D>(Ss, Qs, Ks);
                 mm_abt<D>(dPs, Gs, Vs);
                 __syncthreads();
+#pragma unroll
                 for (int rr = 0; rr < ROWS_PER_WARP; rr++) {  // rows past Tq: no key (their lse is -inf)
                     const int r = w * ROWS_PER_WARP + rr;
                     const int n = i0 + r < a.Tq ? flash_valid_keys(klen, i0 + r, a.Tk, a.causal) : 0;
@@ -339,6 +370,7 @@ __global__ void __launch_bounds__(FTHREADS) flash_bwd_q_kernel(FlashArgs a, cons
                 __syncthreads();
             }
         }
+#pragma unroll
         for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
             const int i = i0 + w * ROWS_PER_WARP + rr;
             if (lane == 0 && i < a.Tq) delta_out[((long long)b * a.H + h) * a.Tq + i] = delta[rr];
@@ -432,7 +464,9 @@ __global__ void flash_fill_neg_inf(float *x, size_t n) {
 // ---- launchers --------------------------------------------------------------------------------
 
 // Above 48 KiB a kernel must opt in to its dynamic shared memory, within
-// the device's opt-in limit (the dk, dv kernel at D = 128: 49,408 bytes).
+// the device's opt-in limit (only the dk, dv kernel at D = 128: 49,408
+// bytes). Asked at every such launch: the setting belongs to the current
+// device, and neither call is a stream operation (graph capture allows them).
 template <typename K>
 void flash_smem_optin(K kernel, size_t bytes, const char *op) {
     if (bytes <= 48 * 1024) return;
@@ -451,8 +485,7 @@ dim3 flash_grid(int T, int H, int B) {
 template <int D>
 void flash_fwd_launch(const FlashArgs &a, uint16_t *out16, float *lse, cudaStream_t stream) {
     const size_t smem = fwd_smem<D>();
-    static bool opted;  // once per width, on the first (uncaptured) call
-    if (!opted) flash_smem_optin(flash_fwd_kernel<D>, smem, "op_attention_flash_fwd"), opted = true;
+    flash_smem_optin(flash_fwd_kernel<D>, smem, "op_attention_flash_fwd");
     flash_fwd_kernel<D><<<flash_grid(a.Tq, a.H, a.B), FTHREADS, smem, stream>>>(a, out16, lse);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -461,12 +494,8 @@ template <int D>
 void flash_bwd_launch(const FlashArgs &a, float *dq, float *dk, float *dv, bool add, const float *dout,
                       const float *lse, float *delta, cudaStream_t stream) {
     const size_t smem_q = bwd_q_smem<D>(), smem_kv = bwd_kv_smem<D>();
-    static bool opted;
-    if (!opted) {
-        flash_smem_optin(flash_bwd_q_kernel<D>, smem_q, "op_attention_flash_bwd");
-        flash_smem_optin(flash_bwd_kv_kernel<D>, smem_kv, "op_attention_flash_bwd");
-        opted = true;
-    }
+    flash_smem_optin(flash_bwd_q_kernel<D>, smem_q, "op_attention_flash_bwd");
+    flash_smem_optin(flash_bwd_kv_kernel<D>, smem_kv, "op_attention_flash_bwd");
     flash_bwd_q_kernel<D><<<flash_grid(a.Tq, a.H, a.B), FTHREADS, smem_q, stream>>>(a, dout, lse, delta, dq, add);
     CUDA_CHECK(cudaGetLastError());
     flash_bwd_kv_kernel<D><<<flash_grid(a.Tk, a.H, a.B), FTHREADS, smem_kv, stream>>>(a, dout, lse, delta, dk, dv,
@@ -506,7 +535,6 @@ void cuda_op_attention_flash_fwd(uint16_t *out16, float *lse, const uint16_t *q1
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
     TP_NEED_PTR(op, out16);
     TP_NEED_PTR(op, lse);
-    TP_NEED_PTR(op, q16);
     if (Tk == 0) {  // nothing to attend to: out zeros, lse -inf
         CUDA_CHECK(cudaMemsetAsync(out16, 0, (size_t)B * Tq * H * D * sizeof(uint16_t), stream));
         const size_t n = (size_t)B * H * Tq;
@@ -514,6 +542,7 @@ void cuda_op_attention_flash_fwd(uint16_t *out16, float *lse, const uint16_t *q1
         CUDA_CHECK(cudaGetLastError());
         return;
     }
+    TP_NEED_PTR(op, q16);
     TP_NEED_PTR(op, k16);
     TP_NEED_PTR(op, v16);
     TP_NEED_PTR(op, k_len);
@@ -537,6 +566,8 @@ void cuda_op_attention_flash_bwd(float *dq, float *dk, float *dv, GradMode mode,
             TP_NEED_PTR(op, dq);
             CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)B * Tq * H * D * sizeof(float), stream));
         }
+        if (Tk == 0 && Tq > 0 && scratch)  // delta of rows without keys: 0, as the reference's
+            CUDA_CHECK(cudaMemsetAsync(scratch, 0, (size_t)B * H * Tq * sizeof(float), stream));
         if (write && Tq == 0 && Tk > 0) {
             TP_NEED_PTR(op, dk);
             TP_NEED_PTR(op, dv);
