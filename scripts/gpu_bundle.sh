@@ -8,7 +8,8 @@
 #   bin/test.tar.gz of the build folder, which the test scripts expect (the
 #                   test programs packed; gpu_check.sh unpacks them)
 #   test/, scripts/ the test scripts and the source files they read (reference/, curves/)
-#   lib/            the shared libraries outside glibc and CUDA (OpenBLAS,
+#   lib/            (packed as lib.tar.gz; gpu_check.sh unpacks it first)
+#                   the shared libraries outside glibc and CUDA (OpenBLAS,
 #                   libgfortran, libquadmath, cJSON, SentencePiece, ...)
 #   lib/fallback/   libstdc++ and libgcc_s, used by gpu_check.sh only when the
 #                   machine's libstdc++ lacks a GLIBCXX version the bundle needs
@@ -264,13 +265,12 @@ fi
   echo "$corpus_note"
 } > "$dest/BUILD_INFO"
 
-# bin/test/ travels packed: each test program carries the CUDA kernels, 13.5 MiB
-# together and 5.4 MiB packed; gpu_check.sh unpacks it before the first test.
+# bin/test/ travels packed: each test program carries the CUDA kernels (about
+# 3 MiB a program; 23 MiB packed in all); gpu_check.sh unpacks it before the
+# first test. So does lib/ (OpenBLAS alone is 36 MiB, under half packed).
 tar -czf "$dest/bin/test.tar.gz" -C "$dest/bin" test && rm -rf "$dest/bin/test"
 
 # ---- size and summary ---------------------------------------------------------------
-bytes=$(du -sb "$dest" | cut -f1)
-mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
 echo
 echo "gpu_bundle: $dest_abs"
 summary() {  # summary LABEL FILES...
@@ -283,12 +283,16 @@ summary "bin/" "${PROGRAMS[@]/#/$dest/bin/}"
 summary "bin/test.tar.gz" "$dest/bin/test.tar.gz"
 summary "lib/" "$dest"/lib/*.so*
 summary "lib/fallback/" "$dest"/lib/fallback/*
+tar -czf "$dest/lib.tar.gz" -C "$dest" lib && rm -rf "$dest/lib"
+summary "lib.tar.gz" "$dest/lib.tar.gz"
 mapfile -t srcfiles < <(find "$dest/test" "$dest/scripts" -type f)
 summary "test/ scripts/" "${srcfiles[@]}"
 summary "data/" "$dest"/data/*
 echo "  tests.tsv: $(grep -vc '^#' "$dest/tests.tsv") tests ($(grep -v '^#' "$dest/tests.tsv" | cut -f2 | grep -c 'gpu') gpu);" \
   "needs: $(grep -v '^#' "$dest/needs.txt" | cut -f2 | tr ' ' '\n' | grep -v '^-$' | grep '^lib' | sort -u | tr '\n' ' ')"
 echo "  glibc >= ${glibc_v:-?}, GLIBCXX >= ${glibcxx_v:-?}; $corpus_note"
+bytes=$(du -sb "$dest" | cut -f1)
+mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
 # The source tree travels beside the bundle (tracked and untracked files
 # git does not ignore), inside the same limit.
 tree_bytes=$(git ls-files -z --cached --others --exclude-standard 2> /dev/null | xargs -0 -r stat -c %s 2> /dev/null |

@@ -202,6 +202,10 @@ BIN=$bundle/bin
 if [ -n "$bundle" ] && [ -f "$BIN/test.tar.gz" ] && [ ! -d "$BIN/test" ]; then
   tar -xzf "$BIN/test.tar.gz" -C "$BIN" || { echo "gpu_check: cannot unpack $BIN/test.tar.gz" >&2; exit 2; }
 fi
+# So do the bundled shared libraries (lib/, the programs' $ORIGIN/../lib).
+if [ -n "$bundle" ] && [ -f "$bundle/lib.tar.gz" ] && [ ! -d "$bundle/lib" ]; then
+  tar -xzf "$bundle/lib.tar.gz" -C "$bundle" || { echo "gpu_check: cannot unpack $bundle/lib.tar.gz" >&2; exit 2; }
+fi
 export BUNDLE=$bundle
 note "- bundle: ${bundle:-$bundle_arg (missing)}; $(grep -h '^commit' "$bundle/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
 note "- output: $out; time budget ${budget} s"

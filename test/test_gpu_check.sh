@@ -73,6 +73,9 @@ printf '#!/bin/sh\necho "cpu_ok: in $(pwd), corpus arg: $1, FAKE_VAR=$FAKE_VAR"\
 chmod +x "$b/bin/train_mt" "$b"/bin/test/*
 # bin/test travels packed, as gpu_bundle.sh packs it: gpu_check.sh unpacks it first.
 tar -czf "$b/bin/test.tar.gz" -C "$b/bin" test && rm -rf "$b/bin/test"
+# lib/ too (a marker file stands for the libraries): it must be back in place after a run.
+touch "$b/lib/fallback/marker.so.0"
+tar -czf "$b/lib.tar.gz" -C "$b" lib && rm -rf "$b/lib"
 {
   printf '# name labels timeout folder env command...\n'
   printf 'test_backend_ops_gpu\tgpu\t300\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_backend_ops_gpu\n'
@@ -230,6 +233,7 @@ else
 fi
 check "full: exit 1 (a step failed; got $(cat "$work/full/rc"))" [ "$(cat "$work/full/rc")" = 1 ]
 check "full: step logs" test -s "$work/full/out/logs/d.tp4.log"
+check "full: lib.tar.gz unpacked into the bundle's lib/" test -f "$b/lib/fallback/marker.so.0"
 check "full: nvidia-smi printed" grep -q 'CUDA Version: 13.0' "$work/full/stdout.txt"
 check "full: totals line" grep -Eq '[0-9]+ passed, [1-9][0-9]* failed, [0-9]+ skipped' "$work/full/out/report.md"
 check "full: training notes" grep -q '| PASS | d.tp2 | [0-9.]* | \[rank 0\] train_mt: 3 steps in' "$work/full/out/report.md"
