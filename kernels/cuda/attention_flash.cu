@@ -203,6 +203,14 @@ struct FlashArgs {
     float scale;
 };
 
+// The end of the keys a query tile starting at row i0 may see: keys past
+// k_len, or (causal) past the tile's last row, are never valid.
+__device__ __forceinline__ int flash_key_end(const FlashArgs &a, int klen, int i0) {
+    int kend = klen < a.Tk ? klen : a.Tk;
+    if (a.causal && kend > i0 + FT) kend = i0 + FT;
+    return kend;
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 
 // Shared memory: Q, K, V bf16 tiles, the fp32 scores, the bf16
@@ -254,10 +262,7 @@ __global__ void __launch_bounds__(FTHREADS) flash_fwd_kernel(FlashArgs a, uint16
     const int h = blockIdx.y, i0 = blockIdx.x * FT;
     const int w = threadIdx.x / TP_WARP, lane = threadIdx.x % TP_WARP;
     for (int b = blockIdx.z; b < a.B; b += gridDim.z) {
-        const int klen = a.k_len[b];
-        // keys past k_len, or (causal) past the tile's last row, are never valid
-        int kend = klen < a.Tk ? klen : a.Tk;
-        if (a.causal && kend > i0 + FT) kend = i0 + FT;
+        const int klen = a.k_len[b], kend = flash_key_end(a, klen, i0);
         const uint16_t *qb = a.q + (long long)b * a.Tq * HD + (long long)h * D;
         const uint16_t *kb = a.k + (long long)b * a.Tk * HD + (long long)h * D;
         const uint16_t *vb = a.v + (long long)b * a.Tk * HD + (long long)h * D;
@@ -325,9 +330,7 @@ __global__ void __launch_bounds__(FTHREADS) flash_bwd_q_kernel(FlashArgs a, cons
     const int h = blockIdx.y, i0 = blockIdx.x * FT;
     const int w = threadIdx.x / TP_WARP, lane = threadIdx.x % TP_WARP;
     for (int b = blockIdx.z; b < a.B; b += gridDim.z) {
-        const int klen = a.k_len[b];
-        int kend = klen < a.Tk ? klen : a.Tk;
-        if (a.causal && kend > i0 + FT) kend = i0 + FT;
+        const int klen = a.k_len[b], kend = flash_key_end(a, klen, i0);
         const long long qoff = (long long)b * a.Tq * HD + (long long)h * D;
         const uint16_t *kb = a.k + (long long)b * a.Tk * HD + (long long)h * D;
         const uint16_t *vb = a.v + (long long)b * a.Tk * HD + (long long)h * D;
