@@ -63,6 +63,13 @@
 # runs; default the profile's configuration and the main preset at every
 # token count with the largest bucket; "none" to skip them; always none
 # with BENCH_DEVICE=cpu, whose fp32 flash refuses),
+# BENCH_FLASH_GRAPHS (configurations run with both --attention flash and
+# --cuda-graphs on, the row "tptrain flash attention cuda graphs"; default
+# those of BENCH_GRAPHS; "none"), BENCH_COMPILE_DYNAMIC (true: dynamic=True;
+# auto: PyTorch's default; batch: the batch dimension alone symbolic, a graph
+# per bucketed length pair; each with :layers to compile layer by layer,
+# PyTorch's regional compilation; a list runs each), BENCH_COMPILE_BUDGET (seconds:
+# each compile run's own cap, not priced against the rest; 0: the budget's),
 # BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
 # configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
@@ -105,7 +112,10 @@ graphs_cfgs=${BENCH_GRAPHS:-$graphs_default}
 budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 flash_cfgs=${BENCH_FLASH:-$profile_cfg $graphs_default}
-[ "$device" = cpu ] && flash_cfgs=none
+flash_graphs_cfgs=${BENCH_FLASH_GRAPHS:-$graphs_default}
+[ "$device" = cpu ] && flash_cfgs=none flash_graphs_cfgs=none
+compile_dynamic=${BENCH_COMPILE_DYNAMIC:-true}
+compile_budget=${BENCH_COMPILE_BUDGET:-0}
 dtype=bf16
 [ "$device" = cuda ] || dtype=fp32
 py=${BENCH_PYTHON:-}
@@ -138,7 +148,7 @@ for line in sys.argv[4:]:
 fail_row() {
   local why
   why=$(grep -v '^[[:space:]]*$' "$6" 2> /dev/null | tail -n 1 | tr -d '"\\' | cut -c1-160)
-  [ "$7" != 124 ] || why="stopped at the end of the budget (BENCH_BUDGET); $why"
+  [ "$7" != 124 ] || why="stopped at its time cap (BENCH_BUDGET, or BENCH_COMPILE_BUDGET for a compile run); $why"
   row "$1" "$2" "$3" "{\"framework\": \"$4\", \"mode\": \"$5\", \"error\": \"failed (logs/$(basename "$6")): $why\"}"
   failed=1
 }
@@ -235,6 +245,12 @@ if [ "$flash_cfgs" != none ]; then
     tptrain_run "$fpreset" "$ftok" "${fbucket:-1}" "flash attention" --attention flash
   done
 fi
+if [ "$flash_graphs_cfgs" != none ]; then
+  for fcfg in $flash_graphs_cfgs; do
+    IFS=- read -r fpreset ftok fbucket <<< "$fcfg"
+    tptrain_run "$fpreset" "$ftok" "${fbucket:-1}" "flash attention cuda graphs" --attention flash --cuda-graphs on
+  done
+fi
 
 # 2. where tptrain's step goes: one --profile run
 if [ "$profile_cfg" != none ] && ! [ "$SECONDS" -ge "$t_end" ]; then
@@ -259,8 +275,23 @@ for bucket in $buckets; do
       wanted "$preset-$btok" "$torch_cfgs" || continue
       name=$preset-$btok-b$bucket
       [ -s "$out/$name.batches.st" ] || continue  # tptrain failed: its row says why
+      runs=()
       for mode in $modes; do
-        out_of_time "$preset" "$btok" "$bucket" pytorch "$mode" "${cfg_flops[$name]:-0}" && continue
+        if [ "$mode" = compile ]; then
+          for dyn in $compile_dynamic; do runs+=("compile $dyn"); done
+        else
+          runs+=("$mode true")
+        fi
+      done
+      for run in "${runs[@]}"; do
+        read -r mode dyn <<< "$run"
+        scope=model
+        [[ $dyn != *:layers ]] || scope=layers
+        dyn=${dyn%%:*}
+        # a compile run with a budget of its own is not priced against the rest (its cap bounds it)
+        if [ "$mode" != compile ] || [ "$compile_budget" -le 0 ]; then
+          out_of_time "$preset" "$btok" "$bucket" pytorch "$mode" "${cfg_flops[$name]:-0}" && continue
+        fi
         backends=$sdpa
         if [ "$mode" = compile ] && [ "$compile_sdpa" = best ]; then  # the fastest backend eager found
           backends=$("$py" - "$results" "$preset" "$btok" "$bucket" <<'PY'
@@ -274,17 +305,27 @@ PY
         elif [ "$mode" = compile ]; then
           backends=$compile_sdpa
         fi
-        log=$out/logs/$name.torch-$mode.log
-        echo "bench_gpu: $name: pytorch $mode (attention: $backends)"
+        suffix=""
+        [ "$dyn" = true ] || suffix="-dynamic-$dyn"
+        [ "$scope" = model ] || suffix="$suffix-per-layer"
+        log=$out/logs/$name.torch-$mode$suffix.log
+        cap=$(left)
+        if [ "$mode" = compile ] && [ "$compile_budget" -gt 0 ] && [ "$compile_budget" -lt "$cap" ]; then
+          cap=$compile_budget
+        fi
+        echo "bench_gpu: $name: pytorch $mode$suffix (attention: $backends; at most $cap s)"
         t1=$SECONDS
-        if r=$(timeout -k 5 "$(left)" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" \
-                 --dtype "$dtype" --warmup "$warmup" --sdpa "$backends" 2> "$log") && [ -n "$r" ]; then
+        if r=$(timeout -k 5 "$cap" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" \
+                 --dynamic "$dyn" --compile-scope "$scope" --dtype "$dtype" --warmup "$warmup" --sdpa "$backends" 2> "$log") && [ -n "$r" ]; then
           row "$preset" "$btok" "$bucket" "$r"
           measure "$mode" $((SECONDS - t1)) "$r"
         else
           st=$?
           [ -z "$r" ] || row "$preset" "$btok" "$bucket" "$r"  # the backends finished before the failure
-          fail_row "$preset" "$btok" "$bucket" pytorch "$mode" "$log" "$st"
+          mode_name=$mode
+          [ "$dyn" = true ] || mode_name="$mode dynamic=$dyn"
+          [ "$scope" = model ] || mode_name="$mode_name per layer"
+          fail_row "$preset" "$btok" "$bucket" pytorch "$mode_name" "$log" "$st"
         fi
       done
       rm -f "$out/$name.batches.st"  # MiB each; the metrics and results stay

@@ -32,7 +32,10 @@ through torch.nn.attention.sdpa_kernel on PyTorch >= 2.3, the older
 torch.backends.cuda.sdp_kernel flags before) runs as its own trial on a fresh
 model (same seed); a backend PyTorch lacks, or one that refuses the masks,
 gets a row that says so. --mode compile compiles the model with
-dynamic=True (batch and lengths symbolic: one graph for every shape). Before
+dynamic=True (batch and lengths symbolic: one graph for every shape), or as
+--dynamic asks: auto (PyTorch's default: static, then what changes made
+symbolic) or batch (the batch dimension symbolic, a graph per bucketed
+length pair; see compiled_step). Before
 timing, every distinct batch shape of the dump runs one full step (the
 shape warm-up: compilation, cuDNN plans, allocator growth), then the weights
 are restored and the optimizer made anew, so the timed run starts where an
@@ -324,17 +327,65 @@ def train_steps(step_fn, model, opt, host, steps, micro, tok, device, amp, lr, l
         opt.zero_grad(set_to_none=True)
 
 
+def compiled_step(a, model, batches):
+    """torch.compile as --dynamic asks: "true", every dimension symbolic (one
+    graph for all shapes); "auto", PyTorch's default (static first, then the
+    dimensions seen to change made symbolic: two compilations); "batch", the
+    batch dimension alone symbolic (mark_dynamic) and the lengths static, a
+    graph per distinct (S, T), which bucketed lengths keep few: the recompile
+    limit is raised to that count so no shape falls back to eager.
+    --compile-scope layers compiles each encoder and decoder layer instead of
+    the whole model (PyTorch's regional compilation: the layers of a kind
+    share one graph, so compiling costs a layer's time, not the model's; the
+    embedding, the output layer and the loss run eagerly)."""
+    layers = list(model.encoder.layers) + list(model.decoder.layers)
+    if a.dynamic in ("true", "auto"):
+        dyn = True if a.dynamic == "true" else None
+        if a.compile_scope == "model":
+            return torch.compile(model, dynamic=dyn)
+        for layer in layers:  # regional compilation: one graph that every layer of a kind reuses
+            layer.compile(dynamic=dyn)
+        return model
+    cfg = torch._dynamo.config
+    cfg.automatic_dynamic_shapes = False  # a length that changes recompiles, it does not go symbolic
+    n_graphs = len({(tuple(b["src"].shape)[1:], tuple(b["tgt_in"].shape)[1:]) for b in batches}) + 8
+    for name in ("cache_size_limit", "recompile_limit"):  # renamed in later PyTorch
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n_graphs))
+    if a.compile_scope == "layers":
+        for layer in layers:
+            layer.compile()
+        compiled = model
+    else:
+        compiled = torch.compile(model)
+
+    def step(src, src_len, tgt_in, tgt_out):
+        for t in (src, src_len, tgt_in, tgt_out):
+            torch._dynamo.mark_dynamic(t, 0)
+        return compiled(src, src_len, tgt_in, tgt_out)
+    return step
+
+
+def row_mode(a):
+    """The row's mode: "compile" for dynamic=True of the whole model (the
+    earlier rows'), else named by its dynamic shapes and scope."""
+    if a.mode == "eager":
+        return a.mode
+    return ("compile" + ("" if a.dynamic == "true" else f" dynamic={a.dynamic}")
+            + (" per layer" if a.compile_scope == "layers" else ""))
+
+
 def trial(a, cfg, batches, micro, device, backend, t_setup):
     """One backend's run: shape warm-up, restore, timed window. Returns its row."""
     ctx, why = sdpa_context(backend)
     if ctx is None:
-        return {"framework": "pytorch", "mode": a.mode, "backend": backend, "unavailable": why}
+        return {"framework": "pytorch", "mode": row_mode(a), "backend": backend, "unavailable": why}
     t_begin = time.perf_counter()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     amp = a.dtype == "bf16"
     model = make_model(a, cfg, device)
     opt, opt_kind = make_optimizer(model.parameters(), device)
-    step_fn = torch.compile(model, dynamic=True) if a.mode == "compile" else model
+    step_fn = compiled_step(a, model, batches) if a.mode == "compile" else model
     host = device_batches(batches, device)
     tok = [int(b["tgt_len"].sum()) for b in host]  # host-side, once: no device sync in the timed loop
     n_steps = len(host) // micro
@@ -368,9 +419,9 @@ def trial(a, cfg, batches, micro, device, backend, t_setup):
             window = time.perf_counter() - t1
     except RuntimeError as e:  # e.g. "No available kernel": the backend refuses these masks or shapes
         msg = " ".join(str(e).split())[:200]
-        return {"framework": "pytorch", "mode": a.mode, "backend": backend, "rejected": msg}
+        return {"framework": "pytorch", "mode": row_mode(a), "backend": backend, "rejected": msg}
     timed = batches[a.warmup * micro:]
-    res = result("pytorch", a.mode, cfg, timed, n_steps - a.warmup, window, a.dtype, device)
+    res = result("pytorch", row_mode(a), cfg, timed, n_steps - a.warmup, window, a.dtype, device)
     res.update(backend=backend, distinct_shapes=len(shapes), shape_warmup_s=round(t_shapes, 3),
                compile_s=round(t_first, 3) if a.mode == "compile" else None,
                first_step_s=round(t_setup + t_launch_first, 3) if t_setup is not None else None,
@@ -547,6 +598,10 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("batches")
     r.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    r.add_argument("--dynamic", choices=("true", "auto", "batch"), default="true",
+                   help="--mode compile: which dimensions are symbolic (compiled_step)")
+    r.add_argument("--compile-scope", choices=("model", "layers"), default="model",
+                   help="--mode compile: the whole model, or each layer (compiled_step)")
     r.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     r.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     r.add_argument("--warmup", type=int, default=5)

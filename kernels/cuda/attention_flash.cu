@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "cuda_ops.h"
+#include "launch_policy.h"
 #include "cuda_kernel_util.cuh"
 
 using namespace nvcuda;
@@ -468,17 +469,19 @@ __global__ void flash_fill_neg_inf(float *x, size_t n) {
 
 // Above 48 KiB a kernel must opt in to its dynamic shared memory, within
 // the device's opt-in limit (only the dk, dv kernel at D = 128: 49,408
-// bytes). Asked at every such launch: the setting belongs to the current
-// device, and neither call is a stream operation (graph capture allows them).
+// bytes); it opts in to the whole limit, the same value every time
+// (launch_policy.h). Asked at every such launch: the setting belongs to the
+// current device, and neither call is a stream operation (graph capture
+// allows them).
 template <typename K>
 void flash_smem_optin(K kernel, size_t bytes, const char *op) {
-    if (bytes <= 48 * 1024) return;
+    if (bytes <= SMEM_DEFAULT_LIMIT) return;
     int dev = 0, limit = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    TP_CHECK(bytes <= (size_t)limit, "%s: %zu bytes of shared memory per block, the device allows %d", op, bytes,
-             limit);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    const int value = smem_optin_value(bytes, limit);
+    TP_CHECK(value > 0, "%s: %zu bytes of shared memory per block, the device allows %d", op, bytes, limit);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, value));
 }
 
 dim3 flash_grid(int T, int H, int B) {

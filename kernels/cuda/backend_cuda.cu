@@ -522,6 +522,8 @@ static thread_local struct {
     char what[384];
 } g_capture;
 
+extern "C" bool cuda_capture_active(void) { return g_capture.on; }
+
 extern "C" bool cuda_capture_absorbs(const char *call, const char *error, const char *file, int line) {
     if (!g_capture.on) return false;
     if (!g_capture.failed)

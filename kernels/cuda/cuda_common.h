@@ -28,6 +28,8 @@ extern "C" {
  * going on is safe; whatever the capture recorded is thrown away. True
  * when the error was kept so; false outside a capture (the caller dies). */
 bool cuda_capture_absorbs(const char *call, const char *error, const char *file, int line);
+/* Whether this thread is inside a stream capture (backend_cuda.cu's). */
+bool cuda_capture_active(void);
 #ifdef __cplusplus
 }
 #endif

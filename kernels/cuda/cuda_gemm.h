@@ -77,6 +77,7 @@ typedef struct {
     long n_bias_fused, n_bias_separate;    // linear forward bias: epilogue / separate kernel
     long n_bgrad_fused, n_bgrad_separate;  // linear backward db: epilogue / separate kernel
     long n_out16_fused, n_out16_separate;  // linear_fwd16: bf16 stored by the GEMM / fp32 then rounded
+    long n_out16_unplanned;  // of the separate: no bf16-output plan, found before any operand copy
     long n_epilogue_refusals;              // fused epilogues refused with a status other than NOT_SUPPORTED
 } CudaGemmStats;
 

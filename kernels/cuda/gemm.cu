@@ -116,17 +116,27 @@ static cudaDataType_t ab_type_of(const CudaGemmCtx *ctx) {
 // bf16 copy, or a bf16 copy made now in scratch.
 // An operand given as bf16 bits alone (f32 NULL) is used as is in bf16 and
 // widened (exactly) into scratch in fp32.
+// operand_place says where the operand will be (carving its copy's room
+// when it needs one) without writing it; operand_fill writes that copy.
+static bool operand_copied(const CudaGemmCtx *ctx, CudaGemmOperand x) {
+    return ctx->precision == CUDA_GEMM_FP32 ? x.f32 == NULL : x.bf16 == NULL;
+}
+
+static const void *operand_place(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand x, size_t n_elems) {
+    if (!operand_copied(ctx, x)) return ctx->precision == CUDA_GEMM_FP32 ? (const void *)x.f32 : x.bf16;
+    return tp_carve(cv, n_elems * (ctx->precision == CUDA_GEMM_FP32 ? sizeof(float) : sizeof(uint16_t)));
+}
+
+static void operand_fill(CudaGemmCtx *ctx, const void *place, CudaGemmOperand x, size_t n_elems) {
+    if (!operand_copied(ctx, x)) return;
+    if (ctx->precision == CUDA_GEMM_FP32) cuda_op_from_bf16((float *)place, x.bf16, n_elems, ctx->stream);
+    else launch_f32_to_bf16(ctx->stream, (void *)place, x.f32, n_elems);
+}
+
 static const void *operand(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand x, size_t n_elems) {
-    if (ctx->precision == CUDA_GEMM_FP32) {
-        if (x.f32) return x.f32;
-        float *wide = (float *)tp_carve(cv, n_elems * sizeof(float));
-        cuda_op_from_bf16(wide, x.bf16, n_elems, ctx->stream);
-        return wide;
-    }
-    if (x.bf16) return x.bf16;
-    void *copy = tp_carve(cv, n_elems * sizeof(uint16_t));
-    launch_f32_to_bf16(ctx->stream, copy, x.f32, n_elems);
-    return copy;
+    const void *place = operand_place(ctx, cv, x, n_elems);
+    operand_fill(ctx, place, x, n_elems);
+    return place;
 }
 
 static TpCarver carver_of(void *scratch, size_t scratch_bytes, size_t need, const char *op) {
@@ -264,13 +274,21 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
     if (ctx->precision == CUDA_GEMM_BF16 && ctx->fuse && in > 0) {  // the GEMM stores bf16, after bias and ReLU
         TpCarver cv = carver_of(scratch, scratch_bytes,
                                 cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x)), op);
-        const void *xa = operand(ctx, &cv, x, (size_t)N * in), *wa = operand(ctx, &cv, W, (size_t)out * in);
+        const size_t nx = (size_t)N * in, nw = (size_t)out * in;
+        const void *xa = operand_place(ctx, &cv, x, nx), *wa = operand_place(ctx, &cv, W, nw);
         const cublasLtEpilogue_t epi = b ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                          : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
-        if (gemm_lt_matmul_d(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y16, CUDA_R_16BF,
-                             epi, b)) {
-            ctx->stats.n_out16_fused++;
-            return;
+        // asked first: a plan cuBLASLt lacks costs no operand copies that the separate path makes again
+        if (gemm_lt_supported(ctx, false, true, N, out, in, xa, wa, ab_type_of(ctx), y16, CUDA_R_16BF, epi, b)) {
+            operand_fill(ctx, xa, x, nx);
+            operand_fill(ctx, wa, W, nw);
+            if (gemm_lt_matmul_d(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y16,
+                                 CUDA_R_16BF, epi, b)) {
+                ctx->stats.n_out16_fused++;
+                return;
+            }
+        } else {
+            ctx->stats.n_out16_unplanned++;
         }
     }
     linear_fwd16_separate(ctx, y16, tmp, x, W, b, relu, N, in, out, scratch, scratch_bytes);

@@ -15,13 +15,25 @@
 //
 // Fused epilogues (bias, ReLU and bias, bias gradient) and bf16 outputs are
 // optional: when cuBLASLt has no algorithm for one or refuses to run it,
-// the plan is marked unsupported and the caller runs the separate kernels. A refusal with a status other
-// than CUBLAS_STATUS_NOT_SUPPORTED is unexpected, so it is counted and
-// logged once per context; plain GEMMs that fail end the process.
+// the plan is marked unsupported and the caller runs the separate kernels
+// (a caller that must prepare operands first asks gemm_lt_supported). A
+// refusal with a status other than CUBLAS_STATUS_NOT_SUPPORTED is
+// unexpected, so it is counted and logged once per context; plain GEMMs
+// that fail end the process. A call that fails inside a stream capture is
+// absorbed before any of that (launch_policy.h says why): the plan keeps its
+// support. A plan whose output is bf16 allows only the split-K reduction in
+// the compute type, so no partial sum is ever rounded to bf16.
 #include <stdio.h>
 #include <string.h>
 
 #include "gemm_plan.h"
+#include "launch_policy.h"
+
+static_assert(GEMM_REDUCE_INPLACE == CUBLASLT_REDUCTION_SCHEME_INPLACE &&
+                  GEMM_REDUCE_COMPUTE_TYPE == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
+                  GEMM_REDUCE_OUTPUT_TYPE == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE &&
+                  GEMM_REDUCE_ALL == CUBLASLT_REDUCTION_SCHEME_MASK,
+              "launch_policy.h's reduction bits are cuBLASLt's");
 
 static bool key_eq(const PlanKey *a, const PlanKey *b) { return memcmp(a, b, sizeof *a) == 0; }
 
@@ -130,6 +142,9 @@ static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = ctx->stats.workspace_bytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const uint32_t schemes = gemm_reduction_schemes(k->d_type == CUDA_R_32F);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                      sizeof schemes));
     // A_lt is our B, B_lt our A; C and D are the same buffer.
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->align_b,
                                                       sizeof k->align_b));
@@ -190,9 +205,10 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
                             bias);
 }
 
-bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
-                      const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
-                      cublasLtEpilogue_t epilogue, const void *bias) {
+// The plan of one call (looked up, or made and the heuristic asked).
+static Plan *plan_of(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A, const void *B,
+                     cudaDataType_t ab_type, void *C, cudaDataType_t d_type, cublasLtEpilogue_t epilogue,
+                     const void *bias) {
     PlanKey k;
     memset(&k, 0, sizeof k);  // padding too: keys are hashed and compared as bytes
     k.trans_a = trans_a;
@@ -207,24 +223,39 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
     k.align_b = align_of(B);
     k.align_c = align_of(C);
     k.align_bias = bias ? align_of(bias) : 0;
-    Plan *p = plan_lookup(ctx, &k, bias);
+    return plan_lookup(ctx, &k, bias);
+}
+
+bool gemm_lt_supported(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
+                       const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
+                       cublasLtEpilogue_t epilogue, const void *bias) {
+    return plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias)->supported;
+}
+
+bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+                      const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
+                      cublasLtEpilogue_t epilogue, const void *bias) {
+    Plan *p = plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias);
     if (!p->supported) return false;
     if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     cublasStatus_t s = cublasLtMatmul(lt_handle(ctx), p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, C,
                                       p->lay_c, &p->algo, ctx->workspace, ctx->stats.workspace_bytes, ctx->stream);
-    if (s != CUBLAS_STATUS_SUCCESS && optional(&k)) {
-        // refused before anything was queued: remembered, later calls go straight to the separate kernel
-        p->supported = 0;
-        epilogue_refused(ctx, &k, s);
-        return false;
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        ctx->stats.n_matmuls++;
+        return true;
     }
-    if (s != CUBLAS_STATUS_SUCCESS && cuda_capture_absorbs("cublasLtMatmul", cublasLtGetStatusString(s), __FILE__,
-                                                          __LINE__))
-        return true;  // inside a capture: it fails at its end, and the ops run again without it
-    if (s != CUBLAS_STATUS_SUCCESS) lt_die("cublasLtMatmul", s, &k);
-    ctx->stats.n_matmuls++;
-    return true;
+    switch (gemm_fail_action(cuda_capture_active(), optional(&p->key))) {
+    case GEMM_FAIL_CAPTURED:  // it fails at the capture's end, and the ops run again without it
+        cuda_capture_absorbs("cublasLtMatmul", cublasLtGetStatusString(s), __FILE__, __LINE__);
+        return true;
+    case GEMM_FAIL_FALLBACK:  // refused before anything was queued: later calls go straight to the separate kernel
+        p->supported = 0;
+        epilogue_refused(ctx, &p->key, s);
+        return false;
+    case GEMM_FAIL_FATAL: break;
+    }
+    lt_die("cublasLtMatmul", s, &p->key);
 }
 
 // ---- context -----------------------------------------------------------------------

@@ -52,4 +52,11 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
                       const void *A, const void *B, cudaDataType_t ab_type, float beta, void *C,
                       cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias);
 
+/* Whether gemm_lt_matmul_d with these arguments would find a plan (the
+ * same lookup, so the answer is cached): asked before a caller spends work
+ * preparing operands for a plan it can do without. A, B and C are the
+ * pointers the call will get (their alignment is part of the plan). */
+bool gemm_lt_supported(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
+                       const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
+                       cublasLtEpilogue_t epilogue, const void *bias);
 #endif

@@ -187,7 +187,7 @@ void gpu_set_fused_epilogues(const Backend *be, bool on);
 void gpu_set_fused_attention(bool on);
 typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
-    long out16_fused, out16_separate;
+    long out16_fused, out16_separate, out16_unplanned;  // unplanned: of the separate, no plan, no operand copied
 } GpuGemmCounts;
 GpuGemmCounts gpu_gemm_counts(const Backend *be);
 #endif

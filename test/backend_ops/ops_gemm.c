@@ -483,7 +483,7 @@ static void linear_db_case(const Target *t, int mode, int N, int in, int out, Rn
 }
 
 /* How many linear_fwd16 cases ran cuBLASLt's bf16-output path (CUDA): printed, for the GPU report. */
-static int g_out16_fused, g_out16_cases;
+static int g_out16_fused, g_out16_cases, g_out16_unplanned;
 
 /* linear_fwd16 (bias or none, ReLU or none, x fp32 or bf16 bits) against
  * the same backend's linear_fwd (or _x16) then act_fwd16 / to_bf16: bit for
@@ -524,7 +524,10 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
     if (!t->is_cpu) {
         fused = g1.out16_fused > g0.out16_fused;
         g_out16_fused += fused;
+        g_out16_unplanned += g1.out16_unplanned > g0.out16_unplanned;
         g_out16_cases++;
+        TCHECK(g1.out16_unplanned - g0.out16_unplanned <= g1.out16_separate - g0.out16_separate,
+               "%s: %s: counted as unplanned but not as separate", t->name, what);
         TCHECK((g1.out16_fused - g0.out16_fused) + (g1.out16_separate - g0.out16_separate) == 1,
                "%s: %s: one call, %ld fused + %ld separate", t->name, what, g1.out16_fused - g0.out16_fused,
                g1.out16_separate - g0.out16_separate);
@@ -575,7 +578,7 @@ void test_linear(const Target *t, Rng *rng) {
                 }
             }
     set_mode(t, 0);
-    g_out16_fused = g_out16_cases = 0;
+    g_out16_fused = g_out16_cases = g_out16_unplanned = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         linear_dy16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
@@ -591,7 +594,8 @@ void test_linear(const Target *t, Rng *rng) {
         linear_fwd16_case(t, mode, false, false, false, false, 2 * rows + 5, 24, 4003, rng);
     if (!t->is_cpu)
         printf("test_backend_ops: %s: linear_fwd16 stored bf16 from the GEMM in %d of %d cases (the rest: fp32, "
-               "then rounded)\n", t->name, g_out16_fused, g_out16_cases);
+               "then rounded; %d of them found no bf16-output plan before copying any operand)\n", t->name,
+               g_out16_fused, g_out16_cases, g_out16_unplanned);
     linear_bwd_out0(t, rng);
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA
