@@ -375,7 +375,7 @@ timeout 30 "$BIN/train_mt" --help > "$out/train_mt_help.txt" 2>&1
 help_rc=$?
 if [ "$help_rc" -eq 0 ]; then
   flags=""
-  for f in --device --dtype --comm --zero --pp --sequence-parallel --recompute; do
+  for f in --device --dtype --comm --zero --pp --sequence-parallel --recompute --attention --cuda-graphs; do
     grep -Eq -- "(^|[^a-z-])$f([^a-z-]|$)" "$out/train_mt_help.txt" && flags="$flags $f"
   done
   record PASS setup.train_mt 0 "train_mt --help lists:${flags:- none of --device, --dtype, --comm}"

@@ -35,10 +35,12 @@ if [ "$n_gpu" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
   [ "$n_cvd" -lt "$n_gpu" ] && n_gpu=$n_cvd
 fi
 if [ "$n_gpu" -gt 0 ]; then
-  nproc=(--nproc_per_node=gpu) layout=(--layout auto)
+  nproc=(--nproc_per_node=gpu) layout=(--layout auto --length-bucket 8)
   echo "run_main: $n_gpu GPU(s) visible (nvidia-smi -L${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}):" \
        "one rank per GPU, the base preset, and the layout the planner picks (--layout auto: the fastest" \
-       "that fits each GPU's memory); ranks sharing one GPU would be staged through host memory, 16x slower"
+       "that fits each GPU's memory); ranks sharing one GPU would be staged through host memory, 16x slower;" \
+       "lengths padded to multiples of 8, so that one rank replays each batch shape as a CUDA graph" \
+       "(docs/gpu-benchmark.md)"
 else
   nproc=(--nproc_per_node=4) layout=(--tp 1 --dp 4 --batch-tokens 1024)
   echo "run_main: no GPU visible (nvidia-smi -L${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}): 4 ranks on the CPU, the cpu preset, data parallel" \

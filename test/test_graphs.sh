@@ -14,6 +14,8 @@
 # and, as the activations grow for a longer batch, captured again.
 # A run saved at step 10 with graphs and resumed to 20 with graphs ends
 # with the weights of 20 straight steps without them.
+# The default, --cuda-graphs auto: on for one CUDA rank with bucketed
+# lengths (the same bits), off on the CPU and without buckets.
 # Then the refusals: with --profile, with --tp, --pp or --layout auto, and
 # on two ranks through tprun. (The graph
 # cache's own rules, stale graphs among them, are test_step_graphs's.)
@@ -80,6 +82,26 @@ if [ -n "$corpus" ]; then
   base=(--data "$corpus" --cache-dir cache --preset tiny --batch-tokens 600 --length-bucket 16 --max-steps 40
         --log-interval 1 --eval-interval 20 --seed 3 --dropout 0.1 --device "$dev")
   check corpus_buckets 3 --dtype bf16 --recompute selective
+  # the default (--cuda-graphs auto): graphs on a CUDA rank with bucketed lengths, none on the CPU or
+  # without buckets; the same bits either way
+  for b in 16 1; do
+    "$build/train_mt" "${base[@]}" --length-bucket "$b" --dtype bf16 --recompute selective --metrics "auto$b.jsonl" \
+      --export "auto$b" > "auto$b.log" 2>&1 || { echo "FAIL: the default run, bucket $b"; cat "auto$b.log"; exit 1; }
+  done
+  cmp corpus_buckets.off/model.safetensors auto16/model.safetensors ||
+    { echo "FAIL: the default run differs from --cuda-graphs off"; exit 1; }
+  /usr/bin/python3 - "$dev" <<'PY'
+import json, sys
+dev = sys.argv[1]
+g16 = [json.loads(l)["graphs"] for l in open("auto16.jsonl") if "graphs" in json.loads(l)]
+g1 = [json.loads(l)["graphs"] for l in open("auto1.jsonl") if "graphs" in json.loads(l)]
+if dev == "cuda":
+    assert len(g16) == 1 and g16[0]["replayed"] > 0, f"cuda, bucket 16: the default made no graphs: {g16}"
+else:
+    assert not g16, f"cpu: the default made graphs: {g16}"
+assert not g1, f"{dev}, bucket 1: the default made graphs: {g1}"
+print(f"default --cuda-graphs auto on {dev}: graphs {g16[0] if g16 else 'none'} at bucket 16, none at bucket 1")
+PY
 fi
 
 # refusals: one sentence, a failing exit

@@ -41,7 +41,7 @@ has "no GPU: today's command" cpu "tprun --nproc_per_node=4 train_mt --data $cor
 has "no GPU: extra flags passed on" cpu "--save checkpoints/enja --max-steps 5"
 choice one 1
 has "1 GPU: counted" one "run_main: 1 GPU(s) visible (nvidia-smi -L): one rank per GPU"
-has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data $corpus --log-interval 100 --layout auto"
+has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data $corpus --log-interval 100 --layout auto --length-bucket 8"
 if grep -q -- "--nproc_per_node=4" "$work/one.out"; then bad "1 GPU: still 4 ranks"; else ok "1 GPU: not 4 ranks"; fi
 choice four 4
 has "4 GPUs: counted" four "run_main: 4 GPU(s) visible"

@@ -140,6 +140,7 @@ static const int DTYPE_VALUES[] = {DTYPE_F32, DTYPE_BF16};
 static const int COMM_VALUES[] = {RUNTIME_COMM_AUTO, RUNTIME_COMM_NCCL, RUNTIME_COMM_SHM};
 static const int GDTYPE_VALUES[] = {COMM_F32, COMM_BF16};
 static const int ONOFF_VALUES[] = {1, 0};
+static const int GRAPHS_VALUES[] = {GRAPHS_ON, GRAPHS_OFF, GRAPHS_AUTO};
 static const int RECOMPUTE_VALUES[] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL};
 static const int ATTENTION_VALUES[] = {MODEL_ATTENTION_EXACT, MODEL_ATTENTION_FLASH};
 static const int KEEP_VALUES[] = {KEEP_BLEU, KEEP_LOSS};
@@ -266,10 +267,11 @@ static const Flag TRAIN_FLAGS[] = {
              "and reduce-scatter in place of the tp allreduces; stage messages carry a rank's rows)"},
     {CHOICE_("device", "Parallelism", "auto|cpu|cuda", DEVICE_VALUES, device), .dflt = "auto",
      .help = "where the model runs (auto: cuda when a GPU is visible; LOCAL_RANK picks the GPU)"},
-    {CHOICE_("cuda-graphs", "Parallelism", "on|off", ONOFF_VALUES, cuda_graphs), .dflt = "off",
+    {CHOICE_("cuda-graphs", "Parallelism", "on|off|auto", GRAPHS_VALUES, cuda_graphs), .dflt = "auto",
      .help = "one rank only: each batch shape's forward and backward captured once as a graph (CUDA graphs; on "
              "the CPU a recording) and replayed whenever the shape comes again, one launch instead of one per op; "
-             "results are bit for bit those of off (--length-bucket makes shapes repeat)"},
+             "results are bit for bit those of off (--length-bucket makes shapes repeat); auto: on for one CUDA "
+             "rank with --length-bucket above 1 and no --profile, else off"},
     {CHOICE_("dtype", "Parallelism", "fp32|bf16", DTYPE_VALUES, dtype), .dflt_note = "bf16 on cuda, fp32 on cpu",
      .help = "precision: bf16 GEMM operands with fp32 accumulation, activations kept in bf16 where backward "
              "reads them only as GEMM operands, attention on bf16 q, k, v; fp32 master weights and optimizer"},
@@ -416,12 +418,12 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
                         "already (--seq-len)\n");
         exit(2);
     }
-    if (a->cuda_graphs && a->profile) {
+    if (a->cuda_graphs == GRAPHS_ON && a->profile) {
         fprintf(stderr, "train_mt: --cuda-graphs on and --profile do not mix: the profile times every op; drop one "
                         "of them\n");
         exit(2);
     }
-    if (a->cuda_graphs && (a->tp > 1 || a->dp > 1 || a->pp > 1 || a->layout_auto)) {
+    if (a->cuda_graphs == GRAPHS_ON && (a->tp > 1 || a->dp > 1 || a->pp > 1 || a->layout_auto)) {
         fprintf(stderr, "train_mt: --cuda-graphs on needs one rank (tp, dp and pp 1: the collectives are not "
                         "captured); drop %s\n", a->layout_auto ? "--layout auto" : a->tp > 1 ? "--tp" : a->dp > 1 ? "--dp" : "--pp");
         exit(2);

@@ -21,6 +21,8 @@
 enum { MAX_PP = 1024 };  // pipeline stages (a stage holds at least one layer)
 enum { KEEP_NONE, KEEP_BLEU, KEEP_LOSS };  // --keep-best
 
+enum { GRAPHS_OFF = 0, GRAPHS_ON = 1, GRAPHS_AUTO = 2 };  // --cuda-graphs
+
 typedef struct {
     const char *preset;
     ModelConfig cfg;
@@ -33,7 +35,7 @@ typedef struct {
     int batch_tokens, spm_vocab;
     int length_bucket;       // --length-bucket: padded lengths are multiples of this (1: none)
     bool profile;            // --profile: time per class of operation
-    bool cuda_graphs;        // --cuda-graphs: forward and backward replayed as graphs (train/graphs.h)
+    int cuda_graphs;         // --cuda-graphs: GRAPHS_ON, GRAPHS_OFF or GRAPHS_AUTO (run.c resolves it; train/graphs.h)
     int micro_batches;  // per dp rank and step (gradient accumulation)
     bool strict;
     int max_steps, epochs, log_interval, eval_interval, beam;

@@ -397,16 +397,29 @@ static void run_evaluate(Run *r, int step) {
     r->t_window += dt;  // tokens/s counts training time only (the window keeps its tokens)
 }
 
+/* --cuda-graphs auto: on where graphs were measured faster on a GPU and are
+ * bit for bit the same (docs/gpu-benchmark.md): one CUDA rank (tp, dp and pp
+ * 1, also as --layout auto chose them), bucketed lengths so that shapes
+ * repeat, no --profile (which times every op). */
+static bool graphs_by_default(const Run *r) {
+    const TrainArgs *a = r->a;
+    const int tp = r->rt.tp ? comm_size(r->rt.tp) : 1, dp = r->rt.dp ? comm_size(r->rt.dp) : 1;
+    const int pp = r->rt.pp ? comm_size(r->rt.pp) : 1;
+    return r->be->kind == BACKEND_CUDA && !a->profile && a->length_bucket > 1 && tp == 1 && dp == 1 && pp == 1;
+}
+
 int run_train(Run *r) {
     const TrainArgs *a = r->a;
     if (a->profile) profile_start(r->be, &r->rt);
     trainer_init(&r->trainer, &r->m, &r->opt, r->rt.tp, r->rt.dp, r->gsync, a->opt.clip_norm);
     trainer_set_pipeline(&r->trainer, r->rt.pp);
     char err[256];
-    if (a->cuda_graphs && trainer_use_graphs(&r->trainer, RUN_MAX_GRAPHS, err, sizeof err)) {
+    if (a->cuda_graphs == GRAPHS_ON && trainer_use_graphs(&r->trainer, RUN_MAX_GRAPHS, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         return 1;
     }
+    if (a->cuda_graphs == GRAPHS_AUTO && graphs_by_default(r))  // one rank: cannot be refused
+        (void)trainer_use_graphs(&r->trainer, RUN_MAX_GRAPHS, err, sizeof err);
     r->tty = r->lead && isatty(STDOUT_FILENO);
     r->clock.t_start = r->t_window = tp_now_s();
     horizon_begin(&r->hz);
