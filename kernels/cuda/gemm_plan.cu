@@ -29,10 +29,10 @@
 #include "gemm_plan.h"
 #include "launch_policy.h"
 
-static_assert(GEMM_REDUCE_INPLACE == CUBLASLT_REDUCTION_SCHEME_INPLACE &&
-                  GEMM_REDUCE_COMPUTE_TYPE == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
-                  GEMM_REDUCE_OUTPUT_TYPE == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE &&
-                  GEMM_REDUCE_ALL == CUBLASLT_REDUCTION_SCHEME_MASK,
+static_assert((int)GEMM_REDUCE_INPLACE == (int)CUBLASLT_REDUCTION_SCHEME_INPLACE &&
+                  (int)GEMM_REDUCE_COMPUTE_TYPE == (int)CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
+                  (int)GEMM_REDUCE_OUTPUT_TYPE == (int)CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE &&
+                  (int)GEMM_REDUCE_ALL == (int)CUBLASLT_REDUCTION_SCHEME_MASK,
               "launch_policy.h's reduction bits are cuBLASLt's");
 
 static bool key_eq(const PlanKey *a, const PlanKey *b) { return memcmp(a, b, sizeof *a) == 0; }
