@@ -9,7 +9,9 @@
 # for byte). Some trials send a second signal to a rank while it saves (the
 # save completes), trial 5 sends tprun a second signal (tprun's SIGKILL: at
 # most the new checkpoint is lost, nothing is damaged, the resume is exact). Without --save the
-# job says that nothing is saved and exits 128+signal.
+# job says that nothing is saved and exits 128+signal. A job under timeout(1)
+# (its doubled delivery is one request) saves and resumes exactly; so does
+# scripts/slurm_job.sh when its batch shell alone gets SIGUSR1 (SLURM's B:).
 # PREEMPT_TRIALS sets the number of trials (default 4, about 5 s each on two
 # cores; 20 for the full check). PREEMPT_SEED fixes the random choices.
 # Usage: test_preempt.sh BUILD_DIR
@@ -94,6 +96,42 @@ for ((i = 1; i <= trials; i++)); do
   echo "trial $i: SIG$sig to $target at step $at + ${delay} s (second signal: $second): exit $rc, resumed from" \
        "step $from, steps $((from + 1))..30 and the weights equal the straight run's"
 done
+
+# Under timeout(1), as users fit a job to an allocation: timeout delivers its signal twice, to tprun and
+# then to its own process group (tprun again), microseconds apart. That is one request: the workers
+# save, the job exits 75 (timeout passes it on), and the resume is the straight run.
+d=timeout && mkdir "$d"
+timeout -s TERM 600 "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" \
+  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
+tp=$!  # timeout's pid: it forwards a signal it gets exactly as it sends its own at the limit
+wait_step "$d/a.jsonl" 6 || true
+kill -TERM "$tp"
+rc=0
+wait "$tp" || rc=$?
+((rc == 75)) || { tail -20 "$d/a.log"; fail "under timeout: exit $rc, not 75"; }
+grep -q "saved on SIGTERM" "$d/a.log" || { tail "$d/a.log"; fail "under timeout: no checkpoint saved"; }
+job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
+  { tail "$d/b.log"; fail "under timeout: the resume failed"; }
+cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "under timeout: the resumed weights differ"
+echo "under timeout -s TERM: one request, saved, exit 75, the resume equals the straight run"
+
+# The SLURM recipe (scripts/slurm_job.sh) as SLURM runs it: --signal=B:USR1 signals the batch shell
+# alone. The shell passes it to tprun, the ranks save, the script exits 75, the resume is exact.
+d=slurm && mkdir "$d"
+TPRUN=$tprun TPRUN_NPROC=8 TPRUN_GRACE=30 TPRUN_ARGS=--standalone \
+  bash "$(dirname "$0")/../scripts/slurm_job.sh" "$train" "${flags[@]}" --save "$d/ck" --resume auto \
+  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
+sh=$!
+wait_step "$d/a.jsonl" 6 || true
+kill -USR1 "$sh"
+rc=0
+wait "$sh" || rc=$?
+((rc == 75)) || { tail -20 "$d/a.log"; fail "the SLURM script signalled as B: does: exit $rc, not 75"; }
+grep -q "saved on SIGUSR1" "$d/a.log" || { tail "$d/a.log"; fail "the SLURM script: no checkpoint saved"; }
+job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
+  { tail "$d/b.log"; fail "the SLURM script: the resume failed"; }
+cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "the SLURM script: the resumed weights differ"
+echo "scripts/slurm_job.sh, SIGUSR1 to the batch shell: saved, exit 75, the resume equals the straight run"
 
 # Without --save: said so, nothing saved, 128 + signal.
 "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --metrics nosave.jsonl > nosave.log 2>&1 &

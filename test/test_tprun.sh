@@ -2,7 +2,8 @@
 # The launcher end to end, with tprun_worker as the launched program:
 # environment, prefixed output, log files, failure by exit code and by
 # signal, a rank that exits 0 early, one fatal error line with one rank
-# prefix, SIGTERM to tprun, a worker that ignores SIGTERM, standalone jobs
+# prefix, SIGTERM to tprun, a worker that ignores SIGTERM, a signal delivered twice
+# (one request) and a second request 2 s later (SIGKILL at once), standalone jobs
 # side by side, two nodes on this machine, restarts, program lookup, and the
 # shared memory of a tprun killed with SIGKILL while its ranks form groups
 # (removed by the next tprun; a live job's untouched).
@@ -203,6 +204,68 @@ else
     bad "grace: rc $rc after $dt s, stderr: $(cat "$d/err")"
 fi
 no_leftovers "ignored SIGTERM"
+
+# ---- a repeated signal: timeout(1)'s double delivery (to tprun, then to its process group) is one
+#      request, the workers keep their --grace; one 2 s or more after the first is a second request:
+#      SIGKILL at once, not after --grace ----
+d=$work/timeout && mkdir "$d"
+t0=$(now)
+timeout -s TERM 1 "$tprun" --nproc_per_node 2 --grace 3 "$worker" run "$d" "$marker" --ignore-term --child \
+    > "$d/out" 2> "$d/err"
+rc=$?
+dt=$(elapsed "$t0")
+if [ $rc -eq 124 ] && lt 3.8 "$dt" && ! grep -q "SIGKILL to every worker now" "$d/err" &&
+   grep -q "still running 3.0 s after SIGTERM: sending SIGKILL" "$d/err"; then
+    ok "timeout -s TERM's double delivery is one request: the workers had their 3 s of --grace (${dt} s in all)"
+else
+    bad "timeout's delivery: rc $rc after $dt s, stderr: $(cat "$d/err")"
+fi
+no_leftovers "timeout's delivery"
+# the same twice, 0.1 s apart: two deliveries for certain (the kernel merges a duplicate still pending,
+# so timeout's own pair above is one delivery or two, by chance)
+d=$work/twice && mkdir "$d"
+"$tprun" --nproc_per_node 2 --grace 3 "$worker" run "$d" "$marker" --ignore-term --child > "$d/out" 2> "$d/err" &
+tp=$!
+if wait_files "$d/pid_" 2 10; then
+    t0=$(now)
+    kill -TERM $tp; sleep 0.1; kill -TERM $tp
+    wait $tp
+    rc=$?
+    dt=$(elapsed "$t0")
+    if [ $rc -eq 143 ] && lt 2.8 "$dt" && grep -q "SIGTERM 0.[0-9]* s after SIGTERM: taken as the same request" "$d/err" &&
+       ! grep -q "SIGKILL to every worker now" "$d/err"; then
+        ok "SIGTERM twice 0.1 s apart: one request, said so; the workers had their --grace (${dt} s)"
+    else
+        bad "doubled SIGTERM: rc $rc after $dt s, stderr: $(cat "$d/err")"
+    fi
+else
+    bad "doubled SIGTERM: workers did not start"
+    kill -KILL $tp
+    wait $tp
+fi
+no_leftovers "a doubled signal"
+d=$work/again && mkdir "$d"
+"$tprun" --nproc_per_node 2 --grace 30 "$worker" run "$d" "$marker" --ignore-term --child > "$d/out" 2> "$d/err" &
+tp=$!
+if wait_files "$d/pid_" 2 10; then
+    t0=$(now)
+    kill -TERM $tp
+    sleep 2.2
+    kill -TERM $tp
+    wait $tp
+    rc=$?
+    dt=$(elapsed "$t0")
+    if [ $rc -eq 143 ] && lt "$dt" 8 && grep -q "SIGTERM again, 2.[0-9] s after SIGTERM: SIGKILL to every worker now" "$d/err"; then
+        ok "a second SIGTERM 2.2 s after the first: SIGKILL at once (${dt} s of a 30 s --grace), said so"
+    else
+        bad "second request: rc $rc after $dt s, stderr: $(cat "$d/err")"
+    fi
+else
+    bad "repeated signal: workers did not start"
+    kill -KILL $tp
+    wait $tp
+fi
+no_leftovers "a repeated signal"
 
 # ---- two standalone jobs side by side ----
 d=$work/standalone && mkdir -p "$d/a" "$d/b"

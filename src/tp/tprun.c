@@ -27,8 +27,10 @@
  * several ranks print identically is shown once. A worker that
  * exited 0 while others still ran is named first in that report: its peers
  * usually fail because it is gone. Signals sent to
- * tprun are forwarded to every worker group (a second one means SIGKILL now)
- * and tprun exits 128+signal, or 75 when every worker ended without failure
+ * tprun are forwarded to every worker group (a second one means SIGKILL now,
+ * when it is a deliberate second request: SIGNAL_PAUSE_S or more after the
+ * first, or a second SIGINT typed at a terminal; a duplicate delivery, as
+ * timeout(1) makes, is the same request) and tprun exits 128+signal, or 75 when every worker ended without failure
  * and some exited 75, "saved on signal" (train_mt's preemption: a worker
  * exiting 75 is no failure). Should tprun itself be SIGKILLed, its workers
  * get SIGKILL from the kernel (PR_SET_PDEATHSIG); their own children are
@@ -85,6 +87,9 @@ extern char **environ;
 #define LINE_MAX_BYTES (1 << 20) // a longer line is cut and printed in pieces
 #define FAILURE_SETTLE_S 0.5     // after the first failure, how long other ranks already on their way out are
                                  // let finish before SIGTERM: the first error among them is the one named
+#define SIGNAL_PAUSE_S 2.0       // a repeated signal within this of the first is the same request (timeout(1)
+                                 // delivers twice, to tprun and to its process group); later, or a second
+                                 // Ctrl-C at a terminal, it means SIGKILL now
 #define SEEN_LINES_MAX 4096      // stderr lines remembered to show a line several ranks print only once
 
 /* ---- options -------------------------------------------------------------- */
@@ -157,7 +162,9 @@ static const FlagTable TPRUN_TABLE = {
              "TPRUN_TOKEN in its environment. Flags take --flag=value or --flag value, with '_' or '-'.\n",
     .epilog = "Inside a SLURM allocation --nnodes, --node_rank and --master_addr default to SLURM_NNODES,\n"
               "SLURM_NODEID and the first host of SLURM_JOB_NODELIST.\n"
-              "SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers (a second one: SIGKILL).\n"
+              "SIGINT, SIGTERM and SIGUSR1 are forwarded to the workers. A second signal 2 s or more after\n"
+              "the first, or a second Ctrl-C at a terminal, sends SIGKILL now; one within 2 s of the first\n"
+              "(timeout(1) delivers twice) is the same request.\n"
               "Exit status: 0; 75 when every worker ended with 0 or 75 (\"saved on signal\") and some with\n"
               "75; 128+signal when tprun was signalled; 1 when a worker failed.\n",
     .flags = TPRUN_FLAGS,
@@ -425,10 +432,14 @@ static char *resolve_program(const char *prog) {
 
 static int g_sig_pipe[2] = {-1, -1};  // written by the handler, read by the loop: process-wide by nature
 
-static void on_signal(int sig) {
+/* Two bytes per signal, written at once (atomic on a pipe): the signal, and
+ * 1 when a terminal sent it (the kernel's SI_KERNEL: a key typed; kill(2),
+ * as timeout(1) and schedulers use, gives SI_USER). */
+static void on_signal(int sig, siginfo_t *info, void *uctx) {
+    (void)uctx;
     int saved = errno;
-    unsigned char b = (unsigned char)sig;
-    ssize_t w = write(g_sig_pipe[1], &b, 1);  // full pipe: a wake-up is already pending
+    unsigned char b[2] = {(unsigned char)sig, (unsigned char)(info && info->si_code == SI_KERNEL)};
+    ssize_t w = write(g_sig_pipe[1], b, sizeof b);  // full pipe: a wake-up is already pending
     (void)w;
     errno = saved;
 }
@@ -442,11 +453,14 @@ static struct sigaction g_inherited[N_HANDLED];
 static int install_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
+    sa.sa_sigaction = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;
     for (size_t i = 0; i < N_HANDLED; i++) {
-        if (k_handled[i] == SIGPIPE) sa.sa_handler = SIG_IGN;
+        if (k_handled[i] == SIGPIPE) {
+            sa.sa_handler = SIG_IGN;
+            sa.sa_flags = SA_RESTART;
+        }
         if (sigaction(k_handled[i], &sa, &g_inherited[i]) != 0) return -1;
     }
     return 0;
@@ -500,6 +514,8 @@ typedef enum { OUT_OK, OUT_FAILED, OUT_REMOTE } OutcomeKind;
 typedef struct {
     OutcomeKind kind;   // OUT_FAILED: a local worker failed first; OUT_REMOTE: the job failed elsewhere
     int sig;            // a terminating signal tprun received (0 = none)
+    double sig_at;      // when (tp_now_s), for telling a second request from a duplicate delivery
+    int repeats_told;   // a duplicate delivery has been reported
     int saved_on_signal;  // every worker exited 0 or TP_EXIT_SAVED_ON_SIGNAL, some the latter
     int status;         // OUT_FAILED: the wait status of the rank named
     char report[1024];  // "rank R (local rank L, pid P) on host H failed first: ..." (or exited 0 early: ...)
@@ -941,16 +957,26 @@ static int poll_streams(Agent *a, Attempt *t, double deadline) {
     return 0;
 }
 
-/* Signals to tprun: forwarded to the workers (the first), SIGKILL (the second). */
+/* A second signal means SIGKILL now only when it is a second request: it
+ * comes SIGNAL_PAUSE_S or more after the first, or it is SIGINT typed at a
+ * terminal (Ctrl-C pressed again). */
+static bool second_request(const Outcome *out, int sig, bool from_tty, double now) {
+    return now - out->sig_at >= SIGNAL_PAUSE_S || (sig == SIGINT && from_tty);
+}
+
+/* Signals to tprun: forwarded to the workers (the first), SIGKILL (a second request). */
 static void handle_signals(Agent *a, Attempt *t, Outcome *out) {
-    unsigned char sigs[64];
+    unsigned char sigs[64];  // pairs (signal, from a terminal): an even size keeps them whole
     ssize_t ns;
     while ((ns = read(g_sig_pipe[0], sigs, sizeof sigs)) > 0) {
-        for (ssize_t k = 0; k < ns; k++) {
-            int sig = sigs[k];
+        for (ssize_t k = 0; k + 1 < ns; k += 2) {
+            const int sig = sigs[k];
+            const bool from_tty = sigs[k + 1] != 0;
+            const double now = tp_now_s();
             if (sig == SIGCHLD) continue;  // reaping covers every child
             if (!out->sig) {
                 out->sig = sig;
+                out->sig_at = now;
                 char report[512];
                 snprintf(report, sizeof report, "tprun on host %s (node %d) was stopped by %s", a->host,
                          a->o.node_rank, signal_name(sig));
@@ -958,11 +984,24 @@ static void handle_signals(Agent *a, Attempt *t, Outcome *out) {
                 signal_groups(a, sig);
                 if (!t->stopping) {
                     t->stopping = 1;
-                    t->kill_deadline = tp_now_s() + a->o.grace;
+                    t->kill_deadline = now + a->o.grace;
                 }
-            } else if (!t->killed) {  // asked twice: no more grace
+            } else if (t->killed) {
+                continue;
+            } else if (second_request(out, sig, from_tty, now)) {
                 t->killed = 1;
+                fprintf(stderr,
+                        "tprun: %s again, %.1f s after %s: SIGKILL to every worker now; what they had not saved is "
+                        "lost (a checkpoint being written stays incomplete and the previous one is the newest). To "
+                        "let a save finish, signal once and give tprun --grace S long enough for a step and a save\n",
+                        signal_name(sig), now - out->sig_at, signal_name(out->sig));
                 signal_groups(a, SIGKILL);
+            } else if (!out->repeats_told) {
+                out->repeats_told = 1;
+                fprintf(stderr,
+                        "tprun: %s %.2f s after %s: taken as the same request (a second one %.0f s or more after "
+                        "the first, or a second Ctrl-C, stops the workers at once)\n",
+                        signal_name(sig), now - out->sig_at, signal_name(out->sig), SIGNAL_PAUSE_S);
             }
         }
     }
