@@ -276,6 +276,10 @@ static int cmd_export(const char *arg, const char *out_dir, bool strict) {
         }
     }
 
+    /* The optimizer shards first: with --strict a damaged one refuses the
+     * export before anything is written (a script that only checks for the
+     * folder must not find a complete export next to an error). */
+    if (check_optimizer(dir, strict)) return 1;
     Model m;
     /* no gradients, no initial values: ckpt_load writes every tensor */
     if (model_create_ex(&m, NULL, &cfg, NULL, 0, MODEL_NO_GRAD_BUFFER | MODEL_NO_INIT, err, sizeof err)) {
@@ -286,7 +290,6 @@ static int cmd_export(const char *arg, const char *out_dir, bool strict) {
     if (rc == 0)
         rc = spm_entry ? mt_save(&m, spm_path, out_dir, err, sizeof err) : model_export(&m, out_dir, err, sizeof err);
     if (rc) fprintf(stderr, "ckpt: %s\n", err);
-    else if (check_optimizer(dir, strict)) rc = 1;
     else
         printf("ckpt: step %lld (saved as tp %d x dp %d) exported to %s: config.json, model.safetensors%s\n",
                (long long)st.step, tp, dp, out_dir,

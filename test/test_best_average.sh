@@ -139,7 +139,18 @@ rc=0; "$ckpt" average --last 9 a too-many > many.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "holds .* complete checkpoints" many.log || { cat many.log; fail "ckpt average --last 9"; }
 rc=0; "$ckpt" average by-last a/step_00000006 > exists.log 2>&1 || rc=$?
 [[ $rc == 1 ]] && grep -q "already exists" exists.log || { cat exists.log; fail "ckpt average onto an existing path"; }
-echo "part 4: averages of a tp 2 and two tp 1 checkpoints equal the exact mean; the average resumes"
+# a folder OUT.partial that the average did not make is never deleted: refused, naming it; one it
+# left (a crashed average: its mark inside) is replaced
+mkdir -p mine.partial && echo "a user's notes" > mine.partial/notes.txt
+rc=0; "$ckpt" average mine a/step_00000004 a/step_00000005 > partial.log 2>&1 || rc=$?
+[[ $rc == 1 ]] && grep -q "mine.partial exists and was not made by an average" partial.log ||
+  { cat partial.log; fail "ckpt average over a user's OUT.partial: exit $rc"; }
+[[ -f mine.partial/notes.txt && ! -e mine ]] || fail "ckpt average deleted a folder it did not make, or wrote OUT"
+mkdir -p left.partial && touch left.partial/.tptrain-partial left.partial/latest
+run left.log "$ckpt" average left a/step_00000004 a/step_00000005
+[[ -f left/manifest.json && ! -e left.partial ]] || fail "the average did not replace its own crashed OUT.partial"
+echo "part 4: averages of a tp 2 and two tp 1 checkpoints equal the exact mean; the average resumes;" \
+     "a user's OUT.partial is refused and kept, the average's own leftover replaced"
 
 # ---- 5. the corpus: --keep-best bleu and translate_mt --model DIR/best -----------------------
 # Its 2000-piece tokenizer and token files come from the fixture corpus_cache

@@ -106,6 +106,8 @@ export_warns() {  # export_warns NAME EXPECTED
   grep -qF "ckpt: warning: $want" "export-$name.log" || { cat "export-$name.log"; fail "$name: no warning '$want'"; }
   cmp -s "out-$name/model.safetensors" out-good/model.safetensors || fail "$name: other weights exported"
   refuse "strict-$name" "ckpt: error (--strict): $want" "$ckpt" export --strict "$name" "strict-out-$name"
+  # refused before anything is written: no export a script checking only for the folder would use
+  [ ! -e "strict-out-$name" ] || fail "$name: --strict refused but left $(ls "strict-out-$name" | tr '\n' ' ')in strict-out-$name"
 }
 run export-good.log "$ckpt" export "$ck" out-good
 ! grep -q warning export-good.log || fail "an intact checkpoint's export warned"
@@ -116,5 +118,5 @@ copy_of opt-cut "$ck"; truncate -s 300000 "opt-cut/$optim"
 export_warns opt-cut "opt-cut/$optim: "
 copy_of opt-stale "$ck"; cp "syn/step_00000001/$optim" "opt-stale/$optim"
 export_warns opt-stale "opt-stale/$optim: CRC-32C"
-echo "case 3: export of a missing, truncated or stale optimizer shard warns naming it; --strict refuses"
+echo "case 3: export of a missing, truncated or stale optimizer shard warns naming it; --strict refuses and writes nothing"
 echo "test_ckpt_checks: ok"

@@ -661,6 +661,36 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
     return agree(rt, ok, err, err_len);
 }
 
+/* The work folder OUT.partial of ckpt_save_as, made anew and marked as its
+ * own (PARTIAL_MARK inside). One left by a crashed earlier write (its mark
+ * inside, or empty) is replaced; any other folder of that name is someone
+ * else's and is never deleted: refused, naming it. */
+#define PARTIAL_MARK ".tptrain-partial"
+static int claim_partial(const char *work, char *err, size_t err_len) {
+    char mark[4096];
+    struct stat sb;
+    pathf(mark, sizeof mark, "%s/" PARTIAL_MARK, work);
+    if (lstat(work, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode) && lstat(mark, &sb) == 0) remove_tree(work);  // ours, from a crash
+        else if (rmdir(work) != 0) {
+            tp_error_set(err, err_len,
+                         "%s exists and was not made by an average (no %s in it): refusing to delete it; move it "
+                         "away or choose another output",
+                         work, PARTIAL_MARK);
+            return -1;
+        }
+    }
+    if (mkdir(work, 0755) != 0) {
+        tp_error_set(err, err_len, "%s: cannot create (%s)", work, strerror(errno));
+        return -1;
+    }
+    if (write_file_atomic(mark, "", 0, err, err_len)) {
+        rmdir(work);
+        return -1;
+    }
+    return 0;
+}
+
 int ckpt_save_as(const char *out, bool replace, const Runtime *rt, const Model *m, const AdamW *opt,
                  const TrainState *st, const char *spm_path, char *err, size_t err_len) {
     TP_CHECK(rt->mesh.world == 1, "ckpt_save_as writes a one-rank checkpoint");
@@ -671,7 +701,7 @@ int ckpt_save_as(const char *out, bool replace, const Runtime *rt, const Model *
         return -1;
     }
     pathf(work, sizeof work, "%s.partial", out);
-    remove_tree(work);  // left by a crashed write of the same output
+    if (claim_partial(work, err, err_len)) return -1;
     if (ckpt_save(work, rt, m, opt, st, spm_path, 0, err, err_len)) {
         remove_tree(work);
         return -1;
