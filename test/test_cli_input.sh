@@ -72,6 +72,11 @@ refused 2 "translate_mt: --lenpen expects a number in [0, 10], got ''" "$tr" --m
 refused 2 "train_mt: --max-steps expects an integer in [1, 1073741824], got '4294967297'" \
     "$tm" --task copy --max-steps 4294967297
 refused 2 "train_mt: --batch-size expects an integer in [1, 1048576], got ''" "$tm" --task copy --batch-size ''
+# an empty path: refused, not taken as '/' or '.' (--cache-dir '' wrote its tokenizer into /)
+refused 2 "train_mt: --cache-dir expects DIR, got ''" "$tm" --task copy --cache-dir ''
+refused 2 "train_mt: --save expects DIR, got ''" "$tm" --task copy --save=
+refused 2 "translate_mt: --model expects DIR, got ''" "$tr" --model ''
+refused 2 "tprun: --log_dir expects DIR, got ''" "$(dirname "$tm")/tprun" --log_dir '' true
 refused 2 "train_mt: --seed expects an integer in [0, 2147483647], got '18446744073709551617'" \
     "$tm" --task copy --seed 18446744073709551617
 refused 2 "train_mt: --dropout expects a number in [0, 1), got 'nan'" "$tm" --task copy --dropout nan

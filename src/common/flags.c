@@ -195,6 +195,10 @@ static int value_number(const Flag *f, const char *s, double *num, char *err, si
     char what[FLAG_NAME_MAX + 3];
     snprintf(what, sizeof what, "--%s", f->name);
     *num = 1.0;
+    if (f->kind == FLAG_STRING && s[0] == '\0') {  // no path, name or address is empty ('' would mean '.' or '/')
+        tp_error_set(err, err_len, "%s expects %s, got ''", what, f->metavar ? f->metavar : "a value");
+        return -1;
+    }
     if (f->kind == FLAG_INT) {
         long v;
         if (parse_int(what, s, (long)f->lo, (long)f->hi, &v, err, err_len)) return -1;
