@@ -39,6 +39,12 @@ typedef struct {
 } Lines;
 
 /* Reads every line (CRLF and LF stripped). -1 + err on I/O failure. */
+static void free_lines(Lines *l) {
+    for (int i = 0; i < l->n; i++) free(l->line[i]);
+    free(l->line);
+    memset(l, 0, sizeof *l);
+}
+
 static int read_lines(FILE *f, const char *name, Lines *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     char *buf = NULL;
@@ -56,19 +62,15 @@ static int read_lines(FILE *f, const char *name, Lines *out, char *err, size_t e
     free(buf);
     if (ferror(f)) {
         tp_error_set(err, err_len, "%s: read error (%s)", name, strerror(errno));
+        free_lines(out);
         return -1;
     }
     return 0;
 }
 
-static void free_lines(Lines *l) {
-    for (int i = 0; i < l->n; i++) free(l->line[i]);
-    free(l->line);
-    memset(l, 0, sizeof *l);
-}
-
 static int load_lines(const char *path, Lines *out) {
     char err[512];
+    memset(out, 0, sizeof *out);
     FILE *f = path ? fopen(path, "r") : stdin;
     if (!f) {
         fprintf(stderr, "translate_mt: %s: %s\n", path, strerror(errno));
@@ -206,14 +208,21 @@ static int open_model(const TranslateArgs *a, Backend **be, MtModel *mt) {
     return 0;
 }
 
-/* --src (or stdin) and --ref, which must have as many lines. 0 or -1 (printed). */
+/* --src (or stdin) and --ref, which must have as many lines. 0, or -1
+ * (printed, and nothing left allocated). */
 static int read_inputs(const TranslateArgs *a, Lines *src, Lines *ref) {
+    memset(src, 0, sizeof *src);
     memset(ref, 0, sizeof *ref);
     if (load_lines(a->src_path, src)) return -1;
-    if (a->ref_path && load_lines(a->ref_path, ref)) return -1;
+    if (a->ref_path && load_lines(a->ref_path, ref)) {
+        free_lines(src);
+        return -1;
+    }
     if (a->ref_path && ref->n != src->n) {
         fprintf(stderr, "translate_mt: %s has %d lines but %s has %d\n", a->src_path ? a->src_path : "<stdin>",
                 src->n, a->ref_path, ref->n);
+        free_lines(src);
+        free_lines(ref);
         return -1;
     }
     return 0;
@@ -279,11 +288,15 @@ int main(int argc, char **argv) {
     TranslateArgs a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    Lines src, ref;
+    if (read_inputs(&a, &src, &ref)) return 1;  // before the model: a bad --src or --ref costs no loading
     Backend *be;
     MtModel mt;
-    if ((rc = open_model(&a, &be, &mt))) return rc;
-    Lines src, ref;
-    if (read_inputs(&a, &src, &ref)) return 1;
+    if ((rc = open_model(&a, &be, &mt))) {
+        free_lines(&src);
+        free_lines(&ref);
+        return rc;
+    }
     int *src_len = NULL;
     int32_t **src_ids = encode_all(mt.spm, &mt.model.cfg.text, &src, &src_len, mt.model.cfg.max_len - 1,
                                    a.src_path ? a.src_path : "<stdin>");

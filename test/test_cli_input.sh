@@ -72,6 +72,13 @@ refused 2 "translate_mt: --lenpen expects a number in [0, 10], got ''" "$tr" --m
 refused 2 "train_mt: --max-steps expects an integer in [1, 1073741824], got '4294967297'" \
     "$tm" --task copy --max-steps 4294967297
 refused 2 "train_mt: --batch-size expects an integer in [1, 1048576], got ''" "$tm" --task copy --batch-size ''
+# translate_mt's inputs, read before the model is loaded: each refusal one sentence, exit 1, nothing
+# leaked (under the sanitizers a leak report would change the exit status)
+mkdir -p a-folder && printf 'a\nb\n' > two.en && printf 'a\n' > one.ja
+refused 1 "translate_mt: missing.en: No such file or directory" "$tr" --model nowhere --src missing.en
+refused 1 "translate_mt: a-folder: read error (Is a directory)" "$tr" --model nowhere --src a-folder
+refused 1 "translate_mt: missing.ja: No such file or directory" "$tr" --model nowhere --src two.en --ref missing.ja
+refused 1 "translate_mt: two.en has 2 lines but one.ja has 1" "$tr" --model nowhere --src two.en --ref one.ja
 # an empty path: refused, not taken as '/' or '.' (--cache-dir '' wrote its tokenizer into /)
 refused 2 "train_mt: --cache-dir expects DIR, got ''" "$tm" --task copy --cache-dir ''
 refused 2 "train_mt: --save expects DIR, got ''" "$tm" --task copy --save=
