@@ -96,6 +96,31 @@ seal relist reshaped/manifest.json "$optim" "reshaped/$optim"
 refuse reshaped-inspect "reshaped/$optim: tensor '$o' is not an F32 shard of shape" "$ckpt" inspect reshaped
 refuse reshaped-resume "reshaped/$optim: tensor '$o' is not an F32 shard of shape" \
     "$train" "${synth[@]}" --max-steps 3 --resume reshaped
+# a key twice in the manifest (resealed): cJSON would read the first, Python's json the last; refused
+copy_of dupkey "$ck"
+/usr/bin/python3 - dupkey/manifest.json <<'PY'
+import re, sys
+p = sys.argv[1]
+t = open(p).read()
+t2 = re.sub(r'("step":\s*)(\d+),', lambda m: m.group(0) + '\n\t"step":\t99,', t, count=1)
+assert t2 != t, "no step field in the manifest"
+open(p, "w").write(t2)
+PY
+seal reseal dupkey/manifest.json
+refuse dupkey-inspect "dupkey/manifest.json: key 'step' appears twice; refusing to guess which value is meant" \
+    "$ckpt" inspect dupkey
+refuse dupkey-resume "dupkey/manifest.json: key 'step' appears twice" "$train" "${synth[@]}" --max-steps 3 --resume dupkey
+# and in an export's config.json
+run exp.log "$ckpt" export "$ck" exp
+/usr/bin/python3 -c '
+import sys
+p = sys.argv[1]
+t = open(p).read()
+i = t.index("\"d_model\"")
+open(p, "w").write(t[:i] + "\"d_model\": 999, " + t[i:])' exp/config.json
+[ "$(grep -o '"d_model"' exp/config.json | wc -l)" = 2 ] || fail "the config.json edit did not make a duplicate"
+refuse dupkey-config "key 'd_model' appears twice; refusing to guess which value is meant" \
+    "$build/translate_mt" --model exp --src /dev/null
 echo "case 2: inspect refuses a duplicate tensor name, a renamed and a reshaped optimizer tensor (resealed)," \
      "as the resume does"
 

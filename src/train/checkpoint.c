@@ -12,6 +12,7 @@
  * reassembles each whole tensor from the old layout's labels and cuts its
  * own shard of the new layout.
  */
+#include "json_keys.h"
 #include "train/checkpoint.h"
 #include "train/ckpt_pieces.h"
 
@@ -490,6 +491,12 @@ int ckpt_best_read(const char *dir, int64_t *step, char *metric, size_t metric_l
     if (!text) return -1;
     cJSON *o = cJSON_ParseWithLength(text, n);
     free(text);
+    char dup[512];
+    if (json_duplicate_key(o, dup, sizeof dup)) {
+        cJSON_Delete(o);
+        tp_error_set(err, err_len, "%s: key '%s' appears twice; refusing to guess which value is meant", path, dup);
+        return -1;
+    }
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "metric");
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "value");
@@ -884,6 +891,12 @@ static cJSON *load_manifest(const char *dir, char *path, size_t path_len, char *
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         tp_error_set(err, err_len, "%s: not valid JSON (or bytes follow the object)", path);
+        return NULL;
+    }
+    char dup[512];
+    if (json_duplicate_key(o, dup, sizeof dup)) {
+        cJSON_Delete(o);
+        tp_error_set(err, err_len, "%s: key '%s' appears twice; refusing to guess which value is meant", path, dup);
         return NULL;
     }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");

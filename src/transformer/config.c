@@ -3,6 +3,7 @@
  * (flags, config.json, checkpoints) reports bad input the same way. Every
  * dimension has an upper bound (config.h), so no product of two of them
  * overflows and a damaged file cannot ask for an absurd model. */
+#include "json_keys.h"
 #include "transformer/config.h"
 
 #include <cjson/cJSON.h>
@@ -202,6 +203,12 @@ int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         tp_error_set(err, err_len, "not a JSON object");
+        return -1;
+    }
+    char dup[512];
+    if (json_duplicate_key(o, dup, sizeof dup)) {
+        cJSON_Delete(o);
+        tp_error_set(err, err_len, "key '%s' appears twice; refusing to guess which value is meant", dup);
         return -1;
     }
     int rc = -1, version = 0;
