@@ -96,6 +96,14 @@ seal relist reshaped/manifest.json "$optim" "reshaped/$optim"
 refuse reshaped-inspect "reshaped/$optim: tensor '$o' is not an F32 shard of shape" "$ckpt" inspect reshaped
 refuse reshaped-resume "reshaped/$optim: tensor '$o' is not an F32 shard of shape" \
     "$train" "${synth[@]}" --max-steps 3 --resume reshaped
+# the manifest records the synthetic task: a reverse run does not resume a copy checkpoint, nor do the
+# two average
+run rev.log "$train" "${synth[@]}" --task reverse --max-steps 2 --save rev
+refuse task-resume "$ck was saved from a run of the copy task, this run has --task reverse" \
+    "$train" "${synth[@]}" --task reverse --max-steps 3 --resume "$ck"
+refuse task-average "cannot average rev/step_00000002 (the reverse task) with $ck (the copy task)" \
+    "$ckpt" average mixed "$ck" rev/step_00000002
+[ ! -e mixed ] || fail "a refused average left mixed/"
 # a key twice in the manifest (resealed): cJSON would read the first, Python's json the last; refused
 copy_of dupkey "$ck"
 /usr/bin/python3 - dupkey/manifest.json <<'PY'

@@ -48,6 +48,11 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
                      st.corpus ? "corpus" : "synthetic-task", a->synthetic ? "synthetic task" : "corpus");
         return -1;
     }
+    if (a->synthetic && st.task[0] && strcmp(st.task, synth_task_name(a->task)) != 0) {
+        tp_error_set(err, err_len, "%s was saved from a run of the %s task, this run has --task %s; nothing was "
+                     "trained", dir, st.task, synth_task_name(a->task));
+        return -1;
+    }
     /* Nothing of a run that ends before the checkpoint's step may be saved:
      * it would file step-N weights under a smaller step number. */
     if (st.step > total) {
@@ -83,6 +88,7 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
 void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, const char *pp_layout,
           const Horizon *hz, int step) {
     TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index};
+    if (a->synthetic) snprintf(st.task, sizeof st.task, "%s", synth_task_name(a->task));
     horizon_save(hz, &st);
     snprintf(st.pp_layout, sizeof st.pp_layout, "%s", pp_layout);
     if (!a->synthetic) st.cursor = dataset_cursor(&src->train);

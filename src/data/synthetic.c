@@ -23,6 +23,8 @@ int synth_task_parse(const char *s, SynthTask *task) {
     return -1;
 }
 
+const char *synth_task_name(SynthTask task) { return task == SYNTH_REVERSE ? "reverse" : "copy"; }
+
 void synth_batch(OwnedBatch *out, SynthTask task, TokenSpec tok, int B, int min_len, int max_len, uint64_t seed,
                  uint64_t index) {
     TP_CHECK(min_len >= 1 && max_len >= min_len && max_len + 1 <= tok.max_len,

@@ -17,5 +17,7 @@ typedef enum { SYNTH_COPY = 0, SYNTH_REVERSE = 1 } SynthTask;
 void synth_batch(OwnedBatch *out, SynthTask task, TokenSpec tok, int B, int min_len, int max_len, uint64_t seed,
                  uint64_t index);
 int synth_task_parse(const char *s, SynthTask *task);
+/* The task's name as --task takes it ("copy", "reverse"). */
+const char *synth_task_name(SynthTask task);
 
 #endif

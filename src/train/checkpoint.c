@@ -331,6 +331,7 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON_AddStringToObject(oc, "schedule", sched);
     cJSON *data = cJSON_AddObjectToObject(o, "data");
     cJSON_AddStringToObject(data, "kind", st->corpus ? "corpus" : "synthetic");
+    if (!st->corpus && st->task[0]) cJSON_AddStringToObject(data, "task", st->task);
     cJSON_AddNumberToObject(data, "epoch", (double)st->cursor.epoch);
     cJSON_AddNumberToObject(data, "position", (double)st->cursor.position);
     cJSON_AddNumberToObject(data, "synth_index", (double)st->synth_index);
@@ -1083,6 +1084,14 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         tp_error_set(err, err_len, "%s: field 'data.kind' must be \"corpus\" or \"synthetic\"", path);
         goto done;
     }
+    /* data.task: the synthetic task (absent before the record, and for a corpus) */
+    const cJSON *task = cJSON_GetObjectItemCaseSensitive(data, "task");
+    if (task && (corpus || !cJSON_IsString(task) ||
+                 (strcmp(task->valuestring, "copy") != 0 && strcmp(task->valuestring, "reverse") != 0))) {
+        tp_error_set(err, err_len, "%s: field 'data.task' must be \"copy\" or \"reverse\", and only for a synthetic run",
+                     path);
+        goto done;
+    }
     if (t != step) {
         tp_error_set(err, err_len, "%s: field 'optimizer.t' is %lld but 'step' is %lld: they must agree", path,
                      (long long)t, (long long)step);
@@ -1133,6 +1142,7 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         st->cursor = (DataCursor){.seed = (uint64_t)seed, .epoch = epoch, .position = position};
         st->synth_index = (uint64_t)synth_index;
         st->corpus = corpus;
+        if (task) snprintf(st->task, sizeof st->task, "%s", task->valuestring);
         st->zero_stage = (int)zero;
         st->zero_bucket_elems = (uint64_t)bucket_elems;
         st->pp = (int)mpp;

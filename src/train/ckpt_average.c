@@ -42,6 +42,11 @@ static int check_inputs(const char *const *in, int n, ModelConfig *cfg, OptimCon
                          s.corpus ? "corpus" : "synthetic-task", in[0], st->corpus ? "corpus" : "synthetic-task");
             return -1;
         }
+        if (i > 0 && s.task[0] && st->task[0] && strcmp(s.task, st->task) != 0) {
+            tp_error_set(err, err_len, "cannot average %s (the %s task) with %s (the %s task)", in[i], s.task, in[0],
+                         st->task);
+            return -1;
+        }
         pathf(spm, sizeof spm, "%s/spm.model", in[0]);
         if (i > 0 && s.corpus && ckpt_check_tokenizer(in[i], spm, why, sizeof why)) {
             tp_error_set(err, err_len, "cannot average checkpoints with different tokenizers: %s", why);
