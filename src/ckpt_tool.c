@@ -231,6 +231,12 @@ static int cmd_export(const char *arg, const char *out_dir, bool strict) {
         fprintf(stderr, "ckpt: %s is the checkpoint itself; export to another directory\n", out_dir);
         return 1;
     }
+    char holds[4096];
+    if (ckpt_resolve(out_dir, holds, sizeof holds, err, sizeof err) > 0) {
+        fprintf(stderr, "ckpt: %s holds checkpoints (the newest %s): an export there would stand beside them and go "
+                        "stale as they go on; export to a folder of its own\n", out_dir, holds);
+        return 1;
+    }
     ModelConfig cfg;
     int tp, dp;
     TrainState st;

@@ -16,8 +16,16 @@ static int load_checkpoint(Model *m, Backend *be, const char *dir, char *resolve
                            size_t err_len) {
     char probe[4096];
     snprintf(probe, sizeof probe, "%s/config.json", dir);
-    if (access(probe, F_OK) == 0) return 0;  // an export
     int found = ckpt_resolve(dir, resolved, resolved_len, err, err_len);
+    if (access(probe, F_OK) == 0) {  // an export, unless checkpoints stand beside it: then which is meant?
+        if (found <= 0) return 0;
+        tp_error_set(err, err_len,
+                     "%s holds both an exported model (config.json) and checkpoints (the newest %s): refusing to "
+                     "guess which is meant, and the export may be older than the checkpoints; give the checkpoint "
+                     "folder itself, or move the export into a folder of its own",
+                     dir, resolved);
+        return -1;
+    }
     if (found <= 0) return found;
     ModelConfig cfg;
     if (ckpt_read_manifest(resolved, &cfg, NULL, NULL, NULL, NULL, NULL, err, err_len)) return -1;

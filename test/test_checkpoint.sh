@@ -409,11 +409,11 @@ rc=$(status resave-crash.log env TPTRAIN_FAULT_POINT=9 "$train" "${crash_flags[@
      --resume resave/step_00000010)
 [[ $rc == 137 ]] || fail "re-save: exit status $rc, not 137"
 grep -q "at save point 9 (before renaming the directory)" resave-crash.log || fail "re-save: not killed as planned"
-run resave.log "$train" "${crash_flags[@]}" --save resave --resume auto --metrics resave.jsonl --export resave
+run resave.log "$train" "${crash_flags[@]}" --save resave --resume auto --metrics resave.jsonl --export resave-out
 grep -q "resave/latest names an incomplete checkpoint" resave.log || fail "re-save: no message about latest"
 grep -q "ignoring resave/step_00000015.tmp: a save that did not finish" resave.log || fail "re-save: no .tmp message"
 grep -q "resumed from resave/step_00000010:" resave.log || fail "re-save: wrong checkpoint chosen"
-echo "re-save of step 15, killed|ref.jsonl|resave.jsonl|11|15|all|ref|resave" >> crash-checks.txt
+echo "re-save of step 15, killed|ref.jsonl|resave.jsonl|11|15|all|ref|resave-out" >> crash-checks.txt
 out=$(verify crash-checks.txt) || { echo "$out"; exit 1; }
 summary=""
 for s in $(printf '%s\n' "${!resumed_from[@]}" | sort -n); do

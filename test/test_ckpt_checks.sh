@@ -129,6 +129,15 @@ open(p, "w").write(t[:i] + "\"d_model\": 999, " + t[i:])' exp/config.json
 [ "$(grep -o '"d_model"' exp/config.json | wc -l)" = 2 ] || fail "the config.json edit did not make a duplicate"
 refuse dupkey-config "key 'd_model' appears twice; refusing to guess which value is meant" \
     "$build/translate_mt" --model exp --src /dev/null
+# an export and checkpoints never share a folder, so no loader can take a stale export for the model
+refuse export-is-save "--export and --save name the same folder (same)" \
+    "$train" "${synth[@]}" --max-steps 2 --save same --export same/
+[ ! -e same ] || fail "the refused run made same/"
+refuse export-into-ckpts "syn holds checkpoints (the newest syn/step_00000002)" "$ckpt" export syn syn
+refuse save-into-export "exp holds an exported model (config.json)" "$train" "${synth[@]}" --max-steps 2 --save exp
+cp -r syn both && cp exp/config.json exp/model.safetensors both/
+refuse both-kinds "both holds both an exported model (config.json) and checkpoints" \
+    "$build/translate_mt" --model both --src /dev/null
 echo "case 2: inspect refuses a duplicate tensor name, a renamed and a reshaped optimizer tensor (resealed)," \
      "as the resume does"
 

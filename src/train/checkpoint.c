@@ -1259,6 +1259,15 @@ done:
 
 int ckpt_check_save_folder(const char *save_dir, const ModelConfig *cfg, bool corpus, const char *spm_path, char *err,
                            size_t err_len) {
+    char export_config[4096];
+    pathf(export_config, sizeof export_config, "%s/config.json", save_dir);
+    if (access(export_config, F_OK) == 0) {
+        tp_error_set(err, err_len,
+                     "%s holds an exported model (config.json): checkpoints saved beside it would leave a folder "
+                     "whose model a loader cannot tell apart, and the export stale; save into another folder",
+                     save_dir);
+        return -1;
+    }
     int64_t *steps;
     const int n = list_steps(save_dir, &steps);
     int rc = 0;
