@@ -185,8 +185,21 @@ static void test_reclaim(void) {
     char mine_name[160];
     snprintf(mine_name, sizeof mine_name, "tpt-%s-mine", g_tag);
     write_file(mine_name, &mine, sizeof mine);
+    // Shorter than a record: a creator killed between creating and recording. Old: removed; new: kept
+    // (its creator may be between the two calls right now).
+    char bare_old[160], bare_new[160];
+    snprintf(bare_old, sizeof bare_old, "tpt-%s-bare-old", g_tag);
+    snprintf(bare_new, sizeof bare_new, "tpt-%s-bare-new", g_tag);
+    write_file(bare_old, "", 0);
+    write_file(bare_new, "", 0);
+    shm_path(path, sizeof path, bare_old);
+    const struct timespec long_ago[2] = {{.tv_sec = time(NULL) - 2 * SHM_UNRECORDED_AGE_S},
+                                         {.tv_sec = time(NULL) - 2 * SHM_UNRECORDED_AGE_S}};
+    CHECK(utimensat(AT_FDCWD, path, long_ago, 0) == 0, "cannot age %s", path);
     size_t n_bytes = 0;
     int n = shm_reclaim_stale(NULL, &n_bytes);
+    CHECK(!exists(bare_old), "a record-less segment %d s old was kept", 2 * SHM_UNRECORDED_AGE_S);
+    CHECK(exists(bare_new), "a record-less segment just made was removed (its creator may be recording)");
     CHECK(n >= 2 && n_bytes >= 2 * sizeof(ShmOwner), "reclaimed %d segments (%zu bytes), want at least 2", n,
           n_bytes);
     CHECK(!exists(dead_name), "a record of a pid that is gone kept its segment");
@@ -195,7 +208,8 @@ static void test_reclaim(void) {
     CHECK(exists(noowner_name) && exists(foreign_name), "a segment outside the rules was removed");
 
     char p2[256];
-    const char *leftovers[] = {noowner_name, foreign_name, mine_name, live_name, dead_name, reused_name};
+    const char *leftovers[] = {noowner_name, foreign_name, mine_name, live_name, dead_name, reused_name, bare_old,
+                               bare_new};
     for (size_t i = 0; i < sizeof leftovers / sizeof *leftovers; i++) {
         shm_path(p2, sizeof p2, leftovers[i]);
         unlink(p2);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SHM_DIR "/dev/shm"
@@ -104,9 +105,12 @@ static int reclaim_scan(const char *dir, const char *prefix, bool dead_only, siz
         const int ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == me;
         const int has_owner = pread(fd, &o, sizeof o, 0) == (ssize_t)sizeof o;
         close(fd);
+        /* shorter than a record and older than SHM_UNRECORDED_AGE_S: its
+         * creator died between creating it and writing the record */
+        const int orphan = ours && st.st_size < (off_t)sizeof o && time(NULL) - st.st_mtime > SHM_UNRECORDED_AGE_S;
         /* a job's own segment with a live creator can only be a rank of
          * another node of this job on the same host: kept */
-        const int gone = dead_only ? has_owner && owner_dead(&o)
+        const int gone = dead_only ? (has_owner && owner_dead(&o)) || orphan
                                    : !(has_owner && o.magic == SHM_OWNER_MAGIC && !owner_dead(&o));
         if (ours && gone && unlinkat(dirfd(d), e->d_name, 0) == 0) {
             n_removed++;

@@ -10,8 +10,12 @@
  * tprun at start) first removes every segment whose name has the project's
  * prefix, whose record is ours, and whose creator is gone: no such pid, a
  * zombie, or a pid reused by a process started at another time; and tprun
- * removes its own job's segments when the job ends, however it ends. A segment
- * without a record, of another user, of another pid namespace (its pids
+ * removes its own job's segments when the job ends, however it ends. A
+ * segment shorter than a record, SHM_UNRECORDED_AGE_S after it was last
+ * written, is one whose creator died between creating it and writing the
+ * record (the two calls follow each other at once; a job killed within its
+ * first second left such 0-byte segments): removed too. A segment without a
+ * record of full length, of another user, of another pid namespace (its pids
  * cannot be judged from here) or outside the prefix is never touched.
  */
 #ifndef TPTRAIN_SHM_RECLAIM_H
@@ -22,6 +26,7 @@
 
 #define SHM_NAME_PREFIX "/tpt-"                 // every segment tptrain creates
 #define SHM_OWNER_MAGIC 0x316e776f2d747074ULL  // "tpt-own1"
+#define SHM_UNRECORDED_AGE_S 60                // a segment still without its record this long: its creator died
 
 /* The first bytes of every segment. */
 typedef struct {
