@@ -97,6 +97,46 @@ for ((i = 1; i <= trials; i++)); do
        "step $from, steps $((from + 1))..30 and the weights equal the straight run's"
 done
 
+# resumed DIR WHAT: DIR/ck's newest complete checkpoint loads (ckpt inspect), the resume from it ends with
+# the straight run's weights, and nothing of the job is left: no train_mt of DIR, no new /dev/shm segment.
+shm_before=$(ls /dev/shm | grep -c '^tpt-' || true)
+resumed() {
+  local d=$1 what=$2
+  "$ckpt" inspect "$d/ck" > "$d/inspect.log" 2>&1 || { cat "$d/inspect.log"; fail "$what: the newest checkpoint is damaged"; }
+  ! pgrep -f -- "--save $d/ck" > /dev/null || fail "$what: a rank of the job is still running"
+  job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
+    { tail "$d/b.log"; fail "$what: the resume failed"; }
+  cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "$what: the resumed weights differ"
+  local shm_now
+  shm_now=$(ls /dev/shm | grep -c '^tpt-' || true)
+  ((shm_now <= shm_before)) || fail "$what: $((shm_now - shm_before)) shared-memory segment(s) left in /dev/shm"
+}
+# SIGUSR1 then SIGTERM at once (two schedulers, or a user after the scheduler): one request
+d=usr1term && mkdir "$d"
+"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --metrics "$d/a.jsonl" \
+  > "$d/a.log" 2>&1 &
+jp=$!  # tprun itself (not a subshell)
+wait_step "$d/a.jsonl" 4 || true
+kill -USR1 "$jp"; kill -TERM "$jp"  # two signal numbers: never merged, always two deliveries
+rc=0
+wait "$jp" || rc=$?
+((rc == 75)) || { tail -20 "$d/a.log"; fail "SIGUSR1 then SIGTERM: exit $rc, not 75"; }
+resumed "$d" "SIGUSR1 then SIGTERM"
+echo "SIGUSR1, then SIGTERM at once: one request, saved, exit 75, the resume equals the straight run"
+# a signal while a periodic save is being written: that save completes, then the signal's
+d=midsave && mkdir "$d"
+"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --save-interval 3 \
+  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
+jp=$!
+hit=no
+for _ in $(seq 3000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.002; done
+kill -TERM "$jp"
+rc=0
+wait "$jp" || rc=$?
+((rc == 75)) || { tail -20 "$d/a.log"; fail "a signal during a periodic save: exit $rc, not 75"; }
+resumed "$d" "a signal during a periodic save"
+echo "SIGTERM during a periodic save (caught inside it: $hit): saved, exit 75, the resume equals the straight run"
+
 # Under timeout(1), as users fit a job to an allocation: timeout delivers its signal twice, to tprun and
 # then to its own process group (tprun again), microseconds apart. That is one request: the workers
 # save, the job exits 75 (timeout passes it on), and the resume is the straight run.
