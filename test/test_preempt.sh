@@ -12,6 +12,11 @@
 # job says that nothing is saved and exits 128+signal. A job under timeout(1)
 # (its doubled delivery is one request) saves and resumes exactly; so does
 # scripts/slurm_job.sh when its batch shell alone gets SIGUSR1 (SLURM's B:).
+# Then one trial each: SIGUSR1 and SIGTERM at once (one request), a signal
+# during a periodic save, a run evaluating with --keep-best and
+# --average-last, SIGKILL while the signal's checkpoint is written; after
+# each the newest complete checkpoint loads, the resume is exact, no rank
+# and no shared-memory segment of the job is left.
 # PREEMPT_TRIALS sets the number of trials (default 4, about 5 s each on two
 # cores; 20 for the full check). PREEMPT_SEED fixes the random choices.
 # Usage: test_preempt.sh BUILD_DIR
@@ -136,6 +141,42 @@ wait "$jp" || rc=$?
 ((rc == 75)) || { tail -20 "$d/a.log"; fail "a signal during a periodic save: exit $rc, not 75"; }
 resumed "$d" "a signal during a periodic save"
 echo "SIGTERM during a periodic save (caught inside it: $hit): saved, exit 75, the resume equals the straight run"
+
+# with evaluation every 2 steps, --keep-best and --average-last (which do not change the training): a
+# signal saves and stops; the resumed run keeps the best and averages, and trains as the straight run did
+d=keepbest && mkdir "$d"
+extra=(--eval-interval 2 --keep-best loss --average-last 2)
+"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" "${extra[@]}" --save "$d/ck" --metrics "$d/a.jsonl" \
+  > "$d/a.log" 2>&1 &
+jp=$!
+wait_step "$d/a.jsonl" 7 || true
+kill -TERM "$jp"
+rc=0
+wait "$jp" || rc=$?
+((rc == 75)) || { tail -20 "$d/a.log"; fail "--keep-best and --average-last: exit $rc, not 75"; }
+job "${extra[@]}" --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
+  { tail "$d/b.log"; fail "--keep-best and --average-last: the resume failed"; }
+cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "--keep-best and --average-last: weights differ"
+[[ -L $d/ck/best && -f $d/ck/averaged/manifest.json ]] || fail "--keep-best and --average-last: no best or averaged"
+"$ckpt" inspect "$d/ck/averaged" > /dev/null 2>&1 || fail "--keep-best and --average-last: the average is damaged"
+echo "evaluation, --keep-best and --average-last: saved on the signal, resumed to the straight run's weights," \
+     "best and averaged checkpoints intact"
+# SIGKILL to the job while it writes the signal's checkpoint: the periodic one before it is the newest
+# complete checkpoint, and the resume from it is exact
+d=killsave && mkdir "$d"
+"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --save-interval 4 \
+  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
+jp=$!
+wait_step "$d/a.jsonl" 6 || true
+kill -TERM "$jp"
+hit=no
+for _ in $(seq 2000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.001; done
+kill -KILL "$jp" 2> /dev/null || true  # the ranks follow (PR_SET_PDEATHSIG)
+wait "$jp" || true
+sleep 0.3
+resumed "$d" "SIGKILL during the signal's save"
+echo "SIGKILL during the signal's save (caught inside it: $hit): the newest complete checkpoint loads, the resume" \
+     "equals the straight run"
 
 # Under timeout(1), as users fit a job to an allocation: timeout delivers its signal twice, to tprun and
 # then to its own process group (tprun again), microseconds apart. That is one request: the workers
