@@ -116,44 +116,46 @@ resumed() {
   shm_now=$(ls /dev/shm | grep -c '^tpt-' || true)
   ((shm_now <= shm_before)) || fail "$what: $((shm_now - shm_before)) shared-memory segment(s) left in /dev/shm"
 }
+# launch DIR FLAGS...: the job in the background, its log and metrics in DIR; tprun's pid in $jp.
+launch() {
+  local d=$1
+  shift
+  mkdir -p "$d"
+  "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" "$@" --save "$d/ck" --metrics "$d/a.jsonl" \
+    > "$d/a.log" 2>&1 &
+  jp=$!  # tprun itself (not a subshell)
+}
+# stopped PID DIR WHAT SIG...: the signals to PID at once; the job saves on one of them and exits 75.
+stopped() {
+  local pid=$1 d=$2 what=$3 rc=0 sig
+  shift 3
+  for sig in "$@"; do kill -s "$sig" "$pid"; done
+  wait "$pid" || rc=$?
+  ((rc == 75)) || { tail -20 "$d/a.log"; fail "$what: exit $rc, not 75"; }
+  local any
+  any=$(IFS='|'; echo "$*")  # signals sent at once may arrive in either order
+  grep -Eq "saved on SIG($any)" "$d/a.log" || { tail "$d/a.log"; fail "$what: no checkpoint saved"; }
+}
 # SIGUSR1 then SIGTERM at once (two schedulers, or a user after the scheduler): one request
-d=usr1term && mkdir "$d"
-"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --metrics "$d/a.jsonl" \
-  > "$d/a.log" 2>&1 &
-jp=$!  # tprun itself (not a subshell)
-wait_step "$d/a.jsonl" 4 || true
-kill -USR1 "$jp"; kill -TERM "$jp"  # two signal numbers: never merged, always two deliveries
-rc=0
-wait "$jp" || rc=$?
-((rc == 75)) || { tail -20 "$d/a.log"; fail "SIGUSR1 then SIGTERM: exit $rc, not 75"; }
-resumed "$d" "SIGUSR1 then SIGTERM"
+launch usr1term
+wait_step usr1term/a.jsonl 4 || true
+stopped "$jp" usr1term "SIGUSR1 then SIGTERM" USR1 TERM  # two signal numbers: never merged, two deliveries
+resumed usr1term "SIGUSR1 then SIGTERM"
 echo "SIGUSR1, then SIGTERM at once: one request, saved, exit 75, the resume equals the straight run"
 # a signal while a periodic save is being written: that save completes, then the signal's
-d=midsave && mkdir "$d"
-"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --save-interval 3 \
-  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
-jp=$!
+launch midsave --save-interval 3
 hit=no
-for _ in $(seq 3000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.002; done
-kill -TERM "$jp"
-rc=0
-wait "$jp" || rc=$?
-((rc == 75)) || { tail -20 "$d/a.log"; fail "a signal during a periodic save: exit $rc, not 75"; }
-resumed "$d" "a signal during a periodic save"
+for _ in $(seq 3000); do compgen -G "midsave/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.002; done
+stopped "$jp" midsave "a signal during a periodic save" TERM
+resumed midsave "a signal during a periodic save"
 echo "SIGTERM during a periodic save (caught inside it: $hit): saved, exit 75, the resume equals the straight run"
-
 # with evaluation every 2 steps, --keep-best and --average-last (which do not change the training): a
 # signal saves and stops; the resumed run keeps the best and averages, and trains as the straight run did
-d=keepbest && mkdir "$d"
+d=keepbest
 extra=(--eval-interval 2 --keep-best loss --average-last 2)
-"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" "${extra[@]}" --save "$d/ck" --metrics "$d/a.jsonl" \
-  > "$d/a.log" 2>&1 &
-jp=$!
+launch "$d" "${extra[@]}"
 wait_step "$d/a.jsonl" 7 || true
-kill -TERM "$jp"
-rc=0
-wait "$jp" || rc=$?
-((rc == 75)) || { tail -20 "$d/a.log"; fail "--keep-best and --average-last: exit $rc, not 75"; }
+stopped "$jp" "$d" "--keep-best and --average-last" TERM
 job "${extra[@]}" --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
   { tail "$d/b.log"; fail "--keep-best and --average-last: the resume failed"; }
 cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "--keep-best and --average-last: weights differ"
@@ -163,18 +165,15 @@ echo "evaluation, --keep-best and --average-last: saved on the signal, resumed t
      "best and averaged checkpoints intact"
 # SIGKILL to the job while it writes the signal's checkpoint: the periodic one before it is the newest
 # complete checkpoint, and the resume from it is exact
-d=killsave && mkdir "$d"
-"$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" --save-interval 4 \
-  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
-jp=$!
-wait_step "$d/a.jsonl" 6 || true
+launch killsave --save-interval 4
+wait_step killsave/a.jsonl 6 || true
 kill -TERM "$jp"
 hit=no
-for _ in $(seq 2000); do compgen -G "$d/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.001; done
+for _ in $(seq 2000); do compgen -G "killsave/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.001; done
 kill -KILL "$jp" 2> /dev/null || true  # the ranks follow (PR_SET_PDEATHSIG)
 wait "$jp" || true
 sleep 0.3
-resumed "$d" "SIGKILL during the signal's save"
+resumed killsave "SIGKILL during the signal's save"
 echo "SIGKILL during the signal's save (caught inside it: $hit): the newest complete checkpoint loads, the resume" \
      "equals the straight run"
 
@@ -186,14 +185,8 @@ timeout -s TERM 600 "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@
   --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
 tp=$!  # timeout's pid: it forwards a signal it gets exactly as it sends its own at the limit
 wait_step "$d/a.jsonl" 6 || true
-kill -TERM "$tp"
-rc=0
-wait "$tp" || rc=$?
-((rc == 75)) || { tail -20 "$d/a.log"; fail "under timeout: exit $rc, not 75"; }
-grep -q "saved on SIGTERM" "$d/a.log" || { tail "$d/a.log"; fail "under timeout: no checkpoint saved"; }
-job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
-  { tail "$d/b.log"; fail "under timeout: the resume failed"; }
-cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "under timeout: the resumed weights differ"
+stopped "$tp" "$d" "under timeout" TERM
+resumed "$d" "under timeout"
 echo "under timeout -s TERM: one request, saved, exit 75, the resume equals the straight run"
 
 # The SLURM recipe (scripts/slurm_job.sh) as SLURM runs it: --signal=B:USR1 signals the batch shell
@@ -204,14 +197,8 @@ TPRUN=$tprun TPRUN_NPROC=8 TPRUN_GRACE=30 TPRUN_ARGS=--standalone \
   --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
 sh=$!
 wait_step "$d/a.jsonl" 6 || true
-kill -USR1 "$sh"
-rc=0
-wait "$sh" || rc=$?
-((rc == 75)) || { tail -20 "$d/a.log"; fail "the SLURM script signalled as B: does: exit $rc, not 75"; }
-grep -q "saved on SIGUSR1" "$d/a.log" || { tail "$d/a.log"; fail "the SLURM script: no checkpoint saved"; }
-job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
-  { tail "$d/b.log"; fail "the SLURM script: the resume failed"; }
-cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "the SLURM script: the resumed weights differ"
+stopped "$sh" "$d" "the SLURM script signalled as B: does" USR1
+resumed "$d" "the SLURM script"
 echo "scripts/slurm_job.sh, SIGUSR1 to the batch shell: saved, exit 75, the resume equals the straight run"
 
 # Without --save: said so, nothing saved, 128 + signal.

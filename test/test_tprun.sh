@@ -221,49 +221,39 @@ else
     bad "timeout's delivery: rc $rc after $dt s, stderr: $(cat "$d/err")"
 fi
 no_leftovers "timeout's delivery"
+# twice GAP seconds apart to a job of workers ignoring SIGTERM (--grace GRACE): "rc seconds" on stdout,
+# stderr in DIR/err ("start" when the workers did not start)
+signal_twice() {
+    local d=$1 grace=$2 gap=$3 tp t0 rc
+    mkdir "$d"
+    "$tprun" --nproc_per_node 2 --grace "$grace" "$worker" run "$d" "$marker" --ignore-term --child \
+        > "$d/out" 2> "$d/err" &
+    tp=$!
+    if ! wait_files "$d/pid_" 2 10; then
+        kill -KILL $tp; wait $tp; echo start; return
+    fi
+    t0=$(now)
+    kill -TERM $tp; sleep "$gap"; kill -TERM $tp
+    wait $tp
+    rc=$?
+    echo "$rc $(elapsed "$t0")"
+}
 # the same twice, 0.1 s apart: two deliveries for certain (the kernel merges a duplicate still pending,
 # so timeout's own pair above is one delivery or two, by chance)
-d=$work/twice && mkdir "$d"
-"$tprun" --nproc_per_node 2 --grace 3 "$worker" run "$d" "$marker" --ignore-term --child > "$d/out" 2> "$d/err" &
-tp=$!
-if wait_files "$d/pid_" 2 10; then
-    t0=$(now)
-    kill -TERM $tp; sleep 0.1; kill -TERM $tp
-    wait $tp
-    rc=$?
-    dt=$(elapsed "$t0")
-    if [ $rc -eq 143 ] && lt 2.8 "$dt" && grep -q "SIGTERM 0.[0-9]* s after SIGTERM: taken as the same request" "$d/err" &&
-       ! grep -q "SIGKILL to every worker now" "$d/err"; then
-        ok "SIGTERM twice 0.1 s apart: one request, said so; the workers had their --grace (${dt} s)"
-    else
-        bad "doubled SIGTERM: rc $rc after $dt s, stderr: $(cat "$d/err")"
-    fi
+read -r rc dt <<< "$(signal_twice "$work/twice" 3 0.1)"
+if [ "$rc" = 143 ] && lt 2.8 "$dt" && ! grep -q "SIGKILL to every worker now" "$work/twice/err" &&
+   grep -q "SIGTERM 0.[0-9]* s after SIGTERM: taken as the same request" "$work/twice/err"; then
+    ok "SIGTERM twice 0.1 s apart: one request, said so; the workers had their --grace (${dt} s)"
 else
-    bad "doubled SIGTERM: workers did not start"
-    kill -KILL $tp
-    wait $tp
+    bad "doubled SIGTERM: rc $rc after ${dt:-?} s, stderr: $(cat "$work/twice/err")"
 fi
 no_leftovers "a doubled signal"
-d=$work/again && mkdir "$d"
-"$tprun" --nproc_per_node 2 --grace 30 "$worker" run "$d" "$marker" --ignore-term --child > "$d/out" 2> "$d/err" &
-tp=$!
-if wait_files "$d/pid_" 2 10; then
-    t0=$(now)
-    kill -TERM $tp
-    sleep 2.2
-    kill -TERM $tp
-    wait $tp
-    rc=$?
-    dt=$(elapsed "$t0")
-    if [ $rc -eq 143 ] && lt "$dt" 8 && grep -q "SIGTERM again, 2.[0-9] s after SIGTERM: SIGKILL to every worker now" "$d/err"; then
-        ok "a second SIGTERM 2.2 s after the first: SIGKILL at once (${dt} s of a 30 s --grace), said so"
-    else
-        bad "second request: rc $rc after $dt s, stderr: $(cat "$d/err")"
-    fi
+read -r rc dt <<< "$(signal_twice "$work/again" 30 2.2)"
+if [ "$rc" = 143 ] && lt "$dt" 8 &&
+   grep -q "SIGTERM again, 2.[0-9] s after SIGTERM: SIGKILL to every worker now" "$work/again/err"; then
+    ok "a second SIGTERM 2.2 s after the first: SIGKILL at once (${dt} s of a 30 s --grace), said so"
 else
-    bad "repeated signal: workers did not start"
-    kill -KILL $tp
-    wait $tp
+    bad "second request: rc $rc after ${dt:-?} s, stderr: $(cat "$work/again/err")"
 fi
 no_leftovers "a repeated signal"
 
