@@ -12,11 +12,12 @@
 # job says that nothing is saved and exits 128+signal. A job under timeout(1)
 # (its doubled delivery is one request) saves and resumes exactly; so does
 # scripts/slurm_job.sh when its batch shell alone gets SIGUSR1 (SLURM's B:).
-# Then one trial each: SIGUSR1 and SIGTERM at once (one request), a signal
+# Then, PREEMPT_SCENARIOS times each (default 1): SIGUSR1 and SIGTERM at once (one request), a signal
 # during a periodic save, a run evaluating with --keep-best and
 # --average-last, SIGKILL while the signal's checkpoint is written; after
 # each the newest complete checkpoint loads, the resume is exact, no rank
 # and no shared-memory segment of the job is left.
+# PREEMPT_SCENARIOS repeats the named scenarios (default 1).
 # PREEMPT_TRIALS sets the number of trials (default 4, about 5 s each on two
 # cores; 20 for the full check). PREEMPT_SEED fixes the random choices.
 # Usage: test_preempt.sh BUILD_DIR
@@ -136,70 +137,77 @@ stopped() {
   any=$(IFS='|'; echo "$*")  # signals sent at once may arrive in either order
   grep -Eq "saved on SIG($any)" "$d/a.log" || { tail "$d/a.log"; fail "$what: no checkpoint saved"; }
 }
-# SIGUSR1 then SIGTERM at once (two schedulers, or a user after the scheduler): one request
-launch usr1term
-wait_step usr1term/a.jsonl 4 || true
-stopped "$jp" usr1term "SIGUSR1 then SIGTERM" USR1 TERM  # two signal numbers: never merged, two deliveries
-resumed usr1term "SIGUSR1 then SIGTERM"
-echo "SIGUSR1, then SIGTERM at once: one request, saved, exit 75, the resume equals the straight run"
-# a signal while a periodic save is being written: that save completes, then the signal's
-launch midsave --save-interval 3
-hit=no
-for _ in $(seq 3000); do compgen -G "midsave/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.002; done
-stopped "$jp" midsave "a signal during a periodic save" TERM
-resumed midsave "a signal during a periodic save"
-echo "SIGTERM during a periodic save (caught inside it: $hit): saved, exit 75, the resume equals the straight run"
-# with evaluation every 2 steps, --keep-best and --average-last (which do not change the training): a
-# signal saves and stops; the resumed run keeps the best and averages, and trains as the straight run did
-d=keepbest
-extra=(--eval-interval 2 --keep-best loss --average-last 2)
-launch "$d" "${extra[@]}"
-wait_step "$d/a.jsonl" 7 || true
-stopped "$jp" "$d" "--keep-best and --average-last" TERM
-job "${extra[@]}" --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
-  { tail "$d/b.log"; fail "--keep-best and --average-last: the resume failed"; }
-cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "--keep-best and --average-last: weights differ"
-[[ -L $d/ck/best && -f $d/ck/averaged/manifest.json ]] || fail "--keep-best and --average-last: no best or averaged"
-"$ckpt" inspect "$d/ck/averaged" > /dev/null 2>&1 || fail "--keep-best and --average-last: the average is damaged"
-echo "evaluation, --keep-best and --average-last: saved on the signal, resumed to the straight run's weights," \
-     "best and averaged checkpoints intact"
-# SIGKILL to the job while it writes the signal's checkpoint: the periodic one before it is the newest
-# complete checkpoint, and the resume from it is exact
-launch killsave --save-interval 4
-wait_step killsave/a.jsonl 6 || true
-kill -TERM "$jp"
-hit=no
-for _ in $(seq 2000); do compgen -G "killsave/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.001; done
-kill -KILL "$jp" 2> /dev/null || true  # the ranks follow (PR_SET_PDEATHSIG)
-wait "$jp" || true
-sleep 0.3
-resumed killsave "SIGKILL during the signal's save"
-echo "SIGKILL during the signal's save (caught inside it: $hit): the newest complete checkpoint loads, the resume" \
-     "equals the straight run"
+# The scenarios below, PREEMPT_SCENARIOS times each (default 1; 20 for the full check), each time after
+# a random step.
+for ((r = 1; r <= ${PREEMPT_SCENARIOS:-1}; r++)); do
+  at=$((2 + RANDOM % 10))
+  echo "scenarios, round $r: signals after step $at"
+  # SIGUSR1 then SIGTERM at once (two schedulers, or a user after the scheduler): one request
+  launch usr1term$r
+  wait_step usr1term$r/a.jsonl "$at" || true
+  stopped "$jp" usr1term$r "SIGUSR1 then SIGTERM" USR1 TERM  # two signal numbers: never merged, two deliveries
+  resumed usr1term$r "SIGUSR1 then SIGTERM"
+  echo "SIGUSR1, then SIGTERM at once: one request, saved, exit 75, the resume equals the straight run"
+  # a signal while a periodic save is being written: that save completes, then the signal's
+  launch midsave$r --save-interval 3
+  wait_step midsave$r/a.jsonl "$at" || true
+  hit=no
+  for _ in $(seq 3000); do compgen -G "midsave$r/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.002; done
+  stopped "$jp" midsave$r "a signal during a periodic save" TERM
+  resumed midsave$r "a signal during a periodic save"
+  echo "SIGTERM during a periodic save (caught inside it: $hit): saved, exit 75, the resume equals the straight run"
+  # with evaluation every 2 steps, --keep-best and --average-last (which do not change the training): a
+  # signal saves and stops; the resumed run keeps the best and averages, and trains as the straight run did
+  d=keepbest$r
+  extra=(--eval-interval 2 --keep-best loss --average-last 2)
+  launch "$d" "${extra[@]}"
+  wait_step "$d/a.jsonl" "$at" || true
+  stopped "$jp" "$d" "--keep-best and --average-last" TERM
+  job "${extra[@]}" --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
+    { tail "$d/b.log"; fail "--keep-best and --average-last: the resume failed"; }
+  cmp -s "$d/out/model.safetensors" straight/model.safetensors || fail "--keep-best and --average-last: weights differ"
+  [[ -L $d/ck/best && -f $d/ck/averaged/manifest.json ]] || fail "--keep-best and --average-last: no best or averaged"
+  "$ckpt" inspect "$d/ck/averaged" > /dev/null 2>&1 || fail "--keep-best and --average-last: the average is damaged"
+  echo "evaluation, --keep-best and --average-last: saved on the signal, resumed to the straight run's weights," \
+       "best and averaged checkpoints intact"
+  # SIGKILL to the job while it writes the signal's checkpoint: the periodic one before it is the newest
+  # complete checkpoint, and the resume from it is exact
+  launch killsave$r --save-interval 4
+  wait_step killsave$r/a.jsonl "$at" || true
+  kill -TERM "$jp"
+  hit=no
+  for _ in $(seq 2000); do compgen -G "killsave$r/ck/step_*.tmp" > /dev/null && { hit=yes; break; }; sleep 0.001; done
+  kill -KILL "$jp" 2> /dev/null || true  # the ranks follow (PR_SET_PDEATHSIG)
+  wait "$jp" || true
+  sleep 0.3
+  resumed killsave$r "SIGKILL during the signal's save"
+  echo "SIGKILL during the signal's save (caught inside it: $hit): the newest complete checkpoint loads, the resume" \
+       "equals the straight run"
 
-# Under timeout(1), as users fit a job to an allocation: timeout delivers its signal twice, to tprun and
-# then to its own process group (tprun again), microseconds apart. That is one request: the workers
-# save, the job exits 75 (timeout passes it on), and the resume is the straight run.
-d=timeout && mkdir "$d"
-timeout -s TERM 600 "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" \
-  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
-tp=$!  # timeout's pid: it forwards a signal it gets exactly as it sends its own at the limit
-wait_step "$d/a.jsonl" 6 || true
-stopped "$tp" "$d" "under timeout" TERM
-resumed "$d" "under timeout"
-echo "under timeout -s TERM: one request, saved, exit 75, the resume equals the straight run"
+  # Under timeout(1), as users fit a job to an allocation: timeout delivers its signal twice, to tprun and
+  # then to its own process group (tprun again), microseconds apart. That is one request: the workers
+  # save, the job exits 75 (timeout passes it on), and the resume is the straight run.
+  d=timeout$r && mkdir "$d"
+  timeout -s TERM 600 "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --save "$d/ck" \
+    --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
+  tp=$!  # timeout's pid: it forwards a signal it gets exactly as it sends its own at the limit
+  wait_step "$d/a.jsonl" "$at" || true
+  stopped "$tp" "$d" "under timeout" TERM
+  resumed "$d" "under timeout"
+  echo "under timeout -s TERM: one request, saved, exit 75, the resume equals the straight run"
 
-# The SLURM recipe (scripts/slurm_job.sh) as SLURM runs it: --signal=B:USR1 signals the batch shell
-# alone. The shell passes it to tprun, the ranks save, the script exits 75, the resume is exact.
-d=slurm && mkdir "$d"
-TPRUN=$tprun TPRUN_NPROC=8 TPRUN_GRACE=30 TPRUN_ARGS=--standalone \
-  bash "$(dirname "$0")/../scripts/slurm_job.sh" "$train" "${flags[@]}" --save "$d/ck" --resume auto \
-  --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
-sh=$!
-wait_step "$d/a.jsonl" 6 || true
-stopped "$sh" "$d" "the SLURM script signalled as B: does" USR1
-resumed "$d" "the SLURM script"
-echo "scripts/slurm_job.sh, SIGUSR1 to the batch shell: saved, exit 75, the resume equals the straight run"
+  # The SLURM recipe (scripts/slurm_job.sh) as SLURM runs it: --signal=B:USR1 signals the batch shell
+  # alone. The shell passes it to tprun, the ranks save, the script exits 75, the resume is exact.
+  d=slurm$r && mkdir "$d"
+  TPRUN=$tprun TPRUN_NPROC=8 TPRUN_GRACE=30 TPRUN_ARGS=--standalone \
+    bash "$(dirname "$0")/../scripts/slurm_job.sh" "$train" "${flags[@]}" --save "$d/ck" --resume auto \
+    --metrics "$d/a.jsonl" > "$d/a.log" 2>&1 &
+  sh=$!
+  wait_step "$d/a.jsonl" "$at" || true
+  stopped "$sh" "$d" "the SLURM script signalled as B: does" USR1
+  resumed "$d" "the SLURM script"
+  echo "scripts/slurm_job.sh, SIGUSR1 to the batch shell: saved, exit 75, the resume equals the straight run"
+done
 
 # Without --save: said so, nothing saved, 128 + signal.
 "$tprun" --standalone --nproc_per_node 8 "$train" "${flags[@]}" --metrics nosave.jsonl > nosave.log 2>&1 &
