@@ -50,6 +50,9 @@
 #          GPU_CHECK_MAIN_EVAL steps and a checkpoint beside it, the test BLEU of the newest checkpoint, the curves over
 #          wall time (plot_metrics.py, where matplotlib is); then four ranks
 #          on the one GPU (tp = 4, shm staged) for their memory table
+#   s      (only when GPU_CHECK_STEPS names it) scripts/sweep_recipe.sh: the
+#          training recipes side by side on the one GPU, then the winner alone
+#          (SWEEP_STEPS, SWEEP_WINNER_MINUTES and the rest from the environment)
 # Output under $OUT (else ./gpu_report): report.md (environment, one line
 # per step with its time, totals), logs/STEP.log, the metrics files, and
 # nvidia-smi.txt, libraries.txt. Exit status 0 when no step failed.
@@ -737,6 +740,19 @@ else
     --metrics "$out/g_tp4.jsonl" "${main_extra[@]}"; then
     step g.tp4_table 30 "$py" -c "$TABLE_CHECK_PY" "$out/logs/g.tp4.log" 4
   fi
+fi
+fi
+
+# ---- s: the recipe sweep (scripts/sweep_recipe.sh), only when GPU_CHECK_STEPS names it ------------
+if [[ $sections == *" s "* ]]; then
+phase "$budget"
+s_why=$(why_not --device)
+[ -n "$CORPUS" ] || s_why=${s_why:-no corpus}
+if [ -n "$s_why" ]; then
+  skip s.sweep "$s_why"
+else
+  STEP_NOTE_RE='sweep_recipe: (winner|en-ja|ja-en)' step s.sweep $((phase_deadline - SECONDS - 5)) \
+    env SWEEP_BIN="$BIN" SWEEP_DEVICE=cuda bash "$root/scripts/sweep_recipe.sh" "$CORPUS" "$out/sweep"
 fi
 fi
 

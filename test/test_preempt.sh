@@ -18,12 +18,12 @@
 # each the newest complete checkpoint loads, the resume is exact, no rank
 # and no shared-memory segment of the job is left.
 # PREEMPT_SCENARIOS repeats the named scenarios (default 1).
-# PREEMPT_TRIALS sets the number of trials (default 4, about 5 s each on two
+# PREEMPT_TRIALS sets the number of trials (default 3, about 5 s each on two
 # cores; 20 for the full check). PREEMPT_SEED fixes the random choices.
 # Usage: test_preempt.sh BUILD_DIR
 set -euo pipefail
 build=$1
-trials=${PREEMPT_TRIALS:-4}
+trials=${PREEMPT_TRIALS:-3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Training recipes compared side by side on one machine, then the winner
+# trained alone: the way to choose the main job's recipe with few GPU minutes.
+#
+#   bash scripts/sweep_recipe.sh CORPUS_DIR [OUT_DIR]       # default OUT_DIR sweep/
+#
+# 1. Every candidate (SWEEP_CANDIDATES: a file of lines "NAME FLAGS...", '#'
+#    comments; default the list below) is a separate train_mt process with
+#    the same seed, data and SWEEP_FLAGS, all started at once (one GPU holds
+#    them all: at 4k tokens a run uses a small share of it), each for
+#    SWEEP_STEPS steps with dev BLEU every SWEEP_EVAL steps. The tokenizers
+#    the candidates need are prepared first, one at a time, so that no two
+#    runs build the same cache.
+# 2. The table (OUT_DIR/sweep.md, one JSON line per candidate in
+#    sweep.jsonl): dev BLEU at every evaluation step all candidates reached
+#    (equal steps, not equal time: the runs share the machine), the best
+#    and where, the last, tokens/s; ranked by the best dev BLEU (or, with
+#    SWEEP_METRIC=loss, the lowest dev loss).
+# 3. Unless SWEEP_WINNER_MINUTES is 0: the winner alone, ended by
+#    --max-minutes SWEEP_WINNER_MINUTES, keeping the best checkpoint and
+#    averaging the newest SWEEP_AVERAGE; the test set translated with
+#    whichever of the two had the higher dev BLEU (both printed), and with
+#    SWEEP_JAEN=1 the same recipe trained and scored ja->en.
+# The last lines name the winner, its flags and test BLEU.
+#
+# Environment: SWEEP_BIN (folder of train_mt and translate_mt; default
+# build-gpu, else build), SWEEP_DEVICE (auto), SWEEP_PRESET (base),
+# SWEEP_FLAGS (more train_mt flags for every run; default
+# "--batch-tokens 4096 --length-bucket 8 --warmup 1000"), SWEEP_STEPS (3000),
+# SWEEP_EVAL (250), SWEEP_BEAM (beam for the test set, 5), SWEEP_AVERAGE (3),
+# SWEEP_WINNER_MINUTES (10), SWEEP_JAEN (0), SWEEP_CANDIDATES, SWEEP_METRIC
+# (bleu; loss ranks by dev loss, for runs too short for BLEU).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+corpus=${1:-}
+out=${2:-sweep}
+[ -n "$corpus" ] && [ -s "$corpus/train.en" ] || { echo "sweep_recipe: usage: sweep_recipe.sh CORPUS_DIR [OUT_DIR]" >&2; exit 2; }
+corpus=$(cd "$corpus" && pwd)
+bin=${SWEEP_BIN:-}
+if [ -z "$bin" ]; then
+  for d in "$root/build-gpu" "$root/build"; do [ -x "$d/train_mt" ] && { bin=$d; break; }; done
+fi
+[ -x "${bin:-}/train_mt" ] && [ -x "$bin/translate_mt" ] || { echo "sweep_recipe: no train_mt (set SWEEP_BIN)" >&2; exit 2; }
+steps=${SWEEP_STEPS:-3000} eval_every=${SWEEP_EVAL:-250} minutes=${SWEEP_WINNER_MINUTES:-10}
+beam=${SWEEP_BEAM:-5} average=${SWEEP_AVERAGE:-3}
+read -r -a common <<< "${SWEEP_FLAGS:---batch-tokens 4096 --length-bucket 8 --warmup 1000}"
+common=(--data "$corpus" --device "${SWEEP_DEVICE:-auto}" --preset "${SWEEP_PRESET:-base}" --seed 1
+        --log-interval 100 "${common[@]}")
+mkdir -p "$out" || exit 2
+out=$(cd "$out" && pwd)
+cache=$out/cache
+
+# The candidates: the levers of a model that overfits 50k pairs (docs/quality.md).
+default_candidates() {
+  cat <<'EOF'
+# name          flags (after the common ones)
+preset          --dropout 0.1
+drop3           --dropout 0.3
+drop3-lr1e3     --dropout 0.3 --lr 1e-3
+drop3-vocab4k   --dropout 0.3 --spm-vocab-size 4000
+drop3-ls2       --dropout 0.3 --label-smoothing 0.2
+drop3-wd        --dropout 0.3 --weight-decay 0.1
+narrow-drop3    --dropout 0.3 --d-model 256 --ffn-hidden-size 1024 --heads 4
+shallow-drop3   --dropout 0.3 --encoder-layers 4 --decoder-layers 4
+EOF
+}
+names=() flagsets=()
+while read -r name rest; do
+  [[ -z $name || $name == \#* ]] && continue
+  [[ $name =~ ^[A-Za-z0-9._-]+$ ]] || { echo "sweep_recipe: candidate name '$name': letters, digits, . _ - only" >&2; exit 2; }
+  names+=("$name") flagsets+=("$rest")
+done < <(if [ -n "${SWEEP_CANDIDATES:-}" ]; then cat "$SWEEP_CANDIDATES"; else default_candidates; fi)
+[ "${#names[@]}" -gt 0 ] || { echo "sweep_recipe: no candidates" >&2; exit 2; }
+echo "sweep_recipe: ${#names[@]} candidates side by side, $steps steps each, dev BLEU every $eval_every; train_mt from $bin"
+
+# 1. the tokenizers, one at a time (a candidate's --spm-vocab-size), then every candidate at once
+declare -A prepared=()
+for i in "${!names[@]}"; do
+  read -r -a f <<< "${flagsets[$i]}"
+  v=default
+  for ((k = 0; k < ${#f[@]}; k++)); do [ "${f[$k]}" = --spm-vocab-size ] && v=${f[$((k + 1))]:-default}; done
+  [ -n "${prepared[$v]:-}" ] && continue
+  prepared[$v]=1
+  "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps 1 --eval-interval 0 \
+    > "$out/prepare-$v.log" 2>&1 || { tail -n 5 "$out/prepare-$v.log"; echo "sweep_recipe: preparing the data failed" >&2; exit 1; }
+done
+pids=()
+for i in "${!names[@]}"; do
+  read -r -a f <<< "${flagsets[$i]}"
+  "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps "$steps" --eval-interval "$eval_every" \
+    --metrics "$out/${names[$i]}.jsonl" > "$out/${names[$i]}.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for i in "${!names[@]}"; do
+  wait "${pids[$i]}" || { failed=1; echo "sweep_recipe: ${names[$i]} failed: $(tail -n 1 "$out/${names[$i]}.log")" >&2; }
+done
+
+# 2. the table
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+printf '%s\n' "${names[@]}" > "$out/names.txt"
+printf '%s\n' "${flagsets[@]}" > "$out/flags.txt"
+winner=$("$py" - "$out" "${SWEEP_METRIC:-bleu}" <<'PY'
+import json, os, sys
+out, metric = sys.argv[1], sys.argv[2]
+key, better = ("dev_bleu", max) if metric == "bleu" else ("dev_loss", min)
+label = "dev BLEU" if metric == "bleu" else "dev loss"
+names = open(os.path.join(out, "names.txt")).read().split("\n")[:-1]
+flags = open(os.path.join(out, "flags.txt")).read().split("\n")[:-1]
+runs = []
+for name, fl in zip(names, flags):
+    recs = []
+    path = os.path.join(out, name + ".jsonl")
+    if os.path.exists(path):
+        recs = [json.loads(l) for l in open(path) if l.strip()]
+    bleu = {r["step"]: r[key] for r in recs if key in r and "averaged" not in r}
+    tps = [r["tokens_per_s"] for r in recs if "tokens_per_s" in r and r.get("step", 0) > 1]
+    runs.append(dict(name=name, flags=fl, bleu=bleu, tokens_per_s=sum(tps) / len(tps) if tps else None))
+common = sorted(set.intersection(*(set(r["bleu"]) for r in runs))) if runs else []
+for r in runs:
+    at = {s: r["bleu"][s] for s in common}
+    r["best_step"], r["best"] = better(at.items(), key=lambda kv: kv[1]) if at else (None, None)
+    r["last"] = at[common[-1]] if common else None
+ranked = sorted([r for r in runs if r["best"] is not None], key=lambda r: -r["best"] if better is max else r["best"])
+with open(os.path.join(out, "sweep.jsonl"), "w") as f:
+    for r in runs:
+        f.write(json.dumps({k: r[k] for k in ("name", "flags", "best", "best_step", "last", "tokens_per_s")}
+                           | {"metric": key, key: r["bleu"]}) + "\n")
+cols = common if len(common) <= 8 else common[:: max(1, len(common) // 8)] + ([common[-1]] if common[-1] not in common[:: max(1, len(common) // 8)] else [])
+lines = [f"| rank | candidate | flags | best {label} (step) | last | " + " | ".join(f"step {s}" for s in cols)
+         + " | tokens/s (shared) |",
+         "|---|---|---|---|---|" + "---|" * len(cols) + "---|"]
+for k, r in enumerate(ranked, 1):
+    tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-"
+    lines.append(f"| {k} | {r['name']} | `{r['flags']}` | {r['best']:.2f} ({r['best_step']}) | {r['last']:.2f} | "
+                 + " | ".join(f"{r['bleu'][s]:.2f}" for s in cols) + f" | {tps} |")
+for r in runs:
+    if r["best"] is None:
+        lines.append(f"| - | {r['name']} | `{r['flags']}` | no evaluation at the common steps (failed?) |||" + "|" * len(cols))
+open(os.path.join(out, "sweep.md"), "w").write("\n".join(lines) + "\n")
+print(ranked[0]["name"] if ranked else "")
+PY
+)
+cat "$out/sweep.md"
+[ -n "$winner" ] || { echo "sweep_recipe: no candidate was evaluated" >&2; exit 1; }
+wflags=""
+for i in "${!names[@]}"; do [ "${names[$i]}" = "$winner" ] && wflags=${flagsets[$i]}; done
+echo "sweep_recipe: winner $winner: $wflags"
+[ "$minutes" != 0 ] || exit "$failed"
+
+# 3. the winner alone, en->ja (and ja->en with SWEEP_JAEN=1)
+read -r -a f <<< "$wflags"
+dirs=(en-ja)
+[ "${SWEEP_JAEN:-0}" = 1 ] && dirs+=(ja-en)
+for dir in "${dirs[@]}"; do
+  src=${dir%-*} tgt=${dir#*-}
+  w=$out/winner-$dir
+  rm -rf "$w"
+  "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --direction "$dir" --max-steps 1000000 \
+    --max-minutes "$minutes" --eval-interval "$eval_every" --save "$w" --save-interval "$eval_every" \
+    --keep-last "$average" --keep-best bleu --average-last "$average" --metrics "$w.jsonl" > "$w.log" 2>&1 ||
+    { tail -n 5 "$w.log"; echo "sweep_recipe: the winner's $dir run failed" >&2; exit 1; }
+  pick=$("$py" - "$w.jsonl" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+avg = [r for r in recs if "averaged" in r]
+if avg and avg[-1].get("dev_bleu") is not None and avg[-1]["dev_bleu"] > avg[-1].get("best_single_dev_bleu", -1):
+    print(f"averaged {avg[-1]['dev_bleu']:.2f} {avg[-1].get('best_single_dev_bleu', float('nan')):.2f}")
+else:
+    best = avg[-1].get("best_single_dev_bleu") if avg else max((r["dev_bleu"] for r in recs if "dev_bleu" in r), default=float("nan"))
+    other = avg[-1].get("dev_bleu") if avg else None
+    print(f"best {best:.2f} {other if other is not None else float('nan'):.2f}")
+PY
+)
+  read -r which dev_kept dev_other <<< "$pick"
+  "$bin/translate_mt" --model "$w/$which" --beam "$beam" --src "$corpus/test.$src" --ref "$corpus/test.$tgt" \
+    > "$w.test.$tgt" 2> "$w.test.log" || { cat "$w.test.log"; echo "sweep_recipe: translating the test set failed" >&2; exit 1; }
+  echo "sweep_recipe: $dir: $winner for $minutes min: the $which checkpoint (dev BLEU $dev_kept; the other $dev_other):" \
+       "test $(grep '^BLEU' "$w.test.log") $(grep '^chrF' "$w.test.log")"
+done
+exit "$failed"
