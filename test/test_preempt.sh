@@ -103,12 +103,15 @@ for ((i = 1; i <= trials; i++)); do
        "step $from, steps $((from + 1))..30 and the weights equal the straight run's"
 done
 
-# resumed DIR WHAT: DIR/ck's newest complete checkpoint loads (ckpt inspect), the resume from it ends with
+# resumed DIR WHAT: DIR/ck's newest complete checkpoint, if any, loads (ckpt inspect), the resume ends with
 # the straight run's weights, and nothing of the job is left: no train_mt of DIR, no new /dev/shm segment.
 shm_before=$(ls /dev/shm | grep -c '^tpt-' || true)
 resumed() {
   local d=$1 what=$2
-  "$ckpt" inspect "$d/ck" > "$d/inspect.log" 2>&1 || { cat "$d/inspect.log"; fail "$what: the newest checkpoint is damaged"; }
+  # (a SIGKILL before the first save completed leaves none: the resume starts from step 0)
+  if compgen -G "$d/ck/step_*[0-9]/manifest.json" > /dev/null; then
+    "$ckpt" inspect "$d/ck" > "$d/inspect.log" 2>&1 || { cat "$d/inspect.log"; fail "$what: the newest checkpoint is damaged"; }
+  fi
   ! pgrep -f -- "--save $d/ck" > /dev/null || fail "$what: a rank of the job is still running"
   job --save "$d/ck" --resume auto --metrics "$d/b.jsonl" --export "$d/out" > "$d/b.log" 2>&1 ||
     { tail "$d/b.log"; fail "$what: the resume failed"; }
@@ -181,7 +184,7 @@ for ((r = 1; r <= ${PREEMPT_SCENARIOS:-1}; r++)); do
   wait "$jp" || true
   sleep 0.3
   resumed killsave$r "SIGKILL during the signal's save"
-  echo "SIGKILL during the signal's save (caught inside it: $hit): the newest complete checkpoint loads, the resume" \
+  echo "SIGKILL during the signal's save (caught inside it: $hit): the newest complete checkpoint (if any) loads, the resume" \
        "equals the straight run"
 
   # Under timeout(1), as users fit a job to an allocation: timeout delivers its signal twice, to tprun and
