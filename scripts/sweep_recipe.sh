@@ -114,27 +114,31 @@ for name, fl in zip(names, flags):
     path = os.path.join(out, name + ".jsonl")
     if os.path.exists(path):
         recs = [json.loads(l) for l in open(path) if l.strip()]
-    bleu = {r["step"]: r[key] for r in recs if key in r and "averaged" not in r}
+    dev = {r["step"]: r[key] for r in recs if key in r and "averaged" not in r}
     tps = [r["tokens_per_s"] for r in recs if "tokens_per_s" in r and r.get("step", 0) > 1]
-    runs.append(dict(name=name, flags=fl, bleu=bleu, tokens_per_s=sum(tps) / len(tps) if tps else None))
-common = sorted(set.intersection(*(set(r["bleu"]) for r in runs))) if runs else []
+    runs.append(dict(name=name, flags=fl, dev=dev, tokens_per_s=sum(tps) / len(tps) if tps else None))
+common = sorted(set.intersection(*(set(r["dev"]) for r in runs))) if runs else []
 for r in runs:
-    at = {s: r["bleu"][s] for s in common}
+    at = {s: r["dev"][s] for s in common}
     r["best_step"], r["best"] = better(at.items(), key=lambda kv: kv[1]) if at else (None, None)
     r["last"] = at[common[-1]] if common else None
 ranked = sorted([r for r in runs if r["best"] is not None], key=lambda r: -r["best"] if better is max else r["best"])
 with open(os.path.join(out, "sweep.jsonl"), "w") as f:
     for r in runs:
         f.write(json.dumps({k: r[k] for k in ("name", "flags", "best", "best_step", "last", "tokens_per_s")}
-                           | {"metric": key, key: r["bleu"]}) + "\n")
-cols = common if len(common) <= 8 else common[:: max(1, len(common) // 8)] + ([common[-1]] if common[-1] not in common[:: max(1, len(common) // 8)] else [])
+                           | {"metric": key, key: r["dev"]}) + "\n")
+cols = common  # at most about 8 columns: every stride-th step, and the last
+if len(common) > 8:
+    cols = common[:: len(common) // 8]
+    if cols[-1] != common[-1]:
+        cols.append(common[-1])
 lines = [f"| rank | candidate | flags | best {label} (step) | last | " + " | ".join(f"step {s}" for s in cols)
          + " | tokens/s (shared) |",
          "|---|---|---|---|---|" + "---|" * len(cols) + "---|"]
 for k, r in enumerate(ranked, 1):
     tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-"
     lines.append(f"| {k} | {r['name']} | `{r['flags']}` | {r['best']:.2f} ({r['best_step']}) | {r['last']:.2f} | "
-                 + " | ".join(f"{r['bleu'][s]:.2f}" for s in cols) + f" | {tps} |")
+                 + " | ".join(f"{r['dev'][s]:.2f}" for s in cols) + f" | {tps} |")
 for r in runs:
     if r["best"] is None:
         lines.append(f"| - | {r['name']} | `{r['flags']}` | no evaluation at the common steps (failed?) |||" + "|" * len(cols))

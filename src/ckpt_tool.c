@@ -208,11 +208,6 @@ static int cmd_inspect(const char *arg) {
 }
 
 /* 1 when a and b name the same existing directory. */
-static int same_dir(const char *a, const char *b) {
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 /* The optimizer shards an export does not read, checked as a resume would
  * read them: a damaged one is a warning naming the file (the exported model
  * is right, but the checkpoint cannot be resumed), an error with --strict. */
@@ -227,7 +222,7 @@ static int check_optimizer(const char *dir, bool strict) {
 static int cmd_export(const char *arg, const char *out_dir, bool strict) {
     char dir[4096], err[1024], path[4096];
     if (resolve(arg, dir, sizeof dir)) return 1;
-    if (same_dir(dir, out_dir)) {
+    if (paths_same(dir, out_dir)) {
         fprintf(stderr, "ckpt: %s is the checkpoint itself; export to another directory\n", out_dir);
         return 1;
     }

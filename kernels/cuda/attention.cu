@@ -43,7 +43,6 @@
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 #include "attn_tile.h"
-#include "launch_policy.h"
 
 #define SM_THREADS 256  // 8 warps = 8 rows per block
 #define SM_ROWS_PER_BLOCK (SM_THREADS / TP_WARP)
@@ -360,35 +359,14 @@ static bool g_fused_on = true;  // cuda_attention_set_fused: the tests' switch
 
 extern "C" void cuda_attention_set_fused(bool on) { g_fused_on = on; }
 
-// The device's opt-in limit of dynamic shared memory per block (asked once
-// per device ordinal; -1 when the device reports none).
-static int smem_optin_limit(void) {
-    static int optin[64];  // per device ordinal; 0 = not asked yet
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= 64) return -1;
-    if (optin[dev] == 0) {
-        int v = 0;
-        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        optin[dev] = v > 0 ? v : -1;
-    }
-    return optin[dev];
-}
-
 // Whether a block may have smem_bytes of dynamic shared memory on this device.
 static bool fused_fits(size_t smem_bytes) {
-    return g_fused_on && smem_optin_value(smem_bytes, smem_optin_limit()) >= 0;
+    return g_fused_on && smem_optin_value(smem_bytes, tp_smem_optin_limit()) >= 0;
 }
 
-// Above 48 KiB the kernel opts in to the device's whole limit, the same
-// value at every launch (launch_policy.h: a limit set to each launch's own
-// size could go down under a captured graph's earlier, larger node).
 template <typename Kernel, typename... Args>
 static void fused_launch(Kernel kernel, size_t smem_bytes, int BH, cudaStream_t stream, Args... args) {
-    const int optin = smem_optin_value(smem_bytes, smem_optin_limit());
-    TP_CHECK(optin >= 0, "fused attention: %zu bytes of shared memory per block, over the device's limit",
-             smem_bytes);
-    if (optin > 0) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    tp_smem_optin(kernel, smem_bytes, "fused attention");  // above 48 KiB: the device's whole limit, every time
     const unsigned grid = BH < (1 << 20) ? (unsigned)BH : (1u << 20);
     kernel<<<grid, FUSED_THREADS, smem_bytes, stream>>>(args...);
     CUDA_CHECK(cudaGetLastError());

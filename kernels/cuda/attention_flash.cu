@@ -42,7 +42,6 @@
 #include <type_traits>
 
 #include "cuda_ops.h"
-#include "launch_policy.h"
 #include "cuda_kernel_util.cuh"
 
 using namespace nvcuda;
@@ -467,23 +466,6 @@ __global__ void flash_fill_neg_inf(float *x, size_t n) {
 
 // ---- launchers --------------------------------------------------------------------------------
 
-// Above 48 KiB a kernel must opt in to its dynamic shared memory, within
-// the device's opt-in limit (only the dk, dv kernel at D = 128: 49,408
-// bytes); it opts in to the whole limit, the same value every time
-// (launch_policy.h). Asked at every such launch: the setting belongs to the
-// current device, and neither call is a stream operation (graph capture
-// allows them).
-template <typename K>
-void flash_smem_optin(K kernel, size_t bytes, const char *op) {
-    if (bytes <= SMEM_DEFAULT_LIMIT) return;
-    int dev = 0, limit = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    const int value = smem_optin_value(bytes, limit);
-    TP_CHECK(value > 0, "%s: %zu bytes of shared memory per block, the device allows %d", op, bytes, limit);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, value));
-}
-
 dim3 flash_grid(int T, int H, int B) {
     return dim3((unsigned)((T + FT - 1) / FT), (unsigned)H, (unsigned)(B < 65535 ? B : 65535));
 }
@@ -491,7 +473,7 @@ dim3 flash_grid(int T, int H, int B) {
 template <int D>
 void flash_fwd_launch(const FlashArgs &a, uint16_t *out16, float *lse, cudaStream_t stream) {
     const size_t smem = fwd_smem<D>();
-    flash_smem_optin(flash_fwd_kernel<D>, smem, "op_attention_flash_fwd");
+    tp_smem_optin(flash_fwd_kernel<D>, smem, "op_attention_flash_fwd");
     flash_fwd_kernel<D><<<flash_grid(a.Tq, a.H, a.B), FTHREADS, smem, stream>>>(a, out16, lse);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -500,8 +482,8 @@ template <int D>
 void flash_bwd_launch(const FlashArgs &a, float *dq, float *dk, float *dv, bool add, const float *dout,
                       const float *lse, float *delta, cudaStream_t stream) {
     const size_t smem_q = bwd_q_smem<D>(), smem_kv = bwd_kv_smem<D>();
-    flash_smem_optin(flash_bwd_q_kernel<D>, smem_q, "op_attention_flash_bwd");
-    flash_smem_optin(flash_bwd_kv_kernel<D>, smem_kv, "op_attention_flash_bwd");
+    tp_smem_optin(flash_bwd_q_kernel<D>, smem_q, "op_attention_flash_bwd");
+    tp_smem_optin(flash_bwd_kv_kernel<D>, smem_kv, "op_attention_flash_bwd");
     flash_bwd_q_kernel<D><<<flash_grid(a.Tq, a.H, a.B), FTHREADS, smem_q, stream>>>(a, dout, lse, delta, dq, add);
     CUDA_CHECK(cudaGetLastError());
     flash_bwd_kv_kernel<D><<<flash_grid(a.Tk, a.H, a.B), FTHREADS, smem_kv, stream>>>(a, dout, lse, delta, dk, dv,

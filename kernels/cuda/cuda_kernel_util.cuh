@@ -16,6 +16,7 @@
 #include "bf16.h"  // tp_f32_to_bf16: the rounding, host and device
 #include "backend.h"  // StepVars
 #include "cuda_common.h"
+#include "launch_policy.h"
 #include "scratch_sizes.h"
 
 #define TP_WARP 32
@@ -154,6 +155,36 @@ __device__ __forceinline__ int tp_block_min(int v, int *smem) {
     }
     __syncthreads();
     return smem[0];
+}
+
+// ---- dynamic shared memory above the default ------------------------------------------
+
+// The current device's opt-in limit of dynamic shared memory per block,
+// asked once per device ordinal (per file that calls it); -1 when unknown.
+static inline int tp_smem_optin_limit(void) {
+    static int optin[64];  // per device ordinal; 0 = not asked yet
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= 64) return -1;
+    if (optin[dev] == 0) {
+        int v = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        optin[dev] = v > 0 ? v : -1;
+    }
+    return optin[dev];
+}
+
+// Before a launch of `kernel` with `bytes` of dynamic shared memory: above
+// the default the kernel opts in to the device's whole limit, the same value
+// at every launch (launch_policy.h: one set to each launch's own size could
+// go down under a captured graph's earlier, larger node). Neither call is a
+// stream operation, so a capture allows them. A block over the limit is
+// refused, naming `op`.
+template <typename Kernel>
+static void tp_smem_optin(Kernel kernel, size_t bytes, const char *op) {
+    const int limit = tp_smem_optin_limit(), value = smem_optin_value(bytes, limit);
+    TP_CHECK(value >= 0, "%s: %zu bytes of shared memory per block, the device allows %d", op, bytes, limit);
+    if (value > 0) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, value));
 }
 
 #endif

@@ -14,9 +14,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "err.h"
+#include "fileio.h"
 #include "flags.h"
 #include "parse.h"
 
@@ -128,17 +128,6 @@ static int set_layout(void *a, const Flag *f, const char *s, double num, char *e
 static void show_layout(const void *a, const Flag *f, char *buf, size_t len) {
     (void)f;
     snprintf(buf, len, "%s", CARGS(a)->layout_auto ? "auto" : "");
-}
-
-/* Whether two paths name one folder: the same text (trailing slashes aside),
- * or, where both exist, the same file. */
-static bool same_path(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    while (na > 1 && a[na - 1] == '/') na--;
-    while (nb > 1 && b[nb - 1] == '/') nb--;
-    if (na == nb && strncmp(a, b, na) == 0) return true;
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 /* ---- the table -------------------------------------------------------------- */
@@ -440,7 +429,7 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
                         "captured); drop %s\n", a->layout_auto ? "--layout auto" : a->tp > 1 ? "--tp" : a->dp > 1 ? "--dp" : "--pp");
         exit(2);
     }
-    if (a->export_dir && a->save_dir && same_path(a->export_dir, a->save_dir)) {
+    if (a->export_dir && a->save_dir && paths_same(a->export_dir, a->save_dir)) {
         fprintf(stderr, "train_mt: --export and --save name the same folder (%s): the export would stand beside "
                         "checkpoints that go on after it; export to a folder of its own\n", a->save_dir);
         exit(2);

@@ -255,3 +255,12 @@ int fsync_parent_dir(const char *path) {
     if (rc != 0 && errno == EINVAL) rc = 0;
     return rc;
 }
+
+bool paths_same(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/') na--;
+    while (nb > 1 && b[nb - 1] == '/') nb--;
+    if (na == nb && strncmp(a, b, na) == 0) return true;
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}

@@ -71,6 +71,10 @@ int fsync_path(const char *path);
  * durable; a file system that cannot sync folders (EINVAL) counts as done. */
 int fsync_parent_dir(const char *path);
 
+/* Whether two paths name one file or folder: the same text (trailing
+ * slashes aside), or, where both exist, the same device and inode. */
+bool paths_same(const char *a, const char *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -492,10 +492,8 @@ int ckpt_best_read(const char *dir, int64_t *step, char *metric, size_t metric_l
     if (!text) return -1;
     cJSON *o = cJSON_ParseWithLength(text, n);
     free(text);
-    char dup[512];
-    if (json_duplicate_key(o, dup, sizeof dup)) {
+    if (json_refuse_duplicate_keys(o, path, err, err_len)) {
         cJSON_Delete(o);
-        tp_error_set(err, err_len, "%s: key '%s' appears twice; refusing to guess which value is meant", path, dup);
         return -1;
     }
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step");
@@ -894,10 +892,8 @@ static cJSON *load_manifest(const char *dir, char *path, size_t path_len, char *
         tp_error_set(err, err_len, "%s: not valid JSON (or bytes follow the object)", path);
         return NULL;
     }
-    char dup[512];
-    if (json_duplicate_key(o, dup, sizeof dup)) {
+    if (json_refuse_duplicate_keys(o, path, err, err_len)) {
         cJSON_Delete(o);
-        tp_error_set(err, err_len, "%s: key '%s' appears twice; refusing to guess which value is meant", path, dup);
         return NULL;
     }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");

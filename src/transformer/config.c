@@ -205,10 +205,8 @@ int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len
         tp_error_set(err, err_len, "not a JSON object");
         return -1;
     }
-    char dup[512];
-    if (json_duplicate_key(o, dup, sizeof dup)) {
+    if (json_refuse_duplicate_keys(o, "", err, err_len)) {
         cJSON_Delete(o);
-        tp_error_set(err, err_len, "key '%s' appears twice; refusing to guess which value is meant", dup);
         return -1;
     }
     int rc = -1, version = 0;
