@@ -6,6 +6,12 @@
  * The tables are computed once (pthread_once) rather than spelled out here.
  * Init and final xor are 0xFFFFFFFF and undone between calls, so
  * crc32c(crc32c(0, a, n), b, m) equals the checksum of a followed by b.
+ *
+ * On x86-64 processors with SSE4.2 the CRC32 instruction computes the same
+ * polynomial 8 bytes at a time (several times the tables' speed: what lets
+ * a start check gigabytes of token files in well under a second); the
+ * choice is made once, at run time, and crc32c_portable keeps the tables'
+ * path callable so the test holds both to the same reference.
  */
 #include "safetensors.h"
 
@@ -34,7 +40,7 @@ static void crc32c_init_tables(void) {
     }
 }
 
-uint32_t crc32c(uint32_t crc, const void *buf, size_t n_bytes) {
+uint32_t crc32c_portable(uint32_t crc, const void *buf, size_t n_bytes) {
     pthread_once(&g_crc_once, crc32c_init_tables);
     const uint32_t (*t)[256] = (const uint32_t (*)[256])g_crc_table;
     const uint8_t *p = buf;
@@ -63,3 +69,46 @@ uint32_t crc32c(uint32_t crc, const void *buf, size_t n_bytes) {
     }
     return ~c;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const void *buf, size_t n_bytes) {
+    const uint8_t *p = buf;
+    uint64_t c = ~crc;
+    while (n_bytes > 0 && ((uintptr_t)p & 7u) != 0) {
+        c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+        n_bytes--;
+    }
+    while (n_bytes >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = __builtin_ia32_crc32di(c, w);
+        p += 8;
+        n_bytes -= 8;
+    }
+    while (n_bytes > 0) {
+        c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
+        n_bytes--;
+    }
+    return ~(uint32_t)c;
+}
+
+static int g_crc_hw = -1; /* -1 unknown, 0 tables, 1 SSE4.2; a benign race: every thread stores the same value */
+
+uint32_t crc32c(uint32_t crc, const void *buf, size_t n_bytes) {
+    int hw = __atomic_load_n(&g_crc_hw, __ATOMIC_RELAXED);
+    if (hw < 0) {
+        __builtin_cpu_init();
+        hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+        __atomic_store_n(&g_crc_hw, hw, __ATOMIC_RELAXED);
+    }
+    return hw ? crc32c_sse42(crc, buf, n_bytes) : crc32c_portable(crc, buf, n_bytes);
+}
+
+bool crc32c_hardware(void) {
+    (void)crc32c(0, "", 0);
+    return __atomic_load_n(&g_crc_hw, __ATOMIC_RELAXED) == 1;
+}
+#else
+uint32_t crc32c(uint32_t crc, const void *buf, size_t n_bytes) { return crc32c_portable(crc, buf, n_bytes); }
+bool crc32c_hardware(void) { return false; }
+#endif

@@ -20,6 +20,7 @@
 #ifndef TPTRAIN_SAFETENSORS_H
 #define TPTRAIN_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,5 +70,9 @@ void st_writer_free(StWriter *w);
 
 /* CRC-32C (Castagnoli), incremental: crc = crc32c(crc, buf, n), start 0. */
 uint32_t crc32c(uint32_t crc, const void *buf, size_t n_bytes);
+/* The same checksum by the portable tables, whatever the processor offers,
+ * and whether crc32c uses the processor's instruction (tests compare both). */
+uint32_t crc32c_portable(uint32_t crc, const void *buf, size_t n_bytes);
+bool crc32c_hardware(void);
 
 #endif
