@@ -186,18 +186,19 @@ static void test_clean_and_deterministic(void) {
     CHECK(ma && mb && na == nb && memcmp(ma, mb, na) == 0, "token files of the same corpus differ");
     free(ma);
     free(mb);
-    /* no temporary file left behind: spm.model, spm.vocab and three .tok */
+    /* no temporary file left behind: spm.model, spm.vocab, three .tok and their three .source.json */
     DIR *d = opendir(a.cache);
     int n_files = 0;
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL)
         if (e->d_name[0] != '.') {
             n_files++;
-            CHECK(strstr(e->d_name, "tmp") == NULL && strstr(e->d_name, ".txt") == NULL, "leftover file %s",
+            CHECK(strstr(e->d_name, "tmp") == NULL && strstr(e->d_name, ".txt") == NULL &&
+                      strstr(e->d_name, ".part") == NULL, "leftover file %s",
                   e->d_name);
         }
     if (d) closedir(d);
-    CHECK(n_files == 5, "cache holds %d files, want 5", n_files);
+    CHECK(n_files == 8, "cache holds %d files, want 8", n_files);
 
     /* token file contents: every pair, by its source line */
     TokenFile tf;
@@ -621,8 +622,8 @@ static void test_tokenizer_per_config(void) {
     write_clean(&c);
     char err[1024], dir_a[200], dir_b[200], path[300];
     CorpusStats st[3];
-    CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB, dir_a, sizeof dir_a, err, sizeof err) == 0, "%s", err);
-    CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB + 16, dir_b, sizeof dir_b, err, sizeof err) == 0, "%s", err);
+    CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB, 0, dir_a, sizeof dir_a, err, sizeof err) == 0, "%s", err);
+    CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB + 16, 0, dir_b, sizeof dir_b, err, sizeof err) == 0, "%s", err);
     CHECK(strcmp(dir_a, dir_b) != 0, "two vocabulary sizes share the folder %s", dir_a);
     int sizes[2] = {SMALL_VOCAB, SMALL_VOCAB + 16};
     const char *dirs[2] = {dir_a, dir_b};
@@ -651,7 +652,7 @@ static void test_tokenizer_per_config(void) {
     CHECK(inode_of(path) == model_ino, "the older tokenizer of another size did not stay where it was");
     CHECK(corpus_adopt_old_layout(old.cache, SMALL_VOCAB, false, err, sizeof err) == 1, "not moved: %s", err);
     char moved_dir[200], moved[300];
-    CHECK(corpus_cache_dir(old.cache, SMALL_VOCAB, moved_dir, sizeof moved_dir, err, sizeof err) == 0, "%s", err);
+    CHECK(corpus_cache_dir(old.cache, SMALL_VOCAB, 0, moved_dir, sizeof moved_dir, err, sizeof err) == 0, "%s", err);
     path_of(moved, sizeof moved, moved_dir, "spm.model");
     CHECK(!file_exists_dir(old.cache, "spm.model") && inode_of(moved) == model_ino,
           "the older tokenizer was not moved into %s", moved_dir);

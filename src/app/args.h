@@ -33,6 +33,8 @@ typedef struct {
     const char *data_dir, *cache_dir;
     Direction dir;
     int batch_tokens, spm_vocab;
+    int spm_sample;          // --spm-sample: sentences the tokenizer trains on
+    int prep_workers;        // --prep-workers: encoding threads (0: one per core)
     int length_bucket;       // --length-bucket: padded lengths are multiples of this (1: none)
     bool profile;            // --profile: time per class of operation
     int cuda_graphs;         // --cuda-graphs: GRAPHS_ON, GRAPHS_OFF or GRAPHS_AUTO (run.c resolves it; train/graphs.h)

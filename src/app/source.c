@@ -47,12 +47,13 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
         if (rt->mesh.rank == 0) mkdir("cache", 0755);
     }
     /* one tokenizer per configuration: presets of other vocabulary sizes share the root */
-    if (corpus_cache_dir(root, a->spm_vocab, cache, sizeof cache, err, err_len)) return -1;
+    if (corpus_cache_dir(root, a->spm_vocab, a->spm_sample, cache, sizeof cache, err, err_len)) return -1;
     int rc = 0;
     if (rt->mesh.rank == 0) rc = corpus_adopt_old_layout(root, a->spm_vocab, true, err, err_len) < 0 ? -1 : 0;
     if (rt->mesh.rank == 0 && rc == 0) {
         CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab,
-                           .strict = a->strict, .verbose = true};
+                           .spm_sample = a->spm_sample, .workers = a->prep_workers, .strict = a->strict,
+                           .verbose = true};
         const char *splits[2] = {"train", "dev"};
         CorpusStats st[2];
         rc = corpus_prepare(&cc, splits, 2, st, err, err_len);
@@ -70,14 +71,13 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
     if (!src->spm) return -1;
     startup_mark(boot, "tokenizer");
     cfg->vocab_size = spm_vocab_size(src->spm);
-    /* the text's form, saved with the model for translate_mt (data/textnorm.h) */
+    /* the text's form, saved with the model for translate_mt (data/textnorm.h), from the counts
+     * the preparation kept with the token file: no rank reads the text again */
     const bool en_ja = a->dir == DIR_EN_JA;
-    char src_txt[1100], tgt_txt[1100];
-    snprintf(src_txt, sizeof src_txt, "%s/train.%s", a->data_dir, en_ja ? "en" : "ja");
-    snprintf(tgt_txt, sizeof tgt_txt, "%s/train.%s", a->data_dir, en_ja ? "ja" : "en");
-    if (textnorm_detect(src_txt, tgt_txt, en_ja ? TEXT_LANG_EN : TEXT_LANG_JA, en_ja ? TEXT_LANG_JA : TEXT_LANG_EN,
-                        &cfg->text, err, err_len))
-        return -1;
+    CorpusSplitInfo info;
+    if (corpus_split_info(cache, "train", &info, err, err_len)) return -1;
+    cfg->text = textnorm_from_counts(en_ja ? &info.form_en : &info.form_ja, en_ja ? &info.form_ja : &info.form_en,
+                                     en_ja ? TEXT_LANG_EN : TEXT_LANG_JA, en_ja ? TEXT_LANG_JA : TEXT_LANG_EN);
     startup_mark(boot, "text_form");
     if (rt->mesh.rank == 0)
         printf("train_mt: the training text's form, saved with the model for translate_mt: source %s%s%s, target %s%s\n",
@@ -88,10 +88,11 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
     cfg->unk_id = SPM_UNK_ID;
     cfg->bos_id = SPM_BOS_ID;
     cfg->eos_id = SPM_EOS_ID;
+    /* rank 0's preparation has just checked every byte of these files */
     snprintf(path, sizeof path, "%s/train.tok", cache);
-    if (token_file_open(&src->train_tf, path, cfg->vocab_size, err, err_len)) return -1;
+    if (token_file_open_checked(&src->train_tf, path, cfg->vocab_size, err, err_len)) return -1;
     snprintf(path, sizeof path, "%s/dev.tok", cache);
-    if (token_file_open(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
+    if (token_file_open_checked(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
     /* dp x M shares per global batch: rank r's micro-batch i is share r + i dp */
     if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
                      rt->mesh.dp * a->micro_batches, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why) ||

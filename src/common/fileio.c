@@ -144,6 +144,10 @@ static int atomic_file_fail(AtomicFile *f) {
     return -1;
 }
 
+void atomic_file_abort(AtomicFile *f) {
+    if (f->path) atomic_file_fail(f);
+}
+
 int atomic_file_open(AtomicFile *f, const char *path, bool per_process, char *err, size_t err_len) {
     char suffix[32];
     if (per_process) snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());

@@ -52,6 +52,8 @@ typedef struct {
 int atomic_file_open(AtomicFile *f, const char *path, bool per_process, char *err, size_t err_len);
 int atomic_file_write(AtomicFile *f, const void *data, size_t n_bytes, char *err, size_t err_len);
 int atomic_file_commit(AtomicFile *f, char *err, size_t err_len);
+/* Gives up: removes the temporary (nothing to do when f is already finished). */
+void atomic_file_abort(AtomicFile *f);
 
 /* Writes a file atomically (path.tmp + fsync + rename). 0 or -1 + err; on
  * failure nothing is left under either name. */

@@ -74,15 +74,9 @@ static bool latin_word_char(uint32_t c) {
 
 /* ---- measuring a corpus --------------------------------------------------------- */
 
-typedef struct {
-    long upper, letters;       // ASCII letters
-    long marks, alone;         // . , ? ! ; : in all / standing between spaces or line ends
-    long lines, spaced_lines;  // lines / lines with a space between two non-ASCII characters
-} FormCount;
-
 static bool is_mark(unsigned char c) { return c && strchr(".,?!;:", c) != NULL; }
 
-static void count_line(const char *line, size_t n, FormCount *f) {
+void textnorm_count_line(const char *line, size_t n, TextFormCount *f) {
     const unsigned char *s = (const unsigned char *)line;
     bool spaced = false;
     for (size_t i = 0; i < n; i++) {
@@ -97,7 +91,7 @@ static void count_line(const char *line, size_t n, FormCount *f) {
     f->spaced_lines += spaced;
 }
 
-static int count_file(const char *path, FormCount *f, char *err, size_t err_len) {
+static int count_file(const char *path, TextFormCount *f, char *err, size_t err_len) {
     memset(f, 0, sizeof *f);
     size_t n_bytes = 0;
     char *text = read_file_bytes(path, &n_bytes, err, err_len);
@@ -107,26 +101,31 @@ static int count_file(const char *path, FormCount *f, char *err, size_t err_len)
         if (i == n_bytes || text[i] == '\n') {
             size_t end = i;
             if (end > start && text[end - 1] == '\r') end--;
-            if (end > start) count_line(text + start, end - start, f);
+            if (end > start) textnorm_count_line(text + start, end - start, f);
             start = i + 1;
         }
     free(text);
     return 0;
 }
 
-static bool split_form(const FormCount *f) { return f->marks == 0 || (double)f->alone >= TEXTNORM_SPLIT_FRACTION * (double)f->marks; }
+static bool split_form(const TextFormCount *f) { return f->marks == 0 || (double)f->alone >= TEXTNORM_SPLIT_FRACTION * (double)f->marks; }
 
 int textnorm_detect(const char *src_path, const char *tgt_path, TextLang source, TextLang target, TextNorm *out,
                     char *err, size_t err_len) {
-    FormCount s, t;
+    TextFormCount s, t;
     if (count_file(src_path, &s, err, err_len) || count_file(tgt_path, &t, err, err_len)) return -1;
-    *out = (TextNorm){.recorded = true, .source = source, .target = target};
-    out->lowercase = (double)s.upper <= TEXTNORM_CASED_FRACTION * (double)s.letters;
-    out->split_punct = split_form(&s);
-    out->target_spaced = target == TEXT_LANG_JA
-                             ? (double)t.spaced_lines >= TEXTNORM_SPACED_FRACTION * (double)(t.lines ? t.lines : 1)
-                             : split_form(&t);
+    *out = textnorm_from_counts(&s, &t, source, target);
     return 0;
+}
+
+TextNorm textnorm_from_counts(const TextFormCount *s, const TextFormCount *t, TextLang source, TextLang target) {
+    TextNorm out = {.recorded = true, .source = source, .target = target};
+    out.lowercase = (double)s->upper <= TEXTNORM_CASED_FRACTION * (double)s->letters;
+    out.split_punct = split_form(s);
+    out.target_spaced = target == TEXT_LANG_JA
+                            ? (double)t->spaced_lines >= TEXTNORM_SPACED_FRACTION * (double)(t->lines ? t->lines : 1)
+                            : split_form(t);
+    return out;
 }
 
 /* ---- the source form ---------------------------------------------------------- */

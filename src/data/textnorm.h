@@ -55,6 +55,20 @@ TextNorm textnorm_none(void);
 int textnorm_detect(const char *src_path, const char *tgt_path, TextLang source, TextLang target, TextNorm *out,
                     char *err, size_t err_len);
 
+/* The measurements behind textnorm_detect, one side's counts, so a corpus
+ * read once (data/corpus.c, line by line) can keep them with its token
+ * files and a later start decides the form without reading the text.
+ * textnorm_count_line adds one non-empty line (after CR stripping). */
+typedef struct {
+    long upper, letters;       // ASCII letters
+    long marks, alone;         // . , ? ! ; : in all / standing between spaces or line ends
+    long lines, spaced_lines;  // lines / lines with a space between two non-ASCII characters
+} TextFormCount;
+
+void textnorm_count_line(const char *line, size_t n, TextFormCount *f);
+/* textnorm_detect's decision from the two sides' counts. */
+TextNorm textnorm_from_counts(const TextFormCount *src, const TextFormCount *tgt, TextLang source, TextLang target);
+
 /* A line of user text in the model's source form (malloc'ed). */
 char *textnorm_source(const TextNorm *t, const char *line);
 
