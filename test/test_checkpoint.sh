@@ -171,7 +171,7 @@ use_corpus_cache cache
 corpus_flags=(--preset tiny --data small-dev --cache-dir cache --batch-tokens 1024 --lr 3e-3 --warmup 5)
 run prep.log "$train" "${corpus_flags[@]}" --max-steps 1 --eval-interval 1000
 resume_exact corpus corpus-ckpt/step_00000010 "${corpus_flags[@]}"
-grep -q "reusing cache/spm-unigram-v8000/spm.model" corpus-resumed.log || fail "the corpus runs did not reuse the prepared cache"
+grep -q "reusing cache/spm-unigram-v8000-s2000000/spm.model" corpus-resumed.log || fail "the corpus runs did not reuse the prepared cache"
 test -s corpus-ckpt/step_00000010/spm.model || fail "the corpus checkpoint lacks spm.model"
 grep -q '"kind":[[:space:]]*"corpus"' corpus-ckpt/step_00000010/manifest.json || fail "corpus manifest kind"
 echo "part 1b: corpus, tp 2 x dp 2, dropout 0.1, 1024-token batches: steps 11..20 after resuming at 10 equal" \

@@ -20,10 +20,10 @@ for v in 8000 2000; do
   "$build/train_mt" --data "$corpus" --cache-dir "$out.tmp/root" --preset tiny --spm-vocab-size "$v" --max-steps 1 \
       --eval-interval 0 --log-interval 1 > "prepare-$v.log" 2>&1 || { cat "prepare-$v.log"; exit 1; }
   for f in spm.model train.tok dev.tok; do
-    test -s "root/spm-unigram-v$v/$f" || { echo "FAIL: no root/spm-unigram-v$v/$f"; exit 1; }
+    test -s "root/spm-unigram-v$v-s2000000/$f" || { echo "FAIL: no root/spm-unigram-v$v-s2000000/$f"; exit 1; }
   done
   if [ -n "$seed" ]; then
-    for what in "reusing $out.tmp/root/spm-unigram-v$v/spm.model" "train: reusing" "dev: reusing"; do
+    for what in "reusing $out.tmp/root/spm-unigram-v$v-s2000000/spm.model" "train: reusing" "dev: reusing"; do
       grep -qF "$what" "prepare-$v.log" || { echo "FAIL: train_mt did not reuse $seed ('$what'):"; cat "prepare-$v.log"; exit 1; }
     done
   fi

@@ -178,23 +178,23 @@ echo "case 4: one-bit flips of lr, seed, position, max_len, label_smoothing, ln_
 
 # ---- 5. another tokenizer -------------------------------------------------------------------
 run corpB.log "$train" "${cflags[@]}" --data corpB --cache-dir cacheB --max-steps 1
-cmp -s cacheA/spm-unigram-v1000/spm.model cacheB/spm-unigram-v1000/spm.model && fail "the two corpus slices trained the same tokenizer"
+cmp -s cacheA/spm-unigram-v1000-s2000000/spm.model cacheB/spm-unigram-v1000-s2000000/spm.model && fail "the two corpus slices trained the same tokenizer"
 refuse other-spm "$ck was trained with another tokenizer: its spm.model" \
     "$train" "${cflags[@]}" --data corpB --cache-dir cacheB --max-steps 3 --resume "$ck"
-grep -qF "is not cacheB/spm-unigram-v1000/spm.model" refuse-other-spm.log || fail "other tokenizer: cacheB/spm-unigram-v1000/spm.model not named"
+grep -qF "is not cacheB/spm-unigram-v1000-s2000000/spm.model" refuse-other-spm.log || fail "other tokenizer: cacheB/spm-unigram-v1000-s2000000/spm.model not named"
 run same-spm.log "$train" "${cflags[@]}" --data corpA --cache-dir cacheA --max-steps 3 --resume "$ck"
 echo "case 5: resuming a corpus checkpoint with another corpus's tokenizer refused; with its own it resumes" \
      "($(elapsed))"
 
 # ---- 6. a token cache with a damaged body ------------------------------------------------
-size=$(stat -c %s cacheA/spm-unigram-v1000/train.tok)
-flip_bit cacheA/spm-unigram-v1000/train.tok $((size - 4)) 0   # the last token id, header and key untouched
+size=$(stat -c %s cacheA/spm-unigram-v1000-s2000000/train.tok)
+flip_bit cacheA/spm-unigram-v1000-s2000000/train.tok $((size - 4)) 0   # the last token id, header and key untouched
 run rebuild.log "$train" "${cflags[@]}" --data corpA --cache-dir cacheA --max-steps 1
-grep -qF "corpus: train: building cacheA/spm-unigram-v1000/train.tok (the existing file is unusable: token file cacheA/spm-unigram-v1000/train.tok has a damaged body" \
+grep -qF "corpus: train: building cacheA/spm-unigram-v1000-s2000000/train.tok (the existing file is unusable: token file cacheA/spm-unigram-v1000-s2000000/train.tok has a damaged body" \
     rebuild.log || { cat rebuild.log; fail "the damaged train.tok was not rebuilt"; }
-grep -qF "corpus: dev: reusing cacheA/spm-unigram-v1000/dev.tok" rebuild.log || fail "dev.tok was not reused"
+grep -qF "corpus: dev: reusing cacheA/spm-unigram-v1000-s2000000/dev.tok" rebuild.log || fail "dev.tok was not reused"
 run reuse.log "$train" "${cflags[@]}" --data corpA --cache-dir cacheA --max-steps 1
-grep -qF "corpus: train: reusing cacheA/spm-unigram-v1000/train.tok" reuse.log || fail "the rebuilt train.tok was not reused"
+grep -qF "corpus: train: reusing cacheA/spm-unigram-v1000-s2000000/train.tok" reuse.log || fail "the rebuilt train.tok was not reused"
 echo "case 6: a train.tok with one token id changed (header and key intact) is rebuilt, then reused ($(elapsed))"
 
 # ---- 7. huge dimensions ---------------------------------------------------------------------

@@ -58,10 +58,10 @@ cflags=(--preset tiny --data slice --cache-dir cache --batch-tokens 256 --max-st
 for v in 700 900 700; do
     "$train" "${cflags[@]}" --spm-vocab-size $v > "cache-$v.log" 2>&1
     rc=$?
-    [ $rc -eq 0 ] && [ -s "cache/spm-unigram-v$v/spm.model" ] || bad "vocab $v: rc $rc: $(tail -3 "cache-$v.log")"
+    [ $rc -eq 0 ] && [ -s "cache/spm-unigram-v$v-s2000000/spm.model" ] || bad "vocab $v: rc $rc: $(tail -3 "cache-$v.log")"
 done
-grep -q "corpus: reusing cache/spm-unigram-v700/spm.model" cache-700.log &&
-    [ "$(grep -c . cache/spm-unigram-v700/spm.vocab)" -eq 700 ] && [ "$(grep -c . cache/spm-unigram-v900/spm.vocab)" -eq 900 ] &&
+grep -q "corpus: reusing cache/spm-unigram-v700-s2000000/spm.model" cache-700.log &&
+    [ "$(grep -c . cache/spm-unigram-v700-s2000000/spm.vocab)" -eq 700 ] && [ "$(grep -c . cache/spm-unigram-v900-s2000000/spm.vocab)" -eq 900 ] &&
     ok "vocabulary sizes 700, 900, 700 on one cache: each its own tokenizer, reused when it comes back" ||
     bad "switching vocabulary sizes: $(cat cache-700.log | head -5)"
 

@@ -18,7 +18,7 @@ grep -q "reusing" train.log && { echo "FAIL: first run claims to reuse a cache";
 # A second run reuses the prepared cache instead of rebuilding it.
 "$build/train_mt" --data "$corpus" --cache-dir cache --preset tiny --max-steps 1 --batch-tokens 512 --eval-interval 0 \
     > again.log
-grep -q "reusing cache/spm-unigram-v8000/spm.model" again.log || { echo "FAIL: tokenizer not reused"; cat again.log; exit 1; }
+grep -q "reusing cache/spm-unigram-v8000-s2000000/spm.model" again.log || { echo "FAIL: tokenizer not reused"; cat again.log; exit 1; }
 grep -q "train: reusing" again.log || { echo "FAIL: token file not reused"; cat again.log; exit 1; }
 
 "$build/translate_mt" --model model --src src.en --beam 0 > greedy.ja

@@ -22,8 +22,21 @@
  */
 #include "data/dataset.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "err.h"
+
+/* Arrays of a value per pair: at millions of pairs, faulting them in 4 KiB
+ * pages costs more than filling them, so they ask for huge pages. */
+static void *pair_array(size_t bytes) {
+    enum { HUGE = 2u << 20 };
+    if (bytes < HUGE) return TP_MALLOC(bytes ? bytes : 1);
+    void *p = NULL;
+    TP_CHECK(posix_memalign(&p, HUGE, (bytes + HUGE - 1) / HUGE * HUGE) == 0, "out of memory for %zu bytes", bytes);
+    madvise(p, (bytes + HUGE - 1) / HUGE * HUGE, MADV_HUGEPAGE);  // advice: ignored where not supported
+    return p;
+}
 
 /* ---- lengths -------------------------------------------------------------- */
 
@@ -82,33 +95,67 @@ static void shuffle_i32(int32_t *a, int n, uint64_t *state) {
     }
 }
 
-/* ---- sort and cut -------------------------------------------------------------- */
-
-/* Stable sort of a (n pair indices) by (padded length, source length):
- * counting sort by the minor key, then by the major key. tmp (n) and
- * cnt (max_len + 2) are scratch. */
-static void sort_by_length(const Dataset *ds, int32_t *a, int32_t *tmp, int32_t *cnt, int n) {
-    const int n_keys = ds->max_len + 1;
-    memset(cnt, 0, (size_t)(n_keys + 1) * sizeof *cnt);
-    for (int i = 0; i < n; i++) cnt[src_pieces(ds, a[i]) + 1]++;
-    for (int k = 0; k < n_keys; k++) cnt[k + 1] += cnt[k];
-    for (int i = 0; i < n; i++) tmp[cnt[src_pieces(ds, a[i])]++] = a[i];
-
-    memset(cnt, 0, (size_t)(n_keys + 1) * sizeof *cnt);
-    for (int i = 0; i < n; i++) cnt[raw_len(ds, tmp[i]) + 1]++;
-    for (int k = 0; k < n_keys; k++) cnt[k + 1] += cnt[k];
-    for (int i = 0; i < n; i++) a[cnt[raw_len(ds, tmp[i])]++] = tmp[i];
+/* The same permutation on entries (the same draws in the same order). The
+ * draws do not depend on the array, so a block of them is made first and
+ * the entries they will touch are fetched ahead: at millions of entries
+ * each swap would otherwise wait for memory in turn. */
+static void shuffle_u64(uint64_t *a, int n, uint64_t *state) {
+    enum { AHEAD = 64 };
+    int js[AHEAD];
+    for (int i = n - 1; i > 0;) {
+        const int m = i < AHEAD ? i : AHEAD;
+        for (int k = 0; k < m; k++) {
+            js[k] = (int)below(state, (uint64_t)(i - k) + 1);
+            __builtin_prefetch(&a[js[k]], 1);
+        }
+        for (int k = 0; k < m; k++, i--) {
+            uint64_t t = a[i];
+            a[i] = a[js[k]];
+            a[js[k]] = t;
+        }
+    }
 }
 
-/* Largest batch that may end with sorted pair a[e - 1]: ceil(n/dp) * m <= budget. */
-static int64_t batch_cap(const Dataset *ds, const int32_t *a, int e, int dp) {
-    return (int64_t)(ds->batch_tokens / padded_len(ds, a[e - 1])) * dp;
+/* ---- sort and cut -------------------------------------------------------------- */
+
+/* A usable pair's sort key, (raw_len - 1) << 16 | source pieces (both
+ * below 2^16 for max_len <= 65536), carried beside the pair's
+ * index in the plan's entries (key << 32 | index), so sorting and cutting
+ * read no offsets: at millions of pairs those reads, scattered over the
+ * token file's tables, were most of a start's batching time. */
+static uint32_t sort_key(const Dataset *ds, int32_t p) {
+    return (uint32_t)(raw_len(ds, p) - 1) << 16 | (uint32_t)src_pieces(ds, p);
+}
+static int key_raw(uint32_t k) { return (int)(k >> 16) + 1; }
+static int ent_raw(uint64_t e) { return key_raw((uint32_t)(e >> 32)); }
+static int ent_src(uint64_t e) { return (int)(e >> 32 & 0xFFFF); }
+static int32_t ent_pair(uint64_t e) { return (int32_t)(uint32_t)e; }
+
+/* Stable sort of the entries a (n) by (raw length, source length):
+ * counting sort by the minor key, then by the major key. tmp (n) and
+ * cnt (max_len + 2) are scratch. */
+static void sort_by_length(const Dataset *ds, uint64_t *a, uint64_t *tmp, int32_t *cnt, int n) {
+    const int n_keys = ds->max_len + 1;
+    memset(cnt, 0, (size_t)(n_keys + 1) * sizeof *cnt);
+    for (int i = 0; i < n; i++) cnt[ent_src(a[i]) + 1]++;
+    for (int k = 0; k < n_keys; k++) cnt[k + 1] += cnt[k];
+    for (int i = 0; i < n; i++) tmp[cnt[ent_src(a[i])]++] = a[i];
+
+    memset(cnt, 0, (size_t)(n_keys + 1) * sizeof *cnt);
+    for (int i = 0; i < n; i++) cnt[ent_raw(tmp[i]) + 1]++;
+    for (int k = 0; k < n_keys; k++) cnt[k + 1] += cnt[k];
+    for (int i = 0; i < n; i++) a[cnt[ent_raw(tmp[i])]++] = tmp[i];
+}
+
+/* Largest batch that may end with sorted entry a[e - 1]: ceil(n/dp) * m <= budget. */
+static int64_t batch_cap(const Dataset *ds, const uint64_t *a, int e, int dp) {
+    return (int64_t)(ds->batch_tokens / bucketed(ds, ent_raw(a[e - 1]))) * dp;
 }
 
 /* Cuts the length-sorted pairs a (n >= dp) into batches of at least dp
  * pairs; bounds[0..nb] receives the boundaries (bounds[0] = 0, bounds[nb] = n).
  * Returns nb. scratch holds 2 * (n + 1) ints. */
-static int cut_batches(const Dataset *ds, const int32_t *a, int n, int dp, int32_t *bounds, int32_t *scratch) {
+static int cut_batches(const Dataset *ds, const uint64_t *a, int n, int dp, int32_t *bounds, int32_t *scratch) {
     /* ok(e): a[0..e) can be cut legally. prev[x] = largest s <= x with ok(s). */
     int32_t *prev = scratch, *next = scratch + n + 1;
     prev[0] = 0;
@@ -157,15 +204,16 @@ static int cut_batches(const Dataset *ds, const int32_t *a, int n, int dp, int32
 /* Builds the plan of `epoch` into ds->order / ds->batch_start. */
 static void build_plan(Dataset *ds, int64_t epoch) {
     const int n = ds->n_usable;
-    int32_t *scratch = TP_MALLOC((size_t)(5 * (n + 1) + ds->max_len + 2) * sizeof(int32_t));
-    int32_t *tmp = scratch, *bounds = tmp + (n + 1), *dpbuf = bounds + (n + 1), *cnt = dpbuf + 2 * (n + 1);
+    uint64_t *ent = pair_array((size_t)(2 * n + 1) * sizeof(uint64_t)), *tmp = ent + n;
+    int32_t *scratch = pair_array((size_t)(4 * (n + 1) + ds->max_len + 2) * sizeof(int32_t));
+    int32_t *bounds = scratch, *dpbuf = bounds + (n + 1), *cnt = dpbuf + 2 * (n + 1);
     int32_t *perm = cnt + ds->max_len + 2;
 
     uint64_t rng = epoch_state(ds->cursor.seed, epoch);
-    memcpy(ds->order, ds->usable, (size_t)n * sizeof(int32_t));
-    shuffle_i32(ds->order, n, &rng);
-    sort_by_length(ds, ds->order, tmp, cnt, n);
-    int nb = cut_batches(ds, ds->order, n, ds->dp_size, bounds, dpbuf);
+    for (int i = 0; i < n; i++) ent[i] = (uint64_t)ds->usable_key[i] << 32 | (uint32_t)ds->usable[i];
+    shuffle_u64(ent, n, &rng);
+    sort_by_length(ds, ent, tmp, cnt, n);
+    int nb = cut_batches(ds, ent, n, ds->dp_size, bounds, dpbuf);
 
     for (int b = 0; b < nb; b++) perm[b] = b;
     shuffle_i32(perm, nb, &rng);
@@ -173,14 +221,14 @@ static void build_plan(Dataset *ds, int64_t epoch) {
     for (int k = 0; k < nb; k++) {
         int b = perm[k], len = bounds[b + 1] - bounds[b];
         ds->batch_start[k] = pos;
-        memcpy(tmp + pos, ds->order + bounds[b], (size_t)len * sizeof(int32_t));
+        for (int i = 0; i < len; i++) ds->order[pos + i] = ent_pair(ent[bounds[b] + i]);
         pos += len;
     }
     ds->batch_start[nb] = pos;
-    memcpy(ds->order, tmp, (size_t)n * sizeof(int32_t));
     ds->n_batches = nb;
     ds->plan_epoch = epoch;
     free(scratch);
+    free(ent);
 }
 
 /* ---- batches ------------------------------------------------------------------- */
@@ -247,7 +295,8 @@ void dataset_next_micro(Dataset *ds, int n_micro, OwnedBatch *out, long *global_
  * Returns the end of the batch starting at s. */
 static int eval_batch_end(const Dataset *ds, int s) {
     int e = s + 1;
-    while (e < ds->n_usable && (int64_t)(e - s + 1) * padded_len(ds, ds->usable[e]) <= ds->batch_tokens) e++;
+    while (e < ds->n_usable && (int64_t)(e - s + 1) * bucketed(ds, key_raw(ds->usable_key[e])) <= ds->batch_tokens)
+        e++;
     return e;
 }
 
@@ -281,8 +330,9 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
         tp_error_set(err, err_len, "dataset: unknown direction %d", (int)dir);
         return -1;
     }
-    if (max_len < 2) {
-        tp_error_set(err, err_len, "dataset: max_len %d leaves no room for a piece and bos/eos", max_len);
+    if (max_len < 2 || max_len > 65536) {
+        tp_error_set(err, err_len, "dataset: max_len %d is outside 2..65536 (room for a piece and bos/eos; the "
+                     "plan's 16-bit length keys)", max_len);
         return -1;
     }
     if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
@@ -307,7 +357,7 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
     /* Usable pairs: both sides 1..max_len-1 pieces. A side over the limit
      * counts as too long; an empty side (the corpus step drops those) is
      * skipped without being counted. */
-    int32_t *all = TP_MALLOC((size_t)(tf->n_pairs > 0 ? tf->n_pairs : 1) * sizeof(int32_t));
+    int32_t *all = pair_array((size_t)(tf->n_pairs > 0 ? tf->n_pairs : 1) * sizeof(int32_t));
     const uint64_t *so = src_off(ds), *to = tgt_off(ds);
     const uint64_t limit = (uint64_t)max_len - 1;
     int n = 0, longest = 0;
@@ -340,12 +390,17 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
     }
     ds->n_usable = n;
     ds->usable = all;
-    ds->order = TP_MALLOC((size_t)n * sizeof(int32_t));
-    ds->batch_start = TP_MALLOC((size_t)(n + 1) * sizeof(int32_t));
-    /* usable is kept in eval order: length-sorted, ties by pair index. */
-    int32_t *scratch = TP_MALLOC((size_t)(n + max_len + 2) * sizeof(int32_t));
-    sort_by_length(ds, ds->usable, scratch, scratch + n, n);
-    free(scratch);
+    ds->order = pair_array((size_t)n * sizeof(int32_t));
+    ds->batch_start = pair_array((size_t)(n + 1) * sizeof(int32_t));
+    /* usable is kept in eval order: length-sorted, ties by pair index, its keys beside it. */
+    uint64_t *ent = pair_array((size_t)(2 * n) * sizeof(uint64_t));
+    int32_t *cnt = TP_MALLOC((size_t)(max_len + 2) * sizeof(int32_t));
+    for (int i = 0; i < n; i++) ent[i] = (uint64_t)sort_key(ds, all[i]) << 32 | (uint32_t)all[i];
+    sort_by_length(ds, ent, ent + n, cnt, n);
+    ds->usable_key = pair_array((size_t)n * sizeof(uint32_t));
+    for (int i = 0; i < n; i++) ds->usable[i] = ent_pair(ent[i]), ds->usable_key[i] = (uint32_t)(ent[i] >> 32);
+    free(cnt);
+    free(ent);
     build_plan(ds, 0);
     return 0;
 }
@@ -356,10 +411,11 @@ int dataset_set_length_bucket(Dataset *ds, int n, char *err, size_t err_len) {
         return -1;
     }
     const int old = ds->length_bucket;
+    if (n == old) return 0;  // the plan already has these lengths
     ds->length_bucket = n;
     int longest = 0;
     for (int i = 0; i < ds->n_usable; i++) {
-        int m = padded_len(ds, ds->usable[i]);
+        int m = bucketed(ds, key_raw(ds->usable_key[i]));
         if (m > longest) longest = m;
     }
     if (longest > ds->batch_tokens) {
@@ -375,6 +431,7 @@ int dataset_set_length_bucket(Dataset *ds, int n, char *err, size_t err_len) {
 
 void dataset_free(Dataset *ds) {
     free(ds->usable);
+    free(ds->usable_key);
     free(ds->order);
     free(ds->batch_start);
     memset(ds, 0, sizeof *ds);

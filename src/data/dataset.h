@@ -45,7 +45,8 @@ typedef struct {
     /* filled by dataset_init */
     int n_usable;         // pairs within max_len
     long n_too_long;      // pairs skipped for length
-    int32_t *usable;      // (n_usable) pair indices
+    int32_t *usable;      // (n_usable) pair indices, length-sorted (eval order)
+    uint32_t *usable_key; // (n_usable) their sort keys: longest side (eos/bos included) - 1 << 16 | source pieces
     /* current epoch's plan */
     int64_t plan_epoch;   // epoch the plan below belongs to (-1: none)
     int n_batches;        // global batches in the epoch

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "fileio.h"
 #include "safetensors.h" /* crc32c */
 
 #define LINE_READER_BUF (4u << 20)
@@ -22,19 +23,11 @@ int line_reader_open(LineReader *r, const char *path, uint64_t at, char *err, si
         tp_error_set(err, err_len, "path too long: %s", path);
         return -1;
     }
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (r->fd < 0 || fstat(r->fd, &st) != 0) {
-        tp_error_set(err, err_len, "cannot read %s: %s", path, strerror(errno));
+    r->fd = tp_open_regular(path, &r->size, err, err_len);  // a named pipe is refused, never waited on
+    if (r->fd < 0) {
         line_reader_close(r);
         return -1;
     }
-    if (!S_ISREG(st.st_mode)) {
-        tp_error_set(err, err_len, "cannot read %s: not a regular file", path);
-        line_reader_close(r);
-        return -1;
-    }
-    r->size = (uint64_t)st.st_size;
     if (at > r->size || (at > 0 && lseek(r->fd, (off_t)at, SEEK_SET) != (off_t)at)) {
         tp_error_set(err, err_len, "cannot seek %s to byte %llu", path, (unsigned long long)at);
         line_reader_close(r);
