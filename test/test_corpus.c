@@ -3,13 +3,21 @@
  * training takes milliseconds): mismatched line counts, empty and invalid
  * UTF-8 lines (skipped and counted, or file:line errors under strict), CRLF,
  * a final line without '\n', cache reuse and rebuild, and token files that
- * are truncated, flipped or foreign. */
+ * are truncated, flipped or foreign; the streaming preparation's own
+ * promises: the same bytes from one encoding worker or several, a
+ * deterministic tokenizer sample, a warm start that reads no text, and the
+ * text form kept with the token files equal to the one measured on the
+ * files. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <time.h>
+#include <unistd.h>
+
 #include "check.h"
 #include "data/corpus.h"
+#include "data/textnorm.h"
 #include "data/spm.h"
 #include "safetensors.h" /* crc32c, to forge a consistent header */
 #include "testfs.h"
@@ -667,6 +675,146 @@ static void test_tokenizer_per_config(void) {
     CHECK(inode_of(moved) == model_ino && inode_of(path) == tok_ino, "the moved cache was rebuilt, not reused");
 }
 
+/* ---- the streaming preparation -------------------------------------------- */
+
+static void prepare_with(const Case *c, const char *cache, int workers, long sample, CorpusStats *st, char *err,
+                         size_t err_len) {
+    CorpusConfig cfg = {.data_dir = c->data, .cache_dir = cache, .vocab_size = SMALL_VOCAB, .workers = workers,
+                        .spm_sample = sample};
+    const char *splits[2] = {"train", "dev"};
+    err[0] = '\0';
+    CHECK(corpus_prepare(&cfg, splits, 2, st, err, err_len) == 0, "%s (workers %d, sample %ld)", err, workers, sample);
+}
+
+static bool same_file(const char *dir_a, const char *dir_b, const char *name) {
+    char a[1400], b[1400];
+    size_t na = 0, nb = 0;
+    path_of(a, sizeof a, dir_a, name);
+    path_of(b, sizeof b, dir_b, name);
+    uint8_t *ma = read_bytes(a, &na), *mb = read_bytes(b, &nb);
+    const bool same = ma && mb && na == nb && memcmp(ma, mb, na) == 0;
+    free(ma);
+    free(mb);
+    return same;
+}
+
+/* Several workers write the bytes one writes: a training split of more
+ * than three ranges of lines (with skipped pairs inside them), encoded by
+ * 1, 2, 3 and 7 workers with the same tokenizer. */
+static void test_workers_same_bytes(void) {
+    Case c;
+    case_new(&c);
+    const int n = 3 * 8192 + 517;
+    const Override bad[] = {{5, ""}, {8192, "\xff bad"}, {16390, "   "}, {n - 1, ""}};
+    char path[512], cache[4][300], err[1024];
+    snprintf(path, sizeof path, "%s/train.en", c.data);
+    write_text(path, 0, 0, n, bad, 4, "\n", "\n");
+    snprintf(path, sizeof path, "%s/train.ja", c.data);
+    write_text(path, 1, 0, n, NULL, 0, "\r\n", "");
+    write_split(&c, "dev", 100000, N_DEV);
+    const int workers[4] = {1, 2, 3, 7};
+    CorpusStats st[2];
+    for (int k = 0; k < 4; k++) {
+        snprintf(cache[k], sizeof cache[k], "%s.w%d", c.cache, workers[k]);
+        if (k > 0) {  // the same tokenizer: only the encoding differs
+            mkdir(cache[k], 0777);
+            char from[1400], to[1400];
+            path_of(from, sizeof from, cache[0], "spm.model");
+            path_of(to, sizeof to, cache[k], "spm.model");
+            size_t nb = 0;
+            uint8_t *m = read_bytes(from, &nb);
+            CHECK(m && write_bytes(to, m, nb), "cannot copy %s", from);
+            free(m);
+        }
+        prepare_with(&c, cache[k], workers[k], 0, st, err, sizeof err);
+        CHECK(st[0].lines == n && st[0].kept == n - 4 && st[0].empty == 3 && st[0].bad_utf8 == 1 &&
+                  st[0].crlf == n - 1,
+              "%d workers: %ld read, %ld kept, %ld empty, %ld bad, %ld CRLF", workers[k], st[0].lines, st[0].kept,
+              st[0].empty, st[0].bad_utf8, st[0].crlf);
+        if (k > 0)
+            CHECK(same_file(cache[0], cache[k], "train.tok") && same_file(cache[0], cache[k], "dev.tok"),
+                  "%d workers wrote other token files than one", workers[k]);
+    }
+    TokenFile tf;
+    path_of(path, sizeof path, cache[3], "train.tok");
+    CHECK(token_file_open(&tf, path, SMALL_VOCAB, err, sizeof err) == 0, "%s", err);
+    CHECK(tf.n_pairs == n - 4 && tf.line[4] == 5 && tf.line[5] == 7 && tf.line[tf.n_pairs - 1] == (uint32_t)n - 1,
+          "line numbers across the gaps: %u %u %u", tf.line[4], tf.line[5], tf.line[tf.n_pairs - 1]);
+    token_file_close(&tf);
+}
+
+/* The tokenizer's sample: deterministic, its size part of the folder's
+ * name, and a sample as large as the text gives the whole text's model. */
+static void test_spm_sample(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char a[300], b[300], d[300], full[300], err[1024];
+    CorpusStats st[2];
+    snprintf(a, sizeof a, "%s.a", c.cache);
+    snprintf(b, sizeof b, "%s.b", c.cache);
+    snprintf(d, sizeof d, "%s.d", c.cache);
+    snprintf(full, sizeof full, "%s.full", c.cache);
+    prepare_with(&c, a, 0, 300, st, err, sizeof err);
+    prepare_with(&c, b, 1, 300, st, err, sizeof err);
+    prepare_with(&c, d, 0, 500, st, err, sizeof err);
+    prepare_with(&c, full, 0, 2 * N_TRAIN, st, err, sizeof err);
+    CHECK(same_file(a, b, "spm.model") && same_file(a, b, "train.tok"), "two samples of 300 sentences differ");
+    CHECK(!same_file(a, d, "spm.model"), "samples of 300 and 500 sentences trained the same tokenizer");
+    Case whole = c;
+    snprintf(whole.cache, sizeof whole.cache, "%.240s.whole", c.cache);
+    CHECK(prepare(&whole, false, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(same_file(full, whole.cache, "spm.model"), "a sample of every sentence is not the whole text's tokenizer");
+    char x[200], y[200];
+    CHECK(corpus_cache_dir("r", 8000, 0, x, sizeof x, err, sizeof err) == 0 && strcmp(x, "r/spm-unigram-v8000-s2000000") == 0 &&
+              corpus_cache_dir("r", 8000, 300, y, sizeof y, err, sizeof err) == 0 && strcmp(y, "r/spm-unigram-v8000-s300") == 0,
+          "cache folder names: %s, %s", x, y);
+}
+
+/* A warm start: sources unchanged since their record (and old enough for
+ * it to be trusted) are not read; a touched one is read again and its
+ * token file kept; the record's text form is textnorm_detect's. */
+static void test_warm_start(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    struct timespec settle = {1, 200 * 1000 * 1000};  // past the record's one-second settling time
+    nanosleep(&settle, NULL);
+    char err[1024], dev_tok[512], path[512];
+    CorpusStats st[3];
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(!st[0].not_read && !st[1].not_read, "a first preparation claims it read nothing");
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(st[0].not_read && st[1].not_read && st[2].not_read && st[0].kept == N_TRAIN && st[1].kept == N_DEV,
+          "unchanged text was read again (%d %d %d) or its counts were lost (%ld %ld)", st[0].not_read,
+          st[1].not_read, st[2].not_read, st[0].kept, st[1].kept);
+    path_of(dev_tok, sizeof dev_tok, c.cache, "dev.tok");
+    const ino_t dev0 = inode_of(dev_tok);
+    path_of(path, sizeof path, c.data, "dev.ja");
+    utimensat(AT_FDCWD, path, NULL, 0);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(st[0].not_read && !st[1].not_read && inode_of(dev_tok) == dev0,
+          "touching dev.ja: train read %d, dev read %d, dev.tok rebuilt %d", !st[0].not_read, !st[1].not_read,
+          inode_of(dev_tok) != dev0);
+
+    CorpusSplitInfo info;
+    CHECK(corpus_split_info(c.cache, "train", &info, err, sizeof err) == 0, "%s", err);
+    char en[512], ja[512];
+    path_of(en, sizeof en, c.data, "train.en");
+    path_of(ja, sizeof ja, c.data, "train.ja");
+    for (int dir = 0; dir < 2; dir++) {
+        TextNorm want, got;
+        CHECK(textnorm_detect(dir ? ja : en, dir ? en : ja, dir ? TEXT_LANG_JA : TEXT_LANG_EN,
+                              dir ? TEXT_LANG_EN : TEXT_LANG_JA, &want, err, sizeof err) == 0, "%s", err);
+        got = textnorm_from_counts(dir ? &info.form_ja : &info.form_en, dir ? &info.form_en : &info.form_ja,
+                                   dir ? TEXT_LANG_JA : TEXT_LANG_EN, dir ? TEXT_LANG_EN : TEXT_LANG_JA);
+        CHECK(memcmp(&want, &got, sizeof want) == 0 && info.form_en.lines == N_TRAIN && info.stats.kept == N_TRAIN,
+              "direction %d: the recorded text form differs from the measured one", dir);
+    }
+    CHECK(corpus_split_info(c.cache, "nosuch", &info, err, sizeof err) != 0 && strstr(err, "nosuch.source.json"),
+          "a missing record: '%s'", err);
+}
+
 int main(void) {
     if (!make_scratch_dir(g_root, sizeof g_root, "test_corpus")) return 1;
     test_clean_and_deterministic();
@@ -677,6 +825,9 @@ int main(void) {
     test_reuse_and_rebuild();
     test_damaged_token_files();
     test_tokenizer_per_config();
+    test_workers_same_bytes();
+    test_spm_sample();
+    test_warm_start();
     remove_tree(g_root);
     return check_report("test_corpus");
 }

@@ -301,7 +301,7 @@ int corpus_prepare_parts(const CorpusConfig *cfg, const CorpusPart *parts, int n
     }
     if (n_parts > 0) fsync_path(cfg->cache_dir);  // best effort: some file systems refuse fsync on folders
     if (stats)
-        for (int i = 0; i < n_parts; i++) stats[i] = scans[i].stats;
+        for (int i = 0; i < n_parts; i++) stats[i] = scans[i].stats, stats[i].not_read = !scans[i].scanned;
     rc = 0;
 done:
     for (int i = 0; i < n_parts; i++) split_scan_free(&scans[i]);

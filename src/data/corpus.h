@@ -45,6 +45,7 @@ typedef struct {
     long empty;        // pairs skipped: a side is empty (after CRLF strip)
     long bad_utf8;     // pairs skipped: a side is not valid UTF-8
     long crlf;         // lines that ended in CRLF (stripped, kept)
+    bool not_read;     // this call found the text unchanged by its record and did not read it
 } CorpusStats;
 
 #define CORPUS_DEFAULT_VOCAB 8000
