@@ -797,6 +797,26 @@ static void test_warm_start(void) {
           "touching dev.ja: train read %d, dev read %d, dev.tok rebuilt %d", !st[0].not_read, !st[1].not_read,
           inode_of(dev_tok) != dev0);
 
+    /* token files old enough for their check to be recorded trusted; then a
+     * damaged body (written in place: its identity changes) is still found */
+    nanosleep(&settle, NULL);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && prepare(&c, false, NULL, st, err, sizeof err) == 0,
+          "%s", err);
+    size_t n_bytes = 0;
+    uint8_t *bytes = read_bytes(dev_tok, &n_bytes);
+    CHECK(bytes != NULL && n_bytes > 64, "cannot read %s", dev_tok);
+    if (bytes) {
+        bytes[n_bytes - 4] ^= 0x01;
+        write_bytes(dev_tok, bytes, n_bytes);
+    }
+    free(bytes);
+    const ino_t dev1 = inode_of(dev_tok);
+    TokenFile tf;
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && inode_of(dev_tok) != dev1 &&
+              token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0,
+          "a damaged dev.tok behind a trusted record was not rebuilt: %s", err);
+    token_file_close(&tf);
+
     CorpusSplitInfo info;
     CHECK(corpus_split_info(c.cache, "train", &info, err, sizeof err) == 0, "%s", err);
     char en[512], ja[512];

@@ -607,6 +607,73 @@ static void check_scale(void) {
     free(ja);
 }
 
+/* Several corpora: two views of one fixture (pairs [0, cut) and [cut, n)),
+ * each row checked token by token. Taken once each, the mix is the one
+ * file's dataset batch for batch; with copies {1, 3}, one epoch over dp
+ * ranks holds every usable pair of the first corpus once and of the second
+ * three times, no other pair, and as many steps on every rank. */
+static void check_mix(const Fixture *fx, int max_len) {
+    const int cut = fx->n / 3, dp = 2, budget = 300;
+    TokenFile a = fx->tf, b = fx->tf;
+    a.n_pairs = cut;
+    b.n_pairs = fx->n - cut;
+    b.en_off = fx->tf.en_off + cut;
+    b.ja_off = fx->tf.ja_off + cut;
+    const TokenFile *tfs[2] = {&a, &b};
+    char err[256];
+    Dataset one, mix;
+    CHECK(dataset_init(&one, &fx->tf, DIR_EN_JA, max_len, budget, 0, 1, 11, PAD, BOS, EOS, err, sizeof err) == 0 &&
+              dataset_init_mix(&mix, tfs, NULL, 2, DIR_EN_JA, max_len, budget, 0, 1, 11, PAD, BOS, EOS, err,
+                               sizeof err) == 0,
+          "%s", err);
+    int differ = 0;
+    for (int g = 0; g < 2 * one.n_batches; g++) {
+        OwnedBatch x, y;
+        dataset_next(&one, &x, NULL);
+        dataset_next(&mix, &y, NULL);
+        differ += x.view.B != y.view.B || x.view.S != y.view.S ||
+                  memcmp(x.src, y.src, (size_t)x.view.B * x.view.S * sizeof(int32_t)) != 0;
+        owned_batch_free(&x);
+        owned_batch_free(&y);
+    }
+    CHECK(one.n_batches == mix.n_batches && differ == 0, "a mix of two views taken once: %d of %d batches differ",
+          differ, 2 * one.n_batches);
+    dataset_free(&one);
+    dataset_free(&mix);
+
+    const int copies[2] = {1, 3};
+    int *seen = calloc((size_t)fx->n, sizeof *seen);
+    int32_t *pairs = malloc((size_t)fx->n * sizeof *pairs);
+    int steps[2] = {0, 0}, bad = 0;
+    for (int r = 0; r < dp; r++) {
+        Dataset d;
+        CHECK(dataset_init_mix(&d, tfs, copies, 2, DIR_EN_JA, max_len, budget, r, dp, 12, PAD, BOS, EOS, err,
+                               sizeof err) == 0, "%s", err);
+        steps[r] = d.n_batches;
+        for (int g = 0; g < d.n_batches; g++) {
+            OwnedBatch ob;
+            dataset_next(&d, &ob, NULL);
+            bad += verify_batch(fx, DIR_EN_JA, max_len, &ob.view, pairs);
+            for (int i = 0; i < ob.view.B; i++)
+                if (pairs[i] >= 0) seen[pairs[i]]++;
+            owned_batch_free(&ob);
+        }
+        CHECK(d.cursor.epoch == 1 && d.cursor.position == 0, "rank %d did not end the epoch", r);
+        dataset_free(&d);
+    }
+    int wrong = 0;
+    for (int i = 0; i < fx->n; i++) wrong += seen[i] != (usable(fx, i, max_len) ? (i < cut ? 1 : 3) : 0);
+    CHECK(bad == 0 && wrong == 0 && steps[0] == steps[1],
+          "copies {1, 3}: %d bad batches, %d pairs taken a wrong number of times, steps %d and %d", bad, wrong,
+          steps[0], steps[1]);
+    const int bad_copies[2] = {1, 0};
+    Dataset d;
+    CHECK(dataset_init_mix(&d, tfs, bad_copies, 2, DIR_EN_JA, max_len, budget, 0, 1, 1, PAD, BOS, EOS, err,
+                           sizeof err) != 0 && strstr(err, "corpus 2 is taken 0 times"), "copies 0 accepted: %s", err);
+    free(seen);
+    free(pairs);
+}
+
 int main(void) {
     /* ~1000 pairs, lengths 1..31 with a few up to 40 (over max_len 32), one
      * side empty twice, and one pair at the longest usable length. */
@@ -634,6 +701,7 @@ int main(void) {
     check_epoch(&fx, DIR_EN_JA, 20, 2, 200, 4);  // a smaller max_len skips more
 
     check_buckets(&fx, max_len);
+    check_mix(&fx, max_len);
     check_order(&fx, max_len);
     check_resume(&fx, max_len);
     check_direction(&fx, max_len);

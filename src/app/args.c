@@ -11,6 +11,8 @@
  */
 #include "app/args.h"
 
+#include "data/corpus_list.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,8 +159,9 @@ static const int KEEP_VALUES[] = {KEEP_BLEU, KEEP_LOSS};
 
 static const Flag TRAIN_FLAGS[] = {
     /* Data */
-    {STRING_("data", "Data", "DIR", data_dir), .dflt = "data/small_parallel_enja",
-     .help = "corpus folder with train/dev/test .en/.ja"},
+    {STRING_("data", "Data", "DIR[:N],...", data_dir), .dflt = "data/small_parallel_enja",
+     .help = "corpus folder with train/dev/test .en/.ja; several (comma-separated) train on the union of their "
+             "training pairs, each taken N times an epoch (default 1), with the first's dev and test"},
     {STRING_("cache-dir", "Data", "DIR", cache_dir), .dflt_note = "cache/<corpus folder name>",
      .help = "tokenizers and token files, one folder per --spm-vocab-size and --spm-sample"},
     {CHOICE_("direction", "Data", "en-ja|ja-en", DIR_VALUES, dir), .metavar = "D", .dflt = "en-ja",
@@ -407,6 +410,11 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
     if (!a->synthetic && vocab_given) {
         fprintf(stderr, "train_mt: --vocab-size applies to --task runs; with a corpus the tokenizer sets it "
                         "(see --spm-vocab-size)\n");
+        exit(2);
+    }
+    CorpusList corpora;
+    if (!a->synthetic && corpus_list_parse(a->data_dir, &corpora, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
         exit(2);
     }
     if (!a->synthetic) a->cfg.vocab_size = a->spm_vocab; /* checked against the tokenizer once loaded */

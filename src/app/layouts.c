@@ -59,9 +59,7 @@ int plan_shapes(const TrainArgs *a, Source *src, int dp, int M, int btok, PlanSh
     OwnedBatch *b = TP_MALLOC((size_t)M * sizeof *b);
     for (int r = 0; r < dp; r++) {
         Dataset ds;
-        if (dataset_init(&ds, &src->train_tf, a->dir, cfg->max_len, btok, r, dp * M, a->seed, cfg->pad_id,
-                         cfg->bos_id, cfg->eos_id, why, sizeof why) ||
-            dataset_set_length_bucket(&ds, a->length_bucket, why, sizeof why)) {
+        if (source_train_dataset(src, &ds, r, dp * M, btok, why, sizeof why)) {
             tp_error_set(err, err_len, "train split: %s", why);
             free(b);
             plan_shapes_free(ps);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "data/corpus_list.h"
 #include "data/synthetic.h"
 #include "data/textnorm.h"
 #include "err.h"
@@ -26,6 +27,85 @@ int run_steps(const TrainArgs *a, int n_batches) {
     return (int)steps;
 }
 
+/* The cache root: --cache-dir, else cache/<first corpus's folder name>[+<next's>...]. */
+static int cache_root(const TrainArgs *a, const CorpusList *list, int rank, char *root, size_t root_len, char *err,
+                      size_t err_len) {
+    if (a->cache_dir) {
+        if (snprintf(root, root_len, "%s", a->cache_dir) >= (int)root_len) goto too_long;
+        return 0;
+    }
+    if (snprintf(root, root_len, "cache/") >= (int)root_len) goto too_long;
+    for (int k = 0; k < list->n; k++) {
+        const char *dir = list->dir[k];
+        size_t len = strlen(dir);
+        while (len > 1 && dir[len - 1] == '/') len--;
+        const char *base = dir + len;
+        while (base > dir && base[-1] != '/') base--;
+        const size_t used = strlen(root);
+        if (snprintf(root + used, root_len - used, "%s%.*s", k ? "+" : "", (int)(dir + len - base), base) >=
+            (int)(root_len - used))
+            goto too_long;
+    }
+    if (rank == 0) mkdir("cache", 0755);
+    return 0;
+too_long:
+    tp_error_set(err, err_len, "--data / --cache-dir: the cache folder name is longer than %zu characters", root_len - 1);
+    return -1;
+}
+
+/* Rank 0 prepares every corpus's splits into the cache folder; every rank
+ * learns whether it worked. */
+static int prepare_corpora(const TrainArgs *a, const CorpusList *list, const char *root, const char *cache,
+                           const Runtime *rt, char (*stems)[32], char *err, size_t err_len) {
+    int rc = 0;
+    if (rt->mesh.rank == 0 && list->n == 1)
+        rc = corpus_adopt_old_layout(root, a->spm_vocab, true, err, err_len) < 0 ? -1 : 0;
+    if (rt->mesh.rank == 0 && rc == 0) {
+        CorpusPart parts[DATASET_MAX_CORPORA + 1];
+        int n = 0;
+        parts[n++] = (CorpusPart){.data_dir = list->dir[0], .split = "train", .stem = stems[0], .tokenizer = true};
+        parts[n++] = (CorpusPart){.data_dir = list->dir[0], .split = "dev", .stem = "dev"};
+        for (int k = 1; k < list->n; k++)
+            parts[n++] = (CorpusPart){.data_dir = list->dir[k], .split = "train", .stem = stems[k], .tokenizer = true};
+        CorpusConfig cc = {.cache_dir = cache, .vocab_size = a->spm_vocab, .spm_sample = a->spm_sample,
+                           .workers = a->prep_workers, .strict = a->strict, .verbose = true};
+        rc = corpus_prepare_parts(&cc, parts, n, NULL, err, err_len);
+    }
+    int32_t ok = rc == 0;
+    TP_CHECK(comm_broadcast(rt->ctrl, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->ctrl));
+    if (!ok && rt->mesh.rank != 0) tp_error_set(err, err_len, "rank 0 could not prepare the corpus");
+    return ok ? 0 : -1;
+}
+
+/* The text form of the training corpora, from the counts their records keep. */
+static int text_form(const TrainArgs *a, const char *cache, char (*stems)[32], int n, TextNorm *out, char *err,
+                     size_t err_len) {
+    TextFormCount en = {0}, ja = {0};
+    for (int k = 0; k < n; k++) {
+        CorpusSplitInfo info;
+        if (corpus_split_info(cache, stems[k], &info, err, err_len)) return -1;
+        textnorm_count_add(&en, &info.form_en);
+        textnorm_count_add(&ja, &info.form_ja);
+    }
+    const bool en_ja = a->dir == DIR_EN_JA;
+    *out = textnorm_from_counts(en_ja ? &en : &ja, en_ja ? &ja : &en, en_ja ? TEXT_LANG_EN : TEXT_LANG_JA,
+                                en_ja ? TEXT_LANG_JA : TEXT_LANG_EN);
+    return 0;
+}
+
+int source_train_dataset(const Source *src, Dataset *ds, int dp_rank, int shares, int batch_tokens, char *why,
+                         size_t why_len) {
+    const TrainArgs *a = src->args;
+    const ModelConfig *cfg = src->cfg;
+    const TokenFile *tfs[DATASET_MAX_CORPORA];
+    for (int k = 0; k < src->n_train; k++) tfs[k] = &src->train_tf[k];
+    if (dataset_init_mix(ds, tfs, src->train_copies, src->n_train, a->dir, cfg->max_len, batch_tokens, dp_rank,
+                         shares, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, why_len) ||
+        dataset_set_length_bucket(ds, a->length_bucket, why, why_len))
+        return -1;
+    return 0;
+}
+
 int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, Startup *boot, char *err,
                 size_t err_len) {
     memset(src, 0, sizeof *src);
@@ -33,38 +113,19 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
     src->cfg = cfg;
     src->mesh = &rt->mesh;
     if (a->synthetic) return 0;
-    char root[1024], cache[2048], path[4096], why[1024];
-    if (strlen(a->data_dir) > 900 || (a->cache_dir && strlen(a->cache_dir) > 900)) {
-        tp_error_set(err, err_len, "--data / --cache-dir paths longer than 900 characters are not supported");
-        return -1;
+    CorpusList list;
+    if (corpus_list_parse(a->data_dir, &list, err, err_len)) return -1;
+    char root[2048], cache[2200], path[2400], why[1024];
+    char stems[DATASET_MAX_CORPORA][32];
+    for (int k = 0; k < list.n; k++) {
+        if (k == 0) snprintf(stems[k], sizeof stems[k], "train");
+        else snprintf(stems[k], sizeof stems[k], "train.c%d", k);
+        src->train_copies[k] = list.copies[k];
     }
-    if (a->cache_dir) {
-        snprintf(root, sizeof root, "%s", a->cache_dir);
-    } else {
-        const char *base = strrchr(a->data_dir, '/');
-        base = base && base[1] ? base + 1 : a->data_dir;
-        snprintf(root, sizeof root, "cache/%s", base);
-        if (rt->mesh.rank == 0) mkdir("cache", 0755);
-    }
+    if (cache_root(a, &list, rt->mesh.rank, root, sizeof root, err, err_len)) return -1;
     /* one tokenizer per configuration: presets of other vocabulary sizes share the root */
     if (corpus_cache_dir(root, a->spm_vocab, a->spm_sample, cache, sizeof cache, err, err_len)) return -1;
-    int rc = 0;
-    if (rt->mesh.rank == 0) rc = corpus_adopt_old_layout(root, a->spm_vocab, true, err, err_len) < 0 ? -1 : 0;
-    if (rt->mesh.rank == 0 && rc == 0) {
-        CorpusConfig cc = {.data_dir = a->data_dir, .cache_dir = cache, .vocab_size = a->spm_vocab,
-                           .spm_sample = a->spm_sample, .workers = a->prep_workers, .strict = a->strict,
-                           .verbose = true};
-        const char *splits[2] = {"train", "dev"};
-        CorpusStats st[2];
-        rc = corpus_prepare(&cc, splits, 2, st, err, err_len);
-    }
-    /* Every rank learns whether the preparation worked (the flag rides on a broadcast). */
-    int32_t ok = rc == 0;
-    TP_CHECK(comm_broadcast(rt->ctrl, &ok, sizeof ok, 0) == 0, "%s", comm_error(rt->ctrl));
-    if (!ok) {
-        if (rt->mesh.rank != 0) tp_error_set(err, err_len, "rank 0 could not prepare the corpus");
-        return -1;
-    }
+    if (prepare_corpora(a, &list, root, cache, rt, stems, err, err_len)) return -1;
     startup_mark(boot, "corpus");  // the cache checked (or built) and agreed on
     snprintf(src->spm_path, sizeof src->spm_path, "%s/spm.model", cache);
     src->spm = spm_load(src->spm_path, err, err_len);
@@ -72,12 +133,8 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
     startup_mark(boot, "tokenizer");
     cfg->vocab_size = spm_vocab_size(src->spm);
     /* the text's form, saved with the model for translate_mt (data/textnorm.h), from the counts
-     * the preparation kept with the token file: no rank reads the text again */
-    const bool en_ja = a->dir == DIR_EN_JA;
-    CorpusSplitInfo info;
-    if (corpus_split_info(cache, "train", &info, err, err_len)) return -1;
-    cfg->text = textnorm_from_counts(en_ja ? &info.form_en : &info.form_ja, en_ja ? &info.form_ja : &info.form_en,
-                                     en_ja ? TEXT_LANG_EN : TEXT_LANG_JA, en_ja ? TEXT_LANG_JA : TEXT_LANG_EN);
+     * the preparation kept with the token files: no rank reads the text again */
+    if (text_form(a, cache, stems, list.n, &cfg->text, err, err_len)) return -1;
     startup_mark(boot, "text_form");
     if (rt->mesh.rank == 0)
         printf("train_mt: the training text's form, saved with the model for translate_mt: source %s%s%s, target %s%s\n",
@@ -89,14 +146,16 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
     cfg->bos_id = SPM_BOS_ID;
     cfg->eos_id = SPM_EOS_ID;
     /* rank 0's preparation has just checked every byte of these files */
-    snprintf(path, sizeof path, "%s/train.tok", cache);
-    if (token_file_open_checked(&src->train_tf, path, cfg->vocab_size, err, err_len)) return -1;
+    for (int k = 0; k < list.n; k++) {
+        snprintf(path, sizeof path, "%s/%s.tok", cache, stems[k]);
+        if (token_file_open_checked(&src->train_tf[k], path, cfg->vocab_size, err, err_len)) return -1;
+        src->n_train = k + 1;
+    }
     snprintf(path, sizeof path, "%s/dev.tok", cache);
     if (token_file_open_checked(&src->dev_tf, path, cfg->vocab_size, err, err_len)) return -1;
     /* dp x M shares per global batch: rank r's micro-batch i is share r + i dp */
-    if (dataset_init(&src->train, &src->train_tf, a->dir, cfg->max_len, a->batch_tokens, rt->mesh.dp_rank,
-                     rt->mesh.dp * a->micro_batches, a->seed, cfg->pad_id, cfg->bos_id, cfg->eos_id, why, sizeof why) ||
-        dataset_set_length_bucket(&src->train, a->length_bucket, why, sizeof why)) {
+    if (source_train_dataset(src, &src->train, rt->mesh.dp_rank, rt->mesh.dp * a->micro_batches, a->batch_tokens,
+                             why, sizeof why)) {
         tp_error_set(err, err_len, "train split: %s", why);
         return -1;
     }
@@ -107,10 +166,10 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
         return -1;
     }
     if (rt->mesh.rank == 0)
-        printf("train_mt: train: %d pairs usable, %ld longer than --max-len %d skipped; dev: %d pairs; "
+        printf("train_mt: train: %d pairs usable%s, %ld longer than --max-len %d skipped; dev: %d pairs; "
                "%d batches per epoch of <= %d tokens per data-parallel rank\n",
-               src->train.n_usable, src->train.n_too_long, cfg->max_len, src->dev.n_usable, src->train.n_batches,
-               a->batch_tokens);
+               src->train.n_usable, list.n > 1 ? " an epoch (every corpus's copies counted)" : "",
+               src->train.n_too_long, cfg->max_len, src->dev.n_usable, src->train.n_batches, a->batch_tokens);
     startup_mark(boot, "batching");  // token files mapped, batches of both splits made
     return 0;
 }
@@ -119,7 +178,7 @@ void source_close(Source *src) {
     if (src->args->synthetic) return;
     dataset_free(&src->train);
     dataset_free(&src->dev);
-    token_file_close(&src->train_tf);
+    for (int k = 0; k < src->n_train; k++) token_file_close(&src->train_tf[k]);
     token_file_close(&src->dev_tf);
     spm_free(src->spm);
 }

@@ -27,7 +27,10 @@ typedef struct {
     /* corpus */
     Spm *spm;
     char spm_path[4096];
-    TokenFile train_tf, dev_tf;
+    int n_train;                                // corpora of the training set (--data's list)
+    TokenFile train_tf[DATASET_MAX_CORPORA];    // their training splits, the first corpus's first
+    int train_copies[DATASET_MAX_CORPORA];      // times each is taken an epoch
+    TokenFile dev_tf;                           // the first corpus's dev split
     Dataset train, dev;
     /* synthetic */
     uint64_t synth_index;
@@ -41,6 +44,11 @@ typedef struct {
 int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, Startup *boot, char *err,
                 size_t err_len);
 void source_close(Source *src);
+
+/* A dataset over the training corpora for share dp_rank of `shares`
+ * (source_open's, and the planner's per rank). 0, or -1 + why. */
+int source_train_dataset(const Source *src, Dataset *ds, int dp_rank, int shares, int batch_tokens, char *why,
+                         size_t why_len);
 
 /* This rank's micro-batches b[0..M) of the next global batch (share
  * dp_rank + i dp of dp x M); *global_tokens = target tokens of the whole

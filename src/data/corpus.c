@@ -169,7 +169,7 @@ static int scan_parts(const CorpusConfig *cfg, SplitScan *scans, uint32_t *keys,
         if (part->stem && !(need_tokenizer && part->tokenizer) && split_meta_reuse(cfg->cache_dir, &scans[i], &keys[i])) {
             if (cfg->verbose) {
                 printf("corpus: %s: %s and %s unchanged since they were read (%ld pairs, %ld kept): not read "
-                       "again\n", part->split, scans[i].en.path, scans[i].ja.path, scans[i].stats.lines,
+                       "again\n", part_label(part), scans[i].en.path, scans[i].ja.path, scans[i].stats.lines,
                        scans[i].stats.kept);
                 fflush(stdout);
             }
@@ -244,6 +244,16 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_k
     }
     char why[PATH_MAX + 256];
     snprintf(why, sizeof why, "not built yet");
+    FileStamp now;
+    /* unchanged since it was last checked whole (and its record unchanged): the header is enough */
+    if (!s->scanned && s->tok_known && s->tok.trusted && file_stamp(path, &now) == 0 &&
+        file_stamp_same(&now, &s->tok) && token_file_key(path, why, sizeof why) == (int64_t)key) {
+        if (cfg->verbose) {
+            printf("corpus: %s: reusing %s (key %08x; unchanged since it was checked)\n", part_label(part), path, key);
+            fflush(stdout);
+        }
+        return 0;
+    }
     if (file_exists(path)) {
         TokenFile tf;
         char open_err[PATH_MAX + 200];
@@ -254,10 +264,11 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_k
             token_file_close(&tf);
             if (old_key == (int64_t)key) {
                 if (cfg->verbose) {
-                    printf("corpus: %s: reusing %s (key %08x)\n", part->split, path, key);
+                    printf("corpus: %s: reusing %s (key %08x)\n", part_label(part), path, key);
                     fflush(stdout);
                 }
-                return s->scanned ? split_meta_write(cfg->cache_dir, s, key, err, err_len) : 0;
+                s->tok_known = file_stamp(path, &s->tok) == 0;
+                return split_meta_write(cfg->cache_dir, s, key, err, err_len);
             }
             snprintf(why, sizeof why, "key %08llx != %08x: the source text, the tokenizer or the format changed",
                      (unsigned long long)old_key, key);
@@ -265,10 +276,11 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_k
     }
     if (!s->scanned && split_scan(s, part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
     if (cfg->verbose) {
-        printf("corpus: %s: building %s (%s)\n", part->split, path, why);
+        printf("corpus: %s: building %s (%s)\n", part_label(part), path, why);
         fflush(stdout);
     }
     if (corpus_encode(s, spm, key, path, cfg->workers, cfg->verbose, err, err_len) != 0) return -1;
+    s->tok_known = file_stamp(path, &s->tok) == 0;  // written and checked as it was written
     return split_meta_write(cfg->cache_dir, s, key, err, err_len);
 }
 

@@ -135,7 +135,7 @@ static void watch(const SplitScan *s, long *lines_done, int *finished, int n_sta
         const double dt = tp_now_s() - t0;
         if (!show || dt < 2.0 || (long)(dt * 10) % 10 != 0) continue;
         const double rate = done / dt;
-        fprintf(stdout, "\rcorpus: %s: encoding %ld of %ld lines, %.0f lines/s, %.0f s left   ", s->part->split,
+        fprintf(stdout, "\rcorpus: %s: encoding %ld of %ld lines, %.0f lines/s, %.0f s left   ", part_label(s->part),
                 done, total, rate, rate > 0 ? (total - done) / rate : 0.0);
         fflush(stdout);
         shown = true;
@@ -196,7 +196,7 @@ int corpus_encode(const SplitScan *s, const Spm *spm, uint32_t key, const char *
         uint64_t n_en = 0, n_ja = 0;
         for (long i = 0; i < n_pairs; i++) n_en += lens[i], n_ja += lens[n_pairs + i];
         printf("corpus: %s: encoded %ld pairs (%llu en + %llu ja pieces) into %s in %.2f s on %d thread%s\n",
-               s->part->split, n_pairs, (unsigned long long)n_en, (unsigned long long)n_ja, path, tp_now_s() - t0,
+               part_label(s->part), n_pairs, (unsigned long long)n_en, (unsigned long long)n_ja, path, tp_now_s() - t0,
                n_w, n_w == 1 ? "" : "s");
         fflush(stdout);
     }

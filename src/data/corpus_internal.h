@@ -36,10 +36,15 @@ typedef struct {
     SideScan en, ja;
     CorpusStats stats;
     bool scanned;             // read now (kept, en_at, ja_at valid); else from <stem>.source.json
+    FileStamp tok;            // the token file's identity when it was last checked whole
+    bool tok_known;           // tok holds one
     uint8_t *kept;            // (lines + 7) / 8 bits: pair i kept
     uint64_t *en_at, *ja_at;  // (n_marks) byte offset of line k * CORPUS_MARK_EVERY
     long n_marks;
 } SplitScan;
+
+/* The name messages give a part: its token file's stem ("train", "train.c1"), or its split. */
+static inline const char *part_label(const CorpusPart *p) { return p->stem ? p->stem : p->split; }
 
 /* corpus_scan.c */
 /* Reads both files of the split once. 0, or -1 + err (a bad pair with

@@ -1,6 +1,7 @@
 /* corpus_meta.c: <stem>.source.json, what a scan of a split learned, kept
  * beside its token file (see corpus_internal.h): the key, the counts, each
- * side's text form counts and each source file's identity. 64-bit values
+ * side's text form counts and each source file's identity, and the token
+ * file's identity when it was last checked whole (token_file_checked). 64-bit values
  * are written as decimal strings (JSON numbers lose them past 2^53). A file
  * that cannot be read or does not match is no error here: the split is
  * read again. */
@@ -50,18 +51,34 @@ static long *stat_field(CorpusStats *s, int i) {
     return fields[i];
 }
 
+static void add_stamp(cJSON *o, const FileStamp *st) {
+    add_u64(o, "bytes", st->size);
+    add_u64(o, "device", st->dev);
+    add_u64(o, "inode", st->ino);
+    add_u64(o, "mtime_ns", (uint64_t)st->mtime_ns);
+    add_u64(o, "ctime_ns", (uint64_t)st->ctime_ns);
+    cJSON_AddBoolToObject(o, "trusted", st->trusted);
+}
+
+static bool get_stamp(const cJSON *o, FileStamp *st) {
+    const cJSON *trusted = cJSON_GetObjectItemCaseSensitive(o, "trusted");
+    uint64_t mt, ct;
+    if (!cJSON_IsBool(trusted) || !get_u64(o, "bytes", &st->size) || !get_u64(o, "device", &st->dev) ||
+        !get_u64(o, "inode", &st->ino) || !get_u64(o, "mtime_ns", &mt) || !get_u64(o, "ctime_ns", &ct))
+        return false;
+    st->mtime_ns = (int64_t)mt;
+    st->ctime_ns = (int64_t)ct;
+    st->trusted = cJSON_IsTrue(trusted);
+    return true;
+}
+
 static cJSON *side_json(const SideScan *side) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "path", side->path);
     char crc[16];
     snprintf(crc, sizeof crc, "%08x", side->crc);
     cJSON_AddStringToObject(o, "crc32c", crc);
-    add_u64(o, "bytes", side->stamp.size);
-    add_u64(o, "device", side->stamp.dev);
-    add_u64(o, "inode", side->stamp.ino);
-    add_u64(o, "mtime_ns", (uint64_t)side->stamp.mtime_ns);
-    add_u64(o, "ctime_ns", (uint64_t)side->stamp.ctime_ns);
-    cJSON_AddBoolToObject(o, "trusted", side->stamp.trusted);
+    add_stamp(o, &side->stamp);
     cJSON *form = cJSON_AddObjectToObject(o, "form");
     for (int i = 0; i < 6; i++) cJSON_AddNumberToObject(form, FORM_NAMES[i], (double)*form_field((TextFormCount *)&side->form, i));
     return o;
@@ -83,6 +100,7 @@ int split_meta_write(const char *cache_dir, const SplitScan *s, uint32_t key, ch
     cJSON *sources = cJSON_AddObjectToObject(root, "sources");
     cJSON_AddItemToObject(sources, "en", side_json(&s->en));
     cJSON_AddItemToObject(sources, "ja", side_json(&s->ja));
+    if (s->tok_known) add_stamp(cJSON_AddObjectToObject(root, "token_file_checked"), &s->tok);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     char path[PATH_MAX + 64];
@@ -96,21 +114,14 @@ int split_meta_write(const char *cache_dir, const SplitScan *s, uint32_t key, ch
 static bool side_read(const cJSON *o, SideScan *side, bool match_path) {
     const cJSON *path = cJSON_GetObjectItemCaseSensitive(o, "path");
     const cJSON *crc = cJSON_GetObjectItemCaseSensitive(o, "crc32c");
-    const cJSON *trusted = cJSON_GetObjectItemCaseSensitive(o, "trusted");
     const cJSON *form = cJSON_GetObjectItemCaseSensitive(o, "form");
-    uint64_t mt, ct;
     if (cJSON_IsString(path) && !match_path) snprintf(side->path, sizeof side->path, "%s", path->valuestring);
     if (!cJSON_IsString(path) || strcmp(path->valuestring, side->path) != 0 || !cJSON_IsString(crc) ||
-        strlen(crc->valuestring) != 8 || !cJSON_IsBool(trusted) || !cJSON_IsObject(form) ||
-        !get_u64(o, "bytes", &side->stamp.size) || !get_u64(o, "device", &side->stamp.dev) ||
-        !get_u64(o, "inode", &side->stamp.ino) || !get_u64(o, "mtime_ns", &mt) || !get_u64(o, "ctime_ns", &ct))
+        strlen(crc->valuestring) != 8 || !cJSON_IsObject(form) || !get_stamp(o, &side->stamp))
         return false;
     char *end;
     side->crc = (uint32_t)strtoul(crc->valuestring, &end, 16);
     if (*end) return false;
-    side->stamp.mtime_ns = (int64_t)mt;
-    side->stamp.ctime_ns = (int64_t)ct;
-    side->stamp.trusted = cJSON_IsTrue(trusted);
     for (int i = 0; i < 6; i++)
         if (!get_long(form, FORM_NAMES[i], form_field(&side->form, i))) return false;
     return true;
@@ -133,6 +144,8 @@ static bool meta_read(const char *path, SplitScan *s, uint32_t *key, bool match_
               side_read(cJSON_GetObjectItemCaseSensitive(sources, "en"), &s->en, match_paths) &&
               side_read(cJSON_GetObjectItemCaseSensitive(sources, "ja"), &s->ja, match_paths);
     for (int i = 0; ok && i < 5; i++) ok = get_long(stats, STAT_NAMES[i], stat_field(&s->stats, i));
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(root, "token_file_checked");
+    s->tok_known = ok && tok && get_stamp(tok, &s->tok);  // optional: absent, the token file is checked whole
     if (ok) {
         char *end;
         *key = (uint32_t)strtoul(hex->valuestring, &end, 16);

@@ -95,7 +95,7 @@ static void mark_push(SplitScan *s, long *cap, uint64_t en_at, uint64_t ja_at) {
 
 static void progress(const SplitScan *s, long lines, double t0, bool *shown) {
     const double dt = tp_now_s() - t0;
-    fprintf(stdout, "\rcorpus: %s: reading %s: %ld lines, %.0f lines/s   ", s->part->split, s->part->data_dir,
+    fprintf(stdout, "\rcorpus: %s: reading %s: %ld lines, %.0f lines/s   ", part_label(s->part), s->part->data_dir,
             lines, lines / (dt > 0 ? dt : 1));
     fflush(stdout);
     *shown = true;
@@ -198,9 +198,11 @@ int split_scan(SplitScan *s, const CorpusPart *part, bool strict, bool verbose, 
     rc = 0;
     if (verbose) {
         const CorpusStats *st = &s->stats;
-        printf("corpus: %s: %ld pairs read, %ld kept, %ld skipped empty, %ld skipped invalid UTF-8, %ld CRLF "
+        const bool other = part->stem && strcmp(part->stem, part->split) != 0;  // a stem that does not say the folder
+        printf("corpus: %s: %ld pairs read%s%s, %ld kept, %ld skipped empty, %ld skipped invalid UTF-8, %ld CRLF "
                "stripped\n",
-               part->split, st->lines, st->kept, st->empty, st->bad_utf8, st->crlf);
+               part_label(part), st->lines, other ? " from " : "", other ? part->data_dir : "", st->kept, st->empty,
+               st->bad_utf8, st->crlf);
         fflush(stdout);
     }
 done:

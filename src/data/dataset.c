@@ -22,6 +22,7 @@
  */
 #include "data/dataset.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -40,17 +41,30 @@ static void *pair_array(size_t bytes) {
 
 /* ---- lengths -------------------------------------------------------------- */
 
-static const uint64_t *src_off(const Dataset *ds) { return ds->dir == DIR_EN_JA ? ds->tf->en_off : ds->tf->ja_off; }
-static const uint64_t *tgt_off(const Dataset *ds) { return ds->dir == DIR_EN_JA ? ds->tf->ja_off : ds->tf->en_off; }
+/* Pair p's token file (its corpus) and its index there. */
+static const TokenFile *pair_file(const Dataset *ds, int32_t p, int32_t *local) {
+    int k = 0;
+    while (p >= ds->first[k + 1]) k++;
+    *local = p - ds->first[k];
+    return ds->tfs[k];
+}
+static const uint64_t *src_off_of(const Dataset *ds, const TokenFile *tf) {
+    return ds->dir == DIR_EN_JA ? tf->en_off : tf->ja_off;
+}
+static const uint64_t *tgt_off_of(const Dataset *ds, const TokenFile *tf) {
+    return ds->dir == DIR_EN_JA ? tf->ja_off : tf->en_off;
+}
 
 /* Pieces of each side; only called for usable pairs (fit in int). */
 static int src_pieces(const Dataset *ds, int32_t p) {
-    const uint64_t *o = src_off(ds);
-    return (int)(o[p + 1] - o[p]);
+    int32_t i;
+    const uint64_t *o = src_off_of(ds, pair_file(ds, p, &i));
+    return (int)(o[i + 1] - o[i]);
 }
 static int tgt_pieces(const Dataset *ds, int32_t p) {
-    const uint64_t *o = tgt_off(ds);
-    return (int)(o[p + 1] - o[p]);
+    int32_t i;
+    const uint64_t *o = tgt_off_of(ds, pair_file(ds, p, &i));
+    return (int)(o[i + 1] - o[i]);
 }
 /* A length padded up to the bucket: a multiple of length_bucket, at most
  * max_len (which every usable side fits). */
@@ -59,14 +73,6 @@ static int bucketed(const Dataset *ds, int len) {
     const int up = (len + n - 1) / n * n;
     return up < ds->max_len ? up : (len > ds->max_len ? len : ds->max_len);
 }
-/* Longest side of a pair, unbucketed: max(src + eos, bos + tgt). The sort key. */
-static int raw_len(const Dataset *ds, int32_t p) {
-    int s = src_pieces(ds, p), t = tgt_pieces(ds, p);
-    return (s > t ? s : t) + 1;
-}
-/* The pair's padded side in a batch: raw_len bucketed (monotone in raw_len,
- * so the length-sorted order is also sorted by it). */
-static int padded_len(const Dataset *ds, int32_t p) { return bucketed(ds, raw_len(ds, p)); }
 
 /* ---- the per-epoch generator -------------------------------------------------- */
 
@@ -118,14 +124,13 @@ static void shuffle_u64(uint64_t *a, int n, uint64_t *state) {
 
 /* ---- sort and cut -------------------------------------------------------------- */
 
-/* A usable pair's sort key, (raw_len - 1) << 16 | source pieces (both
+/* A usable pair's sort key: its raw length, the longest side unbucketed,
+ * max(src + eos, bos + tgt), and its source pieces, packed as
+ * (raw - 1) << 16 | source pieces (both
  * below 2^16 for max_len <= 65536), carried beside the pair's
  * index in the plan's entries (key << 32 | index), so sorting and cutting
  * read no offsets: at millions of pairs those reads, scattered over the
  * token file's tables, were most of a start's batching time. */
-static uint32_t sort_key(const Dataset *ds, int32_t p) {
-    return (uint32_t)(raw_len(ds, p) - 1) << 16 | (uint32_t)src_pieces(ds, p);
-}
 static int key_raw(uint32_t k) { return (int)(k >> 16) + 1; }
 static int ent_raw(uint64_t e) { return key_raw((uint32_t)(e >> 32)); }
 static int ent_src(uint64_t e) { return (int)(e >> 32 & 0xFFFF); }
@@ -202,12 +207,20 @@ static int cut_batches(const Dataset *ds, const uint64_t *a, int n, int dp, int3
 }
 
 /* Builds the plan of `epoch` into ds->order / ds->batch_start. */
-static void build_plan(Dataset *ds, int64_t epoch) {
+/* Entries for a plan: 2 n + 2 of them (the sort's two halves; the cut's
+ * scratch reuses the second). Fresh memory is what a start pays for at
+ * millions of pairs (the kernel zeroes every page), so dataset_init hands
+ * its own to the first plan. */
+static uint64_t *plan_work(int n) { return pair_array((size_t)(2 * n + 2) * sizeof(uint64_t)); }
+
+/* Builds the plan of `epoch` into ds->order / ds->batch_start; work (from
+ * plan_work) is used and freed. */
+static void build_plan_in(Dataset *ds, int64_t epoch, uint64_t *work) {
     const int n = ds->n_usable;
-    uint64_t *ent = pair_array((size_t)(2 * n + 1) * sizeof(uint64_t)), *tmp = ent + n;
-    int32_t *scratch = pair_array((size_t)(4 * (n + 1) + ds->max_len + 2) * sizeof(int32_t));
-    int32_t *bounds = scratch, *dpbuf = bounds + (n + 1), *cnt = dpbuf + 2 * (n + 1);
-    int32_t *perm = cnt + ds->max_len + 2;
+    uint64_t *ent = work, *tmp = work + n + 1;
+    int32_t *scratch = pair_array((size_t)(2 * (n + 1) + ds->max_len + 2) * sizeof(int32_t));
+    int32_t *bounds = scratch, *cnt = bounds + (n + 1), *perm = cnt + ds->max_len + 2;
+    int32_t *dpbuf = (int32_t *)tmp;  // 2 (n + 1) int32 fit the n + 1 entries, free once sorted
 
     uint64_t rng = epoch_state(ds->cursor.seed, epoch);
     for (int i = 0; i < n; i++) ent[i] = (uint64_t)ds->usable_key[i] << 32 | (uint32_t)ds->usable[i];
@@ -228,8 +241,10 @@ static void build_plan(Dataset *ds, int64_t epoch) {
     ds->n_batches = nb;
     ds->plan_epoch = epoch;
     free(scratch);
-    free(ent);
+    free(work);
 }
+
+static void build_plan(Dataset *ds, int64_t epoch) { build_plan_in(ds, epoch, plan_work(ds->n_usable)); }
 
 /* ---- batches ------------------------------------------------------------------- */
 
@@ -245,11 +260,12 @@ static void fill_batch(const Dataset *ds, const int32_t *pairs, int B, int strid
     S = bucketed(ds, S);
     T = bucketed(ds, T);
     owned_batch_alloc(out, B, S, T, ds->pad_id);
-    const int32_t *tok = ds->tf->tokens;
-    const uint64_t *so = src_off(ds), *to = tgt_off(ds);
     for (int b = 0; b < B; b++) {
-        int32_t p = pairs[(size_t)b * stride];
-        int ns = src_pieces(ds, p), nt = tgt_pieces(ds, p);
+        int32_t p;
+        const TokenFile *tf = pair_file(ds, pairs[(size_t)b * stride], &p);
+        const int32_t *tok = tf->tokens;
+        const uint64_t *so = src_off_of(ds, tf), *to = tgt_off_of(ds, tf);
+        int ns = (int)(so[p + 1] - so[p]), nt = (int)(to[p + 1] - to[p]);
         int32_t *s = out->src + (size_t)b * S, *ti = out->tgt_in + (size_t)b * T, *tt = out->tgt_out + (size_t)b * T;
         memcpy(s, tok + so[p], (size_t)ns * sizeof(int32_t));
         s[ns] = ds->eos_id;
@@ -320,10 +336,35 @@ void dataset_eval_batch(Dataset *ds, int i, OwnedBatch *out, int32_t *index) {
 
 int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, int batch_tokens, int dp_rank,
                  int dp_size, uint64_t seed, int pad_id, int bos_id, int eos_id, char *err, size_t err_len) {
-    memset(ds, 0, sizeof *ds);
-    ds->plan_epoch = -1;
-    if (!tf || tf->n_pairs < 0 || !tf->en_off || !tf->ja_off || (tf->n_tokens > 0 && !tf->tokens)) {
-        tp_error_set(err, err_len, "dataset: no token file");
+    const TokenFile *tfs[1] = {tf};
+    return dataset_init_mix(ds, tfs, NULL, 1, dir, max_len, batch_tokens, dp_rank, dp_size, seed, pad_id, bos_id,
+                            eos_id, err, err_len);
+}
+
+/* The arguments dataset_init_mix refuses; 0 or -1 + err. */
+static int check_mix(const TokenFile *const *tfs, const int *copies, int n_tf, Direction dir, int max_len,
+                     int batch_tokens, int dp_rank, int dp_size, char *err, size_t err_len) {
+    if (n_tf < 1 || n_tf > DATASET_MAX_CORPORA) {
+        tp_error_set(err, err_len, "dataset: %d corpora (1 to %d)", n_tf, DATASET_MAX_CORPORA);
+        return -1;
+    }
+    int64_t total = 0;
+    for (int k = 0; k < n_tf; k++) {
+        const TokenFile *tf = tfs[k];
+        if (!tf || tf->n_pairs < 0 || !tf->en_off || !tf->ja_off || (tf->n_tokens > 0 && !tf->tokens)) {
+            tp_error_set(err, err_len, "dataset: no token file");
+            return -1;
+        }
+        const int c = copies ? copies[k] : 1;
+        if (c < 1 || c > DATASET_MAX_COPIES) {
+            tp_error_set(err, err_len, "dataset: corpus %d is taken %d times an epoch (1 to %d)", k + 1, c,
+                         DATASET_MAX_COPIES);
+            return -1;
+        }
+        total += (int64_t)tf->n_pairs * c;
+    }
+    if (total > INT32_MAX - 1) {
+        tp_error_set(err, err_len, "dataset: %lld pairs an epoch, more than %d", (long long)total, INT32_MAX - 1);
         return -1;
     }
     if (dir != DIR_EN_JA && dir != DIR_JA_EN) {
@@ -343,65 +384,84 @@ int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, i
         tp_error_set(err, err_len, "dataset: batch_tokens %d must be positive", batch_tokens);
         return -1;
     }
-    for (int i = 0; i < tf->n_pairs; i++) {
-        if (tf->en_off[i] > tf->en_off[i + 1] || tf->ja_off[i] > tf->ja_off[i + 1] ||
-            tf->en_off[i + 1] > tf->n_tokens || tf->ja_off[i + 1] > tf->n_tokens) {
-            tp_error_set(err, err_len, "dataset: token offsets of pair %d are out of order or out of range", i);
-            return -1;
-        }
-    }
-    *ds = (Dataset){.tf = tf, .dir = dir, .max_len = max_len, .batch_tokens = batch_tokens, .dp_rank = dp_rank,
-                    .dp_size = dp_size, .pad_id = pad_id, .bos_id = bos_id, .eos_id = eos_id, .plan_epoch = -1,
-                    .length_bucket = 1, .cursor = (DataCursor){.seed = seed, .epoch = 0, .position = 0}};
+    return 0;
+}
 
-    /* Usable pairs: both sides 1..max_len-1 pieces. A side over the limit
-     * counts as too long; an empty side (the corpus step drops those) is
-     * skipped without being counted. */
-    int32_t *all = pair_array((size_t)(tf->n_pairs > 0 ? tf->n_pairs : 1) * sizeof(int32_t));
-    const uint64_t *so = src_off(ds), *to = tgt_off(ds);
+int dataset_init_mix(Dataset *ds, const TokenFile *const *tfs, const int *copies, int n_tf, Direction dir,
+                     int max_len, int batch_tokens, int dp_rank, int dp_size, uint64_t seed, int pad_id, int bos_id,
+                     int eos_id, char *err, size_t err_len) {
+    memset(ds, 0, sizeof *ds);
+    ds->plan_epoch = -1;
+    if (check_mix(tfs, copies, n_tf, dir, max_len, batch_tokens, dp_rank, dp_size, err, err_len) != 0) return -1;
+    *ds = (Dataset){.tf = tfs[0], .n_tf = n_tf, .dir = dir, .max_len = max_len, .batch_tokens = batch_tokens,
+                    .dp_rank = dp_rank, .dp_size = dp_size, .pad_id = pad_id, .bos_id = bos_id, .eos_id = eos_id,
+                    .plan_epoch = -1, .length_bucket = 1,
+                    .cursor = (DataCursor){.seed = seed, .epoch = 0, .position = 0}};
+    int64_t total = 0;
+    for (int k = 0; k < n_tf; k++) {
+        ds->tfs[k] = tfs[k];
+        ds->copies[k] = copies ? copies[k] : 1;
+        ds->first[k] = (int32_t)(k ? ds->first[k - 1] + tfs[k - 1]->n_pairs : 0);
+        total += (int64_t)tfs[k]->n_pairs * ds->copies[k];
+    }
+    ds->first[n_tf] = ds->first[n_tf - 1] + tfs[n_tf - 1]->n_pairs;
+    for (int k = n_tf + 1; k <= DATASET_MAX_CORPORA; k++) ds->first[k] = INT32_MAX;
+
+    /* Usable pairs: both sides 1..max_len-1 pieces, each corpus's taken
+     * copies[k] times (adjacent). A side over the limit counts as too long
+     * (once); an empty side (the corpus step drops those) is skipped
+     * without being counted. One pass over the offsets checks them and
+     * makes the sort's entries. */
+    uint64_t *ent = plan_work((int)total);
     const uint64_t limit = (uint64_t)max_len - 1;
-    int n = 0, longest = 0;
-    for (int i = 0; i < tf->n_pairs; i++) {
-        uint64_t ls = so[i + 1] - so[i], lt = to[i + 1] - to[i];
-        if (ls > limit || lt > limit) {
-            ds->n_too_long++;
-            continue;
+    int n = 0, longest = 0, n_pairs = 0;
+    for (int k = 0; k < n_tf; k++) {
+        const TokenFile *tf = tfs[k];
+        const uint64_t *so = src_off_of(ds, tf), *to = tgt_off_of(ds, tf);
+        n_pairs += tf->n_pairs;
+        for (int i = 0; i < tf->n_pairs; i++) {
+            if (so[i] > so[i + 1] || to[i] > to[i + 1] || so[i + 1] > tf->n_tokens || to[i + 1] > tf->n_tokens) {
+                tp_error_set(err, err_len, "dataset: token offsets of pair %d are out of order or out of range", i);
+                free(ent);
+                memset(ds, 0, sizeof *ds);
+                return -1;
+            }
+            const uint64_t ls = so[i + 1] - so[i], lt = to[i + 1] - to[i];
+            if (ls > limit || lt > limit) {
+                ds->n_too_long++;
+                continue;
+            }
+            if (ls == 0 || lt == 0) continue;
+            const int raw = (int)(ls > lt ? ls : lt) + 1;
+            const uint64_t e = (uint64_t)((uint32_t)(raw - 1) << 16 | (uint32_t)ls) << 32 | (uint32_t)(ds->first[k] + i);
+            for (int c = 0; c < ds->copies[k]; c++) ent[n++] = e;
+            if (bucketed(ds, raw) > longest) longest = bucketed(ds, raw);
         }
-        if (ls == 0 || lt == 0) continue;
-        all[n++] = i;
-        int m = padded_len(ds, i);
-        if (m > longest) longest = m;
     }
-    if (n == 0 || n < dp_size) {
-        tp_error_set(err, err_len,
-                     "dataset: %d usable pairs (of %d; %ld too long for max_len %d) cannot feed %d data-parallel "
-                     "rank(s)",
-                     n, tf->n_pairs, ds->n_too_long, max_len, dp_size);
-        free(all);
-        memset(ds, 0, sizeof *ds);
-        return -1;
-    }
-    if (longest > batch_tokens) {
-        tp_error_set(err, err_len, "dataset: batch_tokens %d is smaller than the longest usable pair (%d tokens)",
-                     batch_tokens, longest);
-        free(all);
+    if (n == 0 || n < dp_size || longest > batch_tokens) {
+        if (longest > batch_tokens)
+            tp_error_set(err, err_len, "dataset: batch_tokens %d is smaller than the longest usable pair (%d tokens)",
+                         batch_tokens, longest);
+        else
+            tp_error_set(err, err_len,
+                         "dataset: %d usable pairs (of %d; %ld too long for max_len %d) cannot feed %d data-parallel "
+                         "rank(s)",
+                         n, n_pairs, ds->n_too_long, max_len, dp_size);
+        free(ent);
         memset(ds, 0, sizeof *ds);
         return -1;
     }
     ds->n_usable = n;
-    ds->usable = all;
     ds->order = pair_array((size_t)n * sizeof(int32_t));
     ds->batch_start = pair_array((size_t)(n + 1) * sizeof(int32_t));
     /* usable is kept in eval order: length-sorted, ties by pair index, its keys beside it. */
-    uint64_t *ent = pair_array((size_t)(2 * n) * sizeof(uint64_t));
     int32_t *cnt = TP_MALLOC((size_t)(max_len + 2) * sizeof(int32_t));
-    for (int i = 0; i < n; i++) ent[i] = (uint64_t)sort_key(ds, all[i]) << 32 | (uint32_t)all[i];
-    sort_by_length(ds, ent, ent + n, cnt, n);
+    sort_by_length(ds, ent, ent + n + 1, cnt, n);
+    ds->usable = pair_array((size_t)n * sizeof(int32_t));
     ds->usable_key = pair_array((size_t)n * sizeof(uint32_t));
     for (int i = 0; i < n; i++) ds->usable[i] = ent_pair(ent[i]), ds->usable_key[i] = (uint32_t)(ent[i] >> 32);
     free(cnt);
-    free(ent);
-    build_plan(ds, 0);
+    build_plan_in(ds, 0, ent);
     return 0;
 }
 

@@ -34,8 +34,15 @@ typedef struct {
     int64_t position;  // index of the next global batch within the epoch
 } DataCursor;
 
+#define DATASET_MAX_CORPORA 16  // token files one dataset mixes
+#define DATASET_MAX_COPIES 100   // times a corpus is taken an epoch
+
 typedef struct {
-    const TokenFile *tf;
+    const TokenFile *tf;  // the first corpus (the only one, but for dataset_init_mix)
+    int n_tf;
+    const TokenFile *tfs[DATASET_MAX_CORPORA];
+    int copies[DATASET_MAX_CORPORA];
+    int32_t first[DATASET_MAX_CORPORA + 1];  // corpus k's pairs are ids first[k] .. first[k+1] - 1
     Direction dir;
     int max_len;          // a side longer than max_len - 1 pieces is skipped
     int batch_tokens;     // per-rank budget of padded tokens
@@ -59,6 +66,14 @@ typedef struct {
  * small for the longest usable pair). */
 int dataset_init(Dataset *ds, const TokenFile *tf, Direction dir, int max_len, int batch_tokens, int dp_rank,
                  int dp_size, uint64_t seed, int pad_id, int bos_id, int eos_id, char *err, size_t err_len);
+/* Several corpora as one: pair ids run through the token files in order,
+ * and corpus k's usable pairs are taken copies[k] times an epoch (NULL:
+ * once each), each copy a pair of its own in the shuffle and the cut, as
+ * fairseq's and Marian's up-sampling of a smaller corpus. dataset_init is
+ * the case of one file taken once. */
+int dataset_init_mix(Dataset *ds, const TokenFile *const *tfs, const int *copies, int n_tf, Direction dir,
+                     int max_len, int batch_tokens, int dp_rank, int dp_size, uint64_t seed, int pad_id, int bos_id,
+                     int eos_id, char *err, size_t err_len);
 void dataset_free(Dataset *ds);
 /* Pads every batch's lengths up to multiples of n (at most max_len) from
  * now on; call right after dataset_init. 0, or -1 + err (n < 1, or the

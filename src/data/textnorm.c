@@ -91,6 +91,15 @@ void textnorm_count_line(const char *line, size_t n, TextFormCount *f) {
     f->spaced_lines += spaced;
 }
 
+void textnorm_count_add(TextFormCount *into, const TextFormCount *x) {
+    into->upper += x->upper;
+    into->letters += x->letters;
+    into->marks += x->marks;
+    into->alone += x->alone;
+    into->lines += x->lines;
+    into->spaced_lines += x->spaced_lines;
+}
+
 static int count_file(const char *path, TextFormCount *f, char *err, size_t err_len) {
     memset(f, 0, sizeof *f);
     size_t n_bytes = 0;

@@ -66,6 +66,8 @@ typedef struct {
 } TextFormCount;
 
 void textnorm_count_line(const char *line, size_t n, TextFormCount *f);
+/* into += x (the counts of several corpora are their sum). */
+void textnorm_count_add(TextFormCount *into, const TextFormCount *x);
 /* textnorm_detect's decision from the two sides' counts. */
 TextNorm textnorm_from_counts(const TextFormCount *src, const TextFormCount *tgt, TextLang source, TextLang target);
 
