@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# data_mix: --data with several corpora, end to end (train_mt): two slices
+# of the corpus, the second taken twice an epoch, make one tokenizer and a
+# token file each (train.tok, train.c1.tok) under cache/<a>+<b>/; the epoch
+# counts the first's pairs once and the second's twice; a second start
+# reads neither text again; a list that names a folder twice, copies of 0
+# or an empty item is refused before anything is built.
+#   test_data_mix.sh BUILD_DIR CORPUS_DIR
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+build=$1 corpus=$2
+HANG_LIMIT=60
+enter_workdir
+mkdir -p a b
+for l in en ja; do
+  head -n 3000 "$corpus/train.$l" > a/train.$l
+  sed -n 3001,4000p "$corpus/train.$l" > b/train.$l
+  for s in dev test; do head -n 100 "$corpus/$s.$l" > a/$s.$l; cp a/$s.$l b/$s.$l; done
+done
+sleep 1.2  # the text's identity is recorded trusted only once it has not changed for a second
+flags=(--preset tiny --spm-vocab-size 1500 --max-len 64 --max-steps 2 --eval-interval 0 --log-interval 1)
+run mix.log "$build/train_mt" --data a,b:2 "${flags[@]}"
+dir=cache/a+b/spm-unigram-v1500-s2000000
+for f in spm.model train.tok train.c1.tok dev.tok train.source.json train.c1.source.json; do
+  test -s "$dir/$f" || fail "no $dir/$f"
+done
+grep -qF "training SentencePiece (unigram, 1500 pieces) on 8000 of the 8000 sentences" mix.log ||
+  fail "the tokenizer did not train on both corpora's 8000 sentences"
+grep -qF "corpus: train.c1: 1000 pairs read from b" mix.log || fail "the second corpus was not read as train.c1"
+usable=$(sed -n 's/^train_mt: train: \([0-9]*\) pairs usable an epoch.*/\1/p' mix.log)
+long=$(sed -n 's/.*usable an epoch (every corpus.s copies counted), \([0-9]*\) longer.*/\1/p' mix.log)
+[ -n "$usable" ] || fail "no usable count: $(grep 'train_mt: train:' mix.log)"
+# every pair of a is usable once and of b twice, less the over-long (counted once, and 64 tokens is generous)
+[ "$long" = 0 ] && [ "$usable" -eq 5000 ] || fail "an epoch holds $usable pairs ($long too long), want 3000 + 2 x 1000"
+run again.log "$build/train_mt" --data a,b:2 "${flags[@]}"
+[ "$(grep -c 'unchanged since they were read' again.log)" -eq 3 ] || fail "a second start read the text again"
+[ "$(grep -c '^step' mix.log)" -eq 2 ] || fail "no step lines in mix.log"
+cmp <(grep '^step' mix.log | cut -d'|' -f1-2) <(grep '^step' again.log | cut -d'|' -f1-2) ||
+  fail "the same mix trained differently on a second start"
+refuse twice "--data names a twice (give it copies instead: a:2)" "$build/train_mt" --data a,a "${flags[@]}"
+refuse zero "--data item 2 (b:0): the copies after ':' must be 1 to 100" "$build/train_mt" --data a,b:0 "${flags[@]}"
+refuse empty "--data item 2 is an empty folder name" "$build/train_mt" --data a,,b "${flags[@]}"
+[ ! -e cache/a+a ] || fail "a refused list left a cache folder"
+echo "data_mix: two corpora, the second twice, one tokenizer and a token file each; a warm second start; bad lists refused"
