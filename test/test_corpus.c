@@ -700,21 +700,21 @@ static bool same_file(const char *dir_a, const char *dir_b, const char *name) {
 
 /* Several workers write the bytes one writes: a training split of more
  * than three ranges of lines (with skipped pairs inside them), encoded by
- * 1, 2, 3 and 7 workers with the same tokenizer. */
+ * 1, 3 and 7 workers with the same tokenizer. */
 static void test_workers_same_bytes(void) {
     Case c;
     case_new(&c);
     const int n = 3 * 8192 + 517;
     const Override bad[] = {{5, ""}, {8192, "\xff bad"}, {16390, "   "}, {n - 1, ""}};
-    char path[512], cache[4][300], err[1024];
+    char path[512], cache[3][300], err[1024];
     snprintf(path, sizeof path, "%s/train.en", c.data);
     write_text(path, 0, 0, n, bad, 4, "\n", "\n");
     snprintf(path, sizeof path, "%s/train.ja", c.data);
     write_text(path, 1, 0, n, NULL, 0, "\r\n", "");
     write_split(&c, "dev", 100000, N_DEV);
-    const int workers[4] = {1, 2, 3, 7};
+    const int workers[3] = {1, 3, 7};  // 7: more than the four ranges there are
     CorpusStats st[2];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 3; k++) {
         snprintf(cache[k], sizeof cache[k], "%s.w%d", c.cache, workers[k]);
         if (k > 0) {  // the same tokenizer: only the encoding differs
             mkdir(cache[k], 0777);
@@ -736,7 +736,7 @@ static void test_workers_same_bytes(void) {
                   "%d workers wrote other token files than one", workers[k]);
     }
     TokenFile tf;
-    path_of(path, sizeof path, cache[3], "train.tok");
+    path_of(path, sizeof path, cache[2], "train.tok");
     CHECK(token_file_open(&tf, path, SMALL_VOCAB, err, sizeof err) == 0, "%s", err);
     CHECK(tf.n_pairs == n - 4 && tf.line[4] == 5 && tf.line[5] == 7 && tf.line[tf.n_pairs - 1] == (uint32_t)n - 1,
           "line numbers across the gaps: %u %u %u", tf.line[4], tf.line[5], tf.line[tf.n_pairs - 1]);

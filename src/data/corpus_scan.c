@@ -93,10 +93,13 @@ static void mark_push(SplitScan *s, long *cap, uint64_t en_at, uint64_t ja_at) {
     s->ja_at[s->n_marks++] = ja_at;
 }
 
-static void progress(const SplitScan *s, long lines, double t0, bool *shown) {
-    const double dt = tp_now_s() - t0;
-    fprintf(stdout, "\rcorpus: %s: reading %s: %ld lines, %.0f lines/s   ", part_label(s->part), s->part->data_dir,
-            lines, lines / (dt > 0 ? dt : 1));
+/* "reading": lines so far, their rate, and the time left from the bytes still to read. */
+static void progress(const SplitScan *s, const LineReader *en, const LineReader *ja, long lines, double t0,
+                     bool *shown) {
+    const double dt = tp_now_s() - t0, done = (double)(en->n_read + ja->n_read);
+    const double left = (double)(en->size + ja->size) - done;
+    fprintf(stdout, "\rcorpus: %s: reading %s: %ld lines, %.0f lines/s, %.0f s left   ", part_label(s->part),
+            s->part->data_dir, lines, lines / (dt > 0 ? dt : 1), done > 0 && left > 0 ? left * dt / done : 0.0);
     fflush(stdout);
     *shown = true;
 }
@@ -146,7 +149,7 @@ static int scan_pairs(SplitScan *s, LineReader *en, LineReader *ja, bool strict,
         else if (bad == 2) st->bad_utf8++;
         else s->kept[i / 8] |= (uint8_t)(1u << (i % 8)), st->kept++;
         if (tty && (i & 0xFFFF) == 0 && tp_now_s() > next_show) {
-            progress(s, i, t0, &shown);
+            progress(s, en, ja, i, t0, &shown);
             next_show = tp_now_s() + 1.0;
         }
     }
