@@ -307,20 +307,29 @@ static void handle_request(StoreServer *s, Conn *c) {
     }
 }
 
+/* One recv into buf[*got .. want) of c: 1 when those bytes are all there,
+ * 0 when more are to come (read again), -1 when there is nothing to read
+ * now or the connection closed (conn_close). */
+static int conn_recv(Conn *c, unsigned char *buf, size_t want, size_t *got) {
+    ssize_t r = recv(c->fd, buf + *got, want - *got, 0);
+    if (r < 0 && errno == EINTR) return 0;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return -1;
+    if (r <= 0) {
+        conn_close(c);
+        return -1;
+    }
+    *got += (size_t)r;
+    return *got == want;
+}
+
 /* Reads what is available; handles a request once complete. A connection
  * with a reply pending or a parked GET reads nothing more until done. */
 static void conn_read(StoreServer *s, Conn *c) {
     while (c->fd >= 0 && !c->out && !c->waiting) {
         if (c->hdr_got < HDR_BYTES) {
-            ssize_t r = recv(c->fd, c->hdr + c->hdr_got, HDR_BYTES - c->hdr_got, 0);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-            if (r <= 0) {
-                conn_close(c);
-                return;
-            }
-            c->hdr_got += (size_t)r;
-            if (c->hdr_got < HDR_BYTES) continue;
+            const int whole = conn_recv(c, c->hdr, HDR_BYTES, &c->hdr_got);
+            if (whole < 0) return;
+            if (!whole) continue;
             c->op = c->hdr[0];
             c->key_len = get_u32(c->hdr + 4);
             c->val_len = get_u64(c->hdr + 8);
@@ -336,15 +345,9 @@ static void conn_read(StoreServer *s, Conn *c) {
         }
         size_t need = c->key_len + (size_t)c->val_len;
         if (c->body_got < need) {
-            ssize_t r = recv(c->fd, c->body + c->body_got, need - c->body_got, 0);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-            if (r <= 0) {
-                conn_close(c);
-                return;
-            }
-            c->body_got += (size_t)r;
-            if (c->body_got < need) continue;
+            const int whole = conn_recv(c, c->body, need, &c->body_got);
+            if (whole < 0) return;
+            if (!whole) continue;
         }
         handle_request(s, c);
         free(c->body);

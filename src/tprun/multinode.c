@@ -1,7 +1,8 @@
 /* multinode.c: the agents of a job on several nodes: the rendezvous
  * through the store (join_nodes), waiting on the job's counters while the
  * heartbeats go on (wait_counter), and the end every node agrees on
- * (finish_nodes). --max_restarts needs a single node.
+ * (finish_nodes); nodes_free frees what the rendezvous allocated.
+ * --max_restarts needs a single node.
  *
  * Calls: workers.c's poll_job and publish_failure (tprun_internal.h), the
  * store client (tp/store.h), common/.
@@ -93,6 +94,12 @@ int join_nodes(Agent *a) {
 fail:
     fprintf(stderr, "tprun: node %d could not join the job: %s\n", o->node_rank, store_error(a->store));
     return -1;
+}
+
+void nodes_free(Agent *a) {
+    free(a->node_host);
+    free(a->hb_seen);
+    free(a->hb_when);
 }
 
 /* Several nodes: this node's success still needs every node's success;

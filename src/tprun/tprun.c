@@ -459,9 +459,7 @@ static void agent_free(Agent *a) {
     store_close(a->store);
     store_server_stop(a->server);
     free(a->w);
-    free(a->node_host);
-    free(a->hb_seen);
-    free(a->hb_when);
+    nodes_free(a);
     free(a->seen);
     free(a->program);
     if (a->dev_null >= 0) close(a->dev_null);

@@ -105,6 +105,8 @@ void run_attempt(Agent *a, int restart, Outcome *out);
 int wait_counter(Agent *a, const char *key, long n, double timeout_s, int watch, int *sig, char *report,
                  size_t report_len);
 int join_nodes(Agent *a);
+/* Frees what join_nodes allocated (the hosts, the heartbeats); none: nothing. */
+void nodes_free(Agent *a);
 int finish_nodes(Agent *a, const Outcome *out, int sig, int code);
 
 #endif

@@ -3,10 +3,11 @@
  * its output read line by line (tee, log files, a stderr line several
  * ranks print shown once), reaped; the first failure named and reported,
  * the others stopped (SIGTERM, after --grace SIGKILL); signals to tprun
- * forwarded (run_attempt).
+ * forwarded (run_attempt); with several nodes, the job's failure flag and
+ * the agents' heartbeats polled on the way (poll_job).
  *
- * Calls: signals.c and multinode.c's heartbeats (tprun_internal.h), the
- * store client (tp/store.h), common/.
+ * Calls: signals.c (tprun_internal.h), the store client (tp/store.h),
+ * common/.
  */
 #define _GNU_SOURCE
 #include <errno.h>
