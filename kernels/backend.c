@@ -3,8 +3,9 @@
  * page-locked host memory), the workspace arena, the compute-weight
  * registration, and the staging hooks the shared-memory collectives take
  * (backend_comm_copy, built on the table's copies). The backends themselves
- * (cpu/backend_cpu.c, cuda/backend_cuda.cu) only fill the table and provide
- * raw allocation and copies. */
+ * only fill the table and provide raw allocation and copies; they are
+ * found through their entries (backend.h's BackendEntry, listed by
+ * backend_list.c), by kind. */
 #include "backend.h"
 #include "profile.h"
 #include "scratch_sizes.h"
@@ -25,11 +26,12 @@ typedef struct BackendAlloc {
     struct BackendAlloc *next;
 } BackendAlloc;
 
-Backend *backend_cpu_create(Dtype dtype);
-#ifdef TPTRAIN_HAVE_CUDA
-Backend *backend_cuda_create(Dtype dtype, int local_rank, char *err, size_t err_len);
-int backend_cuda_device_count(void);
-#endif
+/* The entry of kind in this build, or NULL when it does not link one. */
+static const BackendEntry *backend_entry(BackendKind kind) {
+    for (int i = 0; backend_entries[i]; i++)
+        if (backend_entries[i]->kind == kind) return backend_entries[i];
+    return NULL;
+}
 
 const char *mem_tag_name(MemTag t) {
     static const char *names[MEM_N_TAGS] = {"master", "compute", "grads", "optimizer",
@@ -59,10 +61,8 @@ int dtype_parse(const char *s, Dtype *out) {
 }
 
 bool backend_cuda_available(int *n_gpus) {
-    int n = 0;
-#ifdef TPTRAIN_HAVE_CUDA
-    n = backend_cuda_device_count();
-#endif
+    const BackendEntry *gpu = backend_entry(BACKEND_CUDA);
+    int n = gpu ? gpu->device_count() : 0;
     if (n_gpus) *n_gpus = n;
     return n > 0;
 }
@@ -95,20 +95,15 @@ Backend *backend_create(DeviceChoice choice, Dtype dtype, int local_rank, char *
 }
 
 static Backend *backend_create_kind(DeviceChoice choice, Dtype dtype, int local_rank, char *err, size_t err_len) {
-    if (choice == DEVICE_CPU) return backend_cpu_create(dtype);
-#ifdef TPTRAIN_HAVE_CUDA
-    int n = backend_cuda_device_count();
-    if (n > 0) return backend_cuda_create(dtype, local_rank, err, err_len);
-    if (choice == DEVICE_AUTO) return backend_cpu_create(dtype);
-    tp_error_set(err, err_len, "--device cuda: no GPU is visible to this process");
+    const BackendEntry *cpu = backend_entry(BACKEND_CPU), *gpu = backend_entry(BACKEND_CUDA);
+    if (choice == DEVICE_CPU) return cpu->create(dtype, local_rank, err, err_len);
+    if (gpu && gpu->device_count() > 0) return gpu->create(dtype, local_rank, err, err_len);
+    if (choice == DEVICE_AUTO) return cpu->create(dtype, local_rank, err, err_len);
+    if (gpu) tp_error_set(err, err_len, "--device cuda: no GPU is visible to this process");
+    else
+        tp_error_set(err, err_len, "--device cuda: this build of tptrain has no CUDA backend (it was configured "
+                                   "without nvcc or with -DTPTRAIN_CUDA=OFF)");
     return NULL;
-#else
-    (void)local_rank;
-    if (choice == DEVICE_AUTO) return backend_cpu_create(dtype);
-    tp_error_set(err, err_len, "--device cuda: this build of tptrain has no CUDA backend (it was configured "
-                               "without nvcc or with -DTPTRAIN_CUDA=OFF)");
-    return NULL;
-#endif
 }
 
 void backend_destroy(Backend *be) {

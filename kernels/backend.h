@@ -203,6 +203,22 @@ struct Backend {
     void *impl;
 };
 
+/* A backend as the build links it, the seam's registration: its kind, how
+ * many devices it sees, and its constructor (local_rank picks the device;
+ * NULL + one sentence in err). Each backend defines its entry
+ * (cpu/backend_cpu.c: backend_cpu_entry, cuda/backend_cuda.cu:
+ * backend_cuda_entry); backend_list.c, chosen by the build, lists those it
+ * links: the CPU always, CUDA when the build has it. backend.c looks them
+ * up by kind and names no backend. */
+typedef struct {
+    BackendKind kind;
+    int (*device_count)(void);
+    Backend *(*create)(Dtype dtype, int local_rank, char *err, size_t err_len);
+} BackendEntry;
+extern const BackendEntry backend_cpu_entry, backend_cuda_entry;
+/* The entries this build links, NULL-terminated. */
+extern const BackendEntry *const backend_entries[];
+
 /* Which backend `--device auto|cpu|cuda` means here. */
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU = 1, DEVICE_CUDA = 2 } DeviceChoice;
 /* "auto" | "cpu" | "cuda" and "fp32" | "bf16": 0, or -1 for anything else. */

@@ -7,14 +7,9 @@
 # loss (the runs draw the same masks, so the losses agree to rounding).
 #   bash scripts/bench_act_cpu.sh CORPUS_DIR [STEPS] [PRESET] [TP] [BATCH_TOKENS]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/bench_lib.sh"
 corpus=$1 steps=${2:-20} preset=${3:-small} tp=${4:-2} tokens=${5:-4096}
-out=${BENCH_DIR:-$root/build/bench-act-cpu}
-mkdir -p "$out"
-common=(--data "$corpus" --cache-dir "$out/cache" --preset "$preset" --max-steps "$steps" --log-interval "$steps"
-        --eval-interval 1000000 --seed 1 --batch-tokens "$tokens")
-# Prepare the cache once so that no run pays for tokenizer training.
-"$root/build/train_mt" "${common[@]}" --max-steps 1 > /dev/null
+bench_setup bench-act-cpu --batch-tokens "$tokens"
 configs=()
 for rc in none selective full; do
   for sp in off on; do

@@ -20,6 +20,7 @@ bin=${BUILD_DIR:-$here/build}
 mkdir -p "$out"
 V4="--spm-vocab-size 4000 --cache-dir $out/cache-v4000"
 V8="--spm-vocab-size 8000 --cache-dir $out/cache-v8000"
+CPU="--preset cpu $V4 --tp 1 --dp 4 --batch-tokens 1024"   # the cpu preset's layout, the base of the R runs
 declare -A CAND=(
   [A_tiny_v8k_invsqrt]="--preset tiny $V8 --lr 2e-3 --warmup 200 --lr-schedule inv-sqrt"
   [B_tiny_v8k_cos]="--preset tiny $V8 --lr 2e-3 --warmup 200 --lr-schedule cosine"
@@ -28,11 +29,11 @@ declare -A CAND=(
   [E_d128_v4k_cos]="--preset tiny $V4 --d-model 128 --ffn-hidden-size 512 --lr 1e-3 --warmup 100 --lr-schedule cosine"
   [F_d64_v4k_cos_dp4]="--preset tiny $V4 --d-model 64 --ffn-hidden-size 256 --lr 2e-3 --warmup 200 --lr-schedule cosine --tp 1 --dp 4 --batch-tokens 1024"
   [G_d128_v4k_cos_dp4]="--preset tiny $V4 --d-model 128 --ffn-hidden-size 512 --lr 2e-3 --warmup 100 --lr-schedule cosine --tp 1 --dp 4 --batch-tokens 1024"
-  [P_cpu_preset]="--preset cpu --spm-vocab-size 4000 --cache-dir $out/cache-v4000 --tp 1 --dp 4 --batch-tokens 1024"
-  [R1_cpu_dropout01]="--preset cpu --spm-vocab-size 4000 --cache-dir $out/cache-v4000 --tp 1 --dp 4 --batch-tokens 1024 --dropout 0.1"
-  [R2_cpu_ls0]="--preset cpu --spm-vocab-size 4000 --cache-dir $out/cache-v4000 --tp 1 --dp 4 --batch-tokens 1024 --label-smoothing 0"
-  [R3_cpu_wd01]="--preset cpu --spm-vocab-size 4000 --cache-dir $out/cache-v4000 --tp 1 --dp 4 --batch-tokens 1024 --weight-decay 0.1"
-  [R4_cpu_lr3e3]="--preset cpu --spm-vocab-size 4000 --cache-dir $out/cache-v4000 --tp 1 --dp 4 --batch-tokens 1024 --lr 3e-3"
+  [P_cpu_preset]="$CPU"
+  [R1_cpu_dropout01]="$CPU --dropout 0.1"
+  [R2_cpu_ls0]="$CPU --label-smoothing 0"
+  [R3_cpu_wd01]="$CPU --weight-decay 0.1"
+  [R4_cpu_lr3e3]="$CPU --lr 3e-3"
   [H_d96_v4k_cos]="--preset tiny $V4 --d-model 96 --ffn-hidden-size 384 --lr 2e-3 --warmup 150 --lr-schedule cosine"
 )
 names=("$@")

@@ -12,14 +12,9 @@
 # waits include time-slicing: compare the memory columns there, the times on
 # a machine with a core (or a GPU) per rank.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/bench_lib.sh"
 corpus=$1 steps=${2:-30} preset=${3:-small} micro=${4:-4} global=${5:-8192}
-out=${BENCH_DIR:-$root/build/bench-pp-cpu}
-mkdir -p "$out"
-common=(--data "$corpus" --cache-dir "$out/cache" --preset "$preset" --max-steps "$steps" --log-interval "$steps"
-        --eval-interval 1000000 --seed 1)
-# Prepare the cache once so that no run pays for tokenizer training.
-"$root/build/train_mt" "${common[@]}" --max-steps 1 > /dev/null
+bench_setup bench-pp-cpu
 configs=("pp1-m1:1:1" "pp1-m$micro:1:$micro" "pp2-m$micro:2:$micro" "pp4-m$micro:4:$micro")
 for c in "${configs[@]}"; do
   IFS=: read -r name pp m <<< "$c"

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Function length check: no function in src/ longer than 120 lines, no
-program's main (src/*.c, src/tp/tprun.c) longer than 60.
+program's main (src/*.c, src/tprun/tprun.c) longer than 60.
 
 A function that fits a screen is one a reader can hold; a program's main
 that fits half of one reads as the table of contents of what the program
@@ -180,7 +180,7 @@ def sources(root):
 
 def is_program(rel):
     """src/*.c and the launcher: the files with a program's main."""
-    return rel == "src/tp/tprun.c" or (os.path.dirname(rel) == "src" and rel.endswith(".c"))
+    return rel == "src/tprun/tprun.c" or (os.path.dirname(rel) == "src" and rel.endswith(".c"))
 
 
 def check(root, allow, listing):

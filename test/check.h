@@ -33,4 +33,18 @@ static inline int check_report(const char *name) {
     printf("%s: %d checks, %d failed\n", name, g_check_count, g_check_failures);
     return g_check_failures ? 1 : 0;
 }
+
+/* main of a metric's test (test_bleu, test_chrf): `NAME HYP REF` prints the
+ * scores of two files (score, for the Python oracle), `NAME` runs the C
+ * checks (checks) and reports; anything else is a usage error (2). */
+static inline int metric_test_main(int argc, char **argv, const char *name, int (*score)(const char *, const char *),
+                                   void (*checks)(void)) {
+    if (argc == 3) return score(argv[1], argv[2]);
+    if (argc != 1) {
+        fprintf(stderr, "usage: %s [HYP REF]\n", name);
+        return 2;
+    }
+    checks();
+    return check_report(name);
+}
 #endif

@@ -184,6 +184,21 @@ static inline Comm *create_or_report(const char *group, int rank, int n, double 
     return c;
 }
 
+/* The fault scenarios' argument: how long a communicator waits for a peer. */
+typedef struct {
+    double timeout_s;
+} FaultArg;
+
+/* The idle peer of a fault scenario is the last rank: it outlives the
+ * others' timeout, then leaves quietly (c freed). 1 when this rank is it. */
+static inline int idle_peer_left(int rank, int n, Comm *c, const FaultArg *fa) {
+    if (rank != n - 1) return 0;
+    struct timespec ts = {(time_t)(fa->timeout_s * 3 + 1), 0};
+    nanosleep(&ts, NULL);
+    comm_free(c);
+    return 1;
+}
+
 static inline int shm_leftovers(void) {
     char prefix[96];
     snprintf(prefix, sizeof prefix, "tpt-%s", g_job);

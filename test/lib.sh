@@ -25,6 +25,15 @@ corpus_workdir() {
   use_corpus_cache "cache/$(basename "$corpus")"
 }
 
+# metric_test TOOL [CORPUS_DIR]: a metric's test: TOOL's own C checks first,
+# then the Python oracle (this function's stdin, a heredoc) with the
+# arguments TOOL, a scratch folder (enter_workdir) and CORPUS_DIR.
+metric_test() {
+  enter_workdir
+  "$1"
+  /usr/bin/python3 - "$1" "$work" "${2:-}"
+}
+
 # Tallies for tests that go on after a failed case: ok / bad, then
 # `exit $((fails > 0))` (or their own summary) at the end.
 fails=0

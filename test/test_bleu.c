@@ -211,35 +211,28 @@ static void check_random(void) {
     CHECK_CLOSE(bleu_score(&s, NULL, NULL), 100.0 * bp * exp(lp / 4), 0, BLEU_TOL, "random corpus score");
 }
 
-static int score_files(const char *hyp_path, const char *ref_path) {
-    Lines h, r;
-    if (read_pair("test_bleu", hyp_path, ref_path, &h, &r)) return 2;
-    BleuStats corpus;
-    bleu_init(&corpus);
-    for (int i = 0; i < h.n; i++) {
-        BleuStats one;
-        bleu_init(&one);
-        bleu_add(&one, h.line[i], r.line[i]);
-        bleu_add(&corpus, h.line[i], r.line[i]);
-        printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", one.match[0], one.match[1], one.match[2], one.match[3],
-               one.total[0], one.total[1], one.total[2], one.total[3], one.hyp_len, one.ref_len);
-        free(h.line[i]);
-        free(r.line[i]);
-    }
-    printf("corpus %.17g\n", bleu_score(&corpus, NULL, NULL));
-    free(h.line);
-    free(r.line);
-    return 0;
+/* File mode: a pair's counts, added to the corpus too. */
+static void score_line(void *corpus, const char *hyp, const char *ref) {
+    BleuStats one;
+    bleu_init(&one);
+    bleu_add(&one, hyp, ref);
+    bleu_add(corpus, hyp, ref);
+    printf("%ld %ld %ld %ld %ld %ld %ld %ld %ld %ld\n", one.match[0], one.match[1], one.match[2], one.match[3],
+           one.total[0], one.total[1], one.total[2], one.total[3], one.hyp_len, one.ref_len);
 }
 
-int main(int argc, char **argv) {
-    if (argc == 3) return score_files(argv[1], argv[2]);
-    if (argc != 1) {
-        fprintf(stderr, "usage: test_bleu [HYP REF]\n");
-        return 2;
-    }
+static void score_corpus(void *corpus) { printf("corpus %.17g\n", bleu_score(corpus, NULL, NULL)); }
+
+static int score_files(const char *hyp_path, const char *ref_path) {
+    BleuStats corpus;
+    bleu_init(&corpus);
+    return score_pairs("test_bleu", hyp_path, ref_path, &corpus, score_line, score_corpus);
+}
+
+static void check_all(void) {
     check_fixtures();
     check_corpus();
     check_random();
-    return check_report("test_bleu");
 }
+
+int main(int argc, char **argv) { return metric_test_main(argc, argv, "test_bleu", score_files, check_all); }

@@ -187,13 +187,11 @@ run rs-dp4.log tprun4 "${reshard[@]}" --tp 1 --dp 4 --max-steps 20 --resume rs-c
 grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 1 x dp 1 x pp 1" rs-tp1.log || fail "tp=1 resume: no layout line"
 grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 4 x dp 1 x pp 1" rs-tp4.log || fail "tp=4 resume: no layout line"
 grep -q "saved as tp 2 x dp 2 x pp 1, loaded as tp 1 x dp 4 x pp 1" rs-dp4.log || fail "dp=4 resume: no layout line"
-/usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" <<'PY' || exit 1
-import json, sys
-rtol = float(sys.argv[1])
-def losses(name):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(name + ".jsonl")) if "loss" in r}
-ref = losses("rs-straight")
-parts, bad = [], []
+/usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" "$here" <<'PY' || exit 1
+import sys
+sys.path.insert(0, sys.argv[3])
+from loss_log import finish, losses, start
+rtol, ref, parts, bad = start("rs-straight")
 for name in ("tp1", "tp4", "dp4"):
     got = losses("rs-" + name)
     if sorted(got) != list(range(11, 21)):
@@ -204,10 +202,8 @@ for name in ("tp1", "tp4", "dp4"):
     parts.append(f"{name} {rel:.1e} (max over 11..20: {later:.1e})")
     if rel > rtol:
         bad.append(f"{name}: step-11 loss {got[11]!r} vs {ref[11]!r}, relative difference {rel:.2e} > {rtol:g}")
-if bad:
-    sys.exit("FAIL: " + "; ".join(bad))
-print(f"part 2: tp 2 x dp 2 checkpoint resumed as tp 1, tp 4, dp 4 to step 20; step-11 loss relative "
-      f"difference: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
+finish(bad, f"part 2: tp 2 x dp 2 checkpoint resumed as tp 1, tp 4, dp 4 to step 20; step-11 loss relative "
+            f"difference: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
 PY
 
 # ---- 2b. ZeRO: pieces saved as they lie, exact resume, resharding across stages --------------
@@ -295,13 +291,11 @@ grep -q "saved as tp 1 x dp 2 x pp 2, loaded as tp 2 x dp 1 x pp 2" pp-leg3.log 
 run pp-inspect2.log "$build/ckpt" inspect pp-ckpt   # leg 2's ZeRO-2 stage shards, checked against the layout
 grep -q "verify     ok" pp-inspect2.log || { cat pp-inspect2.log; fail "ckpt inspect of a ZeRO-2 pp checkpoint"; }
 grep -q "saved as tp 2 x dp 2 x pp 2, loaded as tp 1 x dp 1 x pp 4" pp-to4.log || fail "pp -> pp 4: no layout line"
-/usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" <<'PY' || exit 1
-import json, sys
-rtol = float(sys.argv[1])
-def losses(name):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(name + ".jsonl")) if "loss" in r}
-ref = losses("pp-straight")
-parts, bad = [], []
+/usr/bin/python3 - "$LOSS_RTOL" "$(elapsed)" "$here" <<'PY' || exit 1
+import sys
+sys.path.insert(0, sys.argv[3])
+from loss_log import finish, losses, start
+rtol, ref, parts, bad = start("pp-straight")
 for name, first, last in (("pp-leg1", 11, 20), ("pp-leg2", 21, 30), ("pp-leg3", 31, 40), ("pp-to4", 11, 20)):
     got = losses(name)
     if sorted(got) != list(range(first, last + 1)):
@@ -313,11 +307,10 @@ for name, first, last in (("pp-leg1", 11, 20), ("pp-leg2", 21, 30), ("pp-leg3", 
     if worst > rtol:
         bad.append(f"{name}: losses of steps {first}..{last} differ from the straight run by up to {worst:.2e} "
                    f"(relative) > {rtol:g}")
-if bad:
-    sys.exit("FAIL: " + "; ".join(bad))
-print(f"part 2c: tp 2 x dp 2 x pp 2 (dropout 0.1, 2 micro-batches) resumed exactly (losses, every tensor; ckpt export "
-      f"of the stages equals the run's export); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-2) -> 2x1x2 and into 4 "
-      f"stages, relative loss difference to the straight run: {', '.join(parts)} (limit {rtol:g}) ({sys.argv[2]})")
+finish(bad, f"part 2c: tp 2 x dp 2 x pp 2 (dropout 0.1, 2 micro-batches) resumed exactly (losses, every tensor; "
+            f"ckpt export of the stages equals the run's export); resharded 2x2x2 -> 1x1x1 -> 1x2x2 (ZeRO-2) -> "
+            f"2x1x2 and into 4 stages, relative loss difference to the straight run: {', '.join(parts)} "
+            f"(limit {rtol:g}) ({sys.argv[2]})")
 PY
 
 fi  # parts 1 and 2

@@ -87,36 +87,27 @@ static void check_fixtures(void) {
                  "invalid UTF-8");
 }
 
-static int score_files(const char *hyp_path, const char *ref_path) {
-    Lines h, r;
-    if (read_pair("test_chrf", hyp_path, ref_path, &h, &r)) return 2;
-    ChrfStats corpus;
-    chrf_init(&corpus);
-    for (int i = 0; i < h.n; i++) {
-        ChrfStats one;
-        double p, rc;
-        chrf_init(&one);
-        chrf_add(&one, h.line[i], r.line[i]);
-        chrf_add(&corpus, h.line[i], r.line[i]);
-        const double f = chrf_score(&one, &p, &rc);
-        printf("%.17g %.17g %.17g\n", f, p, rc);
-        free(h.line[i]);
-        free(r.line[i]);
-    }
+/* File mode: a pair's chrF, precision and recall, the pair added to the corpus too. */
+static void score_line(void *corpus, const char *hyp, const char *ref) {
+    ChrfStats one;
     double p, rc;
-    const double f = chrf_score(&corpus, &p, &rc);
-    printf("corpus %.17g %.17g %.17g\n", f, p, rc);
-    free(h.line);
-    free(r.line);
-    return 0;
+    chrf_init(&one);
+    chrf_add(&one, hyp, ref);
+    chrf_add(corpus, hyp, ref);
+    const double f = chrf_score(&one, &p, &rc);
+    printf("%.17g %.17g %.17g\n", f, p, rc);
 }
 
-int main(int argc, char **argv) {
-    if (argc == 3) return score_files(argv[1], argv[2]);
-    if (argc != 1) {
-        fprintf(stderr, "usage: test_chrf [HYP REF]\n");
-        return 2;
-    }
-    check_fixtures();
-    return check_report("test_chrf");
+static void score_corpus(void *corpus) {
+    double p, rc;
+    const double f = chrf_score(corpus, &p, &rc);
+    printf("corpus %.17g %.17g %.17g\n", f, p, rc);
 }
+
+static int score_files(const char *hyp_path, const char *ref_path) {
+    ChrfStats corpus;
+    chrf_init(&corpus);
+    return score_pairs("test_chrf", hyp_path, ref_path, &corpus, score_line, score_corpus);
+}
+
+int main(int argc, char **argv) { return metric_test_main(argc, argv, "test_chrf", score_files, check_fixtures); }

@@ -15,12 +15,8 @@
 #             oracle with surrogateescape, one character per byte)
 # Usage: test_chrf.sh TEST_CHRF [CORPUS_DIR]
 set -euo pipefail
-tool=$1 corpus=${2:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-"$tool"   # the hand-computed fixtures first
-
-/usr/bin/python3 - "$tool" "$work" "$corpus" <<'PY'
+. "$(dirname "$0")/lib.sh"
+metric_test "$@" <<'PY'   # the hand-computed fixtures first, then the oracle
 import os, random, subprocess, sys
 from collections import Counter
 

@@ -211,16 +211,19 @@ static void rank_groups(int rank, int n, int fd, void *arg) {
 
 /* ---- scenario: a peer dies before a collective ---- */
 
-typedef struct {
-    double timeout_s;
-} FaultArg;
+/* The world group of a fault scenario after one allreduce of x[7] that
+ * every rank joins; NULL when it did not form (reported). */
+static Comm *world_after_allreduce(int rank, int n, const FaultArg *fa, float *x) {
+    Comm *c = create_or_report("world", rank, n, fa->timeout_s);
+    if (c) CHECK(comm_allreduce(c, x, 7, COMM_SUM) == 0, "first allreduce: %s", comm_error(c));
+    return c;
+}
 
 static void rank_dead_peer(int rank, int n, int fd, void *arg) {
     const FaultArg *fa = arg;
-    Comm *c = create_or_report("world", rank, n, fa->timeout_s);
-    if (!c) return;
     float x[7] = {0};
-    CHECK(comm_allreduce(c, x, 7, COMM_SUM) == 0, "first allreduce: %s", comm_error(c));
+    Comm *c = world_after_allreduce(rank, n, fa, x);
+    if (!c) return;
     if (rank == n - 1) _exit(0);
     double t0 = tp_now_s();
     int rc = comm_allreduce(c, x, 7, COMM_SUM);
@@ -242,16 +245,10 @@ static void rank_dead_peer(int rank, int n, int fd, void *arg) {
 
 static void rank_idle_peer(int rank, int n, int fd, void *arg) {
     const FaultArg *fa = arg;
-    Comm *c = create_or_report("world", rank, n, fa->timeout_s);
-    if (!c) return;
     float x[7] = {0};
-    CHECK(comm_allreduce(c, x, 7, COMM_SUM) == 0, "first allreduce: %s", comm_error(c));
-    if (rank == n - 1) {
-        struct timespec ts = {(time_t)(fa->timeout_s * 3 + 1), 0};
-        nanosleep(&ts, NULL);  // outlive the others' timeout, then leave quietly
-        comm_free(c);
-        return;
-    }
+    Comm *c = world_after_allreduce(rank, n, fa, x);
+    if (!c) return;
+    if (idle_peer_left(rank, n, c, fa)) return;
     double t0 = tp_now_s();
     int rc = comm_allreduce(c, x, 7, COMM_SUM);
     double dt = tp_now_s() - t0;

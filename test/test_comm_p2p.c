@@ -163,10 +163,6 @@ static void rank_mismatch(int rank, int n, int fd, void *arg) {
 
 /* ---- scenario: a peer dies while another waits in recv or send ---- */
 
-typedef struct {
-    double timeout_s;
-} FaultArg;
-
 static void rank_dead_peer(int rank, int n, int fd, void *arg) {
     const FaultArg *fa = arg;
     Comm *c = create_or_report("p2pdead", rank, n, fa->timeout_s);
@@ -192,12 +188,7 @@ static void rank_idle_peer(int rank, int n, int fd, void *arg) {
     const FaultArg *fa = arg;
     Comm *c = create_or_report("p2pidle", rank, n, fa->timeout_s);
     if (!c) return;
-    if (rank == n - 1) {
-        struct timespec ts = {(time_t)(fa->timeout_s * 3 + 1), 0};
-        nanosleep(&ts, NULL);  // outlive the others' timeout, then leave quietly
-        comm_free(c);
-        return;
-    }
+    if (idle_peer_left(rank, n, c, fa)) return;
     const size_t big = ((size_t)3 << 20) + 1;
     unsigned char *b = calloc(1, big);
     double t0 = tp_now_s();

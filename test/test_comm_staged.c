@@ -46,22 +46,21 @@ static void check_host(FakeDevice *d, const void *p) {
     if ((a >= lo && a < lo + DEV_BYTES) || (d->stage && p != d->stage)) d->bad_host++;
 }
 
+/* One copy between the fake device and the host, checked and counted by direction. */
+static void fake_copy(FakeDevice *d, void *dst, const void *src, size_t n_bytes, int to_host) {
+    check_host(d, to_host ? dst : src);
+    unsigned char *dev = translate(d, to_host ? src : dst, n_bytes);
+    if (dev) memcpy(to_host ? dst : dev, to_host ? dev : src, n_bytes);
+    if (to_host) d->to_host_calls++, d->to_host_bytes += (double)n_bytes;
+    else d->to_device_calls++, d->to_device_bytes += (double)n_bytes;
+}
+
 static void fake_to_host(void *ctx, void *dst_host, const void *src_dev, size_t n_bytes) {
-    FakeDevice *d = ctx;
-    check_host(d, dst_host);
-    unsigned char *src = translate(d, src_dev, n_bytes);
-    if (src) memcpy(dst_host, src, n_bytes);
-    d->to_host_calls++;
-    d->to_host_bytes += (double)n_bytes;
+    fake_copy(ctx, dst_host, src_dev, n_bytes, 1);
 }
 
 static void fake_to_device(void *ctx, void *dst_dev, const void *src_host, size_t n_bytes) {
-    FakeDevice *d = ctx;
-    check_host(d, src_host);
-    unsigned char *dst = translate(d, dst_dev, n_bytes);
-    if (dst) memcpy(dst, src_host, n_bytes);
-    d->to_device_calls++;
-    d->to_device_bytes += (double)n_bytes;
+    fake_copy(ctx, dst_dev, src_host, n_bytes, 0);
 }
 
 static void *fake_alloc(void *ctx, size_t n_bytes) {

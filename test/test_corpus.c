@@ -131,6 +131,22 @@ static void path_of(char *buf, size_t cap, const char *dir, const char *name) {
     snprintf(buf, cap, "%s/%s", dir, name);
 }
 
+/* A new case holding a clean corpus (write_clean). */
+static Case clean_case(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    return c;
+}
+
+/* The corpus file name of case c written again as write_text does; its path
+ * in path (512 bytes). */
+static void rewrite_file(const Case *c, char *path, const char *name, int lang_ja, int first, int n, const Override *ov,
+                         int n_ov, const char *eol, const char *last_eol) {
+    path_of(path, 512, c->data, name);
+    write_text(path, lang_ja, first, n, ov, n_ov, eol, last_eol);
+}
+
 static bool file_exists_dir(const char *dir, const char *name) {
     char path[512];
     struct stat st;
@@ -141,6 +157,16 @@ static bool file_exists_dir(const char *dir, const char *name) {
 static ino_t inode_of(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+/* The next prepare of case c rebuilds the token file tok (a new file that
+ * opens); what names the failure. */
+static void expect_rebuilt(const Case *c, const char *tok, CorpusStats *st, char *err, size_t err_len, const char *what) {
+    const ino_t before = inode_of(tok);
+    CHECK(prepare(c, false, NULL, st, err, err_len) == 0, "%s", err);
+    TokenFile tf = {0};
+    CHECK(inode_of(tok) != before && token_file_open(&tf, tok, SMALL_VOCAB, err, err_len) == 0, "%s: %s", what, err);
+    token_file_close(&tf);
 }
 
 /* Ids of text under the case's tokenizer; n returned, ids in out. */
@@ -233,12 +259,9 @@ static void test_clean_and_deterministic(void) {
 }
 
 static void test_line_count_mismatch(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char path[512], err[1024];
-    path_of(path, sizeof path, c.data, "dev.ja");
-    write_text(path, 1, 100000, N_DEV - 1, NULL, 0, "\n", "\n");
+    rewrite_file(&c, path, "dev.ja", 1, 100000, N_DEV - 1, NULL, 0, "\n", "\n");
     CorpusStats st = {0};
     CHECK(prepare(&c, false, "dev", &st, err, sizeof err) != 0, "mismatched dev accepted");
     char en_path[512], want_en[64], want_ja[64];
@@ -252,9 +275,7 @@ static void test_line_count_mismatch(void) {
 
 /* Empty (and blank) lines: skipped and counted, or an error naming file:line. */
 static void test_empty_lines(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char path[512], err[1024];
     const Override en_ov[] = {{4, ""}};         /* train.en line 5 empty */
     const Override ja_ov[] = {{9, " \t "}};     /* train.ja line 10 blank */
@@ -315,12 +336,9 @@ static void test_invalid_utf8(void) {
     Override ov[32];
     for (int k = 0; k < n_bad; k++) ov[k] = (Override){2 * k + 1, bad[k].bytes};
     for (int k = 0; k < n_good; k++) ov[n_bad + k] = (Override){2 * n_bad + 1 + k, good[k]};
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char path[512], err[1024];
-    path_of(path, sizeof path, c.data, "dev.ja");
-    write_text(path, 1, 100000, N_DEV, ov, n_bad + n_good, "\n", "\n");
+    rewrite_file(&c, path, "dev.ja", 1, 100000, N_DEV, ov, n_bad + n_good, "\n", "\n");
     CorpusStats st = {0};
     CHECK(prepare(&c, false, "dev", &st, err, sizeof err) == 0, "%s", err);
     CHECK(st.lines == N_DEV && st.bad_utf8 == n_bad && st.kept == N_DEV - n_bad && st.empty == 0,
@@ -348,20 +366,14 @@ static void test_invalid_utf8(void) {
 
 /* CRLF endings are stripped and counted; a final line may lack '\n'. */
 static void test_crlf_and_final_line(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char path[512], err[1024];
     /* dev: every line CRLF, the last one too */
-    path_of(path, sizeof path, c.data, "dev.en");
-    write_text(path, 0, 100000, N_DEV, NULL, 0, "\r\n", "\r\n");
-    path_of(path, sizeof path, c.data, "dev.ja");
-    write_text(path, 1, 100000, N_DEV, NULL, 0, "\r\n", "\r\n");
+    rewrite_file(&c, path, "dev.en", 0, 100000, N_DEV, NULL, 0, "\r\n", "\r\n");
+    rewrite_file(&c, path, "dev.ja", 1, 100000, N_DEV, NULL, 0, "\r\n", "\r\n");
     /* test: no newline after the last line of either file */
-    path_of(path, sizeof path, c.data, "test.en");
-    write_text(path, 0, 200000, N_TEST, NULL, 0, "\n", "");
-    path_of(path, sizeof path, c.data, "test.ja");
-    write_text(path, 1, 200000, N_TEST, NULL, 0, "\n", "");
+    rewrite_file(&c, path, "test.en", 0, 200000, N_TEST, NULL, 0, "\n", "");
+    rewrite_file(&c, path, "test.ja", 1, 200000, N_TEST, NULL, 0, "\n", "");
     CorpusStats st[3] = {{0}};
     CHECK(prepare(&c, true, NULL, st, err, sizeof err) == 0, "%s", err);
     CHECK(st[1].crlf == 2 * N_DEV && st[1].kept == N_DEV, "dev: %ld CRLF, %ld kept", st[1].crlf, st[1].kept);
@@ -411,9 +423,7 @@ static void test_crlf_and_final_line(void) {
 
 /* A second call reuses; changing text or tokenizer rebuilds; touching does not. */
 static void test_reuse_and_rebuild(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char err[1024], dev_tok[512], train_tok[512], model[512], path[600];
     CorpusStats st[3] = {{0}};
     CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
@@ -452,11 +462,7 @@ static void test_reuse_and_rebuild(void) {
     CHECK(bytes != NULL, "cannot read %s", dev_tok);
     if (bytes) write_bytes(dev_tok, bytes, n_bytes / 2);
     free(bytes);
-    dev0 = inode_of(dev_tok);
-    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
-    CHECK(inode_of(dev_tok) != dev0 && token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0,
-          "truncated dev.tok not rebuilt: %s", err);
-    token_file_close(&tf);
+    expect_rebuilt(&c, dev_tok, st, err, sizeof err, "truncated dev.tok not rebuilt");
 
     /* a damaged body (one token id changed, header and key intact) is not
      * reused either: the body checksum finds it and the file is rebuilt */
@@ -467,11 +473,7 @@ static void test_reuse_and_rebuild(void) {
         write_bytes(dev_tok, bytes, n_bytes);
     }
     free(bytes);
-    dev0 = inode_of(dev_tok);
-    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
-    CHECK(inode_of(dev_tok) != dev0 && token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0,
-          "dev.tok with a damaged body was reused, not rebuilt: %s", err);
-    token_file_close(&tf);
+    expect_rebuilt(&c, dev_tok, st, err, sizeof err, "dev.tok with a damaged body was reused, not rebuilt");
 
     /* another tokenizer (same size, other text) rebuilds every split */
     char txt[512], prefix[512];
@@ -534,9 +536,7 @@ static void reseal(uint8_t *b, size_t n) {
 }
 
 static void test_damaged_token_files(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char err[1024], good[512], path[512];
     CHECK(prepare(&c, false, "dev", NULL, err, sizeof err) == 0, "%s", err);
     path_of(good, sizeof good, c.cache, "dev.tok");
@@ -625,9 +625,7 @@ static void test_damaged_token_files(void) {
  * root) is moved into its folder with its token files when its size is
  * asked for, and left alone otherwise. */
 static void test_tokenizer_per_config(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char err[1024], dir_a[200], dir_b[200], path[300];
     CorpusStats st[3];
     CHECK(corpus_cache_dir(c.cache, SMALL_VOCAB, 0, dir_a, sizeof dir_a, err, sizeof err) == 0, "%s", err);

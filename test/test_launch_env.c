@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "tp/launch_env.h"
+#include "tprun/launch_env.h"
 
 /* list expands to exactly the hosts in want (space-separated). */
 static void expands(const char *list, const char *want) {

@@ -118,6 +118,14 @@ static void fd_check(const char *what, float *x, size_t n_elems,
            n_check, max_grad, worst);
 }
 
+/* An accumulated gradient g (start values g0) turned back into the op's
+ * increment, then checked against the finite differences of loss in x. */
+static void fd_check_increment(const char *what, float *x, size_t n_elems, float *g, const float *g0, LossFn loss,
+                               void *ctx, Rng *rng) {
+    subtract_start(g, g0, n_elems);
+    fd_check(what, x, n_elems, g, loss, ctx, rng);
+}
+
 /* ---- gemm ------------------------------------------------------------------- */
 
 static void gemm_case(bool ta, bool tb, int M, int N, int K, float alpha, float beta,
@@ -229,12 +237,9 @@ static void test_linear(Rng *rng) {
     float *db = rand_floats(out, rng, -1, 1), *db0 = alloc_copy(db, out);
     cpu_linear_bwd(dx, GRAD_ADD, dW, db, c.R, c.x, c.W, N, in, out);
     cpu_linear_bwd(NULL, GRAD_ADD, NULL, NULL, c.R, c.x, c.W, N, in, out);  // all skipped: no-op
-    subtract_start(dx, dx0, nx);
-    subtract_start(dW, dW0, nw);
-    subtract_start(db, db0, out);
-    fd_check("linear dx", c.x, nx, dx, linear_loss, &c, rng);
-    fd_check("linear dW", c.W, nw, dW, linear_loss, &c, rng);
-    fd_check("linear db", c.b, out, db, linear_loss, &c, rng);
+    fd_check_increment("linear dx", c.x, nx, dx, dx0, linear_loss, &c, rng);
+    fd_check_increment("linear dW", c.W, nw, dW, dW0, linear_loss, &c, rng);
+    fd_check_increment("linear db", c.b, out, db, db0, linear_loss, &c, rng);
 
     // each gradient alone equals its part of the full call; so does dx written over NaN garbage
     float *dx_only = alloc_zero(nx), *dx_written = alloc_nan(nx);
@@ -364,12 +369,9 @@ static void test_layernorm(Rng *rng) {
     float *dg = rand_floats(C, rng, -1, 1), *dg0 = alloc_copy(dg, C);
     float *dbt = rand_floats(C, rng, -1, 1), *dbt0 = alloc_copy(dbt, C);
     cpu_layernorm_bwd(dx, dg, dbt, c.R, c.x, c.mean, c.rstd, c.gamma, N, C);
-    subtract_start(dx, dx0, n);
-    subtract_start(dg, dg0, C);
-    subtract_start(dbt, dbt0, C);
-    fd_check("layernorm dx", c.x, n, dx, ln_loss, &c, rng);
-    fd_check("layernorm dgamma", c.gamma, C, dg, ln_loss, &c, rng);
-    fd_check("layernorm dbeta", c.beta, C, dbt, ln_loss, &c, rng);
+    fd_check_increment("layernorm dx", c.x, n, dx, dx0, ln_loss, &c, rng);
+    fd_check_increment("layernorm dgamma", c.gamma, C, dg, dg0, ln_loss, &c, rng);
+    fd_check_increment("layernorm dbeta", c.beta, C, dbt, dbt0, ln_loss, &c, rng);
     free(c.x); free(c.gamma); free(c.beta); free(c.y); free(c.mean); free(c.rstd); free(c.R);
     free(dx); free(dx0); free(dg); free(dg0); free(dbt); free(dbt0);
 }

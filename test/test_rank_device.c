@@ -91,13 +91,20 @@ static void check_cpu_solo(void) {
     backend_destroy(be);
 }
 
-static void rank_cpu(int rank, int n, int fd, void *arg) {
-    (void)fd, (void)arg;
+/* Rank rank of n's backend on device, from the launcher's variables; NULL
+ * when refused (reported, the reason in err). */
+static Backend *rank_open(int rank, int n, DeviceChoice device, char *err, size_t err_len) {
     rank_env_clear();
     rank_env_set(rank, n);
-    char err[512] = "";
-    Backend *be = rank_backend_create(DEVICE_CPU, DTYPE_F32, err, sizeof err);
+    Backend *be = rank_backend_create(device, DTYPE_F32, err, err_len);
     CHECK(be != NULL, "rank %d: %s", rank, err);
+    return be;
+}
+
+static void rank_cpu(int rank, int n, int fd, void *arg) {
+    (void)fd, (void)arg;
+    char err[512] = "";
+    Backend *be = rank_open(rank, n, DEVICE_CPU, err, sizeof err);
     if (!be) return;
     RuntimeOptions ro = {.n_heads = 4, .d_ff = 8, .timeout_s = 20.0, .tp = n};
     CommDeviceCopy hooks;
@@ -187,11 +194,8 @@ static void check_op(Backend *be, Comm *staged, Comm *plain, Op op, int rank, in
 
 static void rank_gpu(int rank, int n, int fd, void *arg) {
     (void)fd, (void)arg;
-    rank_env_clear();
-    rank_env_set(rank, n);
     char err[512] = "";
-    Backend *be = rank_backend_create(DEVICE_CUDA, DTYPE_F32, err, sizeof err);
-    CHECK(be != NULL, "rank %d: %s", rank, err);
+    Backend *be = rank_open(rank, n, DEVICE_CUDA, err, sizeof err);
     if (!be) return;
     CHECK(be->mem.cur[MEM_WORKSPACE] == backend_gemm_workspace_bytes(BACKEND_CUDA) &&
               be->mem.cur[MEM_WORKSPACE] == ((size_t)32 << 20),

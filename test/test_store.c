@@ -190,29 +190,33 @@ static void test_flood(void) {
 }
 
 /* ---- threads ---- */
-typedef struct {
+typedef struct Arg Arg;
+struct Arg {
     int id;
     int ok;
     double waited_s;
-} Arg;
+    void (*body)(Arg *a, StoreClient *c);  // what the thread does on its own connection
+};
 
-static void *adder(void *p) {
+/* A client thread: its own connection (none: nothing done, ok stays 0), its body, the close. */
+static void *client_thread(void *p) {
     Arg *a = p;
     StoreClient *c = connect_ok();
     if (!c) return NULL;
+    a->body(a, c);
+    store_close(c);
+    return NULL;
+}
+
+static void adder(Arg *a, StoreClient *c) {
     a->ok = 1;
     for (int i = 0; i < 100; i++) {
         long v;
         if (store_add(c, "counter", 1, &v) != 0) a->ok = 0;
     }
-    store_close(c);
-    return NULL;
 }
 
-static void *barrier_rank(void *p) {
-    Arg *a = p;
-    StoreClient *c = connect_ok();
-    if (!c) return NULL;
+static void barrier_rank(Arg *a, StoreClient *c) {
     a->ok = 1;
     for (int round = 0; round < 3; round++) {  // the same key serves successive barriers
         char key[64];
@@ -227,36 +231,24 @@ static void *barrier_rank(void *p) {
             if (store_check(c, key) != 1) a->ok = 0;
         }
     }
-    store_close(c);
-    return NULL;
 }
 
-static void *waiter(void *p) {
-    Arg *a = p;
-    StoreClient *c = connect_ok();
-    if (!c) return NULL;
+static void waiter(Arg *a, StoreClient *c) {
     double t0 = tp_now_s();
     size_t n = 0;
     char *v = store_get(c, "late", &n, 10.0);
     a->waited_s = tp_now_s() - t0;
     a->ok = v && n == 5 && memcmp(v, "there", 6) == 0;
     free(v);
-    store_close(c);
-    return NULL;
 }
 
-static void *stranded(void *p) {  // waits on a key nobody sets while the server stops
-    Arg *a = p;
-    StoreClient *c = connect_ok();
-    if (!c) return NULL;
+static void stranded(Arg *a, StoreClient *c) {  // waits on a key nobody sets while the server stops
     double t0 = tp_now_s();
     char *v = store_get(c, "never", NULL, 30.0);
     a->waited_s = tp_now_s() - t0;
     a->ok = v == NULL && strstr(store_error(c), "closed") != NULL;
     if (!a->ok) fprintf(stderr, "stranded: %s\n", store_error(c));
     free(v);
-    store_close(c);
-    return NULL;
 }
 
 int main(void) {
@@ -330,9 +322,9 @@ int main(void) {
     CHECK(store_set(c, "toolarge", "", ((size_t)64 << 20) + 1) == -1, "value over 64 MiB accepted");
 
     // a GET parked on the server, answered by a later SET from another client
-    Arg wa = {0};
+    Arg wa = {.body = waiter};
     pthread_t wt;
-    pthread_create(&wt, NULL, waiter, &wa);
+    pthread_create(&wt, NULL, client_thread, &wa);
     struct timespec pause = {0, 200 * 1000 * 1000};
     nanosleep(&pause, NULL);
     CHECK(store_set(c, "late", "there", 5) == 0, "set late");
@@ -344,8 +336,8 @@ int main(void) {
     pthread_t th[N_THREADS];
     Arg args[N_THREADS];
     for (int i = 0; i < N_THREADS; i++) {
-        args[i] = (Arg){.id = i};
-        pthread_create(&th[i], NULL, adder, &args[i]);
+        args[i] = (Arg){.id = i, .body = adder};
+        pthread_create(&th[i], NULL, client_thread, &args[i]);
     }
     for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < N_THREADS; i++) CHECK(args[i].ok, "adder %d", i);
@@ -353,8 +345,8 @@ int main(void) {
 
     // barrier, three rounds on one key
     for (int i = 0; i < N_THREADS; i++) {
-        args[i] = (Arg){.id = i};
-        pthread_create(&th[i], NULL, barrier_rank, &args[i]);
+        args[i] = (Arg){.id = i, .body = barrier_rank};
+        pthread_create(&th[i], NULL, client_thread, &args[i]);
     }
     for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < N_THREADS; i++) CHECK(args[i].ok, "barrier rank %d", i);
@@ -402,9 +394,9 @@ int main(void) {
     free(v);
 
     // a parked GET fails promptly when the server stops, no hang
-    Arg sa = {0};
+    Arg sa = {.body = stranded};
     pthread_t st;
-    pthread_create(&st, NULL, stranded, &sa);
+    pthread_create(&st, NULL, client_thread, &sa);
     nanosleep(&pause, NULL);
     store_close(c);
     store_server_stop(s);

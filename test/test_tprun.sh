@@ -35,6 +35,23 @@ bad() { echo "FAIL $*"; fails=$((fails + 1)); }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+# tprun20 ARGS...: tprun ARGS under a 20 s timeout, output in $d/out and $d/err; $rc, and $dt seconds.
+tprun20() {
+    t0=$(now)
+    timeout 20 "$tprun" "$@" > "$d/out" 2> "$d/err"
+    rc=$?
+    dt=$(elapsed "$t0")
+}
+# failed_first WHAT PATTERN: the job failed (not by the timeout) within 5 s, its stderr names the rank
+# that failed first as PATTERN says, and no process is left behind.
+failed_first() {
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && lt "$dt" 5 && grep -q "$2" "$d/err"; then
+        ok "$1 reported in ${dt} s (tprun exit $rc): $(grep 'failed first' "$d/err")"
+    else
+        bad "$1: rc $rc after $dt s, stderr: $(cat "$d/err")"
+    fi
+    no_leftovers "$1"
+}
 no_leftovers() {  # $1: what; waits a moment for the kernel to finish exits
     for _ in 1 2 3 4 5; do
         pgrep -f -- "$marker" > /dev/null || { ok "$1: no process left behind"; return; }
@@ -108,32 +125,13 @@ fi
 
 # ---- a worker exits 3 (its group includes a child process) ----
 d=$work/exit3 && mkdir "$d"
-t0=$(now)
-timeout 20 "$tprun" --nproc_per_node 3 "$worker" run "$d" "$marker" --fail-rank 1 --code 3 --child \
-    > "$d/out" 2> "$d/err"
-rc=$?
-dt=$(elapsed "$t0")
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && lt "$dt" 5 &&
-    grep -q "tprun: rank 1 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3" "$d/err"; then
-    ok "exit 3 reported in ${dt} s (tprun exit $rc): $(grep 'failed first' "$d/err")"
-else
-    bad "exit 3: rc $rc after $dt s, stderr: $(cat "$d/err")"
-fi
-no_leftovers "exit 3"
+tprun20 --nproc_per_node 3 "$worker" run "$d" "$marker" --fail-rank 1 --code 3 --child
+failed_first "exit 3" "tprun: rank 1 (local rank 1, pid [0-9]*) on host .* failed first: exit code 3"
 
 # ---- a worker killed by SIGKILL ----
 d=$work/kill9 && mkdir "$d"
-t0=$(now)
-timeout 20 "$tprun" --nproc_per_node 2 "$worker" run "$d" "$marker" --kill-rank 0 > "$d/out" 2> "$d/err"
-rc=$?
-dt=$(elapsed "$t0")
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && lt "$dt" 5 &&
-    grep -q "rank 0 (local rank 0, pid [0-9]*) on host .* failed first: killed by signal SIGKILL (9)" "$d/err"; then
-    ok "SIGKILL reported in ${dt} s: $(grep 'failed first' "$d/err")"
-else
-    bad "SIGKILL: rc $rc after $dt s, stderr: $(cat "$d/err")"
-fi
-no_leftovers "SIGKILL"
+tprun20 --nproc_per_node 2 "$worker" run "$d" "$marker" --kill-rank 0
+failed_first "SIGKILL" "rank 0 (local rank 0, pid [0-9]*) on host .* failed first: killed by signal SIGKILL (9)"
 
 # ---- a rank exits 0 early, another fails after it: the early one is named ----
 d=$work/exit0 && mkdir "$d"
@@ -193,11 +191,7 @@ no_leftovers "SIGTERM to tprun"
 
 # ---- a worker ignores SIGTERM: SIGKILL after --grace ----
 d=$work/grace && mkdir "$d"
-t0=$(now)
-timeout 20 "$tprun" --nproc_per_node 2 --grace 1 "$worker" run "$d" "$marker" --fail-rank 0 --ignore-term --child \
-    > "$d/out" 2> "$d/err"
-rc=$?
-dt=$(elapsed "$t0")
+tprun20 --nproc_per_node 2 --grace 1 "$worker" run "$d" "$marker" --fail-rank 0 --ignore-term --child
 if [ $rc -eq 1 ] && lt 1.2 "$dt" && lt "$dt" 4 && grep -q "sending SIGKILL" "$d/err"; then
     ok "a worker ignoring SIGTERM is killed after --grace 1 (tprun took ${dt} s)"
 else

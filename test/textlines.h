@@ -47,4 +47,22 @@ static inline int read_pair(const char *tool, const char *hyp_path, const char *
     return 0;
 }
 
+/* A metric test's file mode for the Python oracle: every pair's figures
+ * (line, which also adds the pair to the corpus in ctx), then the corpus's
+ * (done). 0, or 2 when the files do not read as pairs. */
+static inline int score_pairs(const char *tool, const char *hyp_path, const char *ref_path, void *ctx,
+                              void (*line)(void *ctx, const char *hyp, const char *ref), void (*done)(void *ctx)) {
+    Lines h, r;
+    if (read_pair(tool, hyp_path, ref_path, &h, &r)) return 2;
+    for (int i = 0; i < h.n; i++) {
+        line(ctx, h.line[i], r.line[i]);
+        free(h.line[i]);
+        free(r.line[i]);
+    }
+    done(ctx);
+    free(h.line);
+    free(r.line);
+    return 0;
+}
+
 #endif

@@ -503,7 +503,8 @@ static const BackendOps CPU_OPS = {
     .graph_free = cpu_graph_free,
 };
 
-Backend *backend_cpu_create(Dtype dtype) {
+static Backend *backend_cpu_create(Dtype dtype, int local_rank, char *err, size_t err_len) {
+    (void)local_rank, (void)err, (void)err_len;
     Backend *be = TP_CALLOC(1, sizeof *be);
     be->ops = &CPU_OPS;
     be->kind = BACKEND_CPU;
@@ -513,3 +514,8 @@ Backend *backend_cpu_create(Dtype dtype) {
     snprintf(be->device_name, sizeof be->device_name, "CPU");
     return be;
 }
+
+static int cpu_device_count(void) { return 1; }
+
+/* The seam's entry for this backend (backend.h; backend_list.c lists it). */
+const BackendEntry backend_cpu_entry = {BACKEND_CPU, cpu_device_count, backend_cpu_create};

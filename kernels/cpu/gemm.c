@@ -43,14 +43,9 @@ void cpu_linear_fwd(float *y,        // (N, out)
     if (b) cpu_bias_add(y, b, N, out);
 }
 
-void cpu_linear_bwd(float *dx,        // (N, in) or NULL
-                   GradMode dx_mode,
-                   float *dW,        // (out, in) or NULL
-                   float *db,        // (out) or NULL
-                   const float *dy,  // (N, out)
-                   const float *x,   // (N, in)
-                   const float *W,   // (out, in)
-                   int N, int in, int out) {
+/* The shapes of every argument: ops_list.h's linear_bwd. */
+void cpu_linear_bwd(float *dx, GradMode dx_mode, float *dW, float *db, const float *dy, const float *x, const float *W,
+                    int N, int in, int out) {
     TP_CHECK(grad_mode_valid(dx_mode), "op_linear_bwd: unknown gradient mode %d", (int)dx_mode);
     if (dx) cpu_gemm(false, false, N, in, out, 1.0f, dy, W, dx_mode == GRAD_ADD ? 1.0f : 0.0f, dx);  // dx (+)= dy W
     if (dW) cpu_gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dW);   // dW += dy^T x

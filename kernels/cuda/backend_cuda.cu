@@ -642,3 +642,6 @@ extern "C" Backend *backend_cuda_create(Dtype dtype, int local_rank, char *err, 
     backend_device_used(be, NULL);  // the first sample of mem.device_used_peak
     return be;
 }
+
+// The seam's entry for this backend (backend.h; backend_list.c lists it).
+extern "C" const BackendEntry backend_cuda_entry = {BACKEND_CUDA, backend_cuda_device_count, backend_cuda_create};

@@ -1,8 +1,8 @@
 /* backend_cuda.h: what the GPU tests may see of a CUDA Backend beyond
  * backend.h: its stream and GEMM context (to compare fused and separate
  * epilogues and read the GEMM counters). PRIVATE to kernels/cuda and the
- * GPU tests; backend.c declares backend_cuda_create and
- * backend_cuda_device_count itself, and the model never includes this. */
+ * GPU tests; backend.c finds the backend through backend_cuda_entry
+ * (backend.h), and the model never includes this. */
 #ifndef TPTRAIN_BACKEND_CUDA_H
 #define TPTRAIN_BACKEND_CUDA_H
 

@@ -29,5 +29,3 @@ int app_runtime_open(Backend *be, RuntimeOptions *ro, Runtime *rt, const char *w
     backend_destroy(be);
     return 2;
 }
-
-void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }

@@ -23,7 +23,4 @@ Backend *app_backend_open(TrainArgs *a);
  * printing "train_mt: WHAT<why>" and destroying be. */
 int app_runtime_open(Backend *be, RuntimeOptions *ro, Runtime *rt, const char *what);
 
-/* A control collective that failed ends the run with the communicator's reason. */
-void comm_ok(int rc, const Comm *c);
-
 #endif

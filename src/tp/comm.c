@@ -3,6 +3,8 @@
  * are the COMM_F32 case of the typed ones. */
 #include "tp/comm_impl.h"
 
+#include "err.h"
+
 size_t comm_dtype_bytes(CommDtype dt) {
     switch (dt) {
     case COMM_F32: return 4;
@@ -60,6 +62,7 @@ int comm_recv(Comm *c, void *buf, size_t n_bytes, int peer) { TIMED(c, c->ops->r
 int comm_set_device_copy(Comm *c, const CommDeviceCopy *hooks) { return c->ops->set_device_copy(c, hooks); }
 
 const char *comm_error(const Comm *c) { return c->ops->error(c); }
+void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
 CommStats comm_stats(const Comm *c) { return c->ops->stats(c); }
 void comm_reset_stats(Comm *c) { c->ops->reset_stats(c); }
 

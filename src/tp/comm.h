@@ -105,6 +105,10 @@ typedef struct {
 int comm_set_device_copy(Comm *c, const CommDeviceCopy *hooks);
 
 const char *comm_error(const Comm *c);
+/* A collective that failed (rc != 0) ends the process with the
+ * communicator's reason (TP_CHECK): for control collectives that have no
+ * way to go on. */
+void comm_ok(int rc, const Comm *c);
 /* Brackets around every collective and point-to-point call of c (a
  * profiler's: train_mt --profile counts the time between them as
  * communication). begin/end run on the calling thread; NULL functions: none. */

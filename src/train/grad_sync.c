@@ -139,8 +139,6 @@ int bucket_ranges(const BucketLayout *L, int r, OptRange *out) {
 
 /* ---- one bucket ------------------------------------------------------------------ */
 
-static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
-
 /* ZeRO-2: bucket k's own storage (zero-padded to dp q) reduce-scattered in
  * place, this rank's piece copied into the shard. */
 static void reduce_bucket_owned(GradSync *g, int k) {

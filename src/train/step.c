@@ -17,8 +17,6 @@
 
 enum { SC_LOSS = 0, SC_CLIP = 1, SC_N = 5 };  // SC_CLIP..+3: grad_clip's sumsq parts, norm, factor
 
-static void comm_ok(int rc, const Comm *c) { TP_CHECK(rc == 0, "%s", comm_error(c)); }
-
 static void on_grads_final(void *ctx, size_t from) { grad_sync_ready(ctx, from); }
 static void on_grads_needed(void *ctx, size_t lo, size_t hi) { grad_sync_needed(ctx, lo, hi); }
 

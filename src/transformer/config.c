@@ -139,14 +139,21 @@ char *config_to_json(const ModelConfig *c) {
     return s;
 }
 
-/* Reads one integer field; -1 with a sentence when missing or not integral. */
-static int get_int(const cJSON *o, const char *key, int *out, char *err, size_t err_len) {
+/* Reads one number field into *d; -1 with a sentence when missing or not a number. */
+static int get_number(const cJSON *o, const char *key, double *d, char *err, size_t err_len) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsNumber(v)) {
         tp_error_set(err, err_len, "field '%s' is missing or not a number", key);
         return -1;
     }
-    double d = v->valuedouble;
+    *d = v->valuedouble;
+    return 0;
+}
+
+/* Reads one integer field; -1 with a sentence when missing or not integral. */
+static int get_int(const cJSON *o, const char *key, int *out, char *err, size_t err_len) {
+    double d;
+    if (get_number(o, key, &d, err, err_len)) return -1;
     if (d != floor(d) || d < -2147483647.0 || d > 2147483647.0) {
         tp_error_set(err, err_len, "field '%s' must be an integer, got %g", key, d);
         return -1;
@@ -159,12 +166,8 @@ static int get_int(const cJSON *o, const char *key, int *out, char *err, size_t 
  * float (1e39 would become inf, and the conversion of an out-of-range
  * double is undefined). The field's own range is config_validate's. */
 static int get_float(const cJSON *o, const char *key, float *out, char *err, size_t err_len) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v)) {
-        tp_error_set(err, err_len, "field '%s' is missing or not a number", key);
-        return -1;
-    }
-    double d = v->valuedouble;
+    double d;
+    if (get_number(o, key, &d, err, err_len)) return -1;
     if (!(d >= -FLT_MAX && d <= FLT_MAX)) {
         tp_error_set(err, err_len, "field '%s' is %g, beyond the range of a 32-bit float", key, d);
         return -1;

@@ -1,6 +1,6 @@
 /* launch_env.c: SLURM hostlists and the visible GPU count (see launch_env.h). */
 #define _GNU_SOURCE
-#include "tp/launch_env.h"
+#include "tprun/launch_env.h"
 
 #include <ctype.h>
 #include <stdio.h>
