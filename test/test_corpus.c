@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <time.h>
 #include <unistd.h>
@@ -833,6 +834,38 @@ static void test_warm_start(void) {
           "a missing record: '%s'", err);
 }
 
+/* Jobs sharing a cache prepare it at once (train_mt runs side by side, as
+ * scripts/sweep_recipe.sh starts them): every one succeeds, cold and warm,
+ * and the cache is whole after. Each writes its own temporaries. */
+static void test_concurrent_prepare(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    enum { JOBS = 3 };
+    for (int round = 0; round < 2; round++) {  // cold (every file built at once), then warm (records rewritten)
+        pid_t pid[JOBS];
+        for (int j = 0; j < JOBS; j++) {
+            pid[j] = fork();
+            if (pid[j] == 0) {
+                char err[1024];
+                _exit(prepare(&c, false, NULL, NULL, err, sizeof err) == 0 ? 0 : (fprintf(stderr, "%s\n", err), 1));
+            }
+        }
+        int failed = 0;
+        for (int j = 0; j < JOBS; j++) {
+            int status = 0;
+            waitpid(pid[j], &status, 0);
+            failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        }
+        CHECK(failed == 0, "round %d: %d of %d jobs preparing one cache at once failed", round, failed, JOBS);
+    }
+    char err[1024];
+    CorpusStats st[3];
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && st[0].kept == N_TRAIN, "after the jobs: %s", err);
+    CorpusSplitInfo info;
+    CHECK(corpus_split_info(c.cache, "dev", &info, err, sizeof err) == 0 && info.stats.kept == N_DEV, "%s", err);
+}
+
 int main(void) {
     if (!make_scratch_dir(g_root, sizeof g_root, "test_corpus")) return 1;
     test_clean_and_deterministic();
@@ -846,6 +879,7 @@ int main(void) {
     test_workers_same_bytes();
     test_spm_sample();
     test_warm_start();
+    test_concurrent_prepare();
     remove_tree(g_root);
     return check_report("test_corpus");
 }

@@ -105,7 +105,11 @@ int split_meta_write(const char *cache_dir, const SplitScan *s, uint32_t key, ch
     cJSON_Delete(root);
     char path[PATH_MAX + 64];
     meta_path(path, sizeof path, cache_dir, s->part->stem);
-    const int rc = write_file_atomic(path, text, strlen(text), err, err_len);
+    /* jobs sharing a cache may record the same split at once: each writes its own temporary */
+    AtomicFile af;
+    int rc = atomic_file_open(&af, path, true, err, err_len);
+    if (rc == 0) rc = atomic_file_write(&af, text, strlen(text), err, err_len);
+    if (rc == 0) rc = atomic_file_commit(&af, err, err_len);
     free(text);
     return rc;
 }
