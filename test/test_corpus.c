@@ -765,8 +765,10 @@ static void test_spm_sample(void) {
     CHECK(prepare(&whole, false, NULL, NULL, err, sizeof err) == 0, "%s", err);
     CHECK(same_file(full, whole.cache, "spm.model"), "a sample of every sentence is not the whole text's tokenizer");
     char x[200], y[200];
-    CHECK(corpus_cache_dir("r", 8000, 0, x, sizeof x, err, sizeof err) == 0 && strcmp(x, "r/spm-unigram-v8000-s2000000") == 0 &&
-              corpus_cache_dir("r", 8000, 300, y, sizeof y, err, sizeof err) == 0 && strcmp(y, "r/spm-unigram-v8000-s300") == 0,
+    CHECK(corpus_cache_dir("r", 8000, 0, x, sizeof x, err, sizeof err) == 0 &&
+              strcmp(x, "r/spm-unigram-v8000-s2000000") == 0 &&
+              corpus_cache_dir("r", 8000, 300, y, sizeof y, err, sizeof err) == 0 &&
+              strcmp(y, "r/spm-unigram-v8000-s300") == 0,
           "cache folder names: %s, %s", x, y);
 }
 

@@ -193,9 +193,12 @@ static Spm *tokenizer_ready(const CorpusConfig *cfg, SplitScan *scans, int n, in
         int n_tok = 0;
         for (int i = 0; i < n; i++)
             if (scans[i].part->tokenizer) tok[n_tok++] = &scans[i];
+        const long sample = cfg->spm_sample > 0 ? cfg->spm_sample : CORPUS_DEFAULT_SPM_SAMPLE;
         int rc = -1;
-        if (n_tok == 0) tp_error_set(err, err_len, "%s is missing and no training text was given to make it", model_path);
-        else rc = train_tokenizer(tok, n_tok, cfg, vocab_size, cfg->spm_sample > 0 ? cfg->spm_sample : CORPUS_DEFAULT_SPM_SAMPLE, err, err_len);
+        if (n_tok == 0)
+            tp_error_set(err, err_len, "%s is missing and no training text was given to make it", model_path);
+        else
+            rc = train_tokenizer(tok, n_tok, cfg, vocab_size, sample, err, err_len);
         free(tok);
         if (rc != 0) return NULL;
     } else if (cfg->verbose) {

@@ -114,8 +114,13 @@ static void *worker_main(void *arg) {
         else
             w->rc = worker_run(w, &en, &ja, out_en, out_ja);
     }
-    if (out_en && fclose(out_en) != 0 && w->rc == 0) w->rc = -1, snprintf(w->err, sizeof w->err, "cannot write %s", w->en_path);
-    if (out_ja && fclose(out_ja) != 0 && w->rc == 0) w->rc = -1, snprintf(w->err, sizeof w->err, "cannot write %s", w->ja_path);
+    for (int side = 0; side < 2; side++) {
+        FILE *fp = side == 0 ? out_en : out_ja;
+        if (fp && fclose(fp) != 0 && w->rc == 0) {
+            w->rc = -1;
+            snprintf(w->err, sizeof w->err, "cannot write %s", side == 0 ? w->en_path : w->ja_path);
+        }
+    }
     line_reader_close(&en);
     line_reader_close(&ja);
     __atomic_add_fetch(w->finished, 1, __ATOMIC_RELEASE);

@@ -80,7 +80,8 @@ static cJSON *side_json(const SideScan *side) {
     cJSON_AddStringToObject(o, "crc32c", crc);
     add_stamp(o, &side->stamp);
     cJSON *form = cJSON_AddObjectToObject(o, "form");
-    for (int i = 0; i < 6; i++) cJSON_AddNumberToObject(form, FORM_NAMES[i], (double)*form_field((TextFormCount *)&side->form, i));
+    TextFormCount f = side->form;
+    for (int i = 0; i < 6; i++) cJSON_AddNumberToObject(form, FORM_NAMES[i], (double)*form_field(&f, i));
     return o;
 }
 
@@ -96,7 +97,8 @@ int split_meta_write(const char *cache_dir, const SplitScan *s, uint32_t key, ch
     cJSON_AddStringToObject(root, "key", hex);
     cJSON_AddStringToObject(root, "split", s->part->split);
     cJSON *stats = cJSON_AddObjectToObject(root, "stats");
-    for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(stats, STAT_NAMES[i], (double)*stat_field((CorpusStats *)&s->stats, i));
+    CorpusStats st = s->stats;
+    for (int i = 0; i < 5; i++) cJSON_AddNumberToObject(stats, STAT_NAMES[i], (double)*stat_field(&st, i));
     cJSON *sources = cJSON_AddObjectToObject(root, "sources");
     cJSON_AddItemToObject(sources, "en", side_json(&s->en));
     cJSON_AddItemToObject(sources, "ja", side_json(&s->ja));
