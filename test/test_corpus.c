@@ -170,6 +170,18 @@ static void expect_rebuilt(const Case *c, const char *tok, CorpusStats *st, char
     token_file_close(&tf);
 }
 
+/* One bit of a token file's last token id flipped in place (header and key intact). */
+static void flip_last_token(const char *tok) {
+    size_t n_bytes = 0;
+    uint8_t *bytes = read_bytes(tok, &n_bytes);
+    CHECK(bytes != NULL && n_bytes > 64, "cannot read %s", tok);
+    if (bytes) {
+        bytes[n_bytes - 4] ^= 0x01;
+        write_bytes(tok, bytes, n_bytes);
+    }
+    free(bytes);
+}
+
 /* Ids of text under the case's tokenizer; n returned, ids in out. */
 static int encode(const Case *c, const char *text, int32_t *out, int cap) {
     char model[512], err[512];
@@ -467,13 +479,7 @@ static void test_reuse_and_rebuild(void) {
 
     /* a damaged body (one token id changed, header and key intact) is not
      * reused either: the body checksum finds it and the file is rebuilt */
-    bytes = read_bytes(dev_tok, &n_bytes);
-    CHECK(bytes != NULL && n_bytes > 64, "cannot read %s", dev_tok);
-    if (bytes) {
-        bytes[n_bytes - 4] ^= 0x01;
-        write_bytes(dev_tok, bytes, n_bytes);
-    }
-    free(bytes);
+    flip_last_token(dev_tok);
     expect_rebuilt(&c, dev_tok, st, err, sizeof err, "dev.tok with a damaged body was reused, not rebuilt");
 
     /* another tokenizer (same size, other text) rebuilds every split */
@@ -745,9 +751,7 @@ static void test_workers_same_bytes(void) {
 /* The tokenizer's sample: deterministic, its size part of the folder's
  * name, and a sample as large as the text gives the whole text's model. */
 static void test_spm_sample(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     char a[300], b[300], d[300], full[300], err[1024];
     CorpusStats st[2];
     snprintf(a, sizeof a, "%s.a", c.cache);
@@ -776,9 +780,7 @@ static void test_spm_sample(void) {
  * it to be trusted) are not read; a touched one is read again and its
  * token file kept; the record's text form is textnorm_detect's. */
 static void test_warm_start(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     struct timespec settle = {1, 200 * 1000 * 1000};  // past the record's one-second settling time
     nanosleep(&settle, NULL);
     char err[1024], dev_tok[512], path[512];
@@ -803,20 +805,8 @@ static void test_warm_start(void) {
     nanosleep(&settle, NULL);
     CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && prepare(&c, false, NULL, st, err, sizeof err) == 0,
           "%s", err);
-    size_t n_bytes = 0;
-    uint8_t *bytes = read_bytes(dev_tok, &n_bytes);
-    CHECK(bytes != NULL && n_bytes > 64, "cannot read %s", dev_tok);
-    if (bytes) {
-        bytes[n_bytes - 4] ^= 0x01;
-        write_bytes(dev_tok, bytes, n_bytes);
-    }
-    free(bytes);
-    const ino_t dev1 = inode_of(dev_tok);
-    TokenFile tf;
-    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && inode_of(dev_tok) != dev1 &&
-              token_file_open(&tf, dev_tok, SMALL_VOCAB, err, sizeof err) == 0,
-          "a damaged dev.tok behind a trusted record was not rebuilt: %s", err);
-    token_file_close(&tf);
+    flip_last_token(dev_tok);
+    expect_rebuilt(&c, dev_tok, st, err, sizeof err, "a damaged dev.tok behind a trusted record was not rebuilt");
 
     CorpusSplitInfo info;
     CHECK(corpus_split_info(c.cache, "train", &info, err, sizeof err) == 0, "%s", err);
@@ -840,9 +830,7 @@ static void test_warm_start(void) {
  * scripts/sweep_recipe.sh starts them): every one succeeds, cold and warm,
  * and the cache is whole after. Each writes its own temporaries. */
 static void test_concurrent_prepare(void) {
-    Case c;
-    case_new(&c);
-    write_clean(&c);
+    Case c = clean_case();
     enum { JOBS = 3 };
     for (int round = 0; round < 2; round++) {  // cold (every file built at once), then warm (records rewritten)
         pid_t pid[JOBS];

@@ -161,12 +161,12 @@ static int train_tokenizer(const SplitScan *const *scans, int n, const CorpusCon
 
 /* Finds each part unchanged (its record) or reads it; a part that trains
  * the tokenizer is read when the tokenizer is still to be trained. */
-static int scan_parts(const CorpusConfig *cfg, SplitScan *scans, uint32_t *keys, int n, bool need_tokenizer,
+static int scan_parts(const CorpusConfig *cfg, SplitScan *scans, int n, bool need_tokenizer,
                       char *err, size_t err_len) {
     for (int i = 0; i < n; i++) {
         const CorpusPart *part = scans[i].part;
         if (!part->stem && !need_tokenizer) continue;  // read for the tokenizer only, which is there
-        if (part->stem && !(need_tokenizer && part->tokenizer) && split_meta_reuse(cfg->cache_dir, &scans[i], &keys[i])) {
+        if (part->stem && !(need_tokenizer && part->tokenizer) && split_meta_reuse(cfg->cache_dir, &scans[i])) {
             if (cfg->verbose) {
                 printf("corpus: %s: %s and %s unchanged since they were read (%ld pairs, %ld kept): not read "
                        "again\n", part_label(part), scans[i].en.path, scans[i].ja.path, scans[i].stats.lines,
@@ -229,7 +229,7 @@ static Spm *tokenizer_ready(const CorpusConfig *cfg, SplitScan *scans, int n, in
 
 /* Reuses the part's token file when its key matches and it checks out, else
  * (reading the text when it was not read) builds it; records the part. */
-static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_key, const Spm *spm,
+static int part_ready(const CorpusConfig *cfg, SplitScan *s, const Spm *spm,
                       uint32_t model_crc, char *err, size_t err_len) {
     const CorpusPart *part = s->part;
     char path[PATH_MAX];
@@ -237,14 +237,7 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_k
         tp_error_set(err, err_len, "cache folder name too long: %s", cfg->cache_dir);
         return -1;
     }
-    uint32_t key = s->scanned ? split_key(s, model_crc) : 0;
-    if (!s->scanned) {
-        key = split_key(s, model_crc);
-        if (key != recorded_key) {  // another tokenizer: the text is needed again
-            if (split_scan(s, part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
-            key = split_key(s, model_crc);
-        }
-    }
+    const uint32_t key = split_key(s, model_crc);  // a record's checksums stand for unchanged text
     char why[PATH_MAX + 256];
     snprintf(why, sizeof why, "not built yet");
     FileStamp now;
@@ -263,9 +256,9 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_k
         if (token_file_open(&tf, path, spm_vocab_size(spm), open_err, sizeof open_err) != 0) {
             snprintf(why, sizeof why, "the existing file is unusable: %s", open_err);
         } else {
-            const int64_t old_key = token_file_key(path, open_err, sizeof open_err);
+            const uint32_t old_key = tf.key;
             token_file_close(&tf);
-            if (old_key == (int64_t)key) {
+            if (old_key == key) {
                 if (cfg->verbose) {
                     printf("corpus: %s: reusing %s (key %08x)\n", part_label(part), path, key);
                     fflush(stdout);
@@ -273,8 +266,8 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, uint32_t recorded_k
                 s->tok_known = file_stamp(path, &s->tok) == 0;
                 return split_meta_write(cfg->cache_dir, s, key, err, err_len);
             }
-            snprintf(why, sizeof why, "key %08llx != %08x: the source text, the tokenizer or the format changed",
-                     (unsigned long long)old_key, key);
+            snprintf(why, sizeof why, "key %08x != %08x: the source text, the tokenizer or the format changed",
+                     old_key, key);
         }
     }
     if (!s->scanned && split_scan(s, part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
@@ -304,14 +297,13 @@ int corpus_prepare_parts(const CorpusConfig *cfg, const CorpusPart *parts, int n
     Spm *spm = NULL;
     uint32_t model_crc = 0;
     SplitScan *scans = TP_CALLOC((size_t)(n_parts > 0 ? n_parts : 1), sizeof *scans);
-    uint32_t *keys = TP_CALLOC((size_t)(n_parts > 0 ? n_parts : 1), sizeof *keys);
     for (int i = 0; i < n_parts; i++) scans[i].part = &parts[i];
-    if (scan_parts(cfg, scans, keys, n_parts, need_tokenizer, err, err_len) != 0) goto done;
+    if (scan_parts(cfg, scans, n_parts, need_tokenizer, err, err_len) != 0) goto done;
     spm = tokenizer_ready(cfg, scans, n_parts, vocab_size, &model_crc, err, err_len);
     if (!spm) goto done;
     for (int i = 0; i < n_parts; i++) {
         if (!parts[i].stem) continue;  // read for the tokenizer only
-        if (part_ready(cfg, &scans[i], keys[i], spm, model_crc, err, err_len) != 0) goto done;
+        if (part_ready(cfg, &scans[i], spm, model_crc, err, err_len) != 0) goto done;
         split_scan_free(&scans[i]);
     }
     if (n_parts > 0) fsync_path(cfg->cache_dir);  // best effort: some file systems refuse fsync on folders
@@ -321,7 +313,6 @@ int corpus_prepare_parts(const CorpusConfig *cfg, const CorpusPart *parts, int n
 done:
     for (int i = 0; i < n_parts; i++) split_scan_free(&scans[i]);
     free(scans);
-    free(keys);
     spm_free(spm);
     return rc;
 }

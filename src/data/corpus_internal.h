@@ -47,6 +47,8 @@ typedef struct {
 static inline const char *part_label(const CorpusPart *p) { return p->stem ? p->stem : p->split; }
 
 /* corpus_scan.c */
+/* Empties s for part and names its two files. 0, or -1 + err (too long). */
+int split_start(SplitScan *s, const CorpusPart *part, char *err, size_t err_len);
 /* Reads both files of the split once. 0, or -1 + err (a bad pair with
  * strict, counts that differ, an unreadable file). */
 int split_scan(SplitScan *s, const CorpusPart *part, bool strict, bool verbose, char *err, size_t err_len);
@@ -72,6 +74,6 @@ int corpus_encode(const SplitScan *s, const Spm *spm, uint32_t key, const char *
  * after its token file), and read back into s (scanned = false) when its
  * sources still have the recorded identities (returns 1), else 0. */
 int split_meta_write(const char *cache_dir, const SplitScan *s, uint32_t key, char *err, size_t err_len);
-int split_meta_reuse(const char *cache_dir, SplitScan *s, uint32_t *key);
+int split_meta_reuse(const char *cache_dir, SplitScan *s);
 
 #endif

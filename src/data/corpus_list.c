@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "parse.h"
 
 /* One item "DIR[:COPIES]" of length len into slot k. */
 static int parse_item(const char *item, size_t len, CorpusList *out, int k, char *err, size_t err_len) {
@@ -19,9 +20,11 @@ static int parse_item(const char *item, size_t len, CorpusList *out, int k, char
         }
     const size_t digits = colon ? (size_t)(item + len - colon - 1) : 0;
     if (digits > 0 && strspn(colon + 1, "0123456789") >= digits) {
-        char num[8] = {0};
-        const long v = digits < sizeof num ? strtol(memcpy(num, colon + 1, digits), NULL, 10) : -1;
-        if (v < 1 || v > DATASET_MAX_COPIES) {
+        char num[32] = {0}, why[128];
+        long v = -1;
+        if (digits < sizeof num) parse_int("copies", memcpy(num, colon + 1, digits), 1, DATASET_MAX_COPIES, &v, why,
+                                           sizeof why);
+        if (v < 1) {
             tp_error_set(err, err_len, "--data item %d (%.*s): the copies after ':' must be 1 to %d", k + 1, (int)len,
                          item, DATASET_MAX_COPIES);
             return -1;

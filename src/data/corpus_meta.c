@@ -161,17 +161,15 @@ static bool meta_read(const char *path, SplitScan *s, uint32_t *key, bool match_
     return ok;
 }
 
-int split_meta_reuse(const char *cache_dir, SplitScan *s, uint32_t *key) {
+int split_meta_reuse(const char *cache_dir, SplitScan *s) {
     char path[PATH_MAX + 64];
     meta_path(path, sizeof path, cache_dir, s->part->stem);
-    const CorpusPart *part = s->part;
-    memset(s, 0, sizeof *s);
-    s->part = part;
-    snprintf(s->en.path, sizeof s->en.path, "%s/%s.en", part->data_dir, part->split);
-    snprintf(s->ja.path, sizeof s->ja.path, "%s/%s.ja", part->data_dir, part->split);
+    char why[256];
+    if (split_start(s, s->part, why, sizeof why) != 0) return 0;  // the scan will say why
     SplitScan rec = *s;
     FileStamp now_en, now_ja;
-    if (!meta_read(path, &rec, key, true) || !rec.en.stamp.trusted || !rec.ja.stamp.trusted ||
+    uint32_t key;
+    if (!meta_read(path, &rec, &key, true) || !rec.en.stamp.trusted || !rec.ja.stamp.trusted ||
         file_stamp(s->en.path, &now_en) != 0 || file_stamp(s->ja.path, &now_ja) != 0 ||
         !file_stamp_same(&now_en, &rec.en.stamp) || !file_stamp_same(&now_ja, &rec.ja.stamp))
         return 0;

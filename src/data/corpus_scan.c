@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "data/splitmix.h"
 #include "data/text_lines.h"
 #include "err.h"
 
@@ -162,7 +163,7 @@ static int scan_pairs(SplitScan *s, LineReader *en, LineReader *ja, bool strict,
     return 0;
 }
 
-int split_scan(SplitScan *s, const CorpusPart *part, bool strict, bool verbose, char *err, size_t err_len) {
+int split_start(SplitScan *s, const CorpusPart *part, char *err, size_t err_len) {
     split_scan_free(s);
     memset(s, 0, sizeof *s);
     s->part = part;
@@ -174,6 +175,12 @@ int split_scan(SplitScan *s, const CorpusPart *part, bool strict, bool verbose, 
             tp_error_set(err, err_len, "path too long: %s/%s.%s", part->data_dir, part->split, lang[k]);
             return -1;
         }
+    return 0;
+}
+
+int split_scan(SplitScan *s, const CorpusPart *part, bool strict, bool verbose, char *err, size_t err_len) {
+    if (split_start(s, part, err, err_len) != 0) return -1;
+    SideScan *side[2] = {&s->en, &s->ja};
     LineReader en, ja;
     memset(&ja, 0, sizeof ja);
     ja.fd = -1;
@@ -224,13 +231,6 @@ void split_scan_free(SplitScan *s) {
 }
 
 /* ---- the tokenizer's sample ----------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 typedef struct {
     FILE *fp;

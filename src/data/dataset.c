@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include "data/splitmix.h"
 #include "err.h"
 
 /* Arrays of a value per pair: at millions of pairs, faulting them in 4 KiB
@@ -76,13 +77,6 @@ static int bucketed(const Dataset *ds, int len) {
 
 /* ---- the per-epoch generator -------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t epoch_state(uint64_t seed, int64_t epoch) {
     uint64_t a = seed ^ 0x6A09E667F3BCC908ull, b = (uint64_t)epoch ^ 0xBB67AE8584CAA73Bull;
     uint64_t ka = splitmix64(&a), kb = splitmix64(&b);
@@ -92,19 +86,10 @@ static uint64_t epoch_state(uint64_t seed, int64_t epoch) {
 /* Uniform in [0, n); the modulo bias (n / 2^64) is far below any effect. */
 static uint64_t below(uint64_t *state, uint64_t n) { return splitmix64(state) % n; }
 
-static void shuffle_i32(int32_t *a, int n, uint64_t *state) {
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)below(state, (uint64_t)i + 1);
-        int32_t t = a[i];
-        a[i] = a[j];
-        a[j] = t;
-    }
-}
-
-/* The same permutation on entries (the same draws in the same order). The
- * draws do not depend on the array, so a block of them is made first and
- * the entries they will touch are fetched ahead: at millions of entries
- * each swap would otherwise wait for memory in turn. */
+/* Fisher-Yates from the top. The draws do not depend on the array, so a
+ * block of them is made first and the entries they will touch are fetched
+ * ahead: at millions of entries each swap would otherwise wait for memory
+ * in turn. */
 static void shuffle_u64(uint64_t *a, int n, uint64_t *state) {
     enum { AHEAD = 64 };
     int js[AHEAD];
@@ -208,7 +193,7 @@ static int cut_batches(const Dataset *ds, const uint64_t *a, int n, int dp, int3
 
 /* Builds the plan of `epoch` into ds->order / ds->batch_start. */
 /* Entries for a plan: 2 n + 2 of them (the sort's two halves; the cut's
- * scratch reuses the second). Fresh memory is what a start pays for at
+ * scratch and the batch order reuse the second). Fresh memory is what a start pays for at
  * millions of pairs (the kernel zeroes every page), so dataset_init hands
  * its own to the first plan. */
 static uint64_t *plan_work(int n) { return pair_array((size_t)(2 * n + 2) * sizeof(uint64_t)); }
@@ -218,8 +203,8 @@ static uint64_t *plan_work(int n) { return pair_array((size_t)(2 * n + 2) * size
 static void build_plan_in(Dataset *ds, int64_t epoch, uint64_t *work) {
     const int n = ds->n_usable;
     uint64_t *ent = work, *tmp = work + n + 1;
-    int32_t *scratch = pair_array((size_t)(2 * (n + 1) + ds->max_len + 2) * sizeof(int32_t));
-    int32_t *bounds = scratch, *cnt = bounds + (n + 1), *perm = cnt + ds->max_len + 2;
+    int32_t *scratch = pair_array((size_t)((n + 1) + ds->max_len + 2) * sizeof(int32_t));
+    int32_t *bounds = scratch, *cnt = bounds + (n + 1);
     int32_t *dpbuf = (int32_t *)tmp;  // 2 (n + 1) int32 fit the n + 1 entries, free once sorted
 
     uint64_t rng = epoch_state(ds->cursor.seed, epoch);
@@ -228,11 +213,12 @@ static void build_plan_in(Dataset *ds, int64_t epoch, uint64_t *work) {
     sort_by_length(ds, ent, tmp, cnt, n);
     int nb = cut_batches(ds, ent, n, ds->dp_size, bounds, dpbuf);
 
-    for (int b = 0; b < nb; b++) perm[b] = b;
-    shuffle_i32(perm, nb, &rng);
+    uint64_t *perm = tmp;  // free again once cut: the batch order, nb <= n entries
+    for (int b = 0; b < nb; b++) perm[b] = (uint64_t)b;
+    shuffle_u64(perm, nb, &rng);
     int pos = 0;
     for (int k = 0; k < nb; k++) {
-        int b = perm[k], len = bounds[b + 1] - bounds[b];
+        int b = (int)perm[k], len = bounds[b + 1] - bounds[b];
         ds->batch_start[k] = pos;
         for (int i = 0; i < len; i++) ds->order[pos + i] = ent_pair(ent[bounds[b] + i]);
         pos += len;

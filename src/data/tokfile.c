@@ -128,7 +128,8 @@ static int token_file_map(TokenFile *tf, const char *path, int vocab_size, bool 
     }
 #undef TOK_FAIL
     *tf = (TokenFile){.n_pairs = (int)n_pairs, .en_off = en_off, .ja_off = ja_off, .line = line, .tokens = tokens,
-                      .n_tokens = n_tokens, .map = map, .map_bytes = (size_t)file_bytes};
+                      .n_tokens = n_tokens, .key = get_u32(b + TOK_KEY_AT), .map = map,
+                      .map_bytes = (size_t)file_bytes};
     return 0;
 }
 
@@ -147,10 +148,15 @@ int token_file_open_checked(TokenFile *tf, const char *path, int vocab_size, cha
 
 int64_t token_file_key(const char *path, char *err, size_t err_len) {
     uint8_t hdr[TOK_HEADER_BYTES];
-    FILE *fp = fopen(path, "rb");
-    const size_t got = fp ? fread(hdr, 1, sizeof hdr, fp) : 0;
-    if (fp) fclose(fp);
-    if (got != sizeof hdr || memcmp(hdr, TOK_MAGIC, 8) != 0 || get_u32(hdr + 8) != TOK_VERSION ||
+    char why[PATH_MAX + 128];
+    const int fd = tp_open_regular(path, NULL, why, sizeof why);  // never waits on a named pipe
+    const ssize_t got = fd >= 0 ? pread(fd, hdr, sizeof hdr, 0) : -1;
+    if (fd >= 0) close(fd);
+    if (fd < 0) {
+        tp_error_set(err, err_len, "token file %s", why);
+        return -1;
+    }
+    if (got != (ssize_t)sizeof hdr || memcmp(hdr, TOK_MAGIC, 8) != 0 || get_u32(hdr + 8) != TOK_VERSION ||
         get_u32(hdr + TOK_HEADER_CRC_AT) != crc32c(0, hdr, TOK_HEADER_CRC_AT)) {
         tp_error_set(err, err_len, "%s has no valid token file header", path);
         return -1;

@@ -31,6 +31,7 @@ typedef struct {
     const uint32_t *line;             // (n_pairs)
     const int32_t *tokens;            // (n_tokens)
     uint64_t n_tokens;
+    uint32_t key;                     // the header's key (source texts + tokenizer)
     void *map;
     size_t map_bytes;
 } TokenFile;
