@@ -28,7 +28,10 @@
  * Precision (`--dtype fp32|bf16`): master weights, gradients, AdamW moments,
  * LayerNorm statistics, softmax and the loss stay fp32. In bf16 mode the
  * GEMMs (gemm, linear_fwd, linear_bwd) round their operands to bf16 and
- * accumulate in fp32; weights come from the compute copy registered with
+ * accumulate in fp32, and a linear layer's bias enters as its bf16
+ * rounding, as its weight does (autocast's rule; cuBLASLt's bias epilogue
+ * on a GEMM that stores bf16 takes a bf16 vector). Weights and biases come
+ * from the compute copy registered with
  * backend_add_compute_weights (a bf16 twin on CUDA, re-cast once per step by
  * backend_recast_weights; on the CPU the rounding is emulated at the same
  * points so CPU tests prove the logic).

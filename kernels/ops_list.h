@@ -52,7 +52,8 @@ OP(gemm, GEMM, REF, OWN,
    (trans_a, trans_b, M, N, K, alpha, A, B, beta, C))
 
 /* ---- Linear (GEMM + bias) ----------------------------------------------
- * y = x W^T + b. b may be NULL. */
+ * y = x W^T + b. b may be NULL. In bf16 mode b enters as bf16(b), like W
+ * (backend.h's precision rule), in every linear_fwd form. */
 OP(linear_fwd, GEMM, REF, OWN,
    (float *y,        // (N, out)
     const float *x,  // (N, in)

@@ -25,9 +25,16 @@ static size_t scratch_x(bool bf16, size_t n_elems, bool x16) {
     return x16 ? scratch_gemm_operand_x16(bf16, n_elems) : scratch_gemm_operand(bf16, n_elems, false);
 }
 
-size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16) {
-    if (N <= 0 || in <= 0 || out <= 0) return 0;
-    return scratch_x(bf16, (size_t)N * in, x16) + scratch_gemm_operand(bf16, (size_t)out * in, w_twin);
+size_t scratch_bias_rounded(bool bf16, int out, bool bias) {
+    if (!bf16 || !bias || out <= 0) return 0;
+    return scratch_round((size_t)out * sizeof(float));
+}
+
+size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool bias) {
+    if (N <= 0 || out <= 0) return 0;
+    const size_t b = scratch_bias_rounded(bf16, out, bias);
+    if (in <= 0) return b;
+    return scratch_x(bf16, (size_t)N * in, x16) + scratch_gemm_operand(bf16, (size_t)out * in, w_twin) + b;
 }
 
 int scratch_out16_rows(int N, int out) {
@@ -36,11 +43,12 @@ int scratch_out16_rows(int N, int out) {
     return rows < 1 ? 1 : rows < (size_t)N ? (int)rows : N;
 }
 
-size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool has_tmp) {
-    const size_t whole = scratch_linear_fwd(bf16, N, in, out, w_twin, x16);
+size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool bias, bool has_tmp) {
+    const size_t whole = scratch_linear_fwd(bf16, N, in, out, w_twin, x16, bias);
     if (has_tmp || N <= 0 || in <= 0 || out <= 0) return whole;
     const int R = scratch_out16_rows(N, out);  // the row chunks through fp32, should the one GEMM be refused
-    const size_t chunks = scratch_round((size_t)R * out * sizeof(float)) + scratch_linear_fwd(bf16, R, in, out, w_twin, x16);
+    const size_t chunks =
+        scratch_round((size_t)R * out * sizeof(float)) + scratch_linear_fwd(bf16, R, in, out, w_twin, x16, bias);
     return whole > chunks ? whole : chunks;
 }
 

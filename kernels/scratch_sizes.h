@@ -49,8 +49,14 @@ size_t scratch_gemm(bool bf16, int M, int N, int K, bool a_twin, bool b_twin);
 /* An operand given as bf16 bits alone (the x16 linear layers' x): nothing
  * in bf16 mode, its widened fp32 copy in fp32. */
 size_t scratch_gemm_operand_x16(bool bf16, size_t n_elems);
-/* x16: x comes as bf16 bits (op_linear_fwd_x16 / op_linear_bwd_x16). */
-size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16);
+/* A linear layer's bias in bf16 mode, where it enters rounded to bf16 as its
+ * weight does (ops_list.h): room for the (out) rounded vector, fp32 for an
+ * fp32 output or bf16 for a bf16 one (when the caller holds no aligned
+ * bf16 twin of it); nothing in fp32 or without a bias. */
+size_t scratch_bias_rounded(bool bf16, int out, bool bias);
+/* x16: x comes as bf16 bits (op_linear_fwd_x16 / op_linear_bwd_x16); bias:
+ * the layer has one (scratch_bias_rounded, after the operands). */
+size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool bias);
 /* fused_bgrad: the bias gradient is tried in the dW GEMM's epilogue (fp32
  * with fused epilogues on), whose (out) vector takes scratch too. */
 size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
@@ -62,7 +68,7 @@ size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_d
  * floats at most (one row more when a row is longer). */
 #define SCRATCH_OUT16_CHUNK_ELEMS ((size_t)4 << 20)
 int scratch_out16_rows(int N, int out);
-size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool has_tmp);
+size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool bias, bool has_tmp);
 /* linear_bwd_relu_x16: in bf16 with db, dx or dW wanted and in > 0, the
  * bias pass masks dy as it copies it: linear_bwd's x16 bytes; otherwise
  * the masked fp32 dy is made first, (N, out) floats more. */

@@ -60,7 +60,7 @@ static void r_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float alp
 }
 static void r_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
                          int out) {
-    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), false));
+    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), false, b != NULL));
     g_cpu->linear_fwd(be, y, x, W, b, N, in, out);
 }
 static void r_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
@@ -71,12 +71,12 @@ static void r_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, fl
 }
 static void r_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
                              int in, int out) {
-    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), true));
+    note(scratch_linear_fwd(bf16(be), N, in, out, twin(be, W), true, b != NULL));
     g_cpu->linear_fwd_x16(be, y, x16, W, b, N, in, out);
 }
 static void r_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
                            const float *W, const float *b, bool relu, int N, int in, int out) {
-    note(scratch_linear_fwd16(bf16(be), N, in, out, twin(be, W), x16 != NULL, tmp != NULL));
+    note(scratch_linear_fwd16(bf16(be), N, in, out, twin(be, W), x16 != NULL, b != NULL, tmp != NULL));
     g_cpu->linear_fwd16(be, y16, tmp, x, x16, W, b, relu, N, in, out);
 }
 static void r_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,

@@ -135,23 +135,26 @@ static void t_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float alp
 }
 
 /* The forward's operands as the GEMM multiplies them, in the workspace
- * after its first `skip` floats: x (fp32, or x16 widened) and W, rounded to
- * bf16 in bf16 mode (x16 needs no rounding: it is bf16 already). */
-static void fwd_operands(Backend *be, size_t skip, const float **x, const uint16_t *x16, const float **W, int N,
-                         int in, int out) {
-    const size_t nx = (size_t)N * in, nW = (size_t)out * in;
+ * after its first `skip` floats: x (fp32, or x16 widened), W and the bias
+ * (or NULL), rounded to bf16 in bf16 mode, the bias as its weight is
+ * (autocast's rule; x16 needs no rounding: it is bf16 already). */
+static void fwd_operands(Backend *be, size_t skip, const float **x, const uint16_t *x16, const float **W,
+                         const float **b, int N, int in, int out) {
+    const size_t nx = (size_t)N * in, nW = (size_t)out * in, nb = *b ? (size_t)out : 0;
     const bool bf16 = be->dtype == DTYPE_BF16;
     if (!bf16 && !x16) return;
-    float *ws = operand_space(be, skip + nx + nW) + skip;
+    float *ws = operand_space(be, skip + nx + nW + nb) + skip;
     if (x16) cpu_from_bf16(ws, x16, nx);
     else rounded(*x, nx, ws);
     *x = ws;
-    if (bf16) *W = rounded(*W, nW, ws + nx);
+    if (!bf16) return;
+    *W = rounded(*W, nW, ws + nx);
+    if (*b) *b = rounded(*b, nb, ws + nx + nW);
 }
 
 static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, const float *b, int N, int in,
                          int out) {
-    fwd_operands(be, 0, &x, NULL, &W, N, in, out);
+    fwd_operands(be, 0, &x, NULL, &W, &b, N, in, out);
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
@@ -183,7 +186,7 @@ static const float *widened(Backend *be, const uint16_t *x16, size_t n, size_t a
 static void t_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
                              int in, int out) {
     const float *x = NULL;
-    fwd_operands(be, 0, &x, x16, &W, N, in, out);
+    fwd_operands(be, 0, &x, x16, &W, &b, N, in, out);
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
@@ -229,8 +232,8 @@ static void t_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *
     TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
     const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
     const size_t skip = tmp ? 0 : n;
-    if (!tmp) tmp = operand_space(be, n + (size_t)N * in + (size_t)out * in);
-    fwd_operands(be, skip, &x, x16, &W, N, in, out);
+    if (!tmp) tmp = operand_space(be, n + (size_t)N * in + (size_t)out * in + (b ? (size_t)out : 0));
+    fwd_operands(be, skip, &x, x16, &W, &b, N, in, out);
     cpu_linear_fwd(tmp, x, W, b, N, in, out);
     if (relu) cpu_act_fwd16(y16, tmp, n, ACT_RELU);
     else cpu_to_bf16(y16, tmp, n);

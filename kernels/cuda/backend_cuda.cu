@@ -220,9 +220,9 @@ static void cu_gemm(Backend *be, bool ta, bool tb, int M, int N, int K, float al
 static void linear_fwd_on(Backend *be, float *y, CudaGemmOperand x, const float *W, const float *b, int N, int in,
                           int out) {
     CudaGemmCtx *g = impl_of(be)->gemm;
-    const CudaGemmOperand w = operand_of(be, W);
-    const size_t need = cuda_linear_fwd_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x.f32 && x.bf16);
-    cuda_op_linear_fwd(g, y, x, w, b, N, in, out, scratch(be, need), need);
+    const CudaGemmOperand w = operand_of(be, W), bias = operand_of(be, b);
+    const size_t need = cuda_linear_fwd_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x.f32 && x.bf16, b != NULL);
+    cuda_op_linear_fwd(g, y, x, w, bias, N, in, out, scratch(be, need), need);
 }
 
 static void linear_bwd_on(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
@@ -257,9 +257,9 @@ static void cu_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float 
                             const float *W, const float *b, bool relu, int N, int in, int out) {
     TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
     CudaGemmCtx *g = impl_of(be)->gemm;
-    const CudaGemmOperand w = operand_of(be, W), xo = x ? x_f32(x) : x_bf16(x16);
-    const size_t need = cuda_linear_fwd16_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x, tmp != NULL);
-    cuda_op_linear_fwd16(g, y16, tmp, xo, w, b, relu, N, in, out, scratch(be, need), need);
+    const CudaGemmOperand w = operand_of(be, W), bias = operand_of(be, b), xo = x ? x_f32(x) : x_bf16(x16);
+    const size_t need = cuda_linear_fwd16_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x, b != NULL, tmp != NULL);
+    cuda_op_linear_fwd16(g, y16, tmp, xo, w, bias, relu, N, in, out, scratch(be, need), need);
 }
 
 static void cu_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,

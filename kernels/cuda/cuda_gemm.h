@@ -18,8 +18,11 @@
  * Precision: CUDA_GEMM_FP32 multiplies fp32 inputs with fp32 compute
  * (CUBLAS_COMPUTE_32F, no TF32): results match the CPU reference to fp32
  * rounding. CUDA_GEMM_BF16 multiplies bf16 operands on tensor cores with
- * fp32 accumulation and writes fp32 outputs; C, biases and gradients stay
- * fp32. An operand comes as a CudaGemmOperand: its fp32 values and, where
+ * fp32 accumulation and writes fp32 outputs; C and gradients stay fp32, and
+ * a linear layer's bias enters as its bf16 rounding (backend.h's precision
+ * rule): an fp32 vector of those values for an fp32 output, a bf16 one for
+ * a bf16 output (cuBLASLt's bias has D's type). An operand, the bias too,
+ * comes as a CudaGemmOperand: its fp32 values and, where
  * the caller keeps one (the backend's compute weights, re-cast once per
  * step), its bf16 copy, used as is; otherwise the fp32 values are rounded
  * to bf16 copies in scratch (round to nearest even) on every call. This is
@@ -137,30 +140,30 @@ void cuda_op_gemm(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, in
  * or its bf16 bits alone (f32 NULL: the x16 ops' saved input), which bf16
  * multiplies as they are and fp32 widens into scratch (x_bf16_only). */
 size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
-                                     bool x_bf16_only);
+                                     bool x_bf16_only, bool has_bias);
 void cuda_op_linear_fwd(CudaGemmCtx *ctx,
                         float *y,           // (N, out)
                         CudaGemmOperand x,  // (N, in)
                         CudaGemmOperand W,  // (out, in)
-                        const float *b,     // (out) or NULL
+                        CudaGemmOperand b,  // (out), or none (f32 NULL)
                         int N, int in, int out,
                         void *scratch,      // (scratch_bytes >= cuda_linear_fwd_scratch_bytes(...))
                         size_t scratch_bytes);
 
 /* y16 = bf16(act(x W^T + b)), act ReLU when relu, else none (ops_list.h's
  * linear_fwd16): one cuBLASLt GEMM storing bf16 (epilogue BIAS, RELU or
- * RELU_BIAS, fp32 bias) in bf16 precision when cuBLASLt has an algorithm;
+ * RELU_BIAS, bf16 bias) in bf16 precision when cuBLASLt has an algorithm;
  * otherwise cuda_op_linear_fwd into tmp (N, out) and the rounding kernel,
  * or with tmp NULL the same in row chunks through fp32 room in scratch
  * (scratch_linear_fwd16). has_tmp: tmp will be given. */
 size_t cuda_linear_fwd16_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
-                                       bool x_bf16_only, bool has_tmp);
+                                       bool x_bf16_only, bool has_bias, bool has_tmp);
 void cuda_op_linear_fwd16(CudaGemmCtx *ctx,
                           uint16_t *y16,      // (N, out) bf16 bits
                           float *tmp,         // (N, out) or NULL
                           CudaGemmOperand x,  // (N, in)
                           CudaGemmOperand W,  // (out, in)
-                          const float *b,     // (out) or NULL
+                          CudaGemmOperand b,  // (out), or none (f32 NULL)
                           bool relu, int N, int in, int out,
                           void *scratch,      // (scratch_bytes >= cuda_linear_fwd16_scratch_bytes(...))
                           size_t scratch_bytes);

@@ -68,6 +68,14 @@ static __global__ void gemm_f32_to_bf16_x8_kernel(uint4 *dst,          // (n_vec
     }
 }
 
+// x's bf16 rounding, kept as fp32 (a bias in bf16 precision, fp32 output).
+static __global__ void gemm_round_bf16_kernel(float *dst,        // (n_elems)
+                                              const float *src,  // (n_elems)
+                                              size_t n_elems) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_elems; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(__float2bfloat16_rn(src[i]));
+}
+
 static __global__ void gemm_accumulate_kernel(float *y,        // (n_elems)
                                               const float *x,  // (n_elems)
                                               size_t n_elems) {
@@ -139,6 +147,33 @@ static const void *operand(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand x, si
     return place;
 }
 
+// The bias as the GEMM adds it (backend.h's precision rule). fp32: b's own
+// values. bf16: their rounding, a bf16 vector for a bf16 output (the
+// caller's aligned twin as it is, where it gives one) or an fp32 vector
+// for an fp32 output (the twin widened, or the values rounded), in the
+// (out) floats of scratch the size functions hold for it
+// (scratch_bias_rounded), carved whether the twin serves or not. NULL: no
+// bias. bias_place says where, bias_fill writes it.
+static const void *bias_place(CudaGemmCtx *ctx, TpCarver *cv, CudaGemmOperand b, int out, cudaDataType_t d_type) {
+    if (!b.f32) return NULL;
+    if (ctx->precision == CUDA_GEMM_FP32) return b.f32;
+    void *room = tp_carve(cv, (size_t)out * sizeof(float));
+    return d_type == CUDA_R_16BF && b.bf16 ? (const void *)b.bf16 : room;
+}
+
+static void bias_fill(CudaGemmCtx *ctx, const void *place, CudaGemmOperand b, int out, cudaDataType_t d_type) {
+    if (!b.f32 || ctx->precision == CUDA_GEMM_FP32 || place == (const void *)b.bf16) return;
+    if (d_type == CUDA_R_16BF) {
+        launch_f32_to_bf16(ctx->stream, (void *)place, b.f32, (size_t)out);
+    } else if (b.bf16) {
+        cuda_op_from_bf16((float *)place, b.bf16, (size_t)out, ctx->stream);
+    } else {
+        gemm_round_bf16_kernel<<<tp_grid_1d((size_t)out, BLOCK), BLOCK, 0, ctx->stream>>>((float *)place, b.f32,
+                                                                                        (size_t)out);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
 static TpCarver carver_of(void *scratch, size_t scratch_bytes, size_t need, const char *op) {
     TP_CHECK(scratch_bytes >= need, "%s: %zu bytes of scratch given, %zu needed", op, scratch_bytes, need);
     return tp_carver(scratch, scratch_bytes, op);
@@ -194,22 +229,25 @@ static bool given(CudaGemmOperand x) { return x.f32 || x.bf16; }
 static bool bf16_only(CudaGemmOperand x) { return !x.f32 && x.bf16; }
 
 extern "C" size_t cuda_linear_fwd_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
-                                                bool x_bf16_only) {
-    return scratch_linear_fwd(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16, x_bf16_only);
+                                                bool x_bf16_only, bool has_bias) {
+    return scratch_linear_fwd(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16, x_bf16_only, has_bias);
 }
 
-// y (N, out), x (N, in), W (out, in), b (out) or NULL
-extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, CudaGemmOperand x, CudaGemmOperand W, const float *b,
-                                   int N, int in, int out, void *scratch, size_t scratch_bytes) {
+// y (N, out), x (N, in), W (out, in), bias (out) or none (f32 NULL)
+extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, CudaGemmOperand x, CudaGemmOperand W,
+                                   CudaGemmOperand bias, int N, int in, int out, void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "cuda_op_linear_fwd: negative size N=%d in=%d out=%d", N, in, out);
     if (N == 0 || out == 0) return;
     TP_CHECK(y && (in == 0 || (given(x) && W.f32)), "cuda_op_linear_fwd: NULL tensor (N=%d in=%d out=%d)", N, in,
              out);
     TpCarver cv = carver_of(scratch, scratch_bytes,
-                            cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x)),
+                            cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x),
+                                                          bias.f32 != NULL),
                             "cuda_op_linear_fwd");
     const void *xa = in ? operand(ctx, &cv, x, (size_t)N * in) : NULL;
     const void *wa = in ? operand(ctx, &cv, W, (size_t)out * in) : NULL;
+    const float *b = (const float *)bias_place(ctx, &cv, bias, out, CUDA_R_32F);
+    bias_fill(ctx, b, bias, out, CUDA_R_32F);
     bool fused = false;
     if (b && ctx->fuse && in > 0)  // y = x W^T + b in one pass (bias along D_lt's rows = out)
         fused = gemm_lt_matmul(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y,
@@ -225,8 +263,9 @@ extern "C" void cuda_op_linear_fwd(CudaGemmCtx *ctx, float *y, CudaGemmOperand x
 }
 
 extern "C" size_t cuda_linear_fwd16_scratch_bytes(const CudaGemmCtx *ctx, int N, int in, int out, bool w_has_bf16,
-                                                  bool x_bf16_only, bool has_tmp) {
-    return scratch_linear_fwd16(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16, x_bf16_only, has_tmp);
+                                                  bool x_bf16_only, bool has_bias, bool has_tmp) {
+    return scratch_linear_fwd16(ctx->precision == CUDA_GEMM_BF16, N, in, out, w_has_bf16, x_bf16_only, has_bias,
+                                has_tmp);
 }
 
 // Rows [first, ...) of an (N, in) operand.
@@ -239,7 +278,7 @@ static CudaGemmOperand rows_from(CudaGemmOperand x, size_t first, int in) {
 // The fp32 product, then the rounding (with ReLU): into tmp whole, or with
 // no tmp in row chunks through fp32 room carved from the scratch.
 static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x, CudaGemmOperand W,
-                                  const float *b, bool relu, int N, int in, int out, void *scratch,
+                                  CudaGemmOperand b, bool relu, int N, int in, int out, void *scratch,
                                   size_t scratch_bytes) {
     int R = N;
     if (!tmp) {
@@ -262,26 +301,30 @@ static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, C
 }
 
 extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x,
-                                     CudaGemmOperand W, const float *b, bool relu, int N, int in, int out,
+                                     CudaGemmOperand W, CudaGemmOperand bias, bool relu, int N, int in, int out,
                                      void *scratch, size_t scratch_bytes) {
     const char *op = "cuda_op_linear_fwd16";
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
     if (N == 0 || out == 0) return;
     TP_CHECK(y16 && (in == 0 || (given(x) && W.f32)), "%s: NULL tensor (N=%d in=%d out=%d)", op, N, in, out);
+    const bool has_bias = bias.f32 != NULL;
     const size_t need =
-        cuda_linear_fwd16_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x), tmp != NULL);
+        cuda_linear_fwd16_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x), has_bias, tmp != NULL);
     TP_CHECK(scratch_bytes >= need, "%s: %zu bytes of scratch given, %zu needed", op, scratch_bytes, need);
     if (ctx->precision == CUDA_GEMM_BF16 && ctx->fuse && in > 0) {  // the GEMM stores bf16, after bias and ReLU
         TpCarver cv = carver_of(scratch, scratch_bytes,
-                                cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x)), op);
+                                cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x), has_bias),
+                                op);
         const size_t nx = (size_t)N * in, nw = (size_t)out * in;
         const void *xa = operand_place(ctx, &cv, x, nx), *wa = operand_place(ctx, &cv, W, nw);
+        const void *b = bias_place(ctx, &cv, bias, out, CUDA_R_16BF);  // bf16, as cuBLASLt wants it for bf16 D
         const cublasLtEpilogue_t epi = b ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
                                          : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
         // asked first: a plan cuBLASLt lacks costs no operand copies that the separate path makes again
         if (gemm_lt_supported(ctx, false, true, N, out, in, xa, wa, ab_type_of(ctx), y16, CUDA_R_16BF, epi, b)) {
             operand_fill(ctx, xa, x, nx);
             operand_fill(ctx, wa, W, nw);
+            bias_fill(ctx, b, bias, out, CUDA_R_16BF);
             if (gemm_lt_matmul_d(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y16,
                                  CUDA_R_16BF, epi, b)) {
                 ctx->stats.n_out16_fused++;
@@ -291,7 +334,7 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
             ctx->stats.n_out16_unplanned++;
         }
     }
-    linear_fwd16_separate(ctx, y16, tmp, x, W, b, relu, N, in, out, scratch, scratch_bytes);
+    linear_fwd16_separate(ctx, y16, tmp, x, W, bias, relu, N, in, out, scratch, scratch_bytes);
     ctx->stats.n_out16_separate++;
 }
 

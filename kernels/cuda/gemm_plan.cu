@@ -117,7 +117,7 @@ static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue,
                                                 sizeof k->epilogue));
     if (bias) {
-        const cudaDataType_t bias_type = CUDA_R_32F;  // bias and bias gradient are fp32 like D
+        const cudaDataType_t bias_type = k->d_type;  // the bias (or its gradient) has D's type (cublasLt.h)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                     sizeof bias_type));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,

@@ -47,7 +47,7 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
                     const void *A, const void *B, cudaDataType_t ab_type, float beta, float *C,
                     cublasLtEpilogue_t epilogue, const void *bias);
 /* The same with C of type d_type (CUDA_R_16BF: the fp32 result, bias and
- * ReLU applied, rounded as it is stored); the bias stays fp32. */
+ * ReLU applied, rounded as it is stored); the bias has C's type. */
 bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const void *A, const void *B, cudaDataType_t ab_type, float beta, void *C,
                       cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias);

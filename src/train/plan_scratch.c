@@ -23,6 +23,7 @@ typedef struct {
     bool bf16, fused_bgrad;  // fused_bgrad: fp32 (the dW GEMM's bias epilogue)
     int tp;
     bool sp;
+    bool decoding;  // in decode.c's steps (which biases reach the GEMMs)
     size_t need;
 } Walk;
 
@@ -39,10 +40,20 @@ static bool twin(const Walk *w, const char *prefix, const char *weight) {
 
 static int rows(const Walk *w, int N) { return w->sp ? (N + w->tp - 1) / w->tp : N; }
 
+/* Whether the model passes this layer's bias to its GEMM: q, v and fc1 in
+ * training (out_proj's and fc2's are added with the residual); decoding
+ * passes every bias but k's and the output layer's (none). */
+static bool biased(const char *weight, bool decoding) {
+    if (!strcmp(weight, "k_proj") || !strcmp(weight, "embed")) return false;
+    if (decoding) return true;
+    return strcmp(weight, "out_proj") != 0 && strcmp(weight, "fc2") != 0;
+}
+
 /* x16: the input is a tensor the model keeps in bf16 (model.c's Kept, in
  * bf16 mode), which the GEMM takes as it is (op_linear_fwd_x16 / _bwd_x16). */
 static void fwd_x(Walk *w, const char *prefix, const char *weight, int N, int in, int out, bool x16) {
-    w->need = max_z(w->need, scratch_linear_fwd(w->bf16, N, in, out, twin(w, prefix, weight), x16));
+    w->need = max_z(w->need, scratch_linear_fwd(w->bf16, N, in, out, twin(w, prefix, weight), x16,
+                                                biased(weight, w->decoding)));
 }
 
 static void fwd(Walk *w, const char *prefix, const char *weight, int N, int in, int out) {
@@ -123,7 +134,8 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
         ffn(&w, cfg, layer, Nt, backward);
     }
     if (st->head) {  // the tied output layer (bf16: logits stored as bf16, no tmp), the loss sum
-        if (bf16) w.need = max_z(w.need, scratch_linear_fwd16(bf16, Nt, C, Vl, twin(&w, "", "embed"), false, false));
+        if (bf16) w.need = max_z(w.need, scratch_linear_fwd16(bf16, Nt, C, Vl, twin(&w, "", "embed"), false, false,
+                                                                            false));
         else fwd(&w, "", "embed", Nt, C, Vl);
         w.need = max_z(w.need, scratch_sum((size_t)Nt));
         if (backward) {
@@ -155,6 +167,7 @@ size_t planner_scratch_decode(const ModelConfig *cfg, bool bf16, int n, int S, i
         attn(&w, cfg, layer, "self_attn", Ns, Ns, false, false, false);
         ffn(&w, cfg, layer, Ns, false);
     }
+    w.decoding = true;
     for (int l = 0; l < cfg->dec_layers; l++) {  // state_init's cross keys and values, then a step's rows
         snprintf(layer, sizeof layer, "decoder.layers.%d", l);
         snprintf(p, sizeof p, "%s.cross_attn", layer);

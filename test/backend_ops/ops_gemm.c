@@ -7,7 +7,8 @@
  * CUDA) and outside; on CUDA with the fused epilogues and the
  * separate bias kernels; run-to-run determinism; the compute weights'
  * rounding. In bf16 the reference is the fp32 one on operands rounded to
- * bf16 here (ref_bf16), biases and bias gradients from fp32 values; the CPU
+ * bf16 here (ref_bf16), the forward's bias rounded as well (backend.h's
+ * rule), bias gradients from fp32 values; the CPU
  * backend must match it bit for bit, the GPU within BF16_SAME_INPUT_TOL.
  * Negative controls show the comparisons reject a wrong transpose and a
  * planted error. */
@@ -224,10 +225,10 @@ static void linear_fwd_case(const Target *t, int mode, bool with_bias, bool regi
         cpu_linear_fwd(mag, xa, Wa, with_bias ? ba : NULL, N, in, out);  // the terms' magnitudes
         check_terms(t, what, got, want, mag, ny, BF16_TERM_TOL);
         free(xa), free(Wa), free(ba), free(mag);
-        float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw);
-        cpu_linear_fwd(want, xb, Wb, with_bias ? b : NULL, N, in, out);  // the bias stays fp32
+        float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw), *bb = host_bf16(b, out);
+        cpu_linear_fwd(want, xb, Wb, with_bias ? bb : NULL, N, in, out);  // the bias rounded like W
         check_rel(t, what, got, want, NULL, ny, tol(t, BF16_SAME_INPUT_TOL));
-        free(xb), free(Wb);
+        free(xb), free(Wb), free(bb);
     }
     if (!t->is_cpu) {
         const long fused = c1.bias_fused - c0.bias_fused, separate = c1.bias_separate - c0.bias_separate;
@@ -483,7 +484,7 @@ static void linear_db_case(const Target *t, int mode, int N, int in, int out, Rn
 }
 
 /* How many linear_fwd16 cases ran cuBLASLt's bf16-output path (CUDA): printed, for the GPU report. */
-static int g_out16_fused, g_out16_cases, g_out16_unplanned;
+static int g_out16_fused, g_out16_cases, g_out16_unplanned, g_out16_bias_fused;
 
 /* linear_fwd16 (bias or none, ReLU or none, x fp32 or bf16 bits) against
  * the same backend's linear_fwd (or _x16) then act_fwd16 / to_bf16: bit for
@@ -524,6 +525,7 @@ static void linear_fwd16_case(const Target *t, int mode, bool bias, bool relu, b
     if (!t->is_cpu) {
         fused = g1.out16_fused > g0.out16_fused;
         g_out16_fused += fused;
+        g_out16_bias_fused += fused && bias;
         g_out16_unplanned += g1.out16_unplanned > g0.out16_unplanned;
         g_out16_cases++;
         TCHECK(g1.out16_unplanned - g0.out16_unplanned <= g1.out16_separate - g0.out16_separate,
@@ -596,6 +598,9 @@ void test_linear(const Target *t, Rng *rng) {
         printf("test_backend_ops: %s: linear_fwd16 stored bf16 from the GEMM in %d of %d cases (the rest: fp32, "
                "then rounded; %d of them found no bf16-output plan before copying any operand)\n", t->name,
                g_out16_fused, g_out16_cases, g_out16_unplanned);
+    // the bf16 bias epilogue (cuBLASLt's bias has D's type) must have found a plan at least once
+    if (!t->is_cpu && t->bf16)
+        TCHECK(g_out16_bias_fused > 0, "%s: no biased linear_fwd16 stored bf16 from the GEMM", t->name);
     linear_bwd_out0(t, rng);
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA
