@@ -52,7 +52,8 @@
 #          on the one GPU (tp = 4, shm staged) for their memory table
 #   s      (only when GPU_CHECK_STEPS names it) scripts/sweep_recipe.sh: the
 #          training recipes side by side on the one GPU, then the winner alone
-#          (SWEEP_STEPS, SWEEP_WINNER_MINUTES and the rest from the environment)
+#          (SWEEP_STEPS, SWEEP_WINNER_MINUTES and the rest from the environment;
+#          SWEEP_WINNER=NAME: the winner alone, the second of two commands)
 # Output under $OUT (else ./gpu_report): report.md (environment, one line
 # per step with its time, totals), logs/STEP.log, the metrics files, and
 # nvidia-smi.txt, libraries.txt. Exit status 0 when no step failed.

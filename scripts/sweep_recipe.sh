@@ -21,6 +21,10 @@
 #    averaging the newest SWEEP_AVERAGE; the test set translated with
 #    whichever of the two had the higher dev BLEU (both printed), and with
 #    SWEEP_JAEN=1 the same recipe trained and scored ja->en.
+# SWEEP_WINNER=NAME skips 1 and 2: the named candidate is the winner. Where
+# one command may not run past a limit (a borrowed GPU's 10 minutes), the
+# comparison runs with SWEEP_WINNER_MINUTES=0 and the winner in a second
+# command with SWEEP_WINNER set to the name the first one printed.
 # The last lines name the winner, its flags and test BLEU.
 #
 # Environment: SWEEP_BIN (folder of train_mt and translate_mt; default
@@ -71,37 +75,39 @@ while read -r name rest; do
   names+=("$name") flagsets+=("$rest")
 done < <(if [ -n "${SWEEP_CANDIDATES:-}" ]; then cat "$SWEEP_CANDIDATES"; else default_candidates; fi)
 [ "${#names[@]}" -gt 0 ] || { echo "sweep_recipe: no candidates" >&2; exit 2; }
-echo "sweep_recipe: ${#names[@]} candidates side by side, $steps steps each, dev BLEU every $eval_every; train_mt from $bin"
-
-# 1. the tokenizers, one at a time (a candidate's --spm-vocab-size), then every candidate at once
-declare -A prepared=()
-for i in "${!names[@]}"; do
-  read -r -a f <<< "${flagsets[$i]}"
-  v=default
-  for ((k = 0; k < ${#f[@]}; k++)); do [ "${f[$k]}" = --spm-vocab-size ] && v=${f[$((k + 1))]:-default}; done
-  [ -n "${prepared[$v]:-}" ] && continue
-  prepared[$v]=1
-  "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps 1 --eval-interval 0 \
-    > "$out/prepare-$v.log" 2>&1 || { tail -n 5 "$out/prepare-$v.log"; echo "sweep_recipe: preparing the data failed" >&2; exit 1; }
-done
-pids=()
-for i in "${!names[@]}"; do
-  read -r -a f <<< "${flagsets[$i]}"
-  "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps "$steps" --eval-interval "$eval_every" \
-    --metrics "$out/${names[$i]}.jsonl" > "$out/${names[$i]}.log" 2>&1 &
-  pids+=($!)
-done
-failed=0
-for i in "${!names[@]}"; do
-  wait "${pids[$i]}" || { failed=1; echo "sweep_recipe: ${names[$i]} failed: $(tail -n 1 "$out/${names[$i]}.log")" >&2; }
-done
-
-# 2. the table
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-printf '%s\n' "${names[@]}" > "$out/names.txt"
-printf '%s\n' "${flagsets[@]}" > "$out/flags.txt"
-winner=$("$py" - "$out" "${SWEEP_METRIC:-bleu}" <<'PY'
+failed=0
+# 1 and 2: the candidates side by side, then the table; sets winner.
+compare_candidates() {
+  echo "sweep_recipe: ${#names[@]} candidates side by side, $steps steps each, dev BLEU every $eval_every; train_mt from $bin"
+
+  # 1. the tokenizers, one at a time (a candidate's --spm-vocab-size), then every candidate at once
+  declare -A prepared=()
+  for i in "${!names[@]}"; do
+    read -r -a f <<< "${flagsets[$i]}"
+    v=default
+    for ((k = 0; k < ${#f[@]}; k++)); do [ "${f[$k]}" = --spm-vocab-size ] && v=${f[$((k + 1))]:-default}; done
+    [ -n "${prepared[$v]:-}" ] && continue
+    prepared[$v]=1
+    "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps 1 --eval-interval 0 \
+      > "$out/prepare-$v.log" 2>&1 || { tail -n 5 "$out/prepare-$v.log"; echo "sweep_recipe: preparing the data failed" >&2; exit 1; }
+  done
+  pids=()
+  for i in "${!names[@]}"; do
+    read -r -a f <<< "${flagsets[$i]}"
+    "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps "$steps" --eval-interval "$eval_every" \
+      --metrics "$out/${names[$i]}.jsonl" > "$out/${names[$i]}.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!names[@]}"; do
+    wait "${pids[$i]}" || { failed=1; echo "sweep_recipe: ${names[$i]} failed: $(tail -n 1 "$out/${names[$i]}.log")" >&2; }
+  done
+
+  # 2. the table
+  printf '%s\n' "${names[@]}" > "$out/names.txt"
+  printf '%s\n' "${flagsets[@]}" > "$out/flags.txt"
+  winner=$("$py" - "$out" "${SWEEP_METRIC:-bleu}" <<'PY'
 import json, os, sys
 out, metric = sys.argv[1], sys.argv[2]
 key, better = ("dev_bleu", max) if metric == "bleu" else ("dev_loss", min)
@@ -145,9 +151,20 @@ for r in runs:
 open(os.path.join(out, "sweep.md"), "w").write("\n".join(lines) + "\n")
 print(ranked[0]["name"] if ranked else "")
 PY
-)
-cat "$out/sweep.md"
-[ -n "$winner" ] || { echo "sweep_recipe: no candidate was evaluated" >&2; exit 1; }
+  )
+  cat "$out/sweep.md"
+  [ -n "$winner" ] || { echo "sweep_recipe: no candidate was evaluated" >&2; exit 1; }
+}
+
+winner=${SWEEP_WINNER:-}
+if [ -n "$winner" ]; then
+  printf '%s\n' "${names[@]}" | grep -qxF -- "$winner" ||
+    { echo "sweep_recipe: SWEEP_WINNER=$winner is not a candidate (${names[*]})" >&2; exit 2; }
+  [ "$minutes" != 0 ] || { echo "sweep_recipe: SWEEP_WINNER with SWEEP_WINNER_MINUTES=0 runs nothing" >&2; exit 2; }
+  echo "sweep_recipe: no comparison (SWEEP_WINNER): $winner alone"
+else
+  compare_candidates
+fi
 wflags=""
 for i in "${!names[@]}"; do [ "${names[$i]}" = "$winner" ] && wflags=${flagsets[$i]}; done
 echo "sweep_recipe: winner $winner: $wflags"

@@ -5,7 +5,8 @@
 # no BLEU to rank by; checked against their metrics files),
 # the winner trains alone under --max-minutes, keeps the best and the
 # averaged checkpoint, and the test set is scored with whichever had the
-# higher dev BLEU. The figures prove the harness, not a recipe.
+# higher dev BLEU; then the same in two commands (SWEEP_WINNER). The
+# figures prove the harness, not a recipe.
 #   test_sweep_recipe.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -55,4 +56,25 @@ want = "averaged" if avg["dev_bleu"] > avg["best_single_dev_bleu"] else "best"
 assert which == want, (which, avg)
 print(f"scored the {which} checkpoint: averaged dev BLEU {avg['dev_bleu']:.2f}, best single {avg['best_single_dev_bleu']:.2f}")
 PY
+# The comparison and the winner in two commands (SWEEP_WINNER): the named
+# candidate, here the runner-up, trains alone with no comparison run; a
+# name that is not a candidate is refused before anything runs.
+other=$(sed -n '4s/^| 2 | \([^ ]*\) |.*/\1/p' sw/sweep.md)
+[ -n "$other" ] && [ "$other" != "$winner" ] || fail "no runner-up in sw/sweep.md"
+sweep2() {
+  SWEEP_BIN=$build SWEEP_DEVICE=cpu SWEEP_PRESET=tiny SWEEP_CANDIDATES=cands.txt SWEEP_EVAL=6 \
+    SWEEP_FLAGS="--spm-vocab-size 2000 --batch-tokens 512 --warmup 4" SWEEP_WINNER_MINUTES=0.05 SWEEP_AVERAGE=2 \
+    SWEEP_BEAM=0 SWEEP_WINNER=$1 bash "$here/../scripts/sweep_recipe.sh" "$corpus" sw2
+}
+rc=0
+sweep2 nosuch > bad.log 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "SWEEP_WINNER=nosuch is not a candidate" bad.log || { cat bad.log; fail "an unknown SWEEP_WINNER: exit $rc"; }
+[ ! -e sw2/winner-en-ja ] || fail "an unknown SWEEP_WINNER trained"
+mkdir -p sw2 && mv sw/cache sw2/cache  # the tokenizer the first command made
+sweep2 "$other" > sweep2.log 2>&1 || { tail -n 30 sweep2.log; fail "sweep_recipe.sh with SWEEP_WINNER failed"; }
+grep -q "^sweep_recipe: no comparison (SWEEP_WINNER): $other alone" sweep2.log || fail "no 'no comparison' line"
+[ ! -e sw2/sweep.md ] && [ ! -e "sw2/$winner.jsonl" ] || fail "SWEEP_WINNER still ran the comparison"
+grep -q "^sweep_recipe: en-ja: $other for 0.05 min: the \(best\|averaged\) checkpoint .*test BLEU = [0-9.]*" sweep2.log ||
+  { tail sweep2.log; fail "no test-set line for SWEEP_WINNER=$other"; }
+echo "SWEEP_WINNER: $other trained alone and scored; an unknown name refused"
 echo "test_sweep_recipe: ok"
