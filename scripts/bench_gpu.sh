@@ -24,6 +24,10 @@
 #    after the class table); both go in the report.
 # 3. PyTorch at its best on those batches (scripts/bench_torch_mt.py; see
 #    its header): eager, once per attention backend (BENCH_SDPA), then
+#    eager again in BENCH_EAGER_TRIALS - 1 fresh processes with the backend
+#    the first found fastest (eager's speed has moved by a third between
+#    runs on the same machine; the table takes its fastest trial and shows
+#    the others under "also tried"), then
 #    torch.compile(dynamic=True) with the backend eager found fastest
 #    (BENCH_COMPILE_SDPA=best, or a list); each after a warm-up over every
 #    distinct batch shape of the dump.
@@ -73,6 +77,7 @@
 # BENCH_PROFILE (PRESET-TOKENS-BUCKET of the --profile run, default that
 # configuration with the first bucket; "none"),
 # BENCH_STEPS (40), BENCH_WARMUP (10), BENCH_MODES ("eager compile"),
+# BENCH_EAGER_TRIALS (2: eager's processes per configuration),
 # BENCH_BUDGET (seconds, default 1500), BENCH_DEVICE (cuda; cpu runs the
 # harness on a CPU in fp32), BENCH_PYTHON (a python3 with torch; default the
 # first of python3 and /usr/bin/python3 that imports it), BENCH_PEAK_TFLOPS
@@ -93,6 +98,8 @@ tokens=${BENCH_TOKENS:-16384 4096}
 steps=${BENCH_STEPS:-40}
 warmup=${BENCH_WARMUP:-10}
 modes=${BENCH_MODES:-eager compile}
+eager_trials=${BENCH_EAGER_TRIALS:-2}
+[[ $eager_trials =~ ^[1-9][0-9]?$ ]] || { echo "bench_gpu: BENCH_EAGER_TRIALS=$eager_trials: a whole number from 1 to 99" >&2; exit 2; }
 buckets=${BENCH_BUCKETS:-1 8}
 # base at 16k tokens when it runs, else the first configuration: PyTorch's and the profile's
 read -r first_preset _ <<< "$presets"
@@ -137,11 +144,13 @@ failed=0
 left() { local l=$((t_end - SECONDS)); [ "$l" -gt 0 ] && echo "$l" || echo 1; }
 # row PRESET TOKENS BUCKET JSON...: each JSON line with the configuration added, appended to results.
 row() {
-  "$py" -c 'import json, sys
+  "$py" -c 'import json, os, sys
 for line in sys.argv[4:]:
     for l in line.splitlines():
         if l.strip():
-            r = json.loads(l); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2]), bucket=int(sys.argv[3])); print(json.dumps(r))' \
+            r = json.loads(l); r.update(preset=sys.argv[1], batch_tokens=int(sys.argv[2]), bucket=int(sys.argv[3]))
+            if os.environ.get("ROW_TRIAL"): r["trial"] = int(os.environ["ROW_TRIAL"])
+            print(json.dumps(r))' \
     "$@" >> "$results"
 }
 # fail_row PRESET TOKENS BUCKET RUN MODE LOG STATUS: a row naming the failure and its log's last line.
@@ -279,12 +288,15 @@ for bucket in $buckets; do
       for mode in $modes; do
         if [ "$mode" = compile ]; then
           for dyn in $compile_dynamic; do runs+=("compile $dyn"); done
+        elif [ "$mode" = eager ]; then
+          for ((t = 1; t <= eager_trials; t++)); do runs+=("eager true $t"); done
         else
           runs+=("$mode true")
         fi
       done
       for run in "${runs[@]}"; do
-        read -r mode dyn <<< "$run"
+        read -r mode dyn trial <<< "$run"
+        trial=${trial:-1}
         scope=model
         [[ $dyn != *:layers ]] || scope=layers
         dyn=${dyn%%:*}
@@ -293,7 +305,7 @@ for bucket in $buckets; do
           out_of_time "$preset" "$btok" "$bucket" pytorch "$mode" "${cfg_flops[$name]:-0}" && continue
         fi
         backends=$sdpa
-        if [ "$mode" = compile ] && [ "$compile_sdpa" = best ]; then  # the fastest backend eager found
+        if { [ "$mode" = compile ] && [ "$compile_sdpa" = best ]; } || [ "$trial" -gt 1 ]; then  # the fastest backend eager found
           backends=$("$py" - "$results" "$preset" "$btok" "$bucket" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -305,7 +317,9 @@ PY
         elif [ "$mode" = compile ]; then
           backends=$compile_sdpa
         fi
-        suffix=""
+        suffix="" row_trial=""
+        [ "$mode" != eager ] || [ "$eager_trials" = 1 ] || row_trial=$trial  # the rows say which trial
+        [ "$trial" = 1 ] || suffix="-trial$trial"
         [ "$dyn" = true ] || suffix="-dynamic-$dyn"
         [ "$scope" = model ] || suffix="$suffix-per-layer"
         log=$out/logs/$name.torch-$mode$suffix.log
@@ -317,11 +331,11 @@ PY
         t1=$SECONDS
         if r=$(timeout -k 5 "$cap" "$py" "$bench_py" run "$out/$name.batches.st" --mode "$mode" --device "$device" \
                  --dynamic "$dyn" --compile-scope "$scope" --dtype "$dtype" --warmup "$warmup" --sdpa "$backends" 2> "$log") && [ -n "$r" ]; then
-          row "$preset" "$btok" "$bucket" "$r"
+          ROW_TRIAL=$row_trial row "$preset" "$btok" "$bucket" "$r"
           measure "$mode" $((SECONDS - t1)) "$r"
         else
           st=$?
-          [ -z "$r" ] || row "$preset" "$btok" "$bucket" "$r"  # the backends finished before the failure
+          [ -z "$r" ] || ROW_TRIAL=$row_trial row "$preset" "$btok" "$bucket" "$r"  # the backends finished before the failure
           mode_name=$mode
           [ "$dyn" = true ] || mode_name="$mode dynamic=$dyn"
           [ "$scope" = model ] || mode_name="$mode_name per layer"

@@ -461,7 +461,7 @@ def cmd_run(a):
     bad = [n for n in names if n not in SDPA_NAMES + ("manual",)]
     if bad or not names:
         raise SystemExit(f"bench_torch_mt: --sdpa {a.sdpa}: each must be one of {', '.join(SDPA_NAMES)}")
-    if not hasattr(F, "scaled_dot_product_attention"):
+    if not hasattr(F, "scaled_dot_product_attention") and "manual" not in names:
         names = names + ["manual"]  # what runs on this PyTorch; the others are reported unavailable
     # process age when the trials begin: a trial's first_step_s adds its own time to its first step
     t_setup = age + time.perf_counter() - t_start if age is not None else None
@@ -532,9 +532,14 @@ def cmd_tptrain(a):
     return 0
 
 
+def backend_name(r):
+    """A row's attention backend, with its trial where eager ran more than once."""
+    return r.get("backend", "?") + (f" (trial {r['trial']})" if r.get("trial") else "")
+
+
 def fmt_tried(r, best):
     """A short note on a row that is not its mode's fastest."""
-    b = r.get("backend", "?")
+    b = backend_name(r)
     for k in ("unavailable", "rejected", "error", "skipped"):
         if k in r:
             return f"{b}: {k} ({str(r[k])[:60]})"
@@ -574,7 +579,7 @@ def cmd_table(a):
                       and "tokens_per_s" in r), None)
         for r in rs:
             name = r["framework"] + (f" {r['mode']}" if r.get("mode") else "")
-            head = f"| {preset} | {btok} | {bucket} | {name} | {r.get('backend', '-')} |"
+            head = f"| {preset} | {btok} | {bucket} | {name} | {backend_name(r) if 'backend' in r else '-'} |"
             tried = "; ".join(r["tried"]).replace("|", "/") or "-"
             if "tokens_per_s" not in r:
                 why = str(r.get("skipped") or r.get("error") or r.get("rejected") or r.get("unavailable"))
