@@ -282,8 +282,9 @@ static const Flag TRAIN_FLAGS[] = {
              "results are bit for bit those of off (--length-bucket makes shapes repeat); auto: on for one CUDA "
              "rank with --length-bucket above 1 and no --profile, else off"},
     {CHOICE_("dtype", "Parallelism", "fp32|bf16", DTYPE_VALUES, dtype), .dflt_note = "bf16 on cuda, fp32 on cpu",
-     .help = "precision: bf16 GEMM operands with fp32 accumulation, activations kept in bf16 where backward "
-             "reads them only as GEMM operands, attention on bf16 q, k, v; fp32 master weights and optimizer"},
+     .help = "precision: bf16 GEMM operands (linear biases too, as autocast) with fp32 accumulation, activations "
+             "kept in bf16 where backward reads them only as GEMM operands, attention on bf16 q, k, v; fp32 master "
+             "weights and optimizer"},
     /* Evaluation */
     {INT_("eval-interval", "Evaluation", "N", eval_interval, 0, 1 << 30), .dflt_note = PRESET_NOTE,
      .help = "dev loss and dev BLEU every N steps and at the end; 0: never"},
