@@ -134,9 +134,10 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
         ffn(&w, cfg, layer, Nt, backward);
     }
     if (st->head) {  // the tied output layer (bf16: logits stored as bf16, no tmp), the loss sum
-        if (bf16) w.need = max_z(w.need, scratch_linear_fwd16(bf16, Nt, C, Vl, twin(&w, "", "embed"), false, false,
-                                                                            false));
-        else fwd(&w, "", "embed", Nt, C, Vl);
+        if (bf16)  // no bias, x fp32, no tmp
+            w.need = max_z(w.need, scratch_linear_fwd16(bf16, Nt, C, Vl, twin(&w, "", "embed"), false, false, false));
+        else
+            fwd(&w, "", "embed", Nt, C, Vl);
         w.need = max_z(w.need, scratch_sum((size_t)Nt));
         if (backward) {
             const bool tw = twin(&w, "", "embed");
