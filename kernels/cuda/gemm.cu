@@ -35,7 +35,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda_kernel_util.cuh"
-#include "cuda_ops.h"  // cuda_op_bias_add, cuda_op_bias_bwd: the separate bias kernels (bias.cu)
+#include "cuda_ops.h"  // the separate bias kernels (bias.cu) and the conversions (convert.cu)
 #include "gemm_plan.h"
 
 #define BLOCK 256u
@@ -66,14 +66,6 @@ static __global__ void gemm_f32_to_bf16_x8_kernel(uint4 *dst,          // (n_vec
         o.w = *(const unsigned *)&p3;
         dst[i] = o;
     }
-}
-
-// x's bf16 rounding, kept as fp32 (a bias in bf16 precision, fp32 output).
-static __global__ void gemm_round_bf16_kernel(float *dst,        // (n_elems)
-                                              const float *src,  // (n_elems)
-                                              size_t n_elems) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_elems; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(__float2bfloat16_rn(src[i]));
 }
 
 static __global__ void gemm_accumulate_kernel(float *y,        // (n_elems)
@@ -167,10 +159,10 @@ static void bias_fill(CudaGemmCtx *ctx, const void *place, CudaGemmOperand b, in
         launch_f32_to_bf16(ctx->stream, (void *)place, b.f32, (size_t)out);
     } else if (b.bf16) {
         cuda_op_from_bf16((float *)place, b.bf16, (size_t)out, ctx->stream);
-    } else {
-        gemm_round_bf16_kernel<<<tp_grid_1d((size_t)out, BLOCK), BLOCK, 0, ctx->stream>>>((float *)place, b.f32,
-                                                                                        (size_t)out);
-        CUDA_CHECK(cudaGetLastError());
+    } else {  // the values, then convert.cu's rounding of them (the CPU's bits)
+        CUDA_CHECK(cudaMemcpyAsync((void *)place, b.f32, (size_t)out * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   ctx->stream));
+        cuda_op_round_bf16((float *)place, (size_t)out, ctx->stream);
     }
 }
 
