@@ -4,7 +4,10 @@
 # PATH: no GPU keeps the CPU's 4 data-parallel ranks; 1 and 4 GPUs give one
 # rank per GPU (tprun --nproc_per_node=gpu) and the planner's layout
 # (--layout auto); CUDA_VISIBLE_DEVICES narrows the count; --direction ja-en
-# among the extra flags saves to checkpoints/jaen.
+# among the extra flags saves to checkpoints/jaen. On a GPU the run is the
+# measured recipe, bounded by time with its best checkpoint kept
+# (RUN_MAIN_MINUTES, RUN_MAIN_EVAL change the bound and the interval), and
+# the extra flags come after it, so a user's own win; on the CPU none of it.
 # Usage: test_run_main.sh RUN_MAIN_SH
 set -uo pipefail
 script=$1
@@ -43,6 +46,14 @@ choice one 1
 has "1 GPU: counted" one "run_main: 1 GPU(s) visible (nvidia-smi -L): one rank per GPU"
 has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data $corpus --log-interval 100 --layout auto --length-bucket 8"
 if grep -q -- "--nproc_per_node=4" "$work/one.out"; then bad "1 GPU: still 4 ranks"; else ok "1 GPU: not 4 ranks"; fi
+has "1 GPU: bounded by 10 minutes, the best and the averaged checkpoints kept" one \
+  "--batch-tokens 4096 --max-steps 1000000 --max-minutes 10 --eval-interval 500 --save-interval 500 --keep-last 3 --keep-best bleu --average-last 3 --metrics"
+has "1 GPU: the extra flags after the recipe" one "--save checkpoints/enja --max-steps 5"
+has "1 GPU: says why" one "run_main: the recipe measured best on a GPU (docs/quality.md)"
+has "1 GPU: the choice on dev announced" one "chosen on the dev set, and the test set scored with them"
+choice short 1 RUN_MAIN_MINUTES=3 RUN_MAIN_EVAL=250
+has "RUN_MAIN_MINUTES=3 RUN_MAIN_EVAL=250" short "--max-minutes 3 --eval-interval 250 --save-interval 250"
+if grep -qE -- "--max-minutes|--keep-best" "$work/cpu.out"; then bad "no GPU: the GPU's bound and keep-best"; else ok "no GPU: the cpu preset's own length"; fi
 choice four 4
 has "4 GPUs: counted" four "run_main: 4 GPU(s) visible"
 has "4 GPUs: one rank per GPU" four "tprun --nproc_per_node=gpu train_mt"
