@@ -5,22 +5,25 @@
 #   bash scripts/sweep_recipe.sh CORPUS_DIR [OUT_DIR]       # default OUT_DIR sweep/
 #
 # 1. Every candidate (SWEEP_CANDIDATES: a file of lines "NAME FLAGS...", '#'
-#    comments; default the list below) is a separate train_mt process with
-#    the same seed, data and SWEEP_FLAGS, all started at once (one GPU holds
-#    them all: at 4k tokens a run uses a small share of it), each for
-#    SWEEP_STEPS steps with dev BLEU every SWEEP_EVAL steps. The tokenizers
-#    the candidates need are prepared first, one at a time, so that no two
-#    runs build the same cache.
+#    comments; default the list below: few, so each gets a fair share of the
+#    machine) is a separate train_mt process with the same seed, data and
+#    SWEEP_FLAGS, all started at once (one GPU holds them all: at 4k tokens a
+#    run uses a small share of it), each ended by --max-minutes
+#    SWEEP_MINUTES (7: the horizon of the winner's run, not a few thousand
+#    steps, since the better-regularised recipes peak later; SWEEP_STEPS
+#    caps the steps as well); dev BLEU every SWEEP_EVAL steps.
+#    The tokenizers the candidates need are prepared first, one at a time,
+#    so that no two runs build the same cache.
 # 2. The table (OUT_DIR/sweep.md, one JSON line per candidate in
-#    sweep.jsonl): dev BLEU at every evaluation step all candidates reached
-#    (equal steps, not equal time: the runs share the machine), the best
-#    and where, the last, tokens/s; ranked by the best dev BLEU (or, with
-#    SWEEP_METRIC=loss, the lowest dev loss).
+#    sweep.jsonl): each candidate's best dev BLEU wherever it reached it
+#    (step and minute), its last, the steps it reached, tokens/s; ranked by
+#    the best dev BLEU (or, with SWEEP_METRIC=loss, the lowest dev loss).
 # 3. Unless SWEEP_WINNER_MINUTES is 0: the winner alone, ended by
 #    --max-minutes SWEEP_WINNER_MINUTES, keeping the best checkpoint and
-#    averaging the newest SWEEP_AVERAGE; the test set translated with
-#    whichever of the two had the higher dev BLEU (both printed), and with
-#    SWEEP_JAEN=1 the same recipe trained and scored ja->en.
+#    averaging the newest SWEEP_AVERAGE; scripts/score_run.sh then picks the
+#    checkpoint (best or averaged) and the length penalty (SWEEP_LENPENS) on
+#    dev and scores the test set; with SWEEP_JAEN=1 the same recipe trained
+#    and scored ja->en.
 # SWEEP_WINNER=NAME skips 1 and 2: the named candidate is the winner. Where
 # one command may not run past a limit (a borrowed GPU's 10 minutes), the
 # comparison runs with SWEEP_WINNER_MINUTES=0 and the winner in a second
@@ -30,10 +33,11 @@
 # Environment: SWEEP_BIN (folder of train_mt and translate_mt; default
 # build-gpu, else build), SWEEP_DEVICE (auto), SWEEP_PRESET (base),
 # SWEEP_FLAGS (more train_mt flags for every run; default
-# "--batch-tokens 4096 --length-bucket 8 --warmup 1000"), SWEEP_STEPS (3000),
-# SWEEP_EVAL (250), SWEEP_BEAM (beam for the test set, 5), SWEEP_AVERAGE (3),
-# SWEEP_WINNER_MINUTES (10), SWEEP_JAEN (0), SWEEP_CANDIDATES, SWEEP_METRIC
-# (bleu; loss ranks by dev loss, for runs too short for BLEU).
+# "--batch-tokens 4096 --length-bucket 8"), SWEEP_MINUTES (7), SWEEP_STEPS
+# (unset), SWEEP_EVAL (500), SWEEP_BEAM (beam for the test set, 5),
+# SWEEP_LENPENS ("0.6 1.0 1.4"), SWEEP_AVERAGE (3), SWEEP_WINNER_MINUTES
+# (10), SWEEP_JAEN (0), SWEEP_CANDIDATES, SWEEP_METRIC (bleu; loss ranks by
+# dev loss, for runs too short for BLEU).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 corpus=${1:-}
@@ -45,27 +49,27 @@ if [ -z "$bin" ]; then
   for d in "$root/build-gpu" "$root/build"; do [ -x "$d/train_mt" ] && { bin=$d; break; }; done
 fi
 [ -x "${bin:-}/train_mt" ] && [ -x "$bin/translate_mt" ] || { echo "sweep_recipe: no train_mt (set SWEEP_BIN)" >&2; exit 2; }
-steps=${SWEEP_STEPS:-3000} eval_every=${SWEEP_EVAL:-250} minutes=${SWEEP_WINNER_MINUTES:-10}
+eval_every=${SWEEP_EVAL:-500} minutes=${SWEEP_WINNER_MINUTES:-10}
 beam=${SWEEP_BEAM:-5} average=${SWEEP_AVERAGE:-3}
-read -r -a common <<< "${SWEEP_FLAGS:---batch-tokens 4096 --length-bucket 8 --warmup 1000}"
+bound=(--max-steps "${SWEEP_STEPS:-1000000}" --max-minutes "${SWEEP_MINUTES:-7}")
+bound_text="${SWEEP_MINUTES:-7} minutes${SWEEP_STEPS:+ (at most $SWEEP_STEPS steps)}"
+read -r -a common <<< "${SWEEP_FLAGS:---batch-tokens 4096 --length-bucket 8}"
 common=(--data "$corpus" --device "${SWEEP_DEVICE:-auto}" --preset "${SWEEP_PRESET:-base}" --seed 1
         --log-interval 100 "${common[@]}")
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
 cache=$out/cache
 
-# The candidates: the levers of a model that overfits 50k pairs (docs/quality.md).
+# The candidates: the levers of a model that overfits 50k pairs (docs/quality.md), few enough that each
+# gets a fair share of one GPU: the base preset's recipe (dropout 0.3), fairseq's recipe for IWSLT's 160k
+# pairs (a 1024-wide FFN and 4 heads), a 4000-piece vocabulary, and label smoothing 0.2.
 default_candidates() {
   cat <<'EOF'
 # name          flags (after the common ones)
-preset          --dropout 0.1
 drop3           --dropout 0.3
-drop3-lr1e3     --dropout 0.3 --lr 1e-3
+iwslt           --dropout 0.3 --ffn-hidden-size 1024 --heads 4
 drop3-vocab4k   --dropout 0.3 --spm-vocab-size 4000
 drop3-ls2       --dropout 0.3 --label-smoothing 0.2
-drop3-wd        --dropout 0.3 --weight-decay 0.1
-narrow-drop3    --dropout 0.3 --d-model 256 --ffn-hidden-size 1024 --heads 4
-shallow-drop3   --dropout 0.3 --encoder-layers 4 --decoder-layers 4
 EOF
 }
 names=() flagsets=()
@@ -80,7 +84,7 @@ py=/usr/bin/python3
 failed=0
 # 1 and 2: the candidates side by side, then the table; sets winner.
 compare_candidates() {
-  echo "sweep_recipe: ${#names[@]} candidates side by side, $steps steps each, dev BLEU every $eval_every; train_mt from $bin"
+  echo "sweep_recipe: ${#names[@]} candidates side by side, $bound_text each, dev BLEU every $eval_every; train_mt from $bin"
 
   # 1. the tokenizers, one at a time (a candidate's --spm-vocab-size), then every candidate at once
   declare -A prepared=()
@@ -96,7 +100,7 @@ compare_candidates() {
   pids=()
   for i in "${!names[@]}"; do
     read -r -a f <<< "${flagsets[$i]}"
-    "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" --max-steps "$steps" --eval-interval "$eval_every" \
+    "$bin/train_mt" "${common[@]}" "${f[@]}" --cache-dir "$cache" "${bound[@]}" --eval-interval "$eval_every" \
       --metrics "$out/${names[$i]}.jsonl" > "$out/${names[$i]}.log" 2>&1 &
     pids+=($!)
   done
@@ -120,34 +124,31 @@ for name, fl in zip(names, flags):
     path = os.path.join(out, name + ".jsonl")
     if os.path.exists(path):
         recs = [json.loads(l) for l in open(path) if l.strip()]
-    dev = {r["step"]: r[key] for r in recs if key in r and "averaged" not in r}
+    evals = [r for r in recs if key in r and "averaged" not in r]
+    dev = {r["step"]: r[key] for r in evals}
+    minute = {r["step"]: r.get("elapsed_s", float("nan")) / 60 for r in evals}
     tps = [r["tokens_per_s"] for r in recs if "tokens_per_s" in r and r.get("step", 0) > 1]
-    runs.append(dict(name=name, flags=fl, dev=dev, tokens_per_s=sum(tps) / len(tps) if tps else None))
-common = sorted(set.intersection(*(set(r["dev"]) for r in runs))) if runs else []
-for r in runs:
-    at = {s: r["dev"][s] for s in common}
-    r["best_step"], r["best"] = better(at.items(), key=lambda kv: kv[1]) if at else (None, None)
-    r["last"] = at[common[-1]] if common else None
+    steps = max((r["step"] for r in recs if "step" in r and "averaged" not in r), default=0)
+    r = dict(name=name, flags=fl, dev=dev, steps=steps, tokens_per_s=sum(tps) / len(tps) if tps else None)
+    # the best wherever the run reached it (the runs end by time, at different steps), the first among equals
+    r["best_step"], r["best"] = better(sorted(dev.items()), key=lambda kv: kv[1]) if dev else (None, None)
+    r["best_minute"] = minute.get(r["best_step"])
+    r["last"] = dev[max(dev)] if dev else None
+    runs.append(r)
 ranked = sorted([r for r in runs if r["best"] is not None], key=lambda r: -r["best"] if better is max else r["best"])
 with open(os.path.join(out, "sweep.jsonl"), "w") as f:
     for r in runs:
-        f.write(json.dumps({k: r[k] for k in ("name", "flags", "best", "best_step", "last", "tokens_per_s")}
-                           | {"metric": key, key: r["dev"]}) + "\n")
-cols = common  # at most about 8 columns: every stride-th step, and the last
-if len(common) > 8:
-    cols = common[:: len(common) // 8]
-    if cols[-1] != common[-1]:
-        cols.append(common[-1])
-lines = [f"| rank | candidate | flags | best {label} (step) | last | " + " | ".join(f"step {s}" for s in cols)
-         + " | tokens/s (shared) |",
-         "|---|---|---|---|---|" + "---|" * len(cols) + "---|"]
+        f.write(json.dumps({k: r[k] for k in ("name", "flags", "best", "best_step", "best_minute", "last", "steps",
+                                              "tokens_per_s")} | {"metric": key, key: r["dev"]}) + "\n")
+lines = [f"| rank | candidate | flags | best {label} (step, minute) | last | steps reached | tokens/s (shared) |",
+         "|---|---|---|---|---|---|---|"]
 for k, r in enumerate(ranked, 1):
     tps = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "-"
-    lines.append(f"| {k} | {r['name']} | `{r['flags']}` | {r['best']:.2f} ({r['best_step']}) | {r['last']:.2f} | "
-                 + " | ".join(f"{r['dev'][s]:.2f}" for s in cols) + f" | {tps} |")
+    lines.append(f"| {k} | {r['name']} | `{r['flags']}` | {r['best']:.2f} ({r['best_step']}, {r['best_minute']:.1f}) | "
+                 f"{r['last']:.2f} | {r['steps']} | {tps} |")
 for r in runs:
     if r["best"] is None:
-        lines.append(f"| - | {r['name']} | `{r['flags']}` | no evaluation at the common steps (failed?) |||" + "|" * len(cols))
+        lines.append(f"| - | {r['name']} | `{r['flags']}` | no evaluation (failed?) | - | {r['steps']} | - |")
 open(os.path.join(out, "sweep.md"), "w").write("\n".join(lines) + "\n")
 print(ranked[0]["name"] if ranked else "")
 PY
@@ -182,22 +183,10 @@ for dir in "${dirs[@]}"; do
     --max-minutes "$minutes" --eval-interval "$eval_every" --save "$w" --save-interval "$eval_every" \
     --keep-last "$average" --keep-best bleu --average-last "$average" --metrics "$w.jsonl" > "$w.log" 2>&1 ||
     { tail -n 5 "$w.log"; echo "sweep_recipe: the winner's $dir run failed" >&2; exit 1; }
-  pick=$("$py" - "$w.jsonl" <<'PY'
-import json, sys
-recs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-avg = [r for r in recs if "averaged" in r]
-if avg and avg[-1].get("dev_bleu") is not None and avg[-1]["dev_bleu"] > avg[-1].get("best_single_dev_bleu", -1):
-    print(f"averaged {avg[-1]['dev_bleu']:.2f} {avg[-1].get('best_single_dev_bleu', float('nan')):.2f}")
-else:
-    best = avg[-1].get("best_single_dev_bleu") if avg else max((r["dev_bleu"] for r in recs if "dev_bleu" in r), default=float("nan"))
-    other = avg[-1].get("dev_bleu") if avg else None
-    print(f"best {best:.2f} {other if other is not None else float('nan'):.2f}")
-PY
-)
-  read -r which dev_kept dev_other <<< "$pick"
-  "$bin/translate_mt" --model "$w/$which" --beam "$beam" --src "$corpus/test.$src" --ref "$corpus/test.$tgt" \
-    > "$w.test.$tgt" 2> "$w.test.log" || { cat "$w.test.log"; echo "sweep_recipe: translating the test set failed" >&2; exit 1; }
-  echo "sweep_recipe: $dir: $winner for $minutes min: the $which checkpoint (dev BLEU $dev_kept; the other $dev_other):" \
-       "test $(grep '^BLEU' "$w.test.log") $(grep '^chrF' "$w.test.log")"
+  SCORE_BIN=$bin SCORE_BEAM=$beam SCORE_LENPENS=${SWEEP_LENPENS:-0.6 1.0 1.4} SCORE_DEVICE=${SWEEP_DEVICE:-auto} \
+    bash "$root/scripts/score_run.sh" "$w" "$w.jsonl" "$corpus" "$src" "$tgt" "$w" > "$w.score.log" 2>&1 ||
+    { cat "$w.score.log"; echo "sweep_recipe: scoring the winner's $dir model failed" >&2; exit 1; }
+  sed 's/^score_run: /sweep_recipe: '"$dir"': /' "$w.score.log"
+  echo "sweep_recipe: $dir: $winner for $minutes min: $(tail -n 1 "$w.score.log" | sed 's/^score_run: //')"
 done
 exit "$failed"
