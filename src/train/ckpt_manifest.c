@@ -89,6 +89,8 @@ static int check_manifest_seal(const char *text, size_t n, const char *path, cha
 #define CKPT_MAX_WARMUP (1 << 30)
 #define CKPT_MAX_SEED 0x7fffffffLL         /* --seed's range */
 #define CKPT_MAX_POSITION INT_MAX          /* batches in an epoch are counted in int */
+#define CKPT_MAX_SPM_ALPHA 100.0           /* --spm-alpha's range */
+#define CKPT_MAX_SPM_NBEST 10000           /* --spm-nbest's range */
 #define CKPT_MAX_SECONDS 1e12              /* a --max-minutes run's clock (the flag allows 6e8 s) */
 #define CKPT_JSON_EXACT_MAX (1LL << 53)    /* larger JSON numbers lose digits */
 /* A shard's header (tensor entries and the split metadata): a few hundred
@@ -369,6 +371,13 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
                      path);
         goto done;
     }
+    /* data.spm_alpha / spm_nbest: subword sampling (absent before the record: off) */
+    double spm_alpha = 0.0;
+    int64_t spm_nbest = -1;
+    if (cJSON_GetObjectItemCaseSensitive(data, "spm_alpha") &&
+        (need_real(data, "data", "spm_alpha", 0.0, false, CKPT_MAX_SPM_ALPHA, false, &spm_alpha, path, err, err_len) ||
+         need_int(data, "data", "spm_nbest", -1, CKPT_MAX_SPM_NBEST, &spm_nbest, path, err, err_len)))
+        goto done;
     if (t != step) {
         tp_error_set(err, err_len, "%s: field 'optimizer.t' is %lld but 'step' is %lld: they must agree", path,
                      (long long)t, (long long)step);
@@ -419,6 +428,8 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         st->cursor = (DataCursor){.seed = (uint64_t)seed, .epoch = epoch, .position = position};
         st->synth_index = (uint64_t)synth_index;
         st->corpus = corpus;
+        st->spm_alpha = spm_alpha;
+        st->spm_nbest = (int)spm_nbest;
         if (task) snprintf(st->task, sizeof st->task, "%s", task->valuestring);
         st->zero_stage = (int)zero;
         st->zero_bucket_elems = (uint64_t)bucket_elems;
