@@ -179,6 +179,14 @@ static const Flag TRAIN_FLAGS[] = {
     {INT_("prep-workers", "Data", "N", prep_workers, 0, 1024), .dflt = "0",
      .help = "threads that encode the corpus when its cache is built (0: one per core)"},
     {SWITCH_("strict", "Data", strict), .help = "bad corpus lines are errors instead of skipped"},
+    {REAL_("spm-alpha", "Data", "A", spm_alpha, 0.0, 100.0, 0), .dflt = "0",
+     .help = "subword regularization (Kudo 2018, fairseq's --sentencepiece-enable-sampling, Marian's "
+             "--sentencepiece-alphas): each epoch every training sentence's segmentation is drawn anew, with "
+             "probabilities smoothed by A (0.1 to 0.5 typical; 0: off, the best segmentation); dev and test keep "
+             "the best"},
+    {INT_("spm-nbest", "Data", "N", spm_nbest, -1, 10000), .dflt = "-1",
+     .help = "--spm-alpha draws over the N best segmentations (at least 2), or -1: over all of them (the "
+             "lattice)"},
     {INT_("batch-tokens", "Data", "N", batch_tokens, 1, 1 << 30), .dflt = "4096",
      .help = "padded tokens per batch, like fairseq's max_tokens"},
     {INT_("length-bucket", "Data", "N", length_bucket, 1, 4096), .dflt = "1",
@@ -430,6 +438,15 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
     if (a->synthetic && (a->min_len > a->max_len || a->max_len + 1 > a->cfg.max_len)) {
         fprintf(stderr, "train_mt: --min-len %d / --seq-len %d must satisfy min <= seq and seq + 1 <= max-len %d\n",
                 a->min_len, a->max_len, a->cfg.max_len);
+        exit(2);
+    }
+    if (a->spm_nbest == 0 || a->spm_nbest == 1) {
+        fprintf(stderr, "train_mt: --spm-nbest %d: give -1 (the whole lattice) or at least 2; no sampling is "
+                        "--spm-alpha 0\n", a->spm_nbest);
+        exit(2);
+    }
+    if (a->synthetic && a->spm_alpha > 0) {
+        fprintf(stderr, "train_mt: --spm-alpha samples a corpus's segmentations; a --task has no tokenizer\n");
         exit(2);
     }
     if (a->synthetic && a->length_bucket > 1) {

@@ -36,6 +36,8 @@ typedef struct {
     int spm_sample;          // --spm-sample: sentences the tokenizer trains on
     int prep_workers;        // --prep-workers: encoding threads (0: one per core)
     int length_bucket;       // --length-bucket: padded lengths are multiples of this (1: none)
+    double spm_alpha;        // --spm-alpha: subword sampling's smoothing (0: off, the token files' best segmentation)
+    int spm_nbest;           // --spm-nbest: sample over the n best segmentations (-1: the whole lattice)
     bool profile;            // --profile: time per class of operation
     int cuda_graphs;         // --cuda-graphs: GRAPHS_ON, GRAPHS_OFF or GRAPHS_AUTO (run.c resolves it; train/graphs.h)
     int micro_batches;  // per dp rank and step (gradient accumulation)

@@ -48,6 +48,12 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
                      st.corpus ? "corpus" : "synthetic-task", a->synthetic ? "synthetic task" : "corpus");
         return -1;
     }
+    if (st.corpus && (st.spm_alpha != a->spm_alpha || (a->spm_alpha > 0 && st.spm_nbest != a->spm_nbest))) {
+        tp_error_set(err, err_len, "%s was saved with --spm-alpha %g --spm-nbest %d, this run has --spm-alpha %g "
+                     "--spm-nbest %d (each epoch's subword samples follow them): give the saved values to continue "
+                     "that run; nothing was trained", dir, st.spm_alpha, st.spm_nbest, a->spm_alpha, a->spm_nbest);
+        return -1;
+    }
     if (a->synthetic && st.task[0] && strcmp(st.task, synth_task_name(a->task)) != 0) {
         tp_error_set(err, err_len, "%s was saved from a run of the %s task, this run has --task %s; nothing was "
                      "trained", dir, st.task, synth_task_name(a->task));
@@ -87,7 +93,8 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
 
 void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, const char *pp_layout,
           const Horizon *hz, int step) {
-    TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index};
+    TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index,
+                     .spm_alpha = a->spm_alpha, .spm_nbest = a->spm_nbest};
     if (a->synthetic) snprintf(st.task, sizeof st.task, "%s", synth_task_name(a->task));
     horizon_save(hz, &st);
     snprintf(st.pp_layout, sizeof st.pp_layout, "%s", pp_layout);

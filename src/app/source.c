@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "data/corpus_list.h"
 #include "data/synthetic.h"
@@ -106,6 +107,37 @@ int source_train_dataset(const Source *src, Dataset *ds, int dp_rank, int shares
     return 0;
 }
 
+/* --spm-alpha: the training pairs' segmentations drawn anew each epoch
+ * (data/resample.h), on --prep-workers threads (0: this node's cores shared
+ * by its ranks); the first epoch now, each next one while the one before trains. */
+static int sampling_start(Source *src, const Runtime *rt, char *err, size_t err_len) {
+    const TrainArgs *a = src->args;
+    const TokenFile *tfs[DATASET_MAX_CORPORA];
+    for (int k = 0; k < src->n_train; k++) tfs[k] = &src->train_tf[k];
+    int workers = a->prep_workers;
+    if (workers <= 0) {
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        workers = (int)((cores > 0 ? cores : 1) / (rt->local_world > 0 ? rt->local_world : 1));
+        if (workers < 1) workers = 1;
+    }
+    if (resampler_init(&src->resample, src->spm, tfs, src->n_train, (float)a->spm_alpha, a->spm_nbest, a->seed,
+                       dataset_max_pieces(&src->train), workers, err, err_len))
+        return -1;
+    src->sampling = true;
+    dataset_set_epoch_files(&src->train, resampler_epoch_files, &src->resample);
+    if (rt->mesh.rank == 0) {
+        const ResampleEpoch *e = &src->resample.slot[src->resample.cur];
+        uint64_t best = 0, drawn = 0;
+        for (int k = 0; k < src->n_train; k++) best += src->train_tf[k].n_tokens, drawn += e->tf[k].n_tokens;
+        printf("train_mt: subword sampling (--spm-alpha %g, --spm-nbest %d): epoch %lld's segmentations drawn in "
+               "%.2f s on %d thread%s (%.0f pieces/s), %.3fx the pieces of the best; each next epoch is drawn while "
+               "the one before trains; dev keeps the best\n", a->spm_alpha, a->spm_nbest, (long long)e->epoch,
+               e->seconds, workers, workers == 1 ? "" : "s", e->seconds > 0 ? (double)drawn / e->seconds : 0.0,
+               best ? (double)drawn / (double)best : 1.0);
+    }
+    return 0;
+}
+
 int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime *rt, Startup *boot, char *err,
                 size_t err_len) {
     memset(src, 0, sizeof *src);
@@ -159,6 +191,7 @@ int source_open(Source *src, const TrainArgs *a, ModelConfig *cfg, const Runtime
         tp_error_set(err, err_len, "train split: %s", why);
         return -1;
     }
+    if (a->spm_alpha > 0 && sampling_start(src, rt, err, err_len)) return -1;
     if (dataset_init(&src->dev, &src->dev_tf, a->dir, cfg->max_len, a->batch_tokens, 0, 1, a->seed, cfg->pad_id,
                      cfg->bos_id, cfg->eos_id, why, sizeof why) ||
         dataset_set_length_bucket(&src->dev, a->length_bucket, why, sizeof why)) {
@@ -178,6 +211,7 @@ void source_close(Source *src) {
     if (src->args->synthetic) return;
     dataset_free(&src->train);
     dataset_free(&src->dev);
+    if (src->sampling) resampler_free(&src->resample);
     for (int k = 0; k < src->n_train; k++) token_file_close(&src->train_tf[k]);
     token_file_close(&src->dev_tf);
     spm_free(src->spm);

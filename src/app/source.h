@@ -16,6 +16,7 @@
 #include "data/batch.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
+#include "data/resample.h"
 #include "data/spm.h"
 #include "tp/runtime.h"
 
@@ -32,6 +33,8 @@ typedef struct {
     int train_copies[DATASET_MAX_CORPORA];      // times each is taken an epoch
     TokenFile dev_tf;                           // the first corpus's dev split
     Dataset train, dev;
+    bool sampling;                              // --spm-alpha > 0: train's epochs come from resample
+    Resampler resample;
     /* synthetic */
     uint64_t synth_index;
 } Source;

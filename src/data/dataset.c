@@ -120,6 +120,11 @@ static int key_raw(uint32_t k) { return (int)(k >> 16) + 1; }
 static int ent_raw(uint64_t e) { return key_raw((uint32_t)(e >> 32)); }
 static int ent_src(uint64_t e) { return (int)(e >> 32 & 0xFFFF); }
 static int32_t ent_pair(uint64_t e) { return (int32_t)(uint32_t)e; }
+/* The key of a pair of ls source and lt target pieces (both at least 1). */
+static uint32_t length_key(uint64_t ls, uint64_t lt) {
+    const int raw = (int)(ls > lt ? ls : lt) + 1;
+    return (uint32_t)(raw - 1) << 16 | (uint32_t)ls;
+}
 
 /* Stable sort of the entries a (n) by (raw length, source length):
  * counting sort by the minor key, then by the major key. tmp (n) and
@@ -208,7 +213,17 @@ static void build_plan_in(Dataset *ds, int64_t epoch, uint64_t *work) {
     int32_t *dpbuf = (int32_t *)tmp;  // 2 (n + 1) int32 fit the n + 1 entries, free once sorted
 
     uint64_t rng = epoch_state(ds->cursor.seed, epoch);
-    for (int i = 0; i < n; i++) ent[i] = (uint64_t)ds->usable_key[i] << 32 | (uint32_t)ds->usable[i];
+    if (ds->epoch_files) {  // this epoch's samples: the same pairs, their own lengths
+        const TokenFile *const *tfs = ds->epoch_files(ds->epoch_ctx, epoch);
+        for (int k = 0; k < ds->n_tf; k++) ds->tfs[k] = tfs[k];
+        ds->tf = ds->tfs[0];
+        for (int i = 0; i < n; i++) {
+            const int32_t p = ds->usable[i];
+            ent[i] = (uint64_t)length_key((uint64_t)src_pieces(ds, p), (uint64_t)tgt_pieces(ds, p)) << 32 | (uint32_t)p;
+        }
+    } else {
+        for (int i = 0; i < n; i++) ent[i] = (uint64_t)ds->usable_key[i] << 32 | (uint32_t)ds->usable[i];
+    }
     shuffle_u64(ent, n, &rng);
     sort_by_length(ds, ent, tmp, cnt, n);
     int nb = cut_batches(ds, ent, n, ds->dp_size, bounds, dpbuf);
@@ -419,7 +434,7 @@ int dataset_init_mix(Dataset *ds, const TokenFile *const *tfs, const int *copies
             }
             if (ls == 0 || lt == 0) continue;
             const int raw = (int)(ls > lt ? ls : lt) + 1;
-            const uint64_t e = (uint64_t)((uint32_t)(raw - 1) << 16 | (uint32_t)ls) << 32 | (uint32_t)(ds->first[k] + i);
+            const uint64_t e = (uint64_t)length_key(ls, lt) << 32 | (uint32_t)(ds->first[k] + i);
             for (int c = 0; c < ds->copies[k]; c++) ent[n++] = e;
             if (bucketed(ds, raw) > longest) longest = bucketed(ds, raw);
         }
@@ -473,6 +488,18 @@ int dataset_set_length_bucket(Dataset *ds, int n, char *err, size_t err_len) {
     }
     build_plan(ds, ds->cursor.epoch);  // the cut depends on the padded lengths
     return 0;
+}
+
+int dataset_max_pieces(const Dataset *ds) {
+    int n = ds->max_len - 1;
+    while (n > 1 && bucketed(ds, n + 1) > ds->batch_tokens) n--;
+    return n;
+}
+
+void dataset_set_epoch_files(Dataset *ds, const TokenFile *const *(*files)(void *ctx, int64_t epoch), void *ctx) {
+    ds->epoch_files = files;
+    ds->epoch_ctx = ctx;
+    build_plan(ds, ds->cursor.epoch);
 }
 
 void dataset_free(Dataset *ds) {

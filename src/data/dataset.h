@@ -11,7 +11,9 @@
  * A global batch always holds at least dp_size pairs.
  *
  * The cursor (seed, epoch, position) is all the state there is: saving it
- * and restoring it resumes at the same batch.
+ * and restoring it resumes at the same batch. With per-epoch token files
+ * (subword sampling) the plan is also a function of that epoch's files,
+ * themselves a pure function of (seed, epoch): still nothing else to save.
  *
  * Length buckets (dataset_set_length_bucket, `--length-bucket N`): each
  * batch's source and target lengths are padded up to a multiple of N
@@ -60,6 +62,9 @@ typedef struct {
     int32_t *order;       // (n_usable) pair indices, batches contiguous
     int32_t *batch_start; // (n_batches + 1) into order, in batch order
     DataCursor cursor;
+    /* per-epoch token files (subword sampling, data/resample.h); NULL: tfs every epoch */
+    const TokenFile *const *(*epoch_files)(void *ctx, int64_t epoch);
+    void *epoch_ctx;
 } Dataset;
 
 /* 0 or -1 + err (e.g. nothing usable, dp_rank out of range, budget too
@@ -79,6 +84,16 @@ void dataset_free(Dataset *ds);
  * now on; call right after dataset_init. 0, or -1 + err (n < 1, or the
  * longest usable pair padded to a multiple of n exceeds batch_tokens). */
 int dataset_set_length_bucket(Dataset *ds, int n, char *err, size_t err_len);
+
+/* The longest side (in pieces) a batch of ds takes: within max_len - 1
+ * and, padded with its bos/eos to the length bucket, within the budget. */
+int dataset_max_pieces(const Dataset *ds);
+/* From now on epoch e's batches come from files(ctx, e) (n_tf token files
+ * with ds's pairs, each side at most dataset_max_pieces long: subword
+ * samples): the usable pairs stay those of dataset_init, their lengths and
+ * so the epoch's plan are the epoch's files'. The plan of the cursor's
+ * epoch is rebuilt. */
+void dataset_set_epoch_files(Dataset *ds, const TokenFile *const *(*files)(void *ctx, int64_t epoch), void *ctx);
 
 /* This rank's share of the next global batch; advances the cursor (into the
  * next epoch when one ends). src = pieces + eos, tgt_in = bos + pieces,

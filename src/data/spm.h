@@ -39,6 +39,20 @@ int spm_encode(const Spm *s, const char *text, int32_t *ids, int cap);
  * NUL-terminated string (caller frees) or NULL. */
 char *spm_decode(const Spm *s, const int32_t *ids, int n);
 
+/* Subword regularization (Kudo 2018): one segmentation of a sentence drawn
+ * from the unigram model's distribution smoothed by alpha (P(x) ~ P(x)^alpha),
+ * over the whole lattice (nbest < 0: forward filtering, backward sampling)
+ * or over its nbest best segmentations (nbest >= 2), as SentencePiece's
+ * SampleEncode does, but deterministic per call: every draw comes from
+ * SplitMix64 seeded by `seed`, so the same (ids, seed) gives the same
+ * sample on any thread. The sentence is given as its best ids (a token
+ * file's, spm_encode's): their pieces spell the normalized text, byte
+ * pieces included, so the text itself is not needed. An <unk> (no byte
+ * fallback) stays where it is. Writes at most cap ids; returns the count
+ * (call with cap 0 to size), or -1 on error. */
+int spm_sample_ids(const Spm *s, const int32_t *best, int n_best, int nbest, float alpha, uint64_t seed,
+                   int32_t *ids, int cap);
+
 /* The piece string of an id (for debugging); "" when out of range. */
 const char *spm_id_to_piece(const Spm *s, int32_t id, char *buf, size_t buf_len);
 

@@ -51,6 +51,8 @@ typedef struct {
     uint64_t synth_index;   // synthetic task position after `step` steps
     uint64_t seed;          // run seed: dropout masks are Philox(seed, step, ...)
     int corpus;             // 1 = corpus cursor valid, 0 = synthetic task
+    double spm_alpha;       // subword sampling of the corpus (--spm-alpha; 0: off; absent before the record: 0)
+    int spm_nbest;          // its --spm-nbest (-1: the lattice)
     char task[16];          // the synthetic task ("copy", "reverse"); "" for a corpus or a manifest before the record
     int zero_stage;         // read: the optimizer files' layout (0: whole tensors; 1, 2: ZeRO pieces)
     uint64_t zero_bucket_elems;  // read: the bucket length those pieces were cut with

@@ -89,6 +89,8 @@ static int check_manifest_seal(const char *text, size_t n, const char *path, cha
 #define CKPT_MAX_WARMUP (1 << 30)
 #define CKPT_MAX_SEED 0x7fffffffLL         /* --seed's range */
 #define CKPT_MAX_POSITION INT_MAX          /* batches in an epoch are counted in int */
+#define CKPT_MAX_SPM_ALPHA 100.0           /* --spm-alpha's range */
+#define CKPT_MAX_SPM_NBEST 10000           /* --spm-nbest's range */
 #define CKPT_MAX_SECONDS 1e12              /* a --max-minutes run's clock (the flag allows 6e8 s) */
 #define CKPT_JSON_EXACT_MAX (1LL << 53)    /* larger JSON numbers lose digits */
 /* A shard's header (tensor entries and the split metadata): a few hundred
@@ -316,14 +318,22 @@ static int read_clock(const cJSON *o, TrainState *st, const char *path, char *er
     return 0;
 }
 
+/* data.spm_alpha / spm_nbest: subword sampling (absent before the record: off, left as given). */
+static int read_sampling(const cJSON *data, double *alpha, int64_t *nbest, const char *path, char *err,
+                         size_t err_len) {
+    if (!cJSON_GetObjectItemCaseSensitive(data, "spm_alpha")) return 0;
+    return need_real(data, "data", "spm_alpha", 0.0, false, CKPT_MAX_SPM_ALPHA, false, alpha, path, err, err_len) ||
+           need_int(data, "data", "spm_nbest", -1, CKPT_MAX_SPM_NBEST, nbest, path, err, err_len);
+}
+
 int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, OptimConfig *oc, int *adam_t,
                        TrainState *st, char *err, size_t err_len) {
     char path[4096], why[512];
     cJSON *o = load_manifest(dir, path, sizeof path, err, err_len);
     if (!o) return -1;
     int rc = -1;
-    int64_t step, mtp, mdp, mpp, warmup, t, epoch, position, synth_index, seed;
-    double lr, beta1, beta2, eps, wd, clip;
+    int64_t step, mtp, mdp, mpp, warmup, t, epoch, position, synth_index, seed, spm_nbest = -1;
+    double lr, beta1, beta2, eps, wd, clip, spm_alpha = 0.0;
     ModelStage *stages = NULL;
     const cJSON *c = need_object(o, "config", path, err, err_len), *mesh, *opt, *data, *rng, *kind;
     if (!c) goto done;
@@ -354,7 +364,8 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         need_int(data, "data", "synth_index", 0, CKPT_JSON_EXACT_MAX, &synth_index, path, err, err_len) ||
         !(kind = need(data, "data", "kind", path, err, err_len)) ||
         !(rng = need_object(o, "rng", path, err, err_len)) ||
-        need_int(rng, "rng", "seed", 0, CKPT_MAX_SEED, &seed, path, err, err_len))
+        need_int(rng, "rng", "seed", 0, CKPT_MAX_SEED, &seed, path, err, err_len) ||
+        read_sampling(data, &spm_alpha, &spm_nbest, path, err, err_len))
         goto done;
     const bool corpus = cJSON_IsString(kind) && strcmp(kind->valuestring, "corpus") == 0;
     if (!corpus && !(cJSON_IsString(kind) && strcmp(kind->valuestring, "synthetic") == 0)) {
@@ -419,6 +430,8 @@ int ckpt_read_manifest(const char *dir, ModelConfig *cfg, int *tp, int *dp, Opti
         st->cursor = (DataCursor){.seed = (uint64_t)seed, .epoch = epoch, .position = position};
         st->synth_index = (uint64_t)synth_index;
         st->corpus = corpus;
+        st->spm_alpha = spm_alpha;
+        st->spm_nbest = (int)spm_nbest;
         if (task) snprintf(st->task, sizeof st->task, "%s", task->valuestring);
         st->zero_stage = (int)zero;
         st->zero_bucket_elems = (uint64_t)bucket_elems;

@@ -284,6 +284,10 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON_AddNumberToObject(data, "epoch", (double)st->cursor.epoch);
     cJSON_AddNumberToObject(data, "position", (double)st->cursor.position);
     cJSON_AddNumberToObject(data, "synth_index", (double)st->synth_index);
+    if (st->corpus) {  // the epochs' segmentations follow them as they follow the seed
+        cJSON_AddNumberToObject(data, "spm_alpha", st->spm_alpha);
+        cJSON_AddNumberToObject(data, "spm_nbest", st->spm_nbest);
+    }
     if (st->has_clock) {  // --max-minutes: the time horizon's clock
         cJSON *clk = cJSON_AddObjectToObject(o, "clock");
         cJSON_AddNumberToObject(clk, "train_seconds", st->train_s);
