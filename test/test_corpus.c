@@ -915,8 +915,10 @@ static void test_record_verified(void) {
         {"\"spaced_lines\":\t", "\"spaced_lines\":\t9", "a changed byte (no reseal)", false},
         {"\"kept\":\t400", "\"kept\":\t900", "kept > lines (resealed)", true},
         {"\"upper\":\t", "\"upper\":\t9000000000000", "upper > letters (resealed)", true},
-        {"\"kept\":\t400,\n\t\t\"empty\":\t0", "\"kept\":\t399,\n\t\t\"empty\":\t1", "kept disagreeing with train.tok", true},
-        {"\"format\":\t2,", "\"format\":\t2,\n\t\"passes_strict\":\tfalse,", "a duplicate key (resealed)", true},
+        {"\"passes_strict\":\ttrue,\n\t\"stats\":\t{\n\t\t\"lines\":\t400,\n\t\t\"kept\":\t400,\n\t\t\"empty\":\t0",
+         "\"passes_strict\":\tfalse,\n\t\"stats\":\t{\n\t\t\"lines\":\t400,\n\t\t\"kept\":\t399,\n\t\t\"empty\":\t1",
+         "kept disagreeing with train.tok (resealed)", true},
+        {"\"stats\":\t{\n", "\"stats\":\t{\n\t\t\"crlf\":\t5,\n", "a duplicate key, the first in range (resealed)", true},
         {"\"format\":\t2,", "\"format\":\t1,", "an older format (resealed)", true},
     };
     char record[512], tok[512], err[1024];
