@@ -84,7 +84,7 @@ static int resolve(const char *arg, char *out, size_t out_len) {
         fprintf(stderr, "ckpt: %s: not a directory (give a checkpoint directory or a folder of checkpoints)\n", arg);
         return -1;
     }
-    int found = ckpt_resolve(arg, out, out_len, err, sizeof err);
+    int found = ckpt_resolve_model(arg, out, out_len, err, sizeof err);
     if (found < 0) {
         fprintf(stderr, "ckpt: %s\n", err);
         return -1;

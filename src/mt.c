@@ -7,26 +7,14 @@
 #include "err.h"
 #include "train/checkpoint.h"
 #include "transformer/export.h"
-#include <unistd.h>
 
 /* A checkpoint (or a folder of them): the whole model assembled from its
  * shards, whatever layout it was saved with. 1 = loaded, 0 = not a
  * checkpoint, -1 = error. */
 static int load_checkpoint(Model *m, Backend *be, const char *dir, char *resolved, size_t resolved_len, char *err,
                            size_t err_len) {
-    char probe[4096];
-    snprintf(probe, sizeof probe, "%s/config.json", dir);
-    int found = ckpt_resolve(dir, resolved, resolved_len, err, err_len);
-    if (access(probe, F_OK) == 0) {  // an export, unless checkpoints stand beside it: then which is meant?
-        if (found <= 0) return 0;
-        tp_error_set(err, err_len,
-                     "%s holds both an exported model (config.json) and checkpoints (the newest %s): refusing to "
-                     "guess which is meant, and the export may be older than the checkpoints; give the checkpoint "
-                     "folder itself, or move the export into a folder of its own",
-                     dir, resolved);
-        return -1;
-    }
-    if (found <= 0) return found;
+    const int found = ckpt_resolve_model(dir, resolved, resolved_len, err, err_len);
+    if (found <= 0) return found;  // 0: an export, or nothing model_load can read either
     ModelConfig cfg;
     if (ckpt_read_manifest(resolved, &cfg, NULL, NULL, NULL, NULL, NULL, err, err_len)) return -1;
     /* no gradients to hold, no initial values to compute: ckpt_load writes every tensor */

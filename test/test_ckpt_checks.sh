@@ -2,7 +2,9 @@
 # What a load relies on, checked by every reader of a checkpoint:
 #   1. train_mt --resume checks the checkpoint's own spm.model (deleted,
 #      truncated, a named pipe): refused naming the file, as ckpt inspect
-#      and ckpt export refuse it;
+#      and ckpt export refuse it;  a folder holding both checkpoints and an
+#      export is refused by translate_mt and by ckpt inspect, export and
+#      average alike;
 #   2. ckpt inspect runs every check a load runs: a duplicate tensor name in
 #      a shard header, an optimizer tensor renamed or reshaped (with the
 #      manifest resealed over the edited file) are refused naming the file;
@@ -138,6 +140,11 @@ refuse save-into-export "exp holds an exported model (config.json)" "$train" "${
 cp -r syn both && cp exp/config.json exp/model.safetensors both/
 refuse both-kinds "both holds both an exported model (config.json) and checkpoints" \
     "$build/translate_mt" --model both --src /dev/null
+# every loader of the model agrees: the checkpoint tool too (it would take the newest checkpoint)
+refuse both-inspect "both holds both an exported model (config.json) and checkpoints" "$ckpt" inspect both
+refuse both-export "both holds both an exported model (config.json) and checkpoints" "$ckpt" export both out-both
+[ ! -e out-both ] || fail "a refused export wrote out-both"
+refuse both-average "both holds both an exported model (config.json) and checkpoints" "$ckpt" average avg both syn
 echo "case 2: inspect refuses a duplicate tensor name, a renamed and a reshaped optimizer tensor (resealed)," \
      "as the resume does"
 

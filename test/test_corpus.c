@@ -22,6 +22,7 @@
 #include "data/spm.h"
 #include "safetensors.h" /* crc32c, to forge a consistent header */
 #include "testfs.h"
+#include "proc.h"
 
 #define N_TRAIN 400
 #define N_DEV 40
@@ -856,6 +857,176 @@ static void test_concurrent_prepare(void) {
     CHECK(corpus_split_info(c.cache, "dev", &info, err, sizeof err) == 0 && info.stats.kept == N_DEV, "%s", err);
 }
 
+/* ---- the record a warm start reads (<stem>.source.json) ---------------------------- */
+
+#define RECORD_SEAL_HEAD "{\n\t\"record_crc32c\":\t\""
+#define RECORD_SEAL_LINE (sizeof RECORD_SEAL_HEAD - 1 + 8 + 3)
+
+/* Replaces the first `from` in the record at path by `to`; reseal: its
+ * checksum line recomputed (a record written wrong, not damaged after). */
+static void edit_record(const char *path, const char *from, const char *to, bool reseal) {
+    size_t n = 0;
+    char *t = (char *)read_bytes(path, &n);
+    CHECK(t != NULL, "cannot read %s", path);
+    if (!t) return;
+    char *at = memmem(t, n, from, strlen(from));
+    CHECK(at != NULL, "%s holds no '%s'", path, from);
+    if (!at) {
+        free(t);
+        return;
+    }
+    const size_t n_out = n - strlen(from) + strlen(to);
+    char *out = malloc(n_out + 1);
+    memcpy(out, t, (size_t)(at - t));
+    memcpy(out + (at - t), to, strlen(to));
+    memcpy(out + (at - t) + strlen(to), at + strlen(from), n - (size_t)(at - t) - strlen(from));
+    if (reseal) {
+        CHECK(strncmp(out, RECORD_SEAL_HEAD, sizeof RECORD_SEAL_HEAD - 1) == 0, "%s has no seal line", path);
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08x", crc32c(0, out + RECORD_SEAL_LINE, n_out - RECORD_SEAL_LINE));
+        memcpy(out + sizeof RECORD_SEAL_HEAD - 1, hex, 8);
+    }
+    CHECK(write_bytes(path, out, n_out), "cannot write %s", path);
+    free(out);
+    free(t);
+}
+
+/* A warm cache of a clean case, old enough for its records to be trusted. */
+static Case warm_case(char *record, size_t cap) {
+    Case c = clean_case();
+    struct timespec settle = {1, 200 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+    char err[1024];
+    CorpusStats st[3];
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && st[0].not_read, "a warm start read the text: %s", err);
+    path_of(record, cap, c.cache, "train.source.json");
+    return c;
+}
+
+/* Damaged, wrong, duplicated or disagreeing records are not trusted: the
+ * text is read again (and the record rewritten), and corpus_split_info
+ * refuses them; a wrong checksum of the text costs no rebuild. */
+static void test_record_verified(void) {
+    static const struct {
+        const char *from, *to, *what;
+        bool reseal;
+    } cases[] = {
+        {"\"spaced_lines\":\t", "\"spaced_lines\":\t9", "a changed byte (no reseal)", false},
+        {"\"kept\":\t400", "\"kept\":\t900", "kept > lines (resealed)", true},
+        {"\"upper\":\t", "\"upper\":\t9000000000000", "upper > letters (resealed)", true},
+        {"\"passes_strict\":\ttrue,\n\t\"stats\":\t{\n\t\t\"lines\":\t400,\n\t\t\"kept\":\t400,\n\t\t\"empty\":\t0",
+         "\"passes_strict\":\tfalse,\n\t\"stats\":\t{\n\t\t\"lines\":\t400,\n\t\t\"kept\":\t399,\n\t\t\"empty\":\t1",
+         "kept disagreeing with train.tok (resealed)", true},
+        {"\"stats\":\t{\n", "\"stats\":\t{\n\t\t\"crlf\":\t5,\n", "a duplicate key, the first in range (resealed)", true},
+        {"\"format\":\t2,", "\"format\":\t1,", "an older format (resealed)", true},
+    };
+    char record[512], tok[512], err[1024];
+    CorpusStats st[3];
+    Case c = warm_case(record, sizeof record);  // each rewritten record is trusted again: one case serves all
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        edit_record(record, cases[k].from, cases[k].to, cases[k].reseal);
+        CorpusSplitInfo info;
+        CHECK(corpus_split_info(c.cache, "train", &info, err, sizeof err) != 0 && strstr(err, "train.source.json"),
+              "%s: corpus_split_info took the record", cases[k].what);
+        CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s: %s", cases[k].what, err);
+        CHECK(!st[0].not_read && st[1].not_read && st[0].kept == N_TRAIN && st[0].lines == N_TRAIN,
+              "%s: trusted (train read %d, kept %ld)", cases[k].what, !st[0].not_read, st[0].kept);
+        CHECK(corpus_split_info(c.cache, "train", &info, err, sizeof err) == 0 && info.stats.kept == N_TRAIN,
+              "%s: the record was not rewritten: %s", cases[k].what, err);
+    }
+    /* the text's checksum recorded wrong (and resealed): the text, read again, decides the key: no rebuild */
+    path_of(tok, sizeof tok, c.cache, "train.tok");
+    const ino_t tok0 = inode_of(tok);
+    CorpusSplitInfo info;
+    CHECK(corpus_split_info(c.cache, "train", &info, err, sizeof err) == 0, "%s", err);
+    size_t n = 0;
+    char *t = (char *)read_bytes(record, &n);
+    char *at = t ? strstr(t, "\"crc32c\":\t\"") : NULL;  // sources.en's
+    if (at) at[11] = at[11] == '0' ? '1' : '0';
+    CHECK(at && write_bytes(record, t, n), "cannot edit the text's checksum in %s", record);
+    free(t);
+    edit_record(record, "\"format\"", "\"format\"", true);
+    for (int round = 0; round < 2; round++) {
+        CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+        CHECK(inode_of(tok) == tok0, "round %d: a wrong recorded checksum rebuilt train.tok", round);
+    }
+    CHECK(st[0].not_read, "the record was not repaired: a third start read the text");
+    CorpusSplitInfo after;
+    CHECK(corpus_split_info(c.cache, "train", &after, err, sizeof err) == 0 && after.key == info.key,
+          "the repaired record's key %08x is not the file's %08x", after.key, info.key);
+    /* a record of text that passed --strict's checks serves a warm --strict start */
+    CHECK(prepare(&c, true, NULL, st, err, sizeof err) == 0 && st[0].not_read && st[1].not_read,
+          "a warm --strict start read clean text again (%s)", err);
+}
+
+/* --strict on a warm cache: a record of text with a pair skipped is not
+ * enough, the text is read and refused naming file:line; a clean record is. */
+static void test_strict_warm(void) {
+    Case c;
+    case_new(&c);
+    write_clean(&c);
+    char path[512], err[1024];
+    Override ov[] = {{4, ""}};
+    rewrite_file(&c, path, "train.en", 0, 0, N_TRAIN, ov, 1, "\n", "\n");
+    struct timespec settle = {1, 200 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+    CorpusStats st[3];
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && st[0].empty == 1, "%s", err);
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0 && st[0].not_read, "not warm: %s", err);
+    CHECK(prepare(&c, true, NULL, st, err, sizeof err) != 0 && strstr(err, "train.en:5: empty line"),
+          "a warm --strict start accepted an empty line at train.en:5 ('%s')", err);
+}
+
+/* A start removes the temporaries of preparations whose process is gone,
+ * and only those. */
+static void test_leftovers(void) {
+    Case c = clean_case();
+    mkdir(c.cache, 0777);
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);  // a pid with no process (reaped)
+    char dead[64], live[64];
+    snprintf(dead, sizeof dead, "%d", (int)child);
+    snprintf(live, sizeof live, "%d", (int)getppid());  // started before the files (this process's own names are its preparation's)
+    const char *gone_fmt[] = {"spm_train.%s.txt", "train.tok.part0.%s.en", "dev.tok.part12.%s.ja",
+                              "train.source.json.tmp.%s", "train.tok.tmp.%s", "spm.model.tmp.%s"};
+    const char *kept_fmt[] = {"notes.%s.txt", "train.tok.part0.%s.de", "train.tmp.%sx", "mine.part0.%s.en"};
+    char name[128], path[600];
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < 6; i++) {
+            snprintf(name, sizeof name, gone_fmt[i], pass ? live : dead);
+            path_of(path, sizeof path, c.cache, name);
+            CHECK(write_bytes(path, "x", 1), "cannot write %s", path);
+        }
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, kept_fmt[i], dead);
+        path_of(path, sizeof path, c.cache, name);
+        CHECK(write_bytes(path, "x", 1), "cannot write %s", path);
+    }
+    char err[1024];
+    CorpusStats st[3];
+    CHECK(prepare(&c, false, NULL, st, err, sizeof err) == 0, "%s", err);
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < 6; i++) {
+            snprintf(name, sizeof name, gone_fmt[i], pass ? live : dead);
+            CHECK(file_exists_dir(c.cache, name) == (pass == 1), "%s: %s", name,
+                  pass ? "a live process's temporary was removed" : "a dead preparation's leftover stayed");
+        }
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, kept_fmt[i], dead);
+        CHECK(file_exists_dir(c.cache, name), "%s is no temporary of a preparation but was removed", name);
+    }
+    /* a live pid is not the maker of a file that changed before the process started */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    const int64_t now_ns = (int64_t)now.tv_sec * 1000000000LL + now.tv_nsec;
+    CHECK(!proc_gone(getpid(), 0, now_ns) && proc_gone(getpid(), 0, now_ns - 3600LL * 1000000000LL) &&
+          proc_gone((int)child, 0, 0),
+          "proc_gone: this process judged gone now, or alive as the maker of an hour-old file, or the reaped "
+          "child alive");
+}
+
 int main(void) {
     if (!make_scratch_dir(g_root, sizeof g_root, "test_corpus")) return 1;
     test_clean_and_deterministic();
@@ -870,6 +1041,9 @@ int main(void) {
     test_spm_sample();
     test_warm_start();
     test_concurrent_prepare();
+    test_record_verified();
+    test_strict_warm();
+    test_leftovers();
     remove_tree(g_root);
     return check_report("test_corpus");
 }

@@ -3,8 +3,11 @@
 # of the corpus, the second taken twice an epoch, make one tokenizer and a
 # token file each (train.tok, train.c1.tok) under cache/<a>+<b>/; the epoch
 # counts the first's pairs once and the second's twice; a second start
-# reads neither text again; a list that names a folder twice, copies of 0
-# or an empty item is refused before anything is built.
+# reads neither text again; a damaged record (its checksum) makes the
+# next start read that text again, saying why; a list that names a folder
+# twice (under any spelling: a/, ./a, /abs/a, a link), copies of 0 or not
+# a whole number (b:x, b:-1, b:1.5, b:, exit 2) or an empty item is refused
+# before anything is built.
 #   test_data_mix.sh BUILD_DIR CORPUS_DIR
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -38,7 +41,28 @@ run again.log "$build/train_mt" --data a,b:2 "${flags[@]}"
 cmp <(grep '^step' mix.log | cut -d'|' -f1-2) <(grep '^step' again.log | cut -d'|' -f1-2) ||
   fail "the same mix trained differently on a second start"
 refuse twice "--data names a twice (give it copies instead: a:2)" "$build/train_mt" --data a,a "${flags[@]}"
+# one folder under another spelling is the same folder: compared by device and inode
+ln -s a link-a
+for other in a/ ./a "$PWD/a" link-a; do
+  refuse "same-$(echo "$other" | tr -c 'a-z0-9\n' _)" "--data names one folder twice: a and $other are the same folder" \
+      "$build/train_mt" --data "a,$other" "${flags[@]}"
+done
+# malformed copies are refused naming the item, as bad input (exit 2), never taken for a folder name
+for bad in x -1 1.5 ""; do
+  rc=0
+  "$build/train_mt" --data "a,b:$bad" "${flags[@]}" > "copies.log" 2>&1 || rc=$?
+  [ "$rc" = 2 ] && grep -qF -- "--data item 2 (b:$bad): the copies after ':' must be 1 to 100" copies.log ||
+    { cat copies.log; fail "--data a,b:$bad: exit $rc, want 2 naming the item"; }
+done
+# one byte of the record changed (a count the text form is decided from): not trusted, the text read again
+sed -i 's/"spaced_lines":\t\([0-9]\)/"spaced_lines":\t9\1/' "$dir/train.source.json"
+run damaged.log "$build/train_mt" --data a,b:2 "${flags[@]}"
+grep -qF "corpus: train: reading the text again: $dir/train.source.json is damaged: record_crc32c is" damaged.log ||
+  fail "a damaged record was trusted: $(grep '^corpus: train:' damaged.log)"
+[ "$(grep -c 'unchanged since they were read' damaged.log)" -eq 2 ] || fail "the intact records were not trusted"
+cmp <(grep '^step' mix.log | cut -d'|' -f1-2) <(grep '^step' damaged.log | cut -d'|' -f1-2) ||
+  fail "the start after a damaged record trained differently"
 refuse zero "--data item 2 (b:0): the copies after ':' must be 1 to 100" "$build/train_mt" --data a,b:0 "${flags[@]}"
 refuse empty "--data item 2 is an empty folder name" "$build/train_mt" --data a,,b "${flags[@]}"
 [ ! -e cache/a+a ] || fail "a refused list left a cache folder"
-echo "data_mix: two corpora, the second twice, one tokenizer and a token file each; a warm second start; bad lists refused"
+echo "data_mix: two corpora, the second twice, one tokenizer and a token file each; a warm second start; a damaged record read again; bad lists refused (one folder by identity, malformed copies exit 2)"

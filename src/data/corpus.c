@@ -160,13 +160,16 @@ static int train_tokenizer(const SplitScan *const *scans, int n, const CorpusCon
 }
 
 /* Finds each part unchanged (its record) or reads it; a part that trains
- * the tokenizer is read when the tokenizer is still to be trained. */
+ * the tokenizer is read when the tokenizer is still to be trained. A
+ * record that is there but not trusted is said so in one line. */
 static int scan_parts(const CorpusConfig *cfg, SplitScan *scans, int n, bool need_tokenizer,
                       char *err, size_t err_len) {
     for (int i = 0; i < n; i++) {
         const CorpusPart *part = scans[i].part;
         if (!part->stem && !need_tokenizer) continue;  // read for the tokenizer only, which is there
-        if (part->stem && !(need_tokenizer && part->tokenizer) && split_meta_reuse(cfg->cache_dir, &scans[i])) {
+        char why[PATH_MAX + 512] = "";
+        if (part->stem && !(need_tokenizer && part->tokenizer) &&
+            split_meta_reuse(cfg->cache_dir, &scans[i], cfg->strict, why, sizeof why)) {
             if (cfg->verbose) {
                 printf("corpus: %s: %s and %s unchanged since they were read (%ld pairs, %ld kept): not read "
                        "again\n", part_label(part), scans[i].en.path, scans[i].ja.path, scans[i].stats.lines,
@@ -174,6 +177,10 @@ static int scan_parts(const CorpusConfig *cfg, SplitScan *scans, int n, bool nee
                 fflush(stdout);
             }
             continue;
+        }
+        if (why[0] && cfg->verbose) {
+            printf("corpus: %s: reading the text again: %s\n", part_label(part), why);
+            fflush(stdout);
         }
         if (split_scan(&scans[i], part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
     }
@@ -227,8 +234,28 @@ static Spm *tokenizer_ready(const CorpusConfig *cfg, SplitScan *scans, int n, in
     return spm;
 }
 
+/* The key in the header of the token file at path when it opens and
+ * checks whole: 1; 0 with why when it is missing or unusable. */
+static int existing_key(const char *path, const Spm *spm, uint32_t *key, char *why, size_t why_len) {
+    if (!file_exists(path)) {
+        snprintf(why, why_len, "not built yet");
+        return 0;
+    }
+    TokenFile tf;
+    char open_err[PATH_MAX + 200];
+    if (token_file_open(&tf, path, spm_vocab_size(spm), open_err, sizeof open_err) != 0) {
+        snprintf(why, why_len, "the existing file is unusable: %s", open_err);
+        return 0;
+    }
+    *key = tf.key;
+    token_file_close(&tf);
+    return 1;
+}
+
 /* Reuses the part's token file when its key matches and it checks out, else
- * (reading the text when it was not read) builds it; records the part. */
+ * (reading the text when it was not read) builds it; records the part. The
+ * key a file is built or kept under is always the one of the text as read
+ * (a record's checksums stand for the text only while they match the file). */
 static int part_ready(const CorpusConfig *cfg, SplitScan *s, const Spm *spm,
                       uint32_t model_crc, char *err, size_t err_len) {
     const CorpusPart *part = s->part;
@@ -237,40 +264,39 @@ static int part_ready(const CorpusConfig *cfg, SplitScan *s, const Spm *spm,
         tp_error_set(err, err_len, "cache folder name too long: %s", cfg->cache_dir);
         return -1;
     }
-    const uint32_t key = split_key(s, model_crc);  // a record's checksums stand for unchanged text
-    char why[PATH_MAX + 256];
-    snprintf(why, sizeof why, "not built yet");
+    uint32_t key = split_key(s, model_crc), old_key = 0, n_pairs;
+    char why[PATH_MAX + 256], ignored[PATH_MAX + 128];
     FileStamp now;
     /* unchanged since it was last checked whole (and its record unchanged): the header is enough */
     if (!s->scanned && s->tok_known && s->tok.trusted && file_stamp(path, &now) == 0 &&
-        file_stamp_same(&now, &s->tok) && token_file_key(path, why, sizeof why) == (int64_t)key) {
+        file_stamp_same(&now, &s->tok) && token_file_header(path, &old_key, &n_pairs, ignored, sizeof ignored) == 0 &&
+        old_key == key) {
         if (cfg->verbose) {
             printf("corpus: %s: reusing %s (key %08x; unchanged since it was checked)\n", part_label(part), path, key);
             fflush(stdout);
         }
         return 0;
     }
-    if (file_exists(path)) {
-        TokenFile tf;
-        char open_err[PATH_MAX + 200];
-        if (token_file_open(&tf, path, spm_vocab_size(spm), open_err, sizeof open_err) != 0) {
-            snprintf(why, sizeof why, "the existing file is unusable: %s", open_err);
-        } else {
-            const uint32_t old_key = tf.key;
-            token_file_close(&tf);
-            if (old_key == key) {
-                if (cfg->verbose) {
-                    printf("corpus: %s: reusing %s (key %08x)\n", part_label(part), path, key);
-                    fflush(stdout);
-                }
-                s->tok_known = file_stamp(path, &s->tok) == 0;
-                return split_meta_write(cfg->cache_dir, s, key, err, err_len);
-            }
-            snprintf(why, sizeof why, "key %08x != %08x: the source text, the tokenizer or the format changed",
-                     old_key, key);
-        }
+    const int have = existing_key(path, spm, &old_key, why, sizeof why);
+    if (have && old_key != key && !s->scanned) {  // the record's checksums may be wrong: the text decides
+        if (split_scan(s, part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
+        key = split_key(s, model_crc);
     }
-    if (!s->scanned && split_scan(s, part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
+    if (have && old_key == key) {
+        if (cfg->verbose) {
+            printf("corpus: %s: reusing %s (key %08x)\n", part_label(part), path, key);
+            fflush(stdout);
+        }
+        s->tok_known = file_stamp(path, &s->tok) == 0;
+        return split_meta_write(cfg->cache_dir, s, key, err, err_len);
+    }
+    if (have)
+        snprintf(why, sizeof why, "key %08x != %08x: the source text, the tokenizer or the format changed", old_key,
+                 key);
+    if (!s->scanned) {
+        if (split_scan(s, part, cfg->strict, cfg->verbose, err, err_len) != 0) return -1;
+        key = split_key(s, model_crc);
+    }
     if (cfg->verbose) {
         printf("corpus: %s: building %s (%s)\n", part_label(part), path, why);
         fflush(stdout);
@@ -289,6 +315,7 @@ int corpus_prepare_parts(const CorpusConfig *cfg, const CorpusPart *parts, int n
     if (stats) memset(stats, 0, (size_t)n_parts * sizeof *stats);
     const int vocab_size = cfg->vocab_size > 0 ? cfg->vocab_size : CORPUS_DEFAULT_VOCAB;
     if (make_dirs(cfg->cache_dir, err, err_len) != 0) return -1;
+    corpus_remove_leftovers(cfg->cache_dir, cfg->verbose);
     char model_path[PATH_MAX];
     snprintf(model_path, sizeof model_path, "%s/spm.model", cfg->cache_dir);
     const bool need_tokenizer = !file_exists(model_path);

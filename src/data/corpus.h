@@ -26,6 +26,14 @@
  *      content rebuilds. An identity taken within a second of the file's
  *      last change is recorded untrusted (the file system's clock may not
  *      see a second change in the same tick), so the next start reads it.
+ *      The record carries the CRC-32C of its own bytes and is trusted only
+ *      when that, its keys (none twice) and its values (in range, agreeing
+ *      with each other and with the token file's header) check out; with
+ *      strict, only when it says the text passed strict's checks. Else the
+ *      text is read again (with one line saying why, when verbose);
+ *   5. first removes from cache_dir the temporaries (spm_train.<pid>.txt,
+ *      <stem>.tok.part<i>.<pid>.{en,ja}, <name>.tmp.<pid>) of preparations
+ *      whose process is gone (common/proc.h).
  * Over-long pairs (--max-len) are filtered when batches are built
  * (dataset.h), so one cache serves every max length.
  */

@@ -15,7 +15,7 @@
 #include "data/spm.h"
 
 #define CORPUS_MARK_EVERY 8192  // lines between the byte offsets a scan keeps for the workers
-#define CORPUS_FORMAT 1          // of <stem>.source.json
+#define CORPUS_FORMAT 2          // of <stem>.source.json (2: sealed with its checksum, passes_strict)
 
 /* A source file's identity: what a later start compares instead of reading it. */
 typedef struct {
@@ -71,9 +71,19 @@ int corpus_encode(const SplitScan *s, const Spm *spm, uint32_t key, const char *
 
 /* corpus_meta.c */
 /* <stem>.source.json: the scan's key, counts, form and stamps (written
- * after its token file), and read back into s (scanned = false) when its
- * sources still have the recorded identities (returns 1), else 0. */
+ * after its token file). split_meta_reuse reads it back into s (scanned =
+ * false) and returns 1 when it verifies (its checksum, no key twice, every
+ * value in range, its count and key agreeing with the token file's header),
+ * its sources still have the recorded identities and, strict, it says the
+ * text passed --strict's checks. Else 0, with why "" (no record, or the
+ * sources changed: read again as usual) or one sentence on why the record
+ * is not trusted. */
 int split_meta_write(const char *cache_dir, const SplitScan *s, uint32_t key, char *err, size_t err_len);
-int split_meta_reuse(const char *cache_dir, SplitScan *s);
+int split_meta_reuse(const char *cache_dir, SplitScan *s, bool strict, char *why, size_t why_len);
+
+/* corpus_leftover.c */
+/* Removes from cache_dir the temporaries of preparations whose process is
+ * gone (see corpus.h). Returns how many. */
+int corpus_remove_leftovers(const char *cache_dir, bool verbose);
 
 #endif

@@ -32,6 +32,7 @@
 
 #define TOK_VERSION 2u
 #define TOK_HEADER_BYTES 40
+#define TOK_PAIRS_AT 12
 #define TOK_KEY_AT 24
 #define TOK_BODY_CRC_AT 28
 #define TOK_HEADER_CRC_AT 36
@@ -86,7 +87,7 @@ static int token_file_map(TokenFile *tf, const char *path, int vocab_size, bool 
         TOK_FAIL("token file %s has format version %u, this build reads version %u", path, version, TOK_VERSION);
     if (get_u32(b + TOK_HEADER_CRC_AT) != crc32c(0, b, TOK_HEADER_CRC_AT))
         TOK_FAIL("token file %s has a damaged header (checksum mismatch)", path);
-    const uint64_t n_pairs = get_u32(b + 12);
+    const uint64_t n_pairs = get_u32(b + TOK_PAIRS_AT);
     const uint64_t n_tokens = get_u64(b + 16);
     if (n_pairs > (uint64_t)INT_MAX)
         TOK_FAIL("token file %s claims %llu pairs, too many", path, (unsigned long long)n_pairs);
@@ -146,7 +147,7 @@ int token_file_open_checked(TokenFile *tf, const char *path, int vocab_size, cha
     return token_file_map(tf, path, vocab_size, false, err, err_len);
 }
 
-int64_t token_file_key(const char *path, char *err, size_t err_len) {
+int token_file_header(const char *path, uint32_t *key, uint32_t *n_pairs, char *err, size_t err_len) {
     uint8_t hdr[TOK_HEADER_BYTES];
     char why[PATH_MAX + 128];
     const int fd = tp_open_regular(path, NULL, why, sizeof why);  // never waits on a named pipe
@@ -161,7 +162,9 @@ int64_t token_file_key(const char *path, char *err, size_t err_len) {
         tp_error_set(err, err_len, "%s has no valid token file header", path);
         return -1;
     }
-    return get_u32(hdr + TOK_KEY_AT);
+    *key = get_u32(hdr + TOK_KEY_AT);
+    *n_pairs = get_u32(hdr + TOK_PAIRS_AT);
+    return 0;
 }
 
 /* ---- writing ------------------------------------------------------------------ */

@@ -44,8 +44,9 @@ int token_file_open(TokenFile *tf, const char *path, int vocab_size, char *err, 
  * checked, the body's checksum and token ids are not (another rank of the
  * job has just checked this very file with token_file_open). */
 int token_file_open_checked(TokenFile *tf, const char *path, int vocab_size, char *err, size_t err_len);
-/* The key in a token file's header, or -1 + err when it has no valid header. */
-int64_t token_file_key(const char *path, char *err, size_t err_len);
+/* The key and the pair count in a token file's header (its checksum
+ * checked, not the body's). 0, or -1 + err when it has no valid header. */
+int token_file_header(const char *path, uint32_t *key, uint32_t *n_pairs, char *err, size_t err_len);
 void token_file_close(TokenFile *tf);
 
 

@@ -12,10 +12,11 @@
 #define _GNU_SOURCE
 #include "tp/shm_reclaim.h"
 
+#include "proc.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,39 +27,6 @@
 
 #define SHM_DIR "/dev/shm"
 
-/* Inode of /proc/<pid>/ns/pid, 0 when unknown. */
-static uint64_t pid_ns_of(int pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/ns/pid", pid);
-    struct stat st;
-    return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
-}
-
-/* Field 3 (state) and field 22 (start time, clock ticks after boot) of
- * /proc/<pid>/stat. 0, or -1 with errno (ENOENT: no such process). */
-static int proc_state(int pid, char *state, uint64_t *start_ticks) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) {
-        errno = EIO;
-        return -1;
-    }
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');  // the command name may hold spaces and parentheses
-    unsigned long long start = 0;
-    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                     state, &start) != 2) {
-        errno = EIO;
-        return -1;
-    }
-    *start_ticks = start;
-    return 0;
-}
-
 void shm_owner_of(int pid, ShmOwner *out) {
     memset(out, 0, sizeof *out);
     out->magic = SHM_OWNER_MAGIC;
@@ -66,21 +34,15 @@ void shm_owner_of(int pid, ShmOwner *out) {
     char state;
     uint64_t start = 0;
     if (proc_state(pid, &state, &start) == 0) out->start_ticks = start;
-    out->pid_ns = pid_ns_of(pid);
+    out->pid_ns = proc_pid_ns(pid);
 }
 
 /* 1 when the record's creator is certainly gone, 0 when it is alive or
  * cannot be judged from here. */
 static int owner_dead(const ShmOwner *o) {
     if (o->magic != SHM_OWNER_MAGIC || o->pid <= 0 || o->reserved != 0) return 0;
-    if (o->pid_ns != pid_ns_of(getpid())) return 0;  // pids of another namespace mean nothing here
-    if (kill(o->pid, 0) != 0) return errno == ESRCH;  // EPERM: someone else's live process
-    char state;
-    uint64_t start;
-    if (proc_state(o->pid, &state, &start) != 0) return errno == ENOENT;  // exited just now
-    if (state == 'Z' || state == 'X') return 1;             // exited, not yet reaped: its mappings are gone
-    if (o->start_ticks && start != o->start_ticks) return 1;  // the pid now belongs to a later process
-    return 0;
+    if (o->pid_ns != proc_pid_ns(getpid())) return 0;  // pids of another namespace mean nothing here
+    return proc_gone(o->pid, o->start_ticks, 0);
 }
 
 /* Removes this user's regular segments in dir whose names start with prefix

@@ -105,6 +105,13 @@ int ckpt_list_complete(const char *dir, int64_t **steps_out);
  * with err on error. */
 int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t err_len);
 
+/* ckpt_resolve for a loader of the model (translate_mt --model, ckpt
+ * inspect, export and average): a folder that holds both checkpoints and an
+ * exported model (config.json) is refused (-1 + err naming the newest
+ * checkpoint): the export may be older than the checkpoints, and which is
+ * meant cannot be told. */
+int ckpt_resolve_model(const char *arg, char *out, size_t out_len, char *err, size_t err_len);
+
 /* Reads and validates DIR/manifest.json: its checksum line first, then the
  * model config, the layout it was saved with, the state (every number an
  * integer or a finite number within its range) and the list of files (the

@@ -281,3 +281,17 @@ int ckpt_resolve(const char *arg, char *out, size_t out_len, char *err, size_t e
     if (d) closedir(d);
     return found;
 }
+
+int ckpt_resolve_model(const char *arg, char *out, size_t out_len, char *err, size_t err_len) {
+    const int found = ckpt_resolve(arg, out, out_len, err, err_len);
+    if (found <= 0) return found;
+    char probe[4096];
+    pathf(probe, sizeof probe, "%s/config.json", arg);
+    if (access(probe, F_OK) != 0) return 1;
+    tp_error_set(err, err_len,
+                 "%s holds both an exported model (config.json) and checkpoints (the newest %s): refusing to guess "
+                 "which is meant, and the export may be older than the checkpoints; give the checkpoint folder "
+                 "itself, or move the export into a folder of its own",
+                 arg, out);
+    return -1;
+}

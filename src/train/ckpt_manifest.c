@@ -8,6 +8,7 @@
  * model's config and parameter tables, common/.
  */
 #include "json_keys.h"
+#include "json_seal.h"
 #include "train/checkpoint.h"
 #include "train/ckpt_internal.h"
 #include "train/ckpt_pieces.h"
@@ -32,47 +33,27 @@
 
 /* ---- the manifest's own checksum ------------------------------------------------ */
 
-/* manifest.json begins with the line MANIFEST_CRC_HEAD + 8 hex digits +
- * MANIFEST_CRC_TAIL; the digits are the CRC-32C of every byte after that
- * line, to the end of the file. The checksum is over the bytes as written,
- * not over a re-serialization, so checking it needs no JSON parser (and
- * cannot depend on how one prints numbers), and it is checked before any
- * field is read. */
-#define MANIFEST_CRC_HEAD "{\n\t\"manifest_crc32c\":\t\""
-#define MANIFEST_CRC_TAIL "\",\n"
-#define MANIFEST_CRC_LINE_BYTES (sizeof MANIFEST_CRC_HEAD - 1 + 8 + sizeof MANIFEST_CRC_TAIL - 1)
+/* manifest.json carries the checksum of its own bytes in its first line
+ * (common/json_seal.h), checked before any field is read. */
+#define MANIFEST_CRC_FIELD "manifest_crc32c"
 
 /* The manifest text with its checksum line first (caller frees). */
-char *sealed_manifest(const cJSON *o) {
-    char *body = cJSON_Print(o); /* "{\n\t\"format\": ..." */
-    TP_CHECK(body && strncmp(body, "{\n\t", 3) == 0, "cJSON_Print did not print the manifest as expected");
-    const char *rest = body + 2; /* from the first member on */
-    const size_t n_rest = strlen(rest);
-    char *out = TP_MALLOC(MANIFEST_CRC_LINE_BYTES + n_rest + 1);
-    snprintf(out, MANIFEST_CRC_LINE_BYTES + 1, MANIFEST_CRC_HEAD "%08x" MANIFEST_CRC_TAIL, crc32c(0, rest, n_rest));
-    memcpy(out + MANIFEST_CRC_LINE_BYTES, rest, n_rest + 1);
-    cJSON_free(body);
-    return out;
-}
+char *sealed_manifest(const cJSON *o) { return json_seal_print(o, MANIFEST_CRC_FIELD); }
 
 /* 0 when text (n bytes) carries a checksum line that matches the rest. */
 static int check_manifest_seal(const char *text, size_t n, const char *path, char *err, size_t err_len) {
-    const size_t head = sizeof MANIFEST_CRC_HEAD - 1;
-    bool hex = n >= MANIFEST_CRC_LINE_BYTES && memcmp(text, MANIFEST_CRC_HEAD, head) == 0 &&
-               memcmp(text + head + 8, MANIFEST_CRC_TAIL, sizeof MANIFEST_CRC_TAIL - 1) == 0;
-    for (size_t i = 0; hex && i < 8; i++) hex = strchr("0123456789abcdef", text[head + i]) && text[head + i];
-    if (!hex) {
+    char found[9], have[9];
+    const int seal = json_seal_check(text, n, MANIFEST_CRC_FIELD, found, have);
+    if (seal == 1) {
         tp_error_set(err, err_len,
                      "%s: refused: it does not begin with its \"manifest_crc32c\" line, so its fields cannot be "
                      "trusted (a checkpoint of format version 1, written before manifests were checksummed, or an "
                      "edited file)", path);
         return -1;
     }
-    char have[9];
-    snprintf(have, sizeof have, "%08x", crc32c(0, text + MANIFEST_CRC_LINE_BYTES, n - MANIFEST_CRC_LINE_BYTES));
-    if (memcmp(have, text + head, 8) != 0) {
-        tp_error_set(err, err_len, "%s: manifest_crc32c is %.8s but the manifest's content has %s (damaged or edited)",
-                     path, text + head, have);
+    if (seal == 2) {
+        tp_error_set(err, err_len, "%s: manifest_crc32c is %s but the manifest's content has %s (damaged or edited)",
+                     path, found, have);
         return -1;
     }
     return 0;
