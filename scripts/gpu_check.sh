@@ -45,11 +45,13 @@
 #   e      scripts/bench_gpu.sh CORPUS_DIR (tptrain against PyTorch eager and
 #          torch.compile), the configurations that fit in the time left
 #   g      (only when GPU_CHECK_STEPS names it: it takes a budget of its own)
-#          the main job: the base preset on the corpus through tprun with one
-#          rank, ended by --max-minutes inside the budget, dev BLEU every
-#          GPU_CHECK_MAIN_EVAL steps and a checkpoint beside it, the test BLEU of the newest checkpoint, the curves over
-#          wall time (plot_metrics.py, where matplotlib is); then four ranks
-#          on the one GPU (tp = 4, shm staged) for their memory table
+#          the main job: scripts/run_main.sh itself with this bundle's
+#          programs (RUN_MAIN_BIN), its recipe ended by RUN_MAIN_MINUTES
+#          inside the budget, dev BLEU and a checkpoint every
+#          GPU_CHECK_MAIN_EVAL steps, the best or averaged checkpoint and the
+#          length penalty chosen on dev, the test BLEU; the curves over wall
+#          time (plot_metrics.py, where matplotlib is); then four ranks on
+#          the one GPU (tp = 4, shm staged) for their memory table
 #   s      (only when GPU_CHECK_STEPS names it) scripts/sweep_recipe.sh: the
 #          training recipes side by side on the one GPU, then the winner alone
 #          (SWEEP_STEPS, SWEEP_WINNER_MINUTES and the rest from the environment;
@@ -61,9 +63,8 @@
 # train_mt --help does not list it. Environment: GPU_CHECK_BUDGET (seconds),
 # GPU_CHECK_FORCE=1 (run the GPU steps even when no GPU is seen),
 # GPU_CHECK_STEPS (the sections to run, default "a b c d f p e"; "g" for the
-# main job), GPU_CHECK_MAIN_STEPS (4000), GPU_CHECK_MAIN_WARMUP (1000),
-# GPU_CHECK_MAIN_EVAL (500), GPU_CHECK_MAIN_ARGS (more train_mt flags for g's
-# runs), GPU_CHECK_TP4_STEPS (50: g's four-rank run), GPU_CHECK_PACK=1 (pack logs/ and the metrics
+# main job), GPU_CHECK_MAIN_EVAL (500), GPU_CHECK_MAIN_ARGS (more train_mt
+# flags for g's runs), GPU_CHECK_TP4_STEPS (50: g's four-rank run), GPU_CHECK_PACK=1 (pack logs/ and the metrics
 # into report.tar.gz beside report.md: for a machine that returns few files),
 # GPU_CHECK_CPU_TESTS, GPU_CHECK_TRAIN_STEPS (50), TPTRAIN_CORPUS_DIR,
 # CUDA_HOME, and for tests of this script GPU_CHECK_SMI (an nvidia-smi to
@@ -705,26 +706,19 @@ phase "$budget"
 g_why=$(why_not --device --comm)
 [ -n "$CORPUS" ] || g_why=${g_why:-no corpus}
 if [ -n "$g_why" ]; then
-  for s in main test_bleu plot tp4 tp4_table; do skip "g.$s" "$g_why"; done
+  for s in main plot tp4 tp4_table; do skip "g.$s" "$g_why"; done
 else
-  # The run gets what the test BLEU and the four ranks leave; it ends itself
-  # (--max-minutes) 90 s before its cap, for its last evaluation and save.
+  # The main job gets what the four ranks leave; its training ends itself (--max-minutes) 150 s before
+  # the step's cap, for its last evaluation and save, the averaging and score_run's four translations.
   read -r -a main_extra <<< "${GPU_CHECK_MAIN_ARGS:-}"
-  g_cap=$((phase_deadline - SECONDS - 150))
-  [ "$g_cap" -ge 120 ] || g_cap=120
-  g_min=$(awk -v s="$g_cap" 'BEGIN { printf "%.2f", (s - 90) / 60 }')
-  STEP_NOTE_RE=$TRAIN_NOTE_RE step g.main "$g_cap" \
-    "$BIN/tprun" --standalone --nproc_per_node 1 "$BIN/train_mt" --data "$CORPUS" --cache-dir "$work/cache" \
-    --max-minutes "$g_min" \
-    --max-steps "${GPU_CHECK_MAIN_STEPS:-4000}" --warmup "${GPU_CHECK_MAIN_WARMUP:-1000}" \
-    --eval-interval "${GPU_CHECK_MAIN_EVAL:-500}" --save-interval "${GPU_CHECK_MAIN_EVAL:-500}" --keep-last 1 \
-    --log-interval 50 --save "$work/g_ck" --metrics "$out/g_main.jsonl" "${main_extra[@]}"
-  if [ -f "$work/g_ck/latest" ]; then
-    STEP_NOTE_RE='BLEU' step g.test_bleu 90 bash -c '"$1" --model "$2" --src "$3/test.en" --ref "$3/test.ja" > "$4"' _ \
-      "$BIN/translate_mt" "$work/g_ck" "$CORPUS" "$out/g_test.ja"
-  else
-    skip g.test_bleu "g.main saved no checkpoint"
-  fi
+  g_cap=$((phase_deadline - SECONDS - 130))
+  [ "$g_cap" -ge 240 ] || g_cap=240
+  g_min=$(awk -v s="$g_cap" 'BEGIN { printf "%.2f", (s - 150) / 60 }')
+  # run_main counts the GPUs with the nvidia-smi this check uses
+  STEP_NOTE_RE="score_run: test BLEU|$TRAIN_NOTE_RE" step g.main "$g_cap" \
+    env PATH="$(dirname "$smi"):$PATH" RUN_MAIN_BIN="$BIN" RUN_MAIN_OUT="$work/g" RUN_MAIN_MINUTES="$g_min" RUN_MAIN_EVAL="${GPU_CHECK_MAIN_EVAL:-500}" \
+    bash "$root/scripts/run_main.sh" "$CORPUS" --cache-dir "$work/cache" --log-interval 50 "${main_extra[@]}"
+  for f in enja.jsonl enja.test.ja enja.test.log; do [ ! -f "$work/g/$f" ] || cp "$work/g/$f" "$out/g_main${f#enja}"; done
   plot_py=""
   for p in "$py" python3; do "$p" -c 'import matplotlib' 2> /dev/null && { plot_py=$p; break; }; done
   if [ -z "$plot_py" ]; then

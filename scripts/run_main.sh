@@ -18,6 +18,10 @@
 # Japanese to English: saved to checkpoints/jaen, scored on test.ja -> test.en.
 #   bash scripts/run_main.sh [CORPUS_DIR] [extra train_mt flags...]
 # RUN_MAIN_DRY_RUN=1 prints the choice and the training command, and stops.
+# RUN_MAIN_BIN=DIR runs the programs built in DIR and installs and builds
+# nothing (a machine that cannot install: scripts/gpu_check.sh's section g
+# runs the main job so); RUN_MAIN_OUT=DIR puts the model and its files in
+# DIR instead of checkpoints/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 default_corpus=data/small_parallel_enja
@@ -71,17 +75,21 @@ for f in "$@"; do
   esac
   prev=$f
 done
-out=checkpoints/$src$tgt
+bin=${RUN_MAIN_BIN:-./build}
+out=${RUN_MAIN_OUT:-checkpoints}/$src$tgt
 echo "run_main: direction $src->$tgt: the model and its curves in $out"
-cmd=(./build/tprun "${nproc[@]}" train_mt --data "$corpus" --log-interval 100 "${layout[@]}" "${recipe[@]}"
+cmd=("$bin/tprun" "${nproc[@]}" "$bin/train_mt" --data "$corpus" --log-interval 100 "${layout[@]}" "${recipe[@]}"
      --metrics "$out.jsonl" --save "$out" "$@")
 echo "run_main: then the checkpoint (best or averaged, where the run kept them) and the beam's length penalty" \
      "(${RUN_MAIN_LENPENS:-0.6 1.0 1.4}; RUN_MAIN_LENPENS) chosen on the dev set, and the test set scored with them"
 echo "run_main: ${cmd[*]}"
 [ "${RUN_MAIN_DRY_RUN:-0}" != 1 ] || exit 0
-bash scripts/install_deps.sh --plot
-BUILD_DIR=build bash scripts/build.sh
+if [ -z "${RUN_MAIN_BIN:-}" ]; then
+  bash scripts/install_deps.sh --plot
+  BUILD_DIR=build bash scripts/build.sh
+fi
 [ -s "$corpus/train.en" ] || bash scripts/get_data.sh "$corpus"
+mkdir -p "$(dirname "$out")"
 # A new run: an earlier run's model and metrics are moved aside, never removed (--keep-best and
 # --average-last then judge this run's checkpoints only).
 if [ -e "$out" ] || [ -e "$out.jsonl" ]; then
@@ -91,7 +99,13 @@ if [ -e "$out" ] || [ -e "$out.jsonl" ]; then
   for f in "$out.jsonl"*; do [ ! -e "$f" ] || mv "$f" "$aside${f#"$out"}"; done
 fi
 "${cmd[@]}"
-SCORE_LENPENS=${RUN_MAIN_LENPENS:-0.6 1.0 1.4} bash scripts/score_run.sh "$out" "$out.jsonl" "$corpus" "$src" "$tgt" "$out"
-/usr/bin/python3 scripts/plot_metrics.py "$out.jsonl" -o "$out.png" > /dev/null
-echo "run_main: translations of the test set: $(pwd)/$out.test.$tgt"
-echo "run_main: training curves: $(pwd)/$out.png"
+SCORE_BIN=$bin SCORE_LENPENS=${RUN_MAIN_LENPENS:-0.6 1.0 1.4} \
+  bash scripts/score_run.sh "$out" "$out.jsonl" "$corpus" "$src" "$tgt" "$out"
+out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
+echo "run_main: translations of the test set: $out.test.$tgt"
+if /usr/bin/python3 -c 'import matplotlib' 2> /dev/null; then
+  /usr/bin/python3 scripts/plot_metrics.py "$out.jsonl" -o "$out.png" > /dev/null
+  echo "run_main: training curves: $out.png"
+else
+  echo "run_main: no curves drawn: /usr/bin/python3 has no matplotlib (scripts/install_deps.sh --plot installs it)"
+fi

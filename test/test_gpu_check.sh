@@ -20,8 +20,10 @@
 #     naming the flag, later steps SKIP for lack of time, the run stays short;
 #  4. no bundle: setup.bundle FAILs;
 #  5. (with the corpus) GPU_CHECK_STEPS=g: every other section SKIPs; the
-#     main job, its test BLEU, its plot, four ranks and their memory table
-#     PASS; GPU_CHECK_PACK=1 leaves report.md and report.tar.gz.
+#     main job (run_main.sh with the bundle's programs: its GPU recipe, the
+#     best checkpoint kept, the test BLEU from score_run.sh), its plot, four
+#     ranks and their memory table PASS; GPU_CHECK_PACK=1 leaves report.md
+#     and report.tar.gz.
 # Usage: test_gpu_check.sh GPU_CHECK_SH BUILD_DIR [CORPUS_DIR]
 set -euo pipefail
 script=$1 build=$2 corpus=${3:-}
@@ -292,11 +294,10 @@ check "tight: ended in $(cat "$work/tight/secs") s with a 6 s budget" [ "$(cat "
 # ---- 5. the main job alone (GPU_CHECK_STEPS=g), packed ----------------------------------------
 if [ -n "$corpus" ]; then
   check_run main GPU_CHECK_SMI="$fake/nvidia-smi" FAKE_FLAGS="--device --dtype --comm" GPU_CHECK_STEPS=g \
-    GPU_CHECK_MAIN_STEPS=20 GPU_CHECK_MAIN_WARMUP=5 GPU_CHECK_MAIN_EVAL=10 GPU_CHECK_PACK=1 GPU_CHECK_TP4_STEPS=5 \
-    GPU_CHECK_MAIN_ARGS="--preset tiny --batch-tokens 1024" "${c_args[@]}"
+    GPU_CHECK_MAIN_EVAL=10 GPU_CHECK_PACK=1 GPU_CHECK_TP4_STEPS=5 \
+    GPU_CHECK_MAIN_ARGS="--preset tiny --batch-tokens 1024 --max-steps 20 --warmup 5" "${c_args[@]}"
   for s in a b c d f p e; do row main SKIP "$s" "not in GPU_CHECK_STEPS"; done
-  row main PASS g.main "20 steps in"
-  row main PASS g.test_bleu "BLEU"
+  row main PASS g.main "score_run: test BLEU"
   if /usr/bin/python3 -c 'import matplotlib' 2> /dev/null; then row main PASS g.plot; else row main SKIP g.plot; fi
   row main PASS g.tp4
   row main PASS g.tp4_table "ranks [0, 1, 2, 3]"
@@ -307,6 +308,8 @@ if [ -n "$corpus" ]; then
     [ "$(cd "$work/main/out" && find . -mindepth 1 -maxdepth 1 | sort | tr '\n' ' ')" = "./report.md ./report.tar.gz " ]
   check "main: the archive holds the logs and metrics" \
     bash -c 'tar -tzf "$1" | grep -q "logs/g.main.log" && tar -tzf "$1" | grep -q "g_main.jsonl"' _ "$work/main/out/report.tar.gz"
+  check "main: the main job's GPU recipe (bounded by time, the best kept)" \
+    bash -c 'tar -xzOf "$1" logs/g.main.log | grep -q -- "--max-minutes [0-9.]* --eval-interval 10 --save-interval 10 --keep-last 3 --keep-best bleu --average-last 3"' _ "$work/main/out/report.tar.gz"
 fi
 
 # ---- 4. no bundle ---------------------------------------------------------------------------------

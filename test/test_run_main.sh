@@ -40,11 +40,11 @@ choice() {
 has() { if grep -qF -- "$3" "$work/$2.out"; then ok "$1"; else bad "$1: no '$3' in: $(cat "$work/$2.out")"; fi; }
 choice cpu 0
 has "no GPU: the CPU's 4 ranks" cpu "run_main: no GPU visible (nvidia-smi -L): 4 ranks on the CPU"
-has "no GPU: today's command" cpu "tprun --nproc_per_node=4 train_mt --data $corpus --log-interval 100 --tp 1 --dp 4 --batch-tokens 1024"
+has "no GPU: today's command" cpu "./build/tprun --nproc_per_node=4 ./build/train_mt --data $corpus --log-interval 100 --tp 1 --dp 4 --batch-tokens 1024"
 has "no GPU: extra flags passed on" cpu "--save checkpoints/enja --max-steps 5"
 choice one 1
 has "1 GPU: counted" one "run_main: 1 GPU(s) visible (nvidia-smi -L): one rank per GPU"
-has "1 GPU: one rank per GPU, the planner's layout" one "tprun --nproc_per_node=gpu train_mt --data $corpus --log-interval 100 --layout auto --length-bucket 8"
+has "1 GPU: one rank per GPU, the planner's layout" one "./build/tprun --nproc_per_node=gpu ./build/train_mt --data $corpus --log-interval 100 --layout auto --length-bucket 8"
 if grep -q -- "--nproc_per_node=4" "$work/one.out"; then bad "1 GPU: still 4 ranks"; else ok "1 GPU: not 4 ranks"; fi
 has "1 GPU: bounded by 10 minutes, the best and the averaged checkpoints kept" one \
   "--batch-tokens 4096 --max-steps 1000000 --max-minutes 10 --eval-interval 500 --save-interval 500 --keep-last 3 --keep-best bleu --average-last 3 --metrics"
@@ -56,7 +56,11 @@ has "RUN_MAIN_MINUTES=3 RUN_MAIN_EVAL=250" short "--max-minutes 3 --eval-interva
 if grep -qE -- "--max-minutes|--keep-best" "$work/cpu.out"; then bad "no GPU: the GPU's bound and keep-best"; else ok "no GPU: the cpu preset's own length"; fi
 choice four 4
 has "4 GPUs: counted" four "run_main: 4 GPU(s) visible"
-has "4 GPUs: one rank per GPU" four "tprun --nproc_per_node=gpu train_mt"
+has "4 GPUs: one rank per GPU" four "tprun --nproc_per_node=gpu ./build/train_mt"
+choice bundle 1 RUN_MAIN_BIN=/opt/b RUN_MAIN_OUT=/tmp/o
+has "RUN_MAIN_BIN, RUN_MAIN_OUT: the programs and the folder given" bundle \
+  "/opt/b/tprun --nproc_per_node=gpu /opt/b/train_mt --data"
+has "RUN_MAIN_OUT: the model's folder" bundle "--metrics /tmp/o/enja.jsonl --save /tmp/o/enja"
 choice cvd 4 CUDA_VISIBLE_DEVICES=1,3
 has "CUDA_VISIBLE_DEVICES=1,3 of 4: two GPUs" cvd "run_main: 2 GPU(s) visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES=1,3)"
 choice hidden 4 CUDA_VISIBLE_DEVICES=
