@@ -276,16 +276,18 @@ const char *config_diff(const ModelConfig *a, const char *a_name, const ModelCon
         snprintf(buf, buf_len, "%s has %s %d, %s %d", a_name, #f, (int)a->f, b_name, (int)b->f);       \
         return buf;                                                                                     \
     }
-#define FLOAT_FIELD(f)                                                                                  \
-    if (a->f != b->f) {                                                                                 \
-        snprintf(buf, buf_len, "%s has %s %g, %s %g", a_name, #f, (double)a->f, b_name, (double)b->f); \
-        return buf;                                                                                     \
+#define FLOAT_NAMED(f, name)                                                                              \
+    if (a->f != b->f) {                                                                                   \
+        snprintf(buf, buf_len, "%s has %s %g, %s %g", a_name, name, (double)a->f, b_name, (double)b->f); \
+        return buf;                                                                                       \
     }
+#define FLOAT_FIELD(f) FLOAT_NAMED(f, #f)
     INT_FIELD(d_model) INT_FIELD(n_heads) INT_FIELD(d_ff) INT_FIELD(enc_layers) INT_FIELD(dec_layers)
     INT_FIELD(vocab_size) INT_FIELD(max_len) INT_FIELD(act) INT_FIELD(pad_id) INT_FIELD(bos_id) INT_FIELD(eos_id)
-    INT_FIELD(unk_id) FLOAT_FIELD(dropout) FLOAT_FIELD(attn_dropout)
-    FLOAT_FIELD(act_dropout) FLOAT_FIELD(label_smoothing) FLOAT_FIELD(ln_eps)
+    INT_FIELD(unk_id) FLOAT_FIELD(dropout) FLOAT_NAMED(attn_dropout, "attention_dropout")
+    FLOAT_NAMED(act_dropout, "activation_dropout") FLOAT_FIELD(label_smoothing) FLOAT_FIELD(ln_eps)
 #undef INT_FIELD
 #undef FLOAT_FIELD
+#undef FLOAT_NAMED
     return NULL;
 }

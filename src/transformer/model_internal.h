@@ -21,7 +21,16 @@
  * output layer and the encoder output their input gradients: every one of
  * them is a mapping of tp/parallel.h on the model's group. Everything
  * between is replicated and identical on every tp rank, so the dropout
- * masks there are drawn without the tp rank in their key.
+ * masks there are drawn without the tp rank in their key. The dropouts
+ * inside the sub-blocks (attention probabilities, FFN activations: SubDrop)
+ * act on tensors split by heads and columns; each rank draws its window of
+ * the unsharded tensor's mask (op_dropout_fwd_win), so the tp rank enters
+ * through the window, not the key, and a tp run draws the one-rank masks.
+ * Neither keeps anything: the dropped probabilities are made in d_scratch
+ * (free in forward; backward's attention scratch), the undropped P is what
+ * backward keeps or recomputes, and the FFN keeps its dropped activations
+ * in place of the undropped ones. Attention dropout runs on exact attention
+ * only (flash holds no probabilities: model_set_attention refuses it).
  *
  * With sequence parallelism (model_set_sequence_parallel) what lies between
  * the sub-blocks is split by token rows instead of replicated: the residual
