@@ -356,6 +356,55 @@ OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
     int B, int H, int Tq, int Tk, int D),
    (dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D))
 
+/* ---- Attention with dropout on the probabilities --------------------------
+ * fairseq's attention dropout: attention_fwd with out = Dropout(P) v. The
+ * mask is dropout_fwd_win's over P seen as B rows of H*Tq*Tk (heads, query,
+ * key): row b starts at element first + b*ld of it (a tp rank's heads inside
+ * the (B, H_all, Tq, Tk) tensor of every head: ld = H_all*Tq*Tk, first = the
+ * rank's first head * Tq*Tk). P keeps the probabilities before the dropout
+ * (what backward needs, bit for bit attention_fwd's); Pd, (B, H, Tq, Tk)
+ * room, receives the dropped ones. q, k, v are fp32 (q, k, v) or bf16 bits
+ * (q16, k16, v16, as the _x16 op), exactly one set; out and out16 as
+ * attention_fwd_x16 (neither: P alone). p == 0: attention_fwd /
+ * attention_fwd_x16 bit for bit (Pd not touched). On CUDA p > 0 takes the
+ * general path (the fused one-block kernels hold no mask). */
+OP(attention_drop_fwd, ATTENTION, OWN, STEP,
+   (float *out,             // (B, Tq, H*D), or NULL
+    uint16_t *out16,        // (B, Tq, H*D) bf16 bits, or NULL
+    float *P,               // (B, H, Tq, Tk)
+    float *Pd,              // (B, H, Tq, Tk) room
+    const float *q,         // (B, Tq, H*D) or NULL
+    const float *k,         // (B, Tk, H*D) or NULL
+    const float *v,         // (B, Tk, H*D) or NULL
+    const uint16_t *q16,    // (B, Tq, H*D) or NULL
+    const uint16_t *k16,    // (B, Tk, H*D) or NULL
+    const uint16_t *v16,    // (B, Tk, H*D) or NULL
+    const int32_t *k_len,   // (B)
+    int B, int H, int Tq, int Tk, int D, bool causal, uint64_t first, uint64_t ld, float p, uint64_t seed,
+    uint64_t stream_id),
+   (out, out16, P, Pd, q, k, v, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal, first, ld, p, seed, stream_id))
+/* Its backward from the undropped P and the same mask: Pd rebuilt in
+ * scratch, dv (+)= Pd^T dout; dP = mask * (dout v^T) / (1-p) (dropout_bwd),
+ * dS = scale * P * (dP - rowsum(dP * P)), dq (+)= dS k, dk (+)= dS^T q;
+ * modes, zeros and scratch (B, H, Tq, Tk) as attention_bwd. p == 0:
+ * attention_bwd / attention_bwd_x16 bit for bit. */
+OP(attention_drop_bwd, ATTENTION, OWN, STEP,
+   (float *dq,              // (B, Tq, H*D)
+    float *dk,              // (B, Tk, H*D)
+    float *dv,              // (B, Tk, H*D)
+    GradMode mode,
+    const float *dout,      // (B, Tq, H*D)
+    const float *P,         // (B, H, Tq, Tk)
+    const float *q,         // (B, Tq, H*D) or NULL
+    const float *k,         // (B, Tk, H*D) or NULL
+    const float *v,         // (B, Tk, H*D) or NULL
+    const uint16_t *q16,    // (B, Tq, H*D) or NULL
+    const uint16_t *k16,    // (B, Tk, H*D) or NULL
+    const uint16_t *v16,    // (B, Tk, H*D) or NULL
+    float *scratch,         // (B, H, Tq, Tk)
+    int B, int H, int Tq, int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t stream_id),
+   (dq, dk, dv, mode, dout, P, q, k, v, q16, k16, v16, scratch, B, H, Tq, Tk, D, first, ld, p, seed, stream_id))
+
 /* ---- Attention without the probabilities (flash-style) ---------------------
  * The forward keeps per row the log-sum-exp of its scaled scores instead of
  * P, and the backward rebuilds P from it tile by tile; no (B, H, Tq, Tk)
@@ -418,6 +467,23 @@ OP(dropout_bwd_at, ELEMENTWISE, REF, STEP,
    (float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed,
     uint64_t stream_id),
    (dx, mode, dy, n_elems, first, p, seed, stream_id))
+
+/* The same on a window of rows: element (r, c) of the (rows, cols) operand
+ * is element first + r*ld + c of the mask (any first; ld >= cols when
+ * rows > 1, so no element of the mask is drawn twice): the block of a tp
+ * rank's columns inside a larger row-major tensor of rows ld long, so the
+ * ranks' blocks together draw the unsharded tensor's mask (the FFN's hidden
+ * activations and the attention probabilities, whose columns are split over
+ * tp). out and x (dx and dy) are (rows, cols), contiguous; out may alias x,
+ * dx may alias dy. dropout_fwd_at(first, n) is the window of one row. */
+OP(dropout_fwd_win, ELEMENTWISE, REF, STEP,
+   (float *out, const float *x, size_t rows, size_t cols, uint64_t ld, uint64_t first, float p, uint64_t seed,
+    uint64_t stream_id),
+   (out, x, rows, cols, ld, first, p, seed, stream_id))
+OP(dropout_bwd_win, ELEMENTWISE, REF, STEP,
+   (float *dx, GradMode mode, const float *dy, size_t rows, size_t cols, uint64_t ld, uint64_t first, float p,
+    uint64_t seed, uint64_t stream_id),
+   (dx, mode, dy, rows, cols, ld, first, p, seed, stream_id))
 
 /* ---- Residual + dropout + LayerNorm, fused --------------------------------
  * The boundary of two pre-LN sub-blocks in one op each way, on the rows of

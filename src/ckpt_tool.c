@@ -134,10 +134,11 @@ static int cmd_inspect(const char *arg) {
 
     printf("checkpoint %s\n", dir);
     printf("step       %lld\n", (long long)st.step);
-    printf("model      d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d, max_len %d, %s, dropout %g, "
-           "label smoothing %g, ln_eps %g; %zu parameters in %d tensors\n",
+    printf("model      d_model %d, heads %d, ffn %d, layers %d+%d, vocab %d, max_len %d, %s, dropout %g "
+           "(attention %g, activation %g), label smoothing %g, ln_eps %g; %zu parameters in %d tensors\n",
            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.enc_layers, cfg.dec_layers, cfg.vocab_size, cfg.max_len,
-           activation_name(cfg.act), cfg.dropout, cfg.label_smoothing, cfg.ln_eps, whole.n_elems, whole.n);
+           activation_name(cfg.act), cfg.dropout, cfg.attn_dropout, cfg.act_dropout, cfg.label_smoothing, cfg.ln_eps,
+           whole.n_elems, whole.n);
     printf("mesh       tp %d x dp %d x pp %d (saved layout; any layout loads it)\n", tp, dp, st.pp);
     printf("stages     %s\n", st.pp_layout);
     if (st.corpus)

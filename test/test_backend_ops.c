@@ -184,6 +184,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_positions(t, rng);
     test_layernorm(t, rng);
     test_dropout(t, rng);
+    test_dropout_win(t, rng);
     test_residual_ln(t, rng);
     test_step_vars(t, rng);
     test_adamw(t, rng);
@@ -191,6 +192,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_softmax(t, rng);
     test_attention(t, rng);
     test_attention_flash(t, rng);
+    test_attention_drop(t, rng);
     test_xent(t, rng);
     test_gemm(t, rng);
     test_linear(t, rng);

@@ -223,6 +223,42 @@ static void test_exports(void) {
     model_free(&m);
 }
 
+/* The attention and activation dropouts in config.json: written and read
+ * back; a file written before them (no such fields) reads as 0; a bad
+ * value is refused with its field named. */
+static void test_inner_dropouts_json(const ModelConfig *base) {
+    char err[256];
+    ModelConfig c = *base, back;
+    c.attn_dropout = 0.25f;
+    c.act_dropout = 0.125f;
+    char *json = config_to_json(&c);
+    CHECK(config_from_json(json, &back, err, sizeof err) == 0 && back.attn_dropout == 0.25f &&
+              back.act_dropout == 0.125f, "attention / activation dropout round trip: %s (%g, %g)", err,
+          (double)back.attn_dropout, (double)back.act_dropout);
+    free(json);
+    json = config_to_json(base);  // the fields cut out: an older file
+    const char *keys[2] = {"\"attention_dropout\":", "\"activation_dropout\":"};
+    for (int i = 0; i < 2; i++) {
+        char *at = strstr(json, keys[i]), *end = at ? strchr(at, ',') : NULL;
+        CHECK(at && end, "config.json lacks %s: %s", keys[i], json);
+        if (at && end) memmove(at, end + 1, strlen(end + 1) + 1);
+    }
+    CHECK(!strstr(json, "attention_dropout") && !strstr(json, "activation_dropout"), "fields not cut: %s", json);
+    back.attn_dropout = back.act_dropout = 0.5f;
+    CHECK(config_from_json(json, &back, err, sizeof err) == 0 && back.attn_dropout == 0.0f &&
+              back.act_dropout == 0.0f, "a config.json without the inner dropouts: %s (%g, %g)", err,
+          (double)back.attn_dropout, (double)back.act_dropout);
+    free(json);
+    c = *base;
+    c.attn_dropout = 0.5f;
+    json = config_to_json(&c);
+    char *at = strstr(json, "\"attention_dropout\":");
+    if (at) memcpy(strchr(at, ':') + 1, " 7", 2);  // "0.5" becomes " 7" and its tail: a value out of range
+    CHECK(config_from_json(json, &back, err, sizeof err) != 0 && strstr(err, "attention_dropout must be in [0, 1)"),
+          "attention_dropout 7 from JSON: '%s'", err);
+    free(json);
+}
+
 /* Every float field finite and bounded, the field named: an infinite
  * ln_eps would be written to config.json as null. */
 static void test_float_fields(void) {
@@ -245,6 +281,14 @@ static void test_float_fields(void) {
     expect_config_refused(c, "dropout must be in [0, 1), got ");
     c.dropout = -0.1f;
     expect_config_refused(c, "dropout must be in [0, 1), got -0.1");
+    c = base;
+    c.attn_dropout = 1.0f;
+    expect_config_refused(c, "attention_dropout must be in [0, 1), got 1");
+    c.attn_dropout = NAN;
+    expect_config_refused(c, "attention_dropout must be in [0, 1), got ");
+    c = base;
+    c.act_dropout = -0.5f;
+    expect_config_refused(c, "activation_dropout must be in [0, 1), got -0.5");
     c = base;
     c.label_smoothing = INFINITY;
     expect_config_refused(c, "label_smoothing must be in [0, 1), got inf");
@@ -279,6 +323,7 @@ static void test_float_fields(void) {
         free(text);
     }
     free(json);
+    test_inner_dropouts_json(&base);
 }
 
 int main(void) {

@@ -536,6 +536,17 @@ reseal copy-other
 refuse copy-other \
     "copy-other/manifest.json: the checkpoint's model differs from this run's: the checkpoint has label_smoothing 0.2, this run 0.1" \
     "${resume_synth[@]}" copy-other
+# A manifest written before attention and activation dropout (the two fields
+# absent) reads them as 0, this run's default, and resumes; asking for
+# another value is refused as any other change of the model is.
+copy_of copy-old "$synth_ck"
+sed -i '/"attention_dropout"/d; /"activation_dropout"/d' copy-old/manifest.json
+reseal copy-old
+! grep -q '_dropout"' copy-old/manifest.json || fail "copy-old: the inner dropouts still in its manifest"
+run resume-old.log "${resume_synth[@]}" copy-old
+refuse copy-old-attn \
+    "copy-old/manifest.json: the checkpoint's model differs from this run's: the checkpoint has attention_dropout 0, this run 0.1" \
+    "${resume_synth[@]}" copy-old --attention-dropout 0.1
 
 # The optimizer state: needed to resume, not to translate.
 copy_of no-optim "$mt_ck"

@@ -87,6 +87,12 @@ refused 2 "tprun: --log_dir expects DIR, got ''" "$(dirname "$tm")/tprun" --log_
 refused 2 "train_mt: --seed expects an integer in [0, 2147483647], got '18446744073709551617'" \
     "$tm" --task copy --seed 18446744073709551617
 refused 2 "train_mt: --dropout expects a number in [0, 1), got 'nan'" "$tm" --task copy --dropout nan
+refused 2 "train_mt: --attention-dropout expects a number in [0, 1), got '1'" "$tm" --task copy --attention-dropout 1
+refused 2 "train_mt: --activation-dropout expects a number in [0, 1), got '-0.1'" "$tm" --task copy \
+    --activation-dropout -0.1
+# attention dropout drops the probabilities where they are held: flash holds none
+refused 2 "train_mt: --attention-dropout 0.1 needs --attention exact: flash attention never holds the probabilities it would drop" \
+    "$tm" --task copy --attention flash --attention-dropout 0.1
 refused 2 "train_mt: --lr expects a number in (0, 10], got 'inf'" "$tm" --task copy --lr inf
 refused 2 "train_mt: --lr expects a number in (0, 10], got ' 1e-3'" "$tm" --task copy --lr ' 1e-3'
 refused 2 "train_mt: --adam-eps expects a number in (0, 1], got '0'" "$tm" --task copy --adam-eps 0

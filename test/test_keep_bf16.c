@@ -8,7 +8,8 @@
  * there. For ReLU and GELU, recompute none, selective and full, one rank and
  * tp 2 with and without sequence parallelism (ranks forked, talking over
  * shared memory), two micro-batches of different shapes in flight (two
- * activation slots: F0 F1 B0 B1) with dropout on: the loss sum and every
+ * activation slots: F0 F1 B0 B1) with dropout on (attention and activation
+ * dropout too): the loss sum and every
  * gradient of the rank's shard are bitwise those of keeping them in fp32,
  * and the activation bytes are fewer. In fp32 mode the switch does nothing.
  */
@@ -24,6 +25,8 @@ static ModelConfig test_config(Activation act) {
     c.enc_layers = 2;
     c.dec_layers = 2;
     c.dropout = 0.1f;
+    c.attn_dropout = 0.1f;  // and inside the sub-blocks: the bf16 ReLU's fp32 route with activation dropout
+    c.act_dropout = 0.1f;
     return c;
 }
 

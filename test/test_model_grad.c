@@ -1,7 +1,8 @@
 /* test_model_grad.c: the whole model's loss gradient against central finite
  * differences, on a tiny config with padding in source and target, with and
- * without dropout (masks are a pure function of their key, so the loss is a
- * deterministic function of the parameters either way).
+ * without dropout, and with dropout on the attention probabilities and the
+ * FFN activations as well (masks are a pure function of their key, so the
+ * loss is a deterministic function of the parameters either way).
  *
  * Tolerance: fp32 loss of magnitude ~4 carries rounding noise of about
  * 4 * 6e-8 * sqrt(#ops) ~ 1e-5; with step h = 1e-2 the central difference
@@ -36,16 +37,18 @@ static float loss_of(Model *m, const Batch *b, bool train, DropoutKey key) {
     return model_forward(m, b, train, key, &n);
 }
 
-static void run(float dropout, Activation act) {
+static void run(float dropout, float attn_dropout, float act_dropout, Activation act) {
     char err[256];
     ModelConfig cfg = test_model_config(16, 2, 24, 24, 2, dropout);  // 2 layers each: the tiny preset's
+    cfg.attn_dropout = attn_dropout;
+    cfg.act_dropout = act_dropout;
     cfg.act = act;
     Model m;
     CHECK(model_create(&m, NULL, &cfg, NULL, 7, err, sizeof err) == 0, "%s", err);
     Batch b = {.B = 3, .S = 5, .T = 6, .src = SRC, .src_len = SRC_LEN, .tgt_in = TGT_IN, .tgt_out = TGT_OUT,
                .tgt_len = TGT_LEN};
     CHECK(model_check_batch(&m, &b, err, sizeof err) == 0, "%s", err);
-    bool train = dropout > 0.0f;
+    bool train = dropout > 0.0f || attn_dropout > 0.0f || act_dropout > 0.0f;
     DropoutKey key = {.seed = 99, .step = 3};
     int n_tok = 0;
     model_zero_grad(&m);
@@ -73,16 +76,17 @@ static void run(float dropout, Activation act) {
             ref2 += an * an;
         }
         double err_n = sqrt(diff2), tol = FD_RTOL * sqrt(ref2) + FD_ATOL * sqrt((double)k);
-        CHECK(err_n <= tol, "%s (dropout %g, %s): ||fd - grad|| = %.3e > tol %.3e (||grad|| = %.3e)", p->name,
-              dropout, activation_name(act), err_n, tol, sqrt(ref2));
+        CHECK(err_n <= tol, "%s (dropout %g, attention %g, activation %g, %s): ||fd - grad|| = %.3e > tol %.3e "
+              "(||grad|| = %.3e)", p->name, dropout, attn_dropout, act_dropout, activation_name(act), err_n, tol,
+              sqrt(ref2));
         double rel = err_n / (sqrt(ref2) + 1e-12);
         if (rel > worst && sqrt(ref2) > 1e-3) {
             worst = rel;
             worst_name = p->name;
         }
     }
-    printf("dropout %.2f %s: worst relative gradient error %.2e (%s)\n", dropout, activation_name(act), worst,
-           worst_name);
+    printf("dropout %.2f, attention %.2f, activation %.2f, %s: worst relative gradient error %.2e (%s)\n", dropout,
+           attn_dropout, act_dropout, activation_name(act), worst, worst_name);
     /* Every tensor must receive a gradient: a dead branch would pass FD
      * trivially with zeros only if its true gradient were zero too. */
     for (int i = 0; i < m.tab.n; i++) {
@@ -97,7 +101,8 @@ int main(void) {
     /* GELU only: ReLU's kink makes a central difference wrong wherever a
      * pre-activation lies within h of 0 (some always do in a whole model).
      * ReLU is checked by test_ops away from 0 and by the PyTorch reference. */
-    run(0.0f, ACT_GELU);
-    run(0.3f, ACT_GELU);
+    run(0.0f, 0.0f, 0.0f, ACT_GELU);
+    run(0.3f, 0.0f, 0.0f, ACT_GELU);
+    run(0.1f, 0.3f, 0.3f, ACT_GELU);  // every site: the sub-blocks' outputs, the probabilities, the activations
     return check_report("test_model_grad");
 }

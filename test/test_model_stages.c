@@ -7,7 +7,8 @@
  * the last, each backward's input gradient is copied into the previous
  * stage's output gradient, and the embedding group's gradients are summed.
  * Two micro-batches of different shapes are in flight at once (two
- * activation slots: F0 F1 B0 B1), with dropout on. Checked against the
+ * activation slots: F0 F1 B0 B1), with dropout on (attention and activation
+ * dropout too). Checked against the
  * whole model accumulating the same two micro-batches: the loss sum, and
  * every gradient tensor by name, to 1e-6 relative (the tied embedding's
  * three contributions are summed in another order; everything else is
@@ -40,7 +41,12 @@ static const int32_t TGT_IN1[2 * 3] = {2, 11, 12, 2, 13, 0};
 static const int32_t TGT_OUT1[2 * 3] = {11, 12, 3, 13, 3, 0};
 static const int32_t TGT_LEN1[2] = {3, 2};
 
-static ModelConfig config(void) { return test_model_config(16, 2, 24, 24, 3, 0.1f); }
+static ModelConfig config(void) {
+    ModelConfig c = test_model_config(16, 2, 24, 24, 3, 0.1f);
+    c.attn_dropout = 0.1f;  // every dropout site keyed by its global layer
+    c.act_dropout = 0.1f;
+    return c;
+}
 
 static void batches(Batch b[NMB]) {
     b[0] = (Batch){.B = 3, .S = 5, .T = 6, .src = SRC0, .src_len = SRC_LEN0, .tgt_in = TGT_IN0,

@@ -19,6 +19,10 @@ enter_workdir
 args=(--task copy --max-steps 20 --lr 5e-3 --warmup 5 --log-interval 1 --eval-interval 20 --dropout 0
       --activation gelu --batch-size 32 --comm-timeout 60)
 "$build/train_mt" "${args[@]}" --metrics single.jsonl --export single > single.log
+# The dropout runs below drop at every site: the sub-blocks' outputs, the
+# attention probabilities and the FFN activations (the last two split over
+# tp by heads and columns, each rank drawing its window of the whole mask).
+drop=(--dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1)
 run() {  # name nproc train_mt-flags...
   local name=$1 n=$2; shift 2
   "$build/tprun" --standalone --nproc_per_node "$n" "$build/train_mt" "${args[@]}" "$@" \
@@ -37,8 +41,8 @@ run tp2dp2m2z1 4 --tp 2 --dp 2 --micro-batches 2 --zero 1 --grad-bucket-mb 0.01
 run dp2m2z2 2 --tp 1 --dp 2 --micro-batches 2 --zero 2 --grad-bucket-mb 0.01
 # with dropout: micro-batch i of dp rank r draws the masks of global
 # micro-batch r + i dp, so dp 2 x M 2 is dp 4 (same shares, same masks)
-run drop_dp4 4 --tp 1 --dp 4 --dropout 0.1
-run drop_dp2m2 2 --tp 1 --dp 2 --micro-batches 2 --dropout 0.1
+run drop_dp4 4 --tp 1 --dp 4 "${drop[@]}"
+run drop_dp2m2 2 --tp 1 --dp 2 --micro-batches 2 "${drop[@]}"
 # Pipeline stages (1F1B through the shm pp group): p 2 and 4, with tp, dp
 # (ZeRO-1) and an explicit layout whose first stage ends inside the decoder.
 run pp2 2 --pp 2
@@ -91,14 +95,15 @@ fault stop-stage2 2 stop "did not send within 3 s"
 grep -Eq "pipeline stage [13]: receiving micro-batch [0-9]+'s [a-z]+ from stage 2 failed: comm pp.t0.d0: rank 2 did not send|pipeline stage 0: receiving micro-batch [0-9]+'s [a-z]+ from stage 1 failed: comm pp.t0.d0: rank 1 did not send" stop-stage2.log ||
   { cat stop-stage2.log; echo "FAIL: stop-stage2: the stopped stage (or the stage waiting on it) not named"; exit 1; }
 # with dropout: every stage draws the masks of the same global micro-batch and layer
-run drop_m2 1 --micro-batches 2 --dropout 0.1
-run drop_pp2m2 2 --pp 2 --micro-batches 2 --dropout 0.1
+run drop_m2 1 --micro-batches 2 "${drop[@]}"
+run drop_pp2m2 2 --pp 2 --micro-batches 2 "${drop[@]}"
 # Recomputation in backward: bit for bit the run that keeps everything
 # (tp 2 repeats its allreduces in the recomputed forward; stages with slots).
-run drop_tp2 2 --tp 2 --dropout 0.1
-run drop_tp2_sel 2 --tp 2 --dropout 0.1 --recompute selective
-run drop_tp2_full 2 --tp 2 --dropout 0.1 --recompute full
-run drop_pp2m2_full 2 --pp 2 --micro-batches 2 --dropout 0.1 --recompute full
+run drop_tp2 2 --tp 2 "${drop[@]}"
+run drop_1 1 "${drop[@]}"   # tp 2 draws the one-rank run's masks: the same run, sums in another order
+run drop_tp2_sel 2 --tp 2 "${drop[@]}" --recompute selective
+run drop_tp2_full 2 --tp 2 "${drop[@]}" --recompute full
+run drop_pp2m2_full 2 --pp 2 --micro-batches 2 "${drop[@]}" --recompute full
 grep -q "recompute full" drop_tp2_full.log
 # Sequence parallelism: the token rows between sub-blocks split over tp.
 # The same results as the single-rank run (sums in another order): tp 2 and
@@ -110,23 +115,23 @@ run tp2sp 2 --tp 2 --sequence-parallel
 run tp4sp 4 --tp 4 --sequence-parallel
 run tp2dp2m2z1sp 4 --tp 2 --dp 2 --micro-batches 2 --zero 1 --grad-bucket-mb 0.01 --sequence-parallel
 run tp2dp2m2z2sp 4 --tp 2 --dp 2 --micro-batches 2 --zero 2 --grad-bucket-mb 0.01 --sequence-parallel
-run drop_tp2_sp 2 --tp 2 --dropout 0.1 --sequence-parallel
-run drop_tp2_sp_full 2 --tp 2 --dropout 0.1 --sequence-parallel --recompute full
+run drop_tp2_sp 2 --tp 2 "${drop[@]}" --sequence-parallel
+run drop_tp2_sp_full 2 --tp 2 "${drop[@]}" --sequence-parallel --recompute full
 tp3=(--heads 3 --d-model 36 --ffn-hidden-size 72)
-run tp3 3 --tp 3 "${tp3[@]}" --dropout 0.1
-run tp3sp 3 --tp 3 "${tp3[@]}" --dropout 0.1 --sequence-parallel --recompute selective
+run tp3 3 --tp 3 "${tp3[@]}" "${drop[@]}"
+run tp3sp 3 --tp 3 "${tp3[@]}" "${drop[@]}" --sequence-parallel --recompute selective
 grep -q "recompute selective; sequence parallel" tp3sp.log
 # sequences up to 13 long: the encoder's rows (32 x 13) leave a padding row
 # inside the decoder's (32 x 14), where the decoder's input gradients lie
 # stale; backward writes its LayerNorm-output gradients and must zero that row
-run tp3len13 3 --tp 3 "${tp3[@]}" --dropout 0.1 --seq-len 13
-run tp3len13sp 3 --tp 3 "${tp3[@]}" --dropout 0.1 --seq-len 13 --sequence-parallel
+run tp3len13 3 --tp 3 "${tp3[@]}" "${drop[@]}" --seq-len 13
+run tp3len13sp 3 --tp 3 "${tp3[@]}" "${drop[@]}" --seq-len 13 --sequence-parallel
 # with stages: the messages carry a rank's rows of the residual streams
 run tp2pp2m2sp 4 --tp 2 --pp 2 --micro-batches 2 --sequence-parallel
 run tp2dp2pp2m2sp 8 --tp 2 --dp 2 --pp 2 --micro-batches 2 --sequence-parallel --pp-layout "enc:0-1,dec:0|dec:1" \
   --zero 2 --grad-bucket-mb 0.01
-run drop_tp2pp2m2 4 --tp 2 --pp 2 --micro-batches 2 --dropout 0.1 --pp-layout "enc:0|enc:1,dec:0-1"
-run drop_tp2pp2m2_sp 4 --tp 2 --pp 2 --micro-batches 2 --dropout 0.1 --pp-layout "enc:0|enc:1,dec:0-1" \
+run drop_tp2pp2m2 4 --tp 2 --pp 2 --micro-batches 2 "${drop[@]}" --pp-layout "enc:0|enc:1,dec:0-1"
+run drop_tp2pp2m2_sp 4 --tp 2 --pp 2 --micro-batches 2 "${drop[@]}" --pp-layout "enc:0|enc:1,dec:0-1" \
   --sequence-parallel --recompute selective
 # The tp collectives per training step (2 + 2 layers, one micro-batch).
 # Without it: forward 2 embeddings + 2 per encoder layer + 3 per decoder
@@ -189,11 +194,12 @@ def same_run(ref, name, what):
     wa, _ = st.load(ref + "/model.safetensors")
     wb, _ = st.load(name + "/model.safetensors")
     wd = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
-    print(f"dropout 0.1, {what}: max relative loss difference {rel:.2e}, max weight difference {wd:.2e}")
+    print(f"dropout 0.1 (and attention, activation 0.1), {what}: max relative loss difference {rel:.2e}, max weight difference {wd:.2e}")
     if len(b) != 20 or rel > LOSS_RTOL or wd > WEIGHT_ATOL or a == losses("single"):
         bad.append(name)
 same_run("drop_dp4", "drop_dp2m2", "dp 2 x 2 micro-batches vs dp 4")
 same_run("drop_m2", "drop_pp2m2", "pp 2 x 2 micro-batches vs one rank x 2")
+same_run("drop_1", "drop_tp2", "tp 2 vs one rank")
 same_run("drop_tp2", "drop_tp2_sp", "tp 2 sequence-parallel vs tp 2")
 same_run("drop_tp2", "drop_tp2_sp_full", "tp 2 sequence-parallel, recompute full vs tp 2")
 same_run("tp3", "tp3sp", "tp 3 (uneven rows) sequence-parallel, recompute selective vs tp 3")
@@ -204,7 +210,7 @@ def bitwise(ref, name, what):
     wa, _ = st.load(ref + "/model.safetensors")
     wb, _ = st.load(name + "/model.safetensors")
     same = [k for k in wa if torch.equal(wa[k], wb[k])]
-    print(f"dropout 0.1, {what}: losses {'equal' if a == b else 'DIFFER'}, {len(same)} of {len(wa)} tensors equal")
+    print(f"dropout 0.1 (and attention, activation 0.1), {what}: losses {'equal' if a == b else 'DIFFER'}, {len(same)} of {len(wa)} tensors equal")
     if len(b) != 20 or a != b or len(same) != len(wa):
         bad.append(name)
 bitwise("drop_tp2", "drop_tp2_sel", "tp 2, recompute selective vs none")

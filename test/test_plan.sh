@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # train_mt --plan against the runs it predicts: for layouts mixing tp, dp,
-# pp, micro-batches, ZeRO, sequence parallelism and recomputation, on the
+# pp, micro-batches, ZeRO, sequence parallelism, recomputation and the inner
+# dropouts (their masks kept nowhere, their dropped probabilities made in the
+# scratch the backward already holds), on the
 # copy task and on the corpus (dev BLEU: rank 0 holds and decodes the whole
 # model), every rank's predicted allocator peak must lie within 5% of the
 # peak the run's memory report measures, and each tag within 5% (or 64 KiB).
@@ -29,6 +31,7 @@ data=(--data "$corpus" --preset tiny --max-steps 4 --eval-interval 2 --batch-tok
 layouts=(
   "1|tp1|${copy[*]}"
   "2|tp2sp-sel|${copy[*]} --tp 2 --sequence-parallel --recompute selective"
+  "2|tp2-drop-sel|${copy[*]} --tp 2 --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1 --recompute selective"
   "4|tp2dp2-z1|${copy[*]} --tp 2 --dp 2 --zero 1 --micro-batches 2"
   "4|dp4-z2|${copy[*]} --dp 4 --zero 2 --grad-bucket-mb 0.01"
   "2|pp2m3-full|${copy[*]} --pp 2 --micro-batches 3 --recompute full"

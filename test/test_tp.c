@@ -2,7 +2,13 @@
  * process that forks tp ranks talking over the shared-memory backend.
  *
  * For tp = 2 and 4: the loss and every gradient (assembled from the shards)
- * equal those of the tp = 1 model on the same batch; the number of tp
+ * equal those of the tp = 1 model on the same batch, without dropout and
+ * (tp = 2 and 4 again) with every dropout on: the sub-blocks' outputs
+ * (replicated: the same mask on every rank), the attention probabilities
+ * and the FFN activations (split over tp by heads and columns: each rank
+ * draws its window of the unsharded tensor's mask, so a tp run draws
+ * exactly the one-rank run's masks and differs from it only in the order
+ * of its sums); the number of tp
  * allreduces is Megatron's (forward: one per sub-block, plus the two
  * embedding lookups and the two loss statistics; backward: one per
  * sub-block, plus the output layer's and the encoder output's input
@@ -31,10 +37,19 @@
 
 #define TP_RTOL 1e-5
 
-static ModelConfig test_config(void) {
+/* The dropouts of the runs with dropout, and their key. */
+#define DROP_P 0.1f
+#define DROP_ATTN 0.2f
+#define DROP_ACT 0.3f
+static const DropoutKey DROP_KEY = {.seed = 11, .step = 2, .micro = 1};
+
+static ModelConfig test_config(bool drop) {
     ModelConfig c;
     char err[256];
     config_preset("tiny", &c, err, sizeof err);
+    c.dropout = drop ? DROP_P : 0.0f;
+    c.attn_dropout = drop ? DROP_ATTN : 0.0f;
+    c.act_dropout = drop ? DROP_ACT : 0.0f;
     c.act = ACT_GELU;
     c.vocab_size = 62;  /* not a multiple of 4: the vocabulary is padded for tp = 4 */
     c.enc_layers = 2;
@@ -45,14 +60,15 @@ static ModelConfig test_config(void) {
 /* What a rank reports: loss, allreduce counts, gathered grads (rank 0). */
 typedef struct { float loss; long fwd, bwd; int repl_ok; } RankResult;
 
-static int run_rank(const char *job, const char *dir, int tp, int rank) {
+static int run_rank(const char *job, const char *dir, int tp, int rank, bool drop) {
     char err[512];
     Comm *comm = comm_shm_create(job, "tp", rank, tp, 20.0, err, sizeof err);
     if (!comm) {
         fprintf(stderr, "rank %d: %s\n", rank, err);
         return 10;
     }
-    ModelConfig cfg = test_config();
+    ModelConfig cfg = test_config(drop);
+    const DropoutKey key0 = drop ? DROP_KEY : (DropoutKey){0};
     Model m;
     TpGroup g = {.size = tp, .rank = rank, .comm = comm};
     if (model_create(&m, NULL, &cfg, &g, 5, err, sizeof err)) {
@@ -65,10 +81,10 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
     int n = 0;
     model_zero_grad(&m);
     comm_reset_stats(comm);
-    res.loss = model_forward(&m, &b.view, false, (DropoutKey){0}, &n);
+    res.loss = model_forward(&m, &b.view, drop, key0, &n);
     res.fwd = comm_stats(comm).allreduce;
     comm_reset_stats(comm);
-    model_backward(&m, &b.view, false, (DropoutKey){0}, 1.0f / (float)n);
+    model_backward(&m, &b.view, drop, key0, 1.0f / (float)n);
     res.bwd = comm_stats(comm).allreduce;
 
     /* Gradients assembled from the shards (model_gather reads `params`). */
@@ -122,7 +138,7 @@ static int run_rank(const char *job, const char *dir, int tp, int rank) {
     return 0;
 }
 
-static void check_layout(int tp, const Model *ref, float ref_loss) {
+static void check_layout(int tp, const Model *ref, float ref_loss, bool drop) {
     char dir[64], job[64];
     snprintf(dir, sizeof dir, "/tmp/test_tp.XXXXXX");
     if (!mkdtemp(dir)) return;
@@ -130,7 +146,7 @@ static void check_layout(int tp, const Model *ref, float ref_loss) {
     pid_t pids[8];
     for (int r = 0; r < tp; r++) {
         pids[r] = fork();
-        if (pids[r] == 0) _exit(run_rank(job, dir, tp, r));
+        if (pids[r] == 0) _exit(run_rank(job, dir, tp, r, drop));
     }
     for (int r = 0; r < tp; r++) {
         int st = 0;
@@ -171,13 +187,15 @@ static void check_layout(int tp, const Model *ref, float ref_loss) {
         }
         free(bytes);
     }
-    printf("tp %d: loss and %d gradients match tp 1; %ld + %ld allreduces per step\n", tp, ref->tab.n, fwd_want,
-           bwd_want);
+    printf("tp %d%s: loss and %d gradients match tp 1; %ld + %ld allreduces per step\n", tp,
+           drop ? " with dropout, attention and activation dropout" : "", ref->tab.n, fwd_want, bwd_want);
     remove_tree(dir);
 }
 
-int main(void) {
-    ModelConfig cfg = test_config();
+/* The tp = 1 loss and gradients, then tp = 2 and 4 against them. */
+static void check_all(bool drop) {
+    ModelConfig cfg = test_config(drop);
+    const DropoutKey key = drop ? DROP_KEY : (DropoutKey){0};
     char err[256];
     Model ref;
     CHECK(model_create(&ref, NULL, &cfg, NULL, 5, err, sizeof err) == 0, "%s", err);
@@ -185,12 +203,17 @@ int main(void) {
     synth_batch(&b, SYNTH_REVERSE, config_tokens(&cfg), 6, 3, 9, 17, 1);
     int n = 0;
     model_zero_grad(&ref);
-    float loss = model_forward(&ref, &b.view, false, (DropoutKey){0}, &n);
-    model_backward(&ref, &b.view, false, (DropoutKey){0}, 1.0f / (float)n);
+    float loss = model_forward(&ref, &b.view, drop, key, &n);
+    model_backward(&ref, &b.view, drop, key, 1.0f / (float)n);
     fflush(stdout);
-    check_layout(2, &ref, loss);
-    check_layout(4, &ref, loss);
+    check_layout(2, &ref, loss, drop);
+    check_layout(4, &ref, loss, drop);
     owned_batch_free(&b);
     model_free(&ref);
+}
+
+int main(void) {
+    check_all(false);
+    check_all(true);
     return check_report("test_tp");
 }

@@ -91,13 +91,27 @@ static void sgemm_ld(bool trans_a, bool trans_b, int M, int N, int K, float alph
                 beta, C, ldc);
 }
 
-void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
-                      float *P,              // (B, H, Tq, Tk)
-                      const float *q,        // (B, Tq, H*D)
-                      const float *k,        // (B, Tk, H*D)
-                      const float *v,        // (B, Tk, H*D)
-                      const int32_t *k_len,  // (B)
-                      int B, int H, int Tq, int Tk, int D, bool causal) {
+/* The dropout on the probabilities of attention_drop_*: its room Pd (the
+ * forward's; the backward's is its scratch) and its mask's window. NULL: none. */
+typedef struct {
+    float *Pd;          // (B, H, Tq, Tk)
+    uint64_t first, ld;
+    float p;
+    uint64_t seed, stream;
+} AttnDrop;
+
+/* The window of (b, h)'s (Tq, Tk) probabilities in the mask. */
+static uint64_t drop_at(const AttnDrop *d, int b, int h, int Tq, int Tk) {
+    return d->first + (uint64_t)b * d->ld + (uint64_t)h * Tq * Tk;
+}
+
+static void attention_fwd_core(float *out,            // (B, Tq, H*D)
+                               float *P,              // (B, H, Tq, Tk)
+                               const float *q,        // (B, Tq, H*D)
+                               const float *k,        // (B, Tk, H*D)
+                               const float *v,        // (B, Tk, H*D)
+                               const int32_t *k_len,  // (B)
+                               int B, int H, int Tq, int Tk, int D, bool causal, const AttnDrop *drop) {
     TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0,
              "op_attention_fwd: negative size");
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
@@ -118,18 +132,32 @@ void cpu_attention_fwd(float *out,            // (B, Tq, H*D)
                 softmax_row(P_bh + (size_t)i * Tk, P_bh + (size_t)i * Tk, Tk,
                             valid_keys(k_len[b], i, Tk, causal), scale);
             if (!out) continue;  // P alone
+            const float *Pv = P_bh;  // the probabilities the product takes: P, or dropped into Pd
+            if (drop) {
+                float *Pd_bh = drop->Pd + ((size_t)b * H + h) * Tq * Tk;
+                cpu_dropout_fwd_win(Pd_bh, P_bh, 1, (size_t)Tq * Tk, 0, drop_at(drop, b, h, Tq, Tk), drop->p,
+                                    drop->seed, drop->stream);
+                Pv = Pd_bh;
+            }
             float *out_bh = out + (size_t)b * Tq * HD + (size_t)h * D;  // (Tq, D) ld HD
-            sgemm_ld(false, false, Tq, D, Tk, 1.0f, P_bh, Tk, v_bh, HD, 0.0f, out_bh, HD);
+            sgemm_ld(false, false, Tq, D, Tk, 1.0f, Pv, Tk, v_bh, HD, 0.0f, out_bh, HD);
         }
+}
+
+void cpu_attention_fwd(float *out, float *P, const float *q, const float *k, const float *v, const int32_t *k_len,
+                       int B, int H, int Tq, int Tk, int D, bool causal) {
+    attention_fwd_core(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, NULL);
 }
 
 // dq, dout, q (B, Tq, H*D); dk, dv, k, v (B, Tk, H*D); P, scratch (B, H, Tq, Tk).
 // GRAD_WRITE: the three products with beta 0 (every row written: a padding
 // key's P and dS columns are zeros, so are its dk and dv rows); with Tq or Tk
 // 0 there are no products, and the gradients they would write are zeros.
-void cpu_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *P,
-                       const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq, int Tk,
-                       int D) {
+// With drop: dv from the dropped probabilities, rebuilt in scratch first,
+// and dP through the mask before the softmax's backward.
+static void attention_bwd_core(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *P,
+                               const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
+                               int Tk, int D, const AttnDrop *drop) {
     TP_CHECK(grad_mode_valid(mode), "op_attention_bwd: unknown gradient mode %d", (int)mode);
     TP_CHECK(B >= 0 && H >= 0 && Tq >= 0 && Tk >= 0 && D >= 0,
              "op_attention_bwd: negative size");
@@ -148,12 +176,16 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const flo
             size_t k_off = (size_t)b * Tk * HD + (size_t)h * D;
             const float *P_bh = P + ((size_t)b * H + h) * Tq * Tk;  // (Tq, Tk)
             float *dS = scratch + ((size_t)b * H + h) * Tq * Tk;     // (Tq, Tk)
-            // dv (+)= P^T dout
-            sgemm_ld(true, false, Tk, D, Tq, 1.0f, P_bh, Tk, dout + q_off, HD, beta,
+            const uint64_t at = drop ? drop_at(drop, b, h, Tq, Tk) : 0;
+            const size_t n_p = (size_t)Tq * Tk;
+            if (drop) cpu_dropout_fwd_win(dS, P_bh, 1, n_p, 0, at, drop->p, drop->seed, drop->stream);
+            // dv (+)= P^T dout (the dropped P: dS holds it)
+            sgemm_ld(true, false, Tk, D, Tq, 1.0f, drop ? dS : P_bh, Tk, dout + q_off, HD, beta,
                      dv + k_off, HD);
-            // dP = dout v^T, then dS = scale * P * (dP - rowsum(dP * P)) in place
+            // dP = dout v^T (through the mask), then dS = scale * P * (dP - rowsum(dP * P)) in place
             sgemm_ld(false, true, Tq, Tk, D, 1.0f, dout + q_off, HD, v + k_off, HD, 0.0f,
                      dS, Tk);
+            if (drop) cpu_dropout_bwd_win(dS, GRAD_WRITE, dS, 1, n_p, 0, at, drop->p, drop->seed, drop->stream);
             for (int i = 0; i < Tq; i++) {
                 float *row = dS + (size_t)i * Tk;
                 const float *p_row = P_bh + (size_t)i * Tk;
@@ -168,6 +200,30 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const flo
             sgemm_ld(true, false, Tk, D, Tq, 1.0f, dS, Tk, q + q_off, HD, beta,
                      dk + k_off, HD);
         }
+}
+
+void cpu_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *P,
+                       const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq, int Tk,
+                       int D) {
+    attention_bwd_core(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, NULL);
+}
+
+/* ---- attention with dropout on the probabilities (attention_drop_*) ---- */
+
+void cpu_attention_drop_fwd(float *out, float *P, float *Pd, const float *q, const float *k, const float *v,
+                            const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, uint64_t first,
+                            uint64_t ld, float p, uint64_t seed, uint64_t stream) {
+    TP_CHECK(p >= 0.0f && p < 1.0f, "op_attention_drop_fwd: p = %g outside [0, 1)", (double)p);
+    const AttnDrop drop = {Pd, first, ld, p, seed, stream};
+    attention_fwd_core(out, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, p > 0.0f ? &drop : NULL);
+}
+
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *P,
+                            const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
+                            int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t stream) {
+    TP_CHECK(p >= 0.0f && p < 1.0f, "op_attention_drop_bwd: p = %g outside [0, 1)", (double)p);
+    const AttnDrop drop = {scratch, first, ld, p, seed, stream};
+    attention_bwd_core(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, p > 0.0f ? &drop : NULL);
 }
 
 /* ---- attention without the probabilities (ops_list.h: attention_flash_*) ----

@@ -414,6 +414,43 @@ static void t_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float 
                              uint64_t seed, uint64_t st) {
     cpu_dropout_bwd_at(dx, mode, dy, n, first, p, seed, step_stream(be, st));
 }
+static void t_dropout_fwd_win(Backend *be, float *o, const float *x, size_t rows, size_t cols, uint64_t ld,
+                              uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cpu_dropout_fwd_win(o, x, rows, cols, ld, first, p, seed, step_stream(be, st));
+}
+static void t_dropout_bwd_win(Backend *be, float *dx, GradMode mode, const float *dy, size_t rows, size_t cols,
+                              uint64_t ld, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cpu_dropout_bwd_win(dx, mode, dy, rows, cols, ld, first, p, seed, step_stream(be, st));
+}
+/* fp32 q, k, v as they are, or bf16 ones widened (then with out16 room for
+ * the fp32 output after them), as the _x16 ops. */
+static float *drop_qkv(Backend *be, const char *op, const float **q, const float **k, const float **v,
+                       const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H, int Tq, int Tk,
+                       int D, bool out_room) {
+    TP_CHECK((*q != NULL) != (q16 != NULL), "%s: give q, k, v as fp32 or as bf16, exactly one of them", op);
+    if (q16) return widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, out_room);
+    if (!out_room) return NULL;
+    const size_t nq = (size_t)(B > 0 ? B : 0) * (H > 0 ? H : 0) * (D > 0 ? D : 0) * (Tq > 0 ? Tq : 0);
+    return backend_workspace(be, (nq + 1) * sizeof(float));
+}
+static void t_attention_drop_fwd(Backend *be, float *out, uint16_t *out16, float *P, float *Pd, const float *q,
+                                 const float *k, const float *v, const uint16_t *q16, const uint16_t *k16,
+                                 const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
+                                 bool causal, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t st) {
+    TP_CHECK(!(out && out16), "op_attention_drop_fwd: give at most one of out and out16");
+    float *room = drop_qkv(be, "op_attention_drop_fwd", &q, &k, &v, q16, k16, v16, B, H, Tq, Tk, D, out16 != NULL);
+    cpu_attention_drop_fwd(out16 ? room : out, P, Pd, q, k, v, kl, B, H, Tq, Tk, D, causal, first, ld, p, seed,
+                           step_stream(be, st));
+    if (out16 && B > 0 && H > 0 && Tq > 0 && D > 0) cpu_to_bf16(out16, room, (size_t)B * Tq * H * D);
+}
+static void t_attention_drop_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                 const float *P, const float *q, const float *k, const float *v, const uint16_t *q16,
+                                 const uint16_t *k16, const uint16_t *v16, float *scratch, int B, int H, int Tq,
+                                 int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t st) {
+    drop_qkv(be, "op_attention_drop_bwd", &q, &k, &v, q16, k16, v16, B, H, Tq, Tk, D, false);
+    cpu_attention_drop_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, first, ld, p, seed,
+                           step_stream(be, st));
+}
 static void t_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                        float eps, int32_t ig) {
     (void)be;

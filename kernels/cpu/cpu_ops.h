@@ -51,6 +51,15 @@ void cpu_attention_flash_bwd(float *dq, float *dk, float *dv, GradMode mode, con
                              const float *q, const float *k, const float *v, const int32_t *k_len, float *delta,
                              int B, int H, int Tq, int Tk, int D, bool causal, float *work);
 
+/* The attention_drop ops' reference on fp32 q, k, v (the backend widens
+ * bf16 ones, as for the _x16 ops); stream without the StepVars' base. */
+void cpu_attention_drop_fwd(float *out, float *P, float *Pd, const float *q, const float *k, const float *v,
+                            const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal, uint64_t first,
+                            uint64_t ld, float p, uint64_t seed, uint64_t stream);
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *P,
+                            const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
+                            int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t stream);
+
 /* Sum of squares of x, in double (the tests' host-side figure). */
 double cpu_sumsq(const float *x, size_t n_elems);
 /* Dropout over a whole tensor (the window at 0). */

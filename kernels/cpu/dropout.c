@@ -26,18 +26,26 @@ uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
            ((uint64_t)site << 10) | (uint64_t)tp_rank;
 }
 
-/* out[i] = keep(first + i) ? x[i] * scale : 0, for the Philox mask of
- * (seed, stream). With accumulate, out[i] += instead. out may alias x. */
-static void apply_mask(float *out, const float *x, size_t n_elems, uint64_t first, float p,
+/* out[r*cols + c] = keep(first + r*ld + c) ? x[r*cols + c] * scale : 0, for
+ * the Philox mask of (seed, stream): a window of rows of a larger mask (one
+ * row: the window at first). With accumulate, out[.] += instead. out may
+ * alias x. A block's four words are drawn once while the window stays in it. */
+static void apply_mask(float *out, const float *x, size_t rows, size_t cols, uint64_t ld, uint64_t first, float p,
                        uint64_t seed, uint64_t stream, bool accumulate) {
     const float scale = dropout_scale(p);
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    for (size_t base = 0; base < n_elems; base += 4) {
+    for (size_t r = 0; r < rows; r++) {
+        const uint64_t at = first + r * ld;
+        uint64_t block = UINT64_MAX;
         uint32_t words[4];
-        dropout_block_words((first + base) / 4, key, (uint32_t)stream, (uint32_t)(stream >> 32), words);
-        for (size_t w = 0; w < 4 && base + w < n_elems; w++) {
-            size_t i = base + w;
-            float val = dropout_keeps(words[w], p) ? x[i] * scale : 0.0f;
+        for (size_t c = 0; c < cols; c++) {
+            const uint64_t g = at + c;
+            if (g / 4 != block) {
+                block = g / 4;
+                dropout_block_words(block, key, (uint32_t)stream, (uint32_t)(stream >> 32), words);
+            }
+            const size_t i = r * cols + c;
+            const float val = dropout_keeps(words[g % 4], p) ? x[i] * scale : 0.0f;
             out[i] = accumulate ? out[i] + val : val;
         }
     }
@@ -53,7 +61,7 @@ void cpu_dropout_fwd_at(float *out,      // (n_elems), may alias x
             for (size_t i = 0; i < n_elems; i++) out[i] = x[i];
         return;
     }
-    apply_mask(out, x, n_elems, first, p, seed, stream, false);
+    apply_mask(out, x, 1, n_elems, 0, first, p, seed, stream, false);
 }
 
 void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE)
@@ -69,7 +77,7 @@ void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated, or written (
         else cpu_copy(dx, dy, n_elems);
         return;
     }
-    apply_mask(dx, dy, n_elems, first, p, seed, stream, add);
+    apply_mask(dx, dy, 1, n_elems, 0, first, p, seed, stream, add);
 }
 
 void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64_t seed, uint64_t stream) {
@@ -79,4 +87,34 @@ void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64
 void cpu_dropout_bwd(float *dx, GradMode mode, const float *dy, size_t n_elems, float p, uint64_t seed,
                      uint64_t stream) {
     cpu_dropout_bwd_at(dx, mode, dy, n_elems, 0, p, seed, stream);
+}
+
+/* The checks of both window ops (name: the op's, for the message). */
+static void win_check(const char *op, size_t rows, size_t cols, uint64_t ld, float p) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "%s: p = %g outside [0, 1]", op, (double)p);
+    TP_CHECK(rows <= 1 || ld >= cols, "%s: rows of %zu elements %llu apart overlap in the mask", op, cols,
+             (unsigned long long)ld);
+}
+
+void cpu_dropout_fwd_win(float *out, const float *x, size_t rows, size_t cols, uint64_t ld, uint64_t first, float p,
+                         uint64_t seed, uint64_t stream) {
+    win_check("op_dropout_fwd_win", rows, cols, ld, p);
+    if (p == 0.0f) {
+        if (out != x) cpu_copy(out, x, rows * cols);
+        return;
+    }
+    apply_mask(out, x, rows, cols, ld, first, p, seed, stream, false);
+}
+
+void cpu_dropout_bwd_win(float *dx, GradMode mode, const float *dy, size_t rows, size_t cols, uint64_t ld,
+                         uint64_t first, float p, uint64_t seed, uint64_t stream) {
+    TP_CHECK(grad_mode_valid(mode), "op_dropout_bwd_win: unknown gradient mode %d", (int)mode);
+    win_check("op_dropout_bwd_win", rows, cols, ld, p);
+    const bool add = mode == GRAD_ADD;
+    if (p == 0.0f) {
+        if (add) cpu_accumulate(dx, dy, rows * cols);
+        else if (dx != dy) cpu_copy(dx, dy, rows * cols);
+        return;
+    }
+    apply_mask(dx, dy, rows, cols, ld, first, p, seed, stream, add);
 }

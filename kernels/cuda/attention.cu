@@ -437,13 +437,31 @@ static OutView probs_out(float *p, int H, int Tq, int Tk) {
     return m;
 }
 
+// The dropout of attention_drop_* on the probabilities: the forward's room
+// for the dropped P (the backward's is its scratch), the mask's window and
+// key. NULL: none; a dropout always takes the general path (the fused
+// kernels hold no mask), through dropout.cu's window op.
+struct AttnDrop {
+    float *Pd;  // (B, H, Tq, Tk)
+    uint64_t first, ld;
+    float p;
+    uint64_t seed, stream_id;
+    const StepVars *step;
+};
+
+static void drop_probs(const AttnDrop *d, float *Pd, const float *P, int B, int H, int Tq, int Tk,
+                       cudaStream_t stream) {
+    cuda_op_dropout_fwd_win(Pd, P, (size_t)B, (size_t)H * Tq * Tk, d->ld, d->first, d->p, d->seed, d->stream_id,
+                            d->step, stream);
+}
+
 template <typename T>
 static void attention_fwd_launch(float *out, uint16_t *out16, float *P, const T *q, const T *k,
                                  const T *v, const int32_t *k_len, int B, int H, int Tq,
-                                 int Tk, int D, bool causal, cudaStream_t stream) {
+                                 int Tk, int D, bool causal, const AttnDrop *drop, cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
-    if (fused_fits(attn_fused_fwd_smem_bytes(Tk, D))) {
+    if (!drop && fused_fits(attn_fused_fwd_smem_bytes(Tk, D))) {
         fused_launch(attn_fused_fwd_kernel<T>, attn_fused_fwd_smem_bytes(Tk, D), BH, stream, out, out16, P, q, k, v,
                      k_len, B, H, Tq, Tk, D, causal, scale);
         return;
@@ -453,29 +471,34 @@ static void attention_fwd_launch(float *out, uint16_t *out16, float *P, const T 
                    H, BH, false, stream);
     softmax_fwd_launch(P, P, k_len, B, H, Tq, Tk, scale, causal, stream);
     if (!out && !out16) return;  // P alone
-    // out = P v: (Tq, Tk) x (Tk, D)
-    bh_gemm_launch(out ? tokens_out(out, Tq, H, D) : tokens_out16(out16, Tq, H, D), probs(P, H, Tq, Tk),
-                   tokens(v, Tk, H, D), Tq, D, Tk, H, BH, false, stream);
+    if (drop) drop_probs(drop, drop->Pd, P, B, H, Tq, Tk, stream);
+    // out = P v (or the dropped P): (Tq, Tk) x (Tk, D)
+    bh_gemm_launch(out ? tokens_out(out, Tq, H, D) : tokens_out16(out16, Tq, H, D),
+                   probs(drop ? drop->Pd : P, H, Tq, Tk), tokens(v, Tk, H, D), Tq, D, Tk, H, BH, false, stream);
 }
 
 template <typename T>
 static void attention_bwd_launch(float *dq, float *dk, float *dv, const float *dout,
                                  const float *P, const T *q, const T *k, const T *v,
                                  float *scratch, int B, int H, int Tq, int Tk, int D, bool accumulate,
-                                 cudaStream_t stream) {
+                                 const AttnDrop *drop, cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
-    if (fused_fits(attn_fused_bwd_smem_bytes(Tq, Tk, D))) {
+    if (!drop && fused_fits(attn_fused_bwd_smem_bytes(Tq, Tk, D))) {
         fused_launch(attn_fused_bwd_kernel<T>, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, dq, dk, dv, dout, P,
                      q, k, v, B, H, Tq, Tk, D, scale, (int)accumulate);
         return;
     }
-    // dv (+)= P^T dout: (Tk, Tq) x (Tq, D)
-    bh_gemm_launch(tokens_out(dv, Tk, H, D), probs_t(P, H, Tq, Tk), tokens(dout, Tq, H, D), Tk, D,
+    // dv (+)= P^T dout (the dropped P, rebuilt in scratch): (Tk, Tq) x (Tq, D)
+    if (drop) drop_probs(drop, scratch, P, B, H, Tq, Tk, stream);
+    bh_gemm_launch(tokens_out(dv, Tk, H, D), probs_t(drop ? scratch : P, H, Tq, Tk), tokens(dout, Tq, H, D), Tk, D,
                    Tq, H, BH, accumulate, stream);
-    // dP = dout v^T into scratch: (Tq, D) x (D, Tk)
+    // dP = dout v^T into scratch: (Tq, D) x (D, Tk), through the mask
     bh_gemm_launch(probs_out(scratch, H, Tq, Tk), tokens(dout, Tq, H, D), tokens_t(v, Tk, H, D),
                    Tq, Tk, D, H, BH, false, stream);
+    if (drop)
+        cuda_op_dropout_bwd_win(scratch, GRAD_WRITE, scratch, (size_t)B, (size_t)H * Tq * Tk, drop->ld, drop->first,
+                                drop->p, drop->seed, drop->stream_id, drop->step, stream);
     // dS = scale * P * (dP - rowsum(dP * P)), in place
     softmax_bwd_launch(scratch, scratch, P, (size_t)BH * Tq, Tk, scale, false, stream);
     // dq (+)= dS k: (Tq, Tk) x (Tk, D)
@@ -530,7 +553,7 @@ static void check_attention(const char *op, int B, int H, int Tq, int Tk, int D)
 template <typename T>
 static void attention_fwd_op(const char *op, float *out, uint16_t *out16, float *P, const T *q, const T *k,
                              const T *v, const int32_t *k_len, int B, int H, int Tq, int Tk, int D, bool causal,
-                             cudaStream_t stream) {
+                             const AttnDrop *drop, cudaStream_t stream) {
     check_attention(op, B, H, Tq, Tk, D);
     TP_CHECK(!(out && out16), "%s: give at most one of out and out16", op);
     if (B == 0 || H == 0 || Tq == 0 || D == 0) return;
@@ -545,21 +568,22 @@ static void attention_fwd_op(const char *op, float *out, uint16_t *out16, float 
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, k_len);
-    attention_fwd_launch<T>(out, out16, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, stream);
+    if (drop && (out || out16)) TP_NEED_PTR(op, drop->Pd);
+    attention_fwd_launch<T>(out, out16, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, drop, stream);
 }
 
 extern "C" void cuda_op_attention_fwd(float *out, float *P, const float *q, const float *k,
                                       const float *v, const int32_t *k_len, int B, int H, int Tq,
                                       int Tk, int D, bool causal, cudaStream_t stream) {
     attention_fwd_op("cuda_op_attention_fwd", out, (uint16_t *)NULL, P, q, k, v, k_len, B, H, Tq, Tk, D, causal,
-                     stream);
+                     (const AttnDrop *)NULL, stream);
 }
 
 extern "C" void cuda_op_attention_fwd_x16(float *out, uint16_t *out16, float *P, const uint16_t *q16,
                                           const uint16_t *k16, const uint16_t *v16, const int32_t *k_len, int B,
                                           int H, int Tq, int Tk, int D, bool causal, cudaStream_t stream) {
     attention_fwd_op("cuda_op_attention_fwd_x16", out, out16, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal,
-                     stream);
+                     (const AttnDrop *)NULL, stream);
 }
 
 // GRAD_WRITE with Tq or Tk 0: no product runs, and the gradients it would
@@ -582,7 +606,7 @@ static void attention_bwd_empty(const char *op, float *dq, float *dk, float *dv,
 template <typename T>
 static void attention_bwd_op(const char *op, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
                              const float *P, const T *q, const T *k, const T *v, float *scratch, int B, int H,
-                             int Tq, int Tk, int D, cudaStream_t stream) {
+                             int Tq, int Tk, int D, const AttnDrop *drop, cudaStream_t stream) {
     TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
     check_attention(op, B, H, Tq, Tk, D);
     if (B == 0 || H == 0 || D == 0) return;
@@ -599,7 +623,7 @@ static void attention_bwd_op(const char *op, float *dq, float *dk, float *dv, Gr
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, scratch);
-    attention_bwd_launch<T>(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, stream);
+    attention_bwd_launch<T>(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, drop, stream);
 }
 
 extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
@@ -607,7 +631,7 @@ extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode 
                                       const float *v, float *scratch, int B, int H, int Tq,
                                       int Tk, int D, cudaStream_t stream) {
     attention_bwd_op("cuda_op_attention_bwd", dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D,
-                     stream);
+                     (const AttnDrop *)NULL, stream);
 }
 
 extern "C" void cuda_op_attention_bwd_x16(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
@@ -615,5 +639,46 @@ extern "C" void cuda_op_attention_bwd_x16(float *dq, float *dk, float *dv, GradM
                                           const uint16_t *v16, float *scratch, int B, int H, int Tq, int Tk, int D,
                                           cudaStream_t stream) {
     attention_bwd_op("cuda_op_attention_bwd_x16", dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk,
-                     D, stream);
+                     D, (const AttnDrop *)NULL, stream);
+}
+
+// ---- attention with dropout on the probabilities ---------------------------------
+
+// The dropout of a p > 0 (else NULL: the plain ops' path, bit for bit).
+static const AttnDrop *attn_drop(AttnDrop *d, const char *op, float *Pd, uint64_t first, uint64_t ld, float p,
+                                 uint64_t seed, uint64_t stream_id, const StepVars *step) {
+    TP_CHECK(p >= 0.0f && p < 1.0f, "%s: p = %g outside [0, 1)", op, (double)p);
+    *d = AttnDrop{Pd, first, ld, p, seed, stream_id, step};
+    return p > 0.0f ? d : NULL;
+}
+
+static void need_one_set(const char *op, const float *q, const uint16_t *q16) {
+    TP_CHECK((q != NULL) != (q16 != NULL), "%s: give q, k, v as fp32 or as bf16, exactly one of them", op);
+}
+
+extern "C" void cuda_op_attention_drop_fwd(float *out, uint16_t *out16, float *P, float *Pd, const float *q,
+                                           const float *k, const float *v, const uint16_t *q16, const uint16_t *k16,
+                                           const uint16_t *v16, const int32_t *k_len, int B, int H, int Tq, int Tk,
+                                           int D, bool causal, uint64_t first, uint64_t ld, float p, uint64_t seed,
+                                           uint64_t stream_id, const StepVars *step, cudaStream_t stream) {
+    static const char op[] = "cuda_op_attention_drop_fwd";
+    need_one_set(op, q, q16);
+    AttnDrop d;
+    const AttnDrop *drop = attn_drop(&d, op, Pd, first, ld, p, seed, stream_id, step);
+    if (q16) attention_fwd_op(op, out, out16, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal, drop, stream);
+    else attention_fwd_op(op, out, out16, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, drop, stream);
+}
+
+extern "C" void cuda_op_attention_drop_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
+                                           const float *P, const float *q, const float *k, const float *v,
+                                           const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
+                                           float *scratch, int B, int H, int Tq, int Tk, int D, uint64_t first,
+                                           uint64_t ld, float p, uint64_t seed, uint64_t stream_id,
+                                           const StepVars *step, cudaStream_t stream) {
+    static const char op[] = "cuda_op_attention_drop_bwd";
+    need_one_set(op, q, q16);
+    AttnDrop d;
+    const AttnDrop *drop = attn_drop(&d, op, scratch, first, ld, p, seed, stream_id, step);
+    if (q16) attention_bwd_op(op, dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D, drop, stream);
+    else attention_bwd_op(op, dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, drop, stream);
 }

@@ -44,6 +44,38 @@ __global__ void dropout_kernel(float *out,      // (n_elems)
     }
 }
 
+// The window form (dropout_fwd_win / _bwd_win): element (r, c) of the
+// (rows, cols) operand is element first + r*ld + c of the mask, any first and
+// ld. One thread per group of 4 consecutive columns of a row: their mask
+// elements lie in at most two Philox blocks, each drawn once.
+__global__ void dropout_win_kernel(float *out,      // (rows, cols)
+                                   const float *x,  // (rows, cols)
+                                   size_t rows, size_t cols, uint64_t ld, uint64_t first, float p, float scale,
+                                   uint32_t seed_lo, uint32_t seed_hi, uint64_t stream_id, const StepVars *step,
+                                   bool accumulate) {
+    const size_t per_row = (cols + 3) / 4, n_groups = rows * per_row;
+    const uint32_t key[2] = {seed_lo, seed_hi};
+    const uint64_t s = tp_step_stream(step, stream_id);
+    const uint32_t stream_lo = (uint32_t)s, stream_hi = (uint32_t)(s >> 32);
+    for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < n_groups;
+         grp += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = grp / per_row, c0 = (grp % per_row) * 4;
+        const uint64_t g0 = first + r * ld + c0, b0 = g0 / 4;
+        uint32_t words[8];
+        dropout_block_words(b0, key, stream_lo, stream_hi, words);
+        if (g0 % 4) dropout_block_words(b0 + 1, key, stream_lo, stream_hi, words + 4);
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const size_t c = c0 + w;
+            if (c < cols) {
+                const size_t i = r * cols + c;
+                const float val = dropout_keeps(words[g0 % 4 + w], p) ? __fmul_rn(x[i], scale) : 0.0f;
+                out[i] = accumulate ? __fadd_rn(out[i], val) : val;
+            }
+        }
+    }
+}
+
 // ---- launchers ---------------------------------------------------------------------
 
 static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed,
@@ -52,6 +84,17 @@ static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t 
     const size_t n_groups = (n_elems + 3) / 4;
     dropout_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
         out, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), stream_id, step, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void dropout_win_launch(float *out, const float *x, size_t rows, size_t cols, uint64_t ld, uint64_t first,
+                               float p, uint64_t seed, uint64_t stream_id, const StepVars *step, bool accumulate,
+                               cudaStream_t stream) {
+    const float scale = dropout_scale(p);
+    const size_t n_groups = rows * ((cols + 3) / 4);
+    dropout_win_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
+        out, x, rows, cols, ld, first, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), stream_id, step,
+        accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -95,4 +138,43 @@ extern "C" void cuda_op_dropout_bwd_at(float *dx, GradMode mode, const float *dy
         return;
     }
     dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, step, add, stream);
+}
+
+// The window ops' checks; false when there is nothing to do.
+static bool dropout_win_ok(const char *op, const char *const names[2], const void *out, const void *in, size_t rows,
+                           size_t cols, uint64_t ld, float p) {
+    TP_CHECK(p >= 0.0f && p <= 1.0f, "%s: p = %g outside [0, 1]", op, (double)p);
+    TP_CHECK(rows <= 1 || ld >= cols, "%s: rows of %zu elements %llu apart overlap in the mask", op, cols,
+             (unsigned long long)ld);
+    if (rows == 0 || cols == 0) return false;
+    TP_CHECK(out != NULL, "%s: %s is NULL", op, names[0]);
+    TP_CHECK(in != NULL, "%s: %s is NULL", op, names[1]);
+    return true;
+}
+
+extern "C" void cuda_op_dropout_fwd_win(float *out, const float *x, size_t rows, size_t cols, uint64_t ld,
+                                        uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                                        const StepVars *step, cudaStream_t stream) {
+    static const char *const names[2] = {"out", "x"};
+    if (!dropout_win_ok("cuda_op_dropout_fwd_win", names, out, x, rows, cols, ld, p)) return;
+    if (p == 0.0f) {
+        if (out != x) cuda_op_copy_bytes(out, x, rows * cols * sizeof(float), NULL, stream);
+        return;
+    }
+    dropout_win_launch(out, x, rows, cols, ld, first, p, seed, stream_id, step, false, stream);
+}
+
+extern "C" void cuda_op_dropout_bwd_win(float *dx, GradMode mode, const float *dy, size_t rows, size_t cols,
+                                        uint64_t ld, uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                                        const StepVars *step, cudaStream_t stream) {
+    static const char *const names[2] = {"dx", "dy"};
+    TP_CHECK(grad_mode_valid(mode), "cuda_op_dropout_bwd_win: unknown gradient mode %d", (int)mode);
+    if (!dropout_win_ok("cuda_op_dropout_bwd_win", names, dx, dy, rows, cols, ld, p)) return;
+    const bool add = mode == GRAD_ADD;
+    if (p == 0.0f) {
+        if (add) cuda_op_accumulate(dx, dy, rows * cols, stream);
+        else if (dx != dy) cuda_op_copy_bytes(dx, dy, rows * cols * sizeof(float), NULL, stream);
+        return;
+    }
+    dropout_win_launch(dx, dy, rows, cols, ld, first, p, seed, stream_id, step, add, stream);
 }

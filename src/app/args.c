@@ -215,7 +215,14 @@ static const Flag TRAIN_FLAGS[] = {
     {INT_("max-len", "Model", "N", cfg.max_len, 2, 1 << 16), .dflt_note = PRESET_NOTE,
      .help = "longest sequence, in pieces"},
     {REAL_("dropout", "Model", "P", cfg.dropout, 0.0, 1.0, PARSE_HI_OPEN), .dflt_note = PRESET_NOTE,
-     .help = "dropout probability"},
+     .help = "dropout probability (embeddings and every sub-block's output)"},
+    {REAL_("attention-dropout", "Model", "P", cfg.attn_dropout, 0.0, 1.0, PARSE_HI_OPEN), .dflt = "0",
+     .help = "dropout on the attention probabilities after the softmax (fairseq's --attention-dropout; needs "
+             "--attention exact: the probabilities are dropped where they are held, each rank's heads a window of "
+             "the whole mask)"},
+    {REAL_("activation-dropout", "Model", "P", cfg.act_dropout, 0.0, 1.0, PARSE_HI_OPEN), .dflt = "0",
+     .help = "dropout on the feed-forward hidden activations after the activation, before the second linear "
+             "layer (fairseq's --activation-dropout)"},
     {REAL_("label-smoothing", "Model", "E", cfg.label_smoothing, 0.0, 1.0, PARSE_HI_OPEN), .dflt_note = PRESET_NOTE,
      .help = "label smoothing of the loss"},
     {CHOICE_("activation", "Model", "relu|gelu", ACT_VALUES, cfg.act), .dflt_note = PRESET_NOTE,
@@ -476,6 +483,11 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
     if (a->layout_auto && a->layout_flag) {
         fprintf(stderr, "train_mt: --layout auto chooses tp, dp, pp, micro-batches, ZeRO, sequence parallelism and "
                         "recomputation; drop --%s (or drop --layout auto)\n", a->layout_flag);
+        exit(2);
+    }
+    if (a->attention == MODEL_ATTENTION_FLASH && a->cfg.attn_dropout > 0.0f) {
+        fprintf(stderr, "train_mt: --attention-dropout %g needs --attention exact: flash attention never holds the "
+                        "probabilities it would drop\n", (double)a->cfg.attn_dropout);
         exit(2);
     }
     if (a->pp_layout && a->pp == 1) {

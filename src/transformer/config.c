@@ -80,6 +80,10 @@ int config_validate(const ModelConfig *c, char *err, size_t err_len) {
     if (c->max_len < 2) BAD("max_len must be >= 2, got %d", c->max_len);
     if (c->max_len > CONFIG_MAX_LEN) BAD("max_len must be at most %d, got %d", CONFIG_MAX_LEN, c->max_len);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) BAD("dropout must be in [0, 1), got %g", c->dropout);
+    if (!(c->attn_dropout >= 0.0f && c->attn_dropout < 1.0f))
+        BAD("attention_dropout must be in [0, 1), got %g", c->attn_dropout);
+    if (!(c->act_dropout >= 0.0f && c->act_dropout < 1.0f))
+        BAD("activation_dropout must be in [0, 1), got %g", c->act_dropout);
     if (!(c->label_smoothing >= 0.0f && c->label_smoothing < 1.0f))
         BAD("label_smoothing must be in [0, 1), got %g", c->label_smoothing);
     if (c->act != ACT_RELU && c->act != ACT_GELU) BAD("activation must be relu or gelu");
@@ -120,6 +124,8 @@ char *config_to_json(const ModelConfig *c) {
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
     cJSON_AddNumberToObject(o, "max_len", c->max_len);
     cJSON_AddNumberToObject(o, "dropout", c->dropout);
+    cJSON_AddNumberToObject(o, "attention_dropout", c->attn_dropout);
+    cJSON_AddNumberToObject(o, "activation_dropout", c->act_dropout);
     cJSON_AddNumberToObject(o, "label_smoothing", c->label_smoothing);
     cJSON_AddStringToObject(o, "activation", activation_name(c->act));
     cJSON_AddNumberToObject(o, "ln_eps", c->ln_eps);
@@ -203,6 +209,11 @@ static int get_text(const cJSON *o, TextNorm *t, char *err, size_t err_len) {
     return 0;
 }
 
+/* An optional number: absent leaves *out as it is (0 in a fresh config). */
+static int get_float_opt(const cJSON *o, const char *key, float *out, char *err, size_t err_len) {
+    return cJSON_GetObjectItemCaseSensitive(o, key) ? get_float(o, key, out, err, err_len) : 0;
+}
+
 int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len) {
     cJSON *o = cJSON_ParseWithOpts(text, NULL, 1); /* 1: nothing but whitespace may follow the object */
     if (!cJSON_IsObject(o)) {
@@ -234,6 +245,8 @@ int config_from_json(const char *text, ModelConfig *c, char *err, size_t err_len
         get_int(o, "vocab_size", &c->vocab_size, err, err_len) ||
         get_int(o, "max_len", &c->max_len, err, err_len) ||
         get_float(o, "dropout", &c->dropout, err, err_len) ||
+        get_float_opt(o, "attention_dropout", &c->attn_dropout, err, err_len) ||
+        get_float_opt(o, "activation_dropout", &c->act_dropout, err, err_len) ||
         get_float(o, "label_smoothing", &c->label_smoothing, err, err_len) ||
         get_float(o, "ln_eps", &c->ln_eps, err, err_len) ||
         get_int(o, "pad_id", &c->pad_id, err, err_len) ||
@@ -265,15 +278,18 @@ const char *config_diff(const ModelConfig *a, const char *a_name, const ModelCon
         snprintf(buf, buf_len, "%s has %s %d, %s %d", a_name, #f, (int)a->f, b_name, (int)b->f);       \
         return buf;                                                                                     \
     }
-#define FLOAT_FIELD(f)                                                                                  \
-    if (a->f != b->f) {                                                                                 \
-        snprintf(buf, buf_len, "%s has %s %g, %s %g", a_name, #f, (double)a->f, b_name, (double)b->f); \
-        return buf;                                                                                     \
+#define FLOAT_NAMED(f, name)                                                                              \
+    if (a->f != b->f) {                                                                                   \
+        snprintf(buf, buf_len, "%s has %s %g, %s %g", a_name, name, (double)a->f, b_name, (double)b->f); \
+        return buf;                                                                                       \
     }
+#define FLOAT_FIELD(f) FLOAT_NAMED(f, #f)
     INT_FIELD(d_model) INT_FIELD(n_heads) INT_FIELD(d_ff) INT_FIELD(enc_layers) INT_FIELD(dec_layers)
     INT_FIELD(vocab_size) INT_FIELD(max_len) INT_FIELD(act) INT_FIELD(pad_id) INT_FIELD(bos_id) INT_FIELD(eos_id)
-    INT_FIELD(unk_id) FLOAT_FIELD(dropout) FLOAT_FIELD(label_smoothing) FLOAT_FIELD(ln_eps)
+    INT_FIELD(unk_id) FLOAT_FIELD(dropout) FLOAT_NAMED(attn_dropout, "attention_dropout")
+    FLOAT_NAMED(act_dropout, "activation_dropout") FLOAT_FIELD(label_smoothing) FLOAT_FIELD(ln_eps)
 #undef INT_FIELD
 #undef FLOAT_FIELD
+#undef FLOAT_NAMED
     return NULL;
 }

@@ -31,6 +31,9 @@ typedef struct {
     int vocab_size;     // V (shared source/target vocabulary)
     int max_len;        // longest sequence (positions) the model accepts
     float dropout;      // on embeddings and every sub-block output
+    float attn_dropout; // on the attention probabilities (after the softmax); "attention_dropout" in the JSON
+    float act_dropout;  // on the FFN's hidden activations (after the activation); "activation_dropout"
+                        // (both optional in the JSON: absent, as in files written before them, is 0)
     float label_smoothing;
     Activation act;     // FFN activation
     float ln_eps;       // LayerNorm epsilon

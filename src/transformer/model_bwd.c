@@ -133,7 +133,9 @@ static void ln_bwd(const Model *m, float *d_x, float *g_g, float *g_b, const flo
  * ln_bwd put it there); prev: see ln_bwd. */
 static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a, float *d_x,
                      const float *x_in, const float *kv, float *d_kv, const int32_t *k_len, int B, int Tq, int Tk,
-                     bool causal, float p, uint64_t seed, uint64_t stream, bool res_done, const PrevRes *prev) {
+                     bool causal, const SubDrop *d, bool res_done, const PrevRes *prev) {
+    const float p = d->p;
+    const uint64_t seed = d->seed, stream = d->stream;
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk;
@@ -142,14 +144,19 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
      * inputs: bitwise the forward's); P alone, its product with v not needed */
     const float *P = a->P;
     if (!P && !a->lse) {
-        attention_fwd_of(m, a, NULL, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal);
+        attention_fwd_of(m, a, NULL, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal, NULL);
         P = A->P_shared;
     }
     float *row_db = NULL;
     const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
     lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
-    if (a->lse)
+    if (d->in_p > 0.0f) {  // the mask of the probabilities again, from its key
+        uint64_t first, ld;
+        probs_window(m, Tq, Tk, &first, &ld);
+        op_attention_drop_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.f, a->k.f, a->v.f, a->q.h,
+                              a->k.h, a->v.h, A->d_scratch, B, Hl, Tq, Tk, D, first, ld, d->in_p, seed, d->in_stream);
+    } else if (a->lse)
         op_attention_flash_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, a->lse, a->q.h, a->k.h, a->v.h,
                                k_len, A->d_scratch, B, Hl, Tq, Tk, D, causal);
     else if (a->q.h)
@@ -172,13 +179,20 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
 
 /* As attn_bwd; the output gradient always from d_x (the FFN ends its layer). */
 static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
-                    int N, float p, uint64_t seed, uint64_t stream, const PrevRes *prev) {
+                    int N, const SubDrop *d, const PrevRes *prev) {
+    const float p = d->p;
+    const uint64_t seed = d->seed, stream = d->stream;
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size;
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
     float *row_db = NULL;
     const float *d_out = residual_bwd(m, g->b2, &row_db, d_x, N, p, seed, stream);
     lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, row_db, d_out, kept_in(&f->a), w->w2, N, Fl, C);
+    if (d->in_p > 0.0f) {  // through the activations' dropout, in place (its mask again, from its key)
+        const ActWin win = act_window(m, N);
+        op_dropout_bwd_win(m->be, A->d_h, GRAD_WRITE, A->d_h, win.rows, win.cols, win.ld, win.first, d->in_p, seed,
+                           d->in_stream);
+    }
     zero_pad_rows(m, A->d_ln, N);
     const GemmIn ln = col_in_bwd(m, &f->ln, N);
     if (!f->h && f->a.h && ln.h) {  // ReLU's output and the LayerNorm's kept in bf16: one op masks as it reads
@@ -228,7 +242,8 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
     const ModelStage *st = &m->stage;
     const int B = b->B, S = b->S, T = b->T, C = c->d_model;
     const int Ns = B * S, Nt = B * T;
-    const float p = drop_p(m, train);
+    const DropP dp = drop_p(m, train);
+    const float p = dp.p;
     ModelActs *A = m->acts;
     TP_CHECK(A->buf && A->B == B && A->S == S && A->T == T,
              "model_backward called without a matching model_forward");
@@ -260,21 +275,20 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_attn(m, &side, &g->cross);
         side_attn(m, &side, &g->self);
         DecActs *a = &A->dec[l];
-        if (full) dec_layer_fwd(m, l, B, S, T, p, key);  // the layer again from its input
+        const SubDrop d_self = dec_drop(dp, key, l, 0), d_cross = dec_drop(dp, key, l, 1), d_ffn = dec_drop(dp, key, l, 2);
+        if (full) dec_layer_fwd(m, l, B, S, T, dp, key);  // the layer again from its input
         if (mids_rebuilt(m)) {  // the streams after self- and cross-attention, from the input and kept outputs
-            attn_out_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], Nt, p, key.seed,
-                         stream_of(key, l, SITE_DEC_SELF), NULL);
-            attn_out_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], Nt, p, key.seed,
-                         stream_of(key, l, SITE_DEC_CROSS), NULL);
+            attn_out_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], Nt, p, key.seed, d_self.stream, NULL);
+            attn_out_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], Nt, p, key.seed, d_cross.stream,
+                         NULL);
         }
-        const PrevRes cross = {g->cross.bo, stream_of(key, l, SITE_DEC_CROSS)};
-        const PrevRes self = {g->self.bo, stream_of(key, l, SITE_DEC_SELF)};
-        ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, p, key.seed,
-                stream_of(key, l, SITE_DEC_FFN), &cross);
+        const PrevRes cross = {g->cross.bo, d_cross.stream};
+        const PrevRes self = {g->self.bo, d_self.stream};
+        ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, &d_ffn, &cross);
         attn_bwd(m, &w->cross, &g->cross, &a->cross, A->d_res_t, A->dec_mid1[l], A->enc_out, A->d_enc_out,
-                 A->dev_src_len, B, T, S, false, p, key.seed, cross.stream, true, &self);
+                 A->dev_src_len, B, T, S, false, &d_cross, true, &self);
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_t, A->dec_res[l], NULL, NULL, A->dev_tgt_len, B, T, T,
-                 true, p, key.seed, self.stream, true, NULL);
+                 true, &d_self, true, NULL);
         side_sum(m, &side);
         grads_final_from(m, w->self.ln_g);  // a layer's tensors start with its first LayerNorm
     }
@@ -294,15 +308,14 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         side_ffn(m, &side, &g->ffn);
         side_attn(m, &side, &g->self);
         const EncActs *a = &A->enc[l];
-        if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, p, key);
+        const SubDrop d_attn = enc_drop(dp, key, l, false), d_ffn = enc_drop(dp, key, l, true);
+        if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, dp, key);
         if (mids_rebuilt(m))
-            attn_out_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], Ns, p, key.seed,
-                         stream_of(key, l, SITE_ENC_ATTN), NULL);
-        const PrevRes self = {g->self.bo, stream_of(key, l, SITE_ENC_ATTN)};
-        ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, p, key.seed,
-                stream_of(key, l, SITE_ENC_FFN), &self);
+            attn_out_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], Ns, p, key.seed, d_attn.stream, NULL);
+        const PrevRes self = {g->self.bo, d_attn.stream};
+        ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, &d_ffn, &self);
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, A->dev_src_len, B, S, S,
-                 false, p, key.seed, self.stream, true, NULL);
+                 false, &d_attn, true, NULL);
         side_sum(m, &side);
         grads_final_from(m, w->self.ln_g);
     }

@@ -15,10 +15,30 @@
 
 /* ---- forward ------------------------------------------------------------------- */
 
-float drop_p(const Model *m, bool train) { return train ? m->cfg.dropout : 0.0f; }
+DropP drop_p(const Model *m, bool train) {
+    const ModelConfig *c = &m->cfg;
+    return train ? (DropP){c->dropout, c->attn_dropout, c->act_dropout} : (DropP){0};
+}
 
 uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site) {
     return dropout_stream(k.step, k.micro, layer, site, k.tp_rank);
+}
+
+SubDrop sub_drop(DropoutKey k, uint32_t layer, float p, uint32_t site, float in_p, uint32_t in_site) {
+    return (SubDrop){p, stream_of(k, layer, site), in_p, stream_of(k, layer, in_site), k.seed};
+}
+
+/* Encoder layer l's attention (ffn false) or FFN sub-block's dropouts. */
+SubDrop enc_drop(DropP dp, DropoutKey key, int l, bool ffn) {
+    return ffn ? sub_drop(key, (uint32_t)l, dp.p, SITE_ENC_FFN, dp.act, SITE_ENC_FFN_ACT)
+               : sub_drop(key, (uint32_t)l, dp.p, SITE_ENC_ATTN, dp.attn, SITE_ENC_ATTN_PROBS);
+}
+
+/* Decoder layer l's sub-block sub (0 self-attention, 1 cross-attention, 2 FFN). */
+SubDrop dec_drop(DropP dp, DropoutKey key, int l, int sub) {
+    static const uint32_t out[3] = {SITE_DEC_SELF, SITE_DEC_CROSS, SITE_DEC_FFN};
+    static const uint32_t in[3] = {SITE_DEC_SELF_PROBS, SITE_DEC_CROSS_PROBS, SITE_DEC_FFN_ACT};
+    return sub_drop(key, (uint32_t)l, dp.p, out[sub], sub == 2 ? dp.act : dp.attn, in[sub]);
 }
 
 /* A LayerNorm output of this rank's rows as the (N, C) input of a COL
@@ -172,11 +192,28 @@ static void qkv_fwd(const Model *m, const AttnW *w, AttnActs *a, GemmIn ln, Gemm
     }
 }
 
+/* This rank's heads' probabilities, (B, Hl, Tq, Tk), as a window of the
+ * mask of every head's (B, H, Tq, Tk): row b starts at first + b*ld. */
+void probs_window(const Model *m, int Tq, int Tk, uint64_t *first, uint64_t *ld) {
+    const uint64_t per_head = (uint64_t)Tq * (uint64_t)Tk, Hl = (uint64_t)(m->cfg.n_heads / m->tp.size);
+    *first = (uint64_t)m->tp.rank * Hl * per_head;
+    *ld = (uint64_t)m->cfg.n_heads * per_head;
+}
+
 /* attention_fwd on the kept q, k, v as they are; the output to out in
  * fp32, or (bf16 q, k, v only) to out16 as its bf16 rounding; neither:
- * P alone. */
+ * P alone. With d's inner dropout (d->in_p > 0) the output is taken from
+ * the dropped probabilities (made in d_scratch, free in forward and between
+ * backward's sub-blocks) while P keeps them undropped. */
 void attention_fwd_of(const Model *m, const AttnActs *a, float *out, uint16_t *out16, float *P,
-                      const int32_t *k_len, int B, int Hl, int Tq, int Tk, int D, bool causal) {
+                      const int32_t *k_len, int B, int Hl, int Tq, int Tk, int D, bool causal, const SubDrop *d) {
+    if (d && d->in_p > 0.0f) {
+        uint64_t first, ld;
+        probs_window(m, Tq, Tk, &first, &ld);
+        op_attention_drop_fwd(m->be, out, out16, P, m->acts->d_scratch, a->q.f, a->k.f, a->v.f, a->q.h, a->k.h,
+                              a->v.h, k_len, B, Hl, Tq, Tk, D, causal, first, ld, d->in_p, d->seed, d->in_stream);
+        return;
+    }
     if (a->q.h)
         op_attention_fwd_x16(m->be, out, out16, P, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
     else
@@ -212,7 +249,7 @@ GemmIn kv_in(const Model *m, const float *kv) {
  * fp32 values of the tensors kept in bf16 are made there. */
 static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, const float *x_in,
                      const float *kv, const int32_t *k_len, int B, int Tq, int Tk, bool causal,
-                     float p, uint64_t seed, uint64_t stream, bool ln_done, const NextLn *next) {
+                     const SubDrop *d, bool ln_done, const NextLn *next) {
     const int C = m->cfg.d_model, H = m->cfg.n_heads, D = C / H;
     const int Cl = C / m->tp.size, Hl = H / m->tp.size;
     const int N = B * Tq, Nk = B * Tk, n = seq_rows(m, N);
@@ -223,20 +260,40 @@ static void attn_fwd(const Model *m, const AttnW *w, AttnActs *a, float *x_out, 
     const GemmIn src = kv ? kv_in(m, kv) : ln;
     qkv_fwd(m, w, a, ln, src, N, Nk);
     if (a->lse) {  // flash: the output in bf16 and a log-sum-exp per row, no probabilities
+        TP_CHECK(d->in_p == 0.0f, "flash attention has no dropout on the probabilities (refused at set-up)");
         op_attention_flash_fwd(m->be, a->att.h, a->lse, a->q.h, a->k.h, a->v.h, k_len, B, Hl, Tq, Tk, D, causal);
-        attn_out_fwd(m, w, a, x_out, x_in, N, p, seed, stream, next);
+        attn_out_fwd(m, w, a, x_out, x_in, N, d->p, d->seed, d->stream, next);
         return;
     }
     /* kept in bf16: written so by the attention (its q, k, v are bf16 then too) */
     float *att32 = a->att.h && a->q.h ? NULL : kept_dst(&a->att, A->d_att);
     attention_fwd_of(m, a, att32, att32 ? NULL : a->att.h, a->P ? a->P : A->P_shared, k_len, B, Hl, Tq, Tk, D,
-                     causal);
+                     causal, d);
     if (att32) keep(m, &a->att, att32, (size_t)N * Cl);
-    attn_out_fwd(m, w, a, x_out, x_in, N, p, seed, stream, next);
+    attn_out_fwd(m, w, a, x_out, x_in, N, d->p, d->seed, d->stream, next);
+}
+
+ActWin act_window(const Model *m, int N) {
+    const int Fl = m->cfg.d_ff / m->tp.size;
+    return (ActWin){(size_t)N, (size_t)Fl, (uint64_t)m->cfg.d_ff, (uint64_t)m->tp.rank * (uint64_t)Fl};
+}
+
+/* With activation dropout: a (kept) = Dropout(act(h)), made in fp32 (in a
+ * itself, or in d_h, free in forward, and rounded into a), so that fp32 and
+ * bf16 keeping multiply the same values. For ReLU a is all backward needs:
+ * a dropped element's gradient is zero, and a kept one is positive exactly
+ * where its input is. */
+static void ffn_act_dropout(const Model *m, FfnActs *f, const float *h, int N, const SubDrop *d) {
+    const size_t nF = (size_t)N * (m->cfg.d_ff / m->tp.size);
+    float *a32 = kept_dst(&f->a, m->acts->d_h);
+    const ActWin win = act_window(m, N);
+    op_act_fwd(m->be, a32, h, nF, m->cfg.act);
+    op_dropout_fwd_win(m->be, a32, a32, win.rows, win.cols, win.ld, win.first, d->in_p, d->seed, d->in_stream);
+    keep(m, &f->a, a32, nF);
 }
 
 static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, const float *x_in, int N,
-                    float p, uint64_t seed, uint64_t stream, bool ln_done, const NextLn *next) {
+                    const SubDrop *d, bool ln_done, const NextLn *next) {
     const int C = m->cfg.d_model, Fl = m->cfg.d_ff / m->tp.size, n = seq_rows(m, N);
     const size_t nF = (size_t)N * Fl;
     ModelActs *A = m->acts;
@@ -247,7 +304,11 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
      * (ReLU in place in fp32); in bf16 with ReLU never in fp32 (d_h is the
      * op's room should it need one) */
     const GemmIn ln = col_in_fwd(m, &f->ln, ln32, N);
-    if (!f->h && f->a.h) {  // bf16 ReLU: bias, ReLU and rounding as the GEMM stores
+    if (d->in_p > 0.0f) {  // the hidden in fp32 (kept for GELU, else where a is made), then ffn_act_dropout
+        float *h = f->h ? f->h : kept_dst(&f->a, A->d_h);
+        lin_fwd(m, h, ln, w->w1, w->b1, N, C, Fl);
+        ffn_act_dropout(m, f, h, N, d);
+    } else if (!f->h && f->a.h) {  // bf16 ReLU: bias, ReLU and rounding as the GEMM stores
         lin_fwd16(m, f->a.h, A->d_h, ln, w->w1, w->b1, true, N, C, Fl);
     } else {
         float *h = f->h ? f->h : f->a.f;
@@ -256,7 +317,7 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
         else op_act_fwd(m->be, f->a.f, h, nF, m->cfg.act);
     }
     lin_fwd(m, tmp, kept_in(&f->a), w->w2, NULL, N, Fl, C);
-    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, p, seed, stream, next);
+    residual_fwd(m, x_out, x_in, row_output(m, tmp, N), w->b2, N, d->p, d->seed, d->stream, next);
 }
 
 static void embed_fwd(const Model *m, float *x, const int32_t *ids, int B, int T, float p, uint64_t seed,
@@ -313,7 +374,7 @@ static bool final_ln_chained(const Model *m, int lo, int hi, int n_layers, bool 
 /* Encoder layer l, enc_res[l] -> enc_res[l + 1]; with full recomputation
  * backward runs it again from the kept input (the same dropout keys, so the
  * same values bit for bit; the output is rewritten with what it holds). */
-void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, float p, DropoutKey key) {
+void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, DropP dp, DropoutKey key) {
     const EncLayerW *w = &m->w.enc[l];
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
@@ -323,14 +384,14 @@ void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, float 
     if (ln_chained(m) && l + 1 < st->enc_hi) after = attn_ln(m, &m->w.enc[l + 1].self, &A->enc[l + 1].self);
     else if (final_ln_chained(m, st->enc_lo, st->enc_hi, m->cfg.enc_layers, st->enc_ln))
         after = final_ln(m, A->enc_out, A->enc_m, A->enc_r, m->w.enc_ln_g, m->w.enc_ln_b);
-    attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, p, key.seed,
-             stream_of(key, l, SITE_ENC_ATTN), ln_chained(m) && l > st->enc_lo, &to_ffn);
-    ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], B * S, p, key.seed,
-            stream_of(key, l, SITE_ENC_FFN), true, after.g ? &after : NULL);
+    const SubDrop d_attn = enc_drop(dp, key, l, false), d_ffn = enc_drop(dp, key, l, true);
+    attn_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], NULL, src_len, B, S, S, false, &d_attn,
+             ln_chained(m) && l > st->enc_lo, &to_ffn);
+    ffn_fwd(m, &w->ffn, &a->ffn, A->enc_res[l + 1], A->enc_mid[l], B * S, &d_ffn, true, after.g ? &after : NULL);
 }
 
 /* Decoder layer l, dec_res[l] -> dec_res[l + 1] (the batch uploaded, enc_out in place). */
-void dec_layer_fwd(Model *m, int l, int B, int S, int T, float p, DropoutKey key) {
+void dec_layer_fwd(Model *m, int l, int B, int S, int T, DropP dp, DropoutKey key) {
     const DecLayerW *w = &m->w.dec[l];
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
@@ -340,22 +401,22 @@ void dec_layer_fwd(Model *m, int l, int B, int S, int T, float p, DropoutKey key
     if (ln_chained(m) && l + 1 < st->dec_hi) after = attn_ln(m, &m->w.dec[l + 1].self, &A->dec[l + 1].self);
     else if (final_ln_chained(m, st->dec_lo, st->dec_hi, m->cfg.dec_layers, st->head))
         after = final_ln(m, A->dec_out, A->dec_m, A->dec_r, m->w.dec_ln_g, m->w.dec_ln_b);
-    attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, A->dev_tgt_len, B, T, T, true, p, key.seed,
-             stream_of(key, l, SITE_DEC_SELF), ln_chained(m) && l > st->dec_lo, &to_cross);
-    attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, A->dev_src_len, B, T, S, false, p,
-             key.seed, stream_of(key, l, SITE_DEC_CROSS), true, &to_ffn);
-    ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], B * T, p, key.seed,
-            stream_of(key, l, SITE_DEC_FFN), true, after.g ? &after : NULL);
+    const SubDrop d_self = dec_drop(dp, key, l, 0), d_cross = dec_drop(dp, key, l, 1), d_ffn = dec_drop(dp, key, l, 2);
+    attn_fwd(m, &w->self, &a->self, A->dec_mid1[l], A->dec_res[l], NULL, A->dev_tgt_len, B, T, T, true, &d_self,
+             ln_chained(m) && l > st->dec_lo, &to_cross);
+    attn_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], A->enc_out, A->dev_src_len, B, T, S, false,
+             &d_cross, true, &to_ffn);
+    ffn_fwd(m, &w->ffn, &a->ffn, A->dec_res[l + 1], A->dec_mid2[l], B * T, &d_ffn, true, after.g ? &after : NULL);
 }
 
-static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float p,
+static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, DropP dp,
                         DropoutKey key) {
     const ModelConfig *c = &m->cfg;
     const ModelStage *st = &m->stage;
     ModelActs *A = m->acts;
     const int Ns = B * S;
-    if (st->enc_embed) embed_fwd(m, A->enc_res[0], src, B, S, p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
-    for (int l = st->enc_lo; l < st->enc_hi; l++) enc_layer_fwd(m, l, src_len, B, S, p, key);
+    if (st->enc_embed) embed_fwd(m, A->enc_res[0], src, B, S, dp.p, key.seed, stream_of(key, 0, SITE_ENC_EMB));
+    for (int l = st->enc_lo; l < st->enc_hi; l++) enc_layer_fwd(m, l, src_len, B, S, dp, key);
     if (final_ln_chained(m, st->enc_lo, st->enc_hi, c->enc_layers, st->enc_ln)) final_ln_gather(m, A->enc_out, Ns);
     else if (st->enc_ln)
         final_ln_fwd(m, A->enc_out, A->enc_m, A->enc_r, A->enc_res[c->enc_layers], m->w.enc_ln_g, m->w.enc_ln_b, Ns);
@@ -365,7 +426,7 @@ static void encoder_fwd(Model *m, const int32_t *src, const int32_t *src_len, in
 void model_encode(Model *m, const int32_t *src, const int32_t *src_len, int B, int S, float *enc_out) {
     TP_CHECK(m->stage.enc_embed && m->stage.enc_ln, "model_encode needs the whole encoder on one stage");
     acts_prepare(m, B, S, 1);
-    encoder_fwd(m, src, src_len, B, S, 0.0f, (DropoutKey){0});
+    encoder_fwd(m, src, src_len, B, S, (DropP){0}, (DropoutKey){0});
     op_copy(m->be, enc_out, m->acts->enc_out, (size_t)B * S * m->cfg.d_model);
 }
 
@@ -409,18 +470,19 @@ void model_forward_step(Model *m, const Batch *b, bool train, DropoutKey key, fl
     const ModelStage *st = &m->stage;
     const int B = b->B, S = b->S, T = b->T, V = c->vocab_size;
     const int Nt = B * T;
-    const float p = drop_p(m, train);
+    const DropP dp = drop_p(m, train);
     acts_prepare(m, B, S, T);
     ModelActs *A = m->acts;
     if (A->staged != b) upload_batch(m, b, false);
     A->staged = NULL;
     const int32_t *src_len = A->dev_src_len, *tgt_out = A->dev_tgt_out;
 
-    encoder_fwd(m, A->dev_src, src_len, B, S, p, key);
+    encoder_fwd(m, A->dev_src, src_len, B, S, dp, key);
     if (A->enc_out16)  // the decoder layers' k/v input (computed, or received by a decoder stage), rounded once
         op_to_bf16(m->be, A->enc_out16, A->enc_out, (size_t)seq_full(m, B * S) * c->d_model);
-    if (st->dec_embed) embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
-    for (int l = st->dec_lo; l < st->dec_hi; l++) dec_layer_fwd(m, l, B, S, T, p, key);
+    if (st->dec_embed)
+        embed_fwd(m, A->dec_res[0], A->dev_tgt_in, B, T, dp.p, key.seed, stream_of(key, 0, SITE_DEC_EMB));
+    for (int l = st->dec_lo; l < st->dec_hi; l++) dec_layer_fwd(m, l, B, S, T, dp, key);
     if (!st->head) return;
     if (final_ln_chained(m, st->dec_lo, st->dec_hi, c->dec_layers, st->head)) final_ln_gather(m, A->dec_out, Nt);
     else

@@ -21,7 +21,16 @@
  * output layer and the encoder output their input gradients: every one of
  * them is a mapping of tp/parallel.h on the model's group. Everything
  * between is replicated and identical on every tp rank, so the dropout
- * masks there are drawn without the tp rank in their key.
+ * masks there are drawn without the tp rank in their key. The dropouts
+ * inside the sub-blocks (attention probabilities, FFN activations: SubDrop)
+ * act on tensors split by heads and columns; each rank draws its window of
+ * the unsharded tensor's mask (op_dropout_fwd_win), so the tp rank enters
+ * through the window, not the key, and a tp run draws the one-rank masks.
+ * Neither keeps anything: the dropped probabilities are made in d_scratch
+ * (free in forward; backward's attention scratch), the undropped P is what
+ * backward keeps or recomputes, and the FFN keeps its dropped activations
+ * in place of the undropped ones. Attention dropout runs on exact attention
+ * only (flash holds no probabilities: model_set_attention refuses it).
  *
  * With sequence parallelism (model_set_sequence_parallel) what lies between
  * the sub-blocks is split by token rows instead of replicated: the residual
@@ -49,10 +58,32 @@
 #include <stdint.h>
 #include "transformer/model.h"
 
-enum { /* dropout sites (ops.h dropout_stream) */
+enum { /* dropout sites (ops.h dropout_stream): the sub-blocks' outputs, then the ones inside them */
     SITE_ENC_EMB = 0, SITE_DEC_EMB, SITE_ENC_ATTN, SITE_ENC_FFN,
     SITE_DEC_SELF, SITE_DEC_CROSS, SITE_DEC_FFN,
+    SITE_ENC_ATTN_PROBS, SITE_ENC_FFN_ACT, SITE_DEC_SELF_PROBS, SITE_DEC_CROSS_PROBS, SITE_DEC_FFN_ACT,
 };
+
+/* The dropout probabilities of one pass (all 0 outside training). */
+typedef struct {
+    float p;     // cfg.dropout: embeddings and every sub-block's output
+    float attn;  // cfg.attn_dropout: the attention probabilities
+    float act;   // cfg.act_dropout: the FFN's hidden activations
+} DropP;
+
+/* One sub-block's dropouts: its output's (p, stream) and the one inside it
+ * (the attention probabilities or the FFN activations: in_p, in_stream),
+ * under seed. The inner tensors are split over tp by columns (heads, FFN
+ * columns): their masks are a rank's window of the unsharded tensor's mask
+ * (op_dropout_fwd_win), so no mask element repeats across ranks and a tp
+ * run draws the masks of the one-rank run. */
+typedef struct {
+    float p;
+    uint64_t stream;
+    float in_p;
+    uint64_t in_stream;
+    uint64_t seed;
+} SubDrop;
 
 /* A tensor backward needs only as a GEMM operand: kept in fp32 (f), or
  * with model_set_keep_bf16 as its bf16 rounding (h), the very values the
@@ -167,22 +198,31 @@ void acts_free(Backend *be, ModelActs *A);
 void upload_batch(Model *m, const Batch *b, bool copy);
 
 /* ---- model_fwd.c: what backward reuses of the forward pass ---- */
-float drop_p(const Model *m, bool train);
+DropP drop_p(const Model *m, bool train);
 uint64_t stream_of(DropoutKey k, uint32_t layer, uint32_t site);
+SubDrop sub_drop(DropoutKey k, uint32_t layer, float p, uint32_t site, float in_p, uint32_t in_site);
 GemmIn kept_in(const Kept *k);
 void lin_bwd(const Model *m, float *dx, GradMode mode, float *dW, float *db, const float *dy, GemmIn x,
              const float *W, int N, int in, int out);
 GemmIn col_in_bwd(const Model *m, const Kept *k, int N);
 void zero_pad_rows(const Model *m, float *x, int N);
 void attention_fwd_of(const Model *m, const AttnActs *a, float *out, uint16_t *out16, float *P,
-                      const int32_t *k_len, int B, int Hl, int Tq, int Tk, int D, bool causal);
+                      const int32_t *k_len, int B, int Hl, int Tq, int Tk, int D, bool causal, const SubDrop *d);
+void probs_window(const Model *m, int Tq, int Tk, uint64_t *first, uint64_t *ld);
+/* The FFN's hidden activations after the activation, (N, F/tp), as a window
+ * of the columns of the whole (N, F) mask: op_dropout_fwd_win's arguments
+ * but the tensors. */
+typedef struct { size_t rows, cols; uint64_t ld, first; } ActWin;
+ActWin act_window(const Model *m, int N);
 void attn_out_fwd(const Model *m, const AttnW *w, const AttnActs *a, float *x_out, const float *x_in, int N,
                   float p, uint64_t seed, uint64_t stream, const NextLn *next);
 GemmIn kv_in(const Model *m, const float *kv);
 void final_ln_fwd(const Model *m, float *out, float *mean, float *rstd, const float *x, const float *g,
                   const float *b, int N);
-void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, float p, DropoutKey key);
-void dec_layer_fwd(Model *m, int l, int B, int S, int T, float p, DropoutKey key);
+void enc_layer_fwd(Model *m, int l, const int32_t *src_len, int B, int S, DropP dp, DropoutKey key);
+void dec_layer_fwd(Model *m, int l, int B, int S, int T, DropP dp, DropoutKey key);
+SubDrop enc_drop(DropP dp, DropoutKey key, int l, bool ffn);
+SubDrop dec_drop(DropP dp, DropoutKey key, int l, int sub);
 void head_bwd(Model *m, int Nt, float loss_scale);
 bool stage_has_dec(const ModelStage *st);
 

@@ -314,6 +314,11 @@ int model_set_attention(Model *m, ModelAttention kind, char *err, size_t err_len
         tp_error_set(err, err_len, "flash attention works on bf16 q, k and v: it needs bf16 (--dtype bf16)");
         return -1;
     }
+    if (kind == MODEL_ATTENTION_FLASH && m->cfg.attn_dropout > 0.0f) {
+        tp_error_set(err, err_len, "flash attention never holds the probabilities: attention dropout %g needs exact "
+                     "attention", (double)m->cfg.attn_dropout);
+        return -1;
+    }
     if (kind == MODEL_ATTENTION_FLASH && (D % 16 || D > 128)) {
         tp_error_set(err, err_len, "flash attention needs a head width (d_model / heads = %d) that is a multiple of "
                      "16, at most 128", D);

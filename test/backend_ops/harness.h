@@ -162,6 +162,8 @@ void test_embedding(const Target *t, Rng *rng);
 void test_positions(const Target *t, Rng *rng);
 void test_layernorm(const Target *t, Rng *rng);
 void test_dropout(const Target *t, Rng *rng);
+void test_dropout_win(const Target *t, Rng *rng);     // ops_dropout_inner.c
+void test_attention_drop(const Target *t, Rng *rng);  // ops_dropout_inner.c
 void test_residual_ln(const Target *t, Rng *rng);  // ops_fused.c
 void test_step_vars(const Target *t, Rng *rng);    // ops_step.c
 void test_adamw(const Target *t, Rng *rng);
