@@ -63,14 +63,15 @@ cache=$out/cache
 # The candidates: the levers of a model that overfits 50k pairs (docs/quality.md), few enough that each
 # gets a fair share of one GPU: the base preset's recipe (dropout 0.3), fairseq's recipe for IWSLT's 160k
 # pairs (a 1024-wide FFN and 4 heads), subword sampling (Kudo 2018; alpha 0.2: at 0.1 the samples are 43%
-# longer than the best segmentation, docs/data.md), and label smoothing 0.2.
+# longer than the best segmentation, docs/data.md), and dropout on the attention probabilities and the FFN
+# activations as well (fairseq's --attention-dropout, --activation-dropout).
 default_candidates() {
   cat <<'EOF'
 # name          flags (after the common ones)
 drop3           --dropout 0.3
 iwslt           --dropout 0.3 --ffn-hidden-size 1024 --heads 4
 drop3-spm       --dropout 0.3 --spm-alpha 0.2
-drop3-ls2       --dropout 0.3 --label-smoothing 0.2
+drop3-adrop     --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1
 EOF
 }
 names=() flagsets=()
