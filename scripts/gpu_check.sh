@@ -64,7 +64,8 @@
 # GPU_CHECK_FORCE=1 (run the GPU steps even when no GPU is seen),
 # GPU_CHECK_STEPS (the sections to run, default "a b c d f p e"; "g" for the
 # main job), GPU_CHECK_MAIN_EVAL (500), GPU_CHECK_MAIN_ARGS (more train_mt
-# flags for g's runs), GPU_CHECK_TP4_STEPS (50: g's four-rank run), GPU_CHECK_PACK=1 (pack logs/ and the metrics
+# flags for g's runs), GPU_CHECK_TP4_STEPS (50: g's four-rank run; 0 leaves
+# it out, its time to the main job), GPU_CHECK_PACK=1 (pack logs/ and the metrics
 # into report.tar.gz beside report.md: for a machine that returns few files),
 # GPU_CHECK_CPU_TESTS, GPU_CHECK_TRAIN_STEPS (50), TPTRAIN_CORPUS_DIR,
 # CUDA_HOME, and for tests of this script GPU_CHECK_SMI (an nvidia-smi to
@@ -711,7 +712,8 @@ else
   # The main job gets what the four ranks leave; its training ends itself (--max-minutes) 150 s before
   # the step's cap, for its last evaluation and save, the averaging and score_run's four translations.
   read -r -a main_extra <<< "${GPU_CHECK_MAIN_ARGS:-}"
-  g_cap=$((phase_deadline - SECONDS - 130))
+  tp4_steps=${GPU_CHECK_TP4_STEPS:-50}
+  g_cap=$((phase_deadline - SECONDS - (tp4_steps > 0 ? 130 : 20)))
   [ "$g_cap" -ge 240 ] || g_cap=240
   g_min=$(awk -v s="$g_cap" 'BEGIN { printf "%.2f", (s - 150) / 60 }')
   # run_main counts the GPUs with the nvidia-smi this check uses
@@ -729,9 +731,11 @@ else
     skip g.plot "g.main wrote no metrics"
   fi
   # four ranks on the one GPU: every rank's row in the memory table
-  if STEP_NOTE_RE=$TRAIN_NOTE_RE step g.tp4 120 \
+  if [ "$tp4_steps" -le 0 ]; then
+    for s in tp4 tp4_table; do skip "g.$s" "GPU_CHECK_TP4_STEPS=0"; done
+  elif STEP_NOTE_RE=$TRAIN_NOTE_RE step g.tp4 120 \
     "$BIN/tprun" --standalone --nproc_per_node 4 "$BIN/train_mt" --data "$CORPUS" --cache-dir "$work/cache" \
-    --tp 4 --comm shm --comm-timeout 120 --max-steps "${GPU_CHECK_TP4_STEPS:-50}" --log-interval 10 --eval-interval 0 \
+    --tp 4 --comm shm --comm-timeout 120 --max-steps "$tp4_steps" --log-interval 10 --eval-interval 0 \
     --metrics "$out/g_tp4.jsonl" "${main_extra[@]}"; then
     step g.tp4_table 30 "$py" -c "$TABLE_CHECK_PY" "$out/logs/g.tp4.log" 4
   fi
