@@ -147,6 +147,7 @@ static const int GRAPHS_VALUES[] = {GRAPHS_ON, GRAPHS_OFF, GRAPHS_AUTO};
 static const int RECOMPUTE_VALUES[] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL};
 static const int ATTENTION_VALUES[] = {MODEL_ATTENTION_EXACT, MODEL_ATTENTION_FLASH};
 static const int KEEP_VALUES[] = {KEEP_BLEU, KEEP_LOSS};
+static const int SAVE_MODE_VALUES[] = {SAVE_SYNC, SAVE_ASYNC};
 
 #define T TrainArgs
 #define PRESET_NOTE "from the preset"
@@ -296,6 +297,11 @@ static const Flag TRAIN_FLAGS[] = {
              "75, \"saved on signal\" (--resume auto goes on)"},
     {INT_("save-interval", "Checkpoints", "N", save_interval, 1, 1 << 30), .help = "save every N steps"},
     {INT_("keep-last", "Checkpoints", "K", keep_last, 1, 1 << 20), .help = "keep the newest K checkpoints"},
+    {CHOICE_("save-mode", "Checkpoints", "sync|async", SAVE_MODE_VALUES, save_mode), .dflt = "async",
+     .help = "async: a save copies this rank's shards to host memory at the step and writes them in a background "
+             "thread while training goes on (one write at a time; the end, a signal and --max-minutes wait for "
+             "it); sync: training waits for the files. Both publish only a complete checkpoint "
+             "(docs/checkpoints.md)"},
     {CHOICE_("keep-best", "Checkpoints", "bleu|loss", KEEP_VALUES, keep_best),
      .help = "keep the checkpoint of the best dev BLEU (or lowest dev loss) as DIR/best (a link to its step_N, the "
              "figure in DIR/best.json), saved at the evaluation that finds it; --keep-last never prunes it"},
