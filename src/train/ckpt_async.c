@@ -122,11 +122,23 @@ static int wait_markers(CkptWriter *w) {
     return 0;
 }
 
+/* Test hook, as the fault hook (checkpoint.h): TPTRAIN_FAULT_WRITE_DELAY_S=S
+ * holds the writer S seconds before it writes, so that a test finds a
+ * write in flight (a signal, the end of the run, training going on). */
+static void fault_delay(void) {
+    const char *s = getenv("TPTRAIN_FAULT_WRITE_DELAY_S");
+    const double d = s ? atof(s) : 0.0;
+    if (!(d > 0.0)) return;
+    const struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 /* The thread: this rank's files, then (rank 0) the seal, the publication
  * and the best record; the other ranks leave their marker. */
 static void *writer_main(void *arg) {
     CkptWriter *w = arg;
     const double t0 = tp_now_s();
+    fault_delay();
     int rc = write_shards(w->tmp, &w->shards, w->err, sizeof w->err);
     if (rc == 0 && w->lead && w->has_spm) rc = save_tokenizer(w->tmp, w->spm_path, w->err, sizeof w->err);
     if (!w->lead) {
