@@ -62,7 +62,7 @@ grep -Eq "[0-9.]+ s evaluation, [0-9.]+% of the wall time; [0-9.]+ s saving, [0-
   { tail -5 one-async.log; fail "no shares of evaluation and saving in the summary"; }
 /usr/bin/python3 - a1.jsonl <<'EOF' || fail "the metrics' time record"
 import json, sys
-t = [r for r in map(json.loads, open(sys.argv[1])) if r.get("time")]
+t = [r["time"] for r in map(json.loads, open(sys.argv[1])) if "time" in r]
 assert len(t) == 1, t
 t = t[0]
 assert t["eval_s"] > 0 and t["save_s"] > 0, t

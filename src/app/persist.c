@@ -95,6 +95,7 @@ double save(const TrainArgs *a, const Runtime *rt, CkptWriter *w, const Model *m
     char err[1024];
     const char *spm = a->synthetic ? NULL : src->spm_path;
     double t0 = tp_now_s();
+    save_wait(a, rt, w);  // the write in flight first, with its line (at most one at a time)
     if (w ? ckpt_writer_save(w, a->save_dir, rt, m, opt, &st, spm, a->keep_last, best, err, sizeof err)
           : ckpt_save(a->save_dir, rt, m, opt, &st, spm, a->keep_last, err, sizeof err)) {
         fprintf(stderr, "train_mt: saving step %d: %s\n", step, err);
@@ -108,16 +109,16 @@ double save(const TrainArgs *a, const Runtime *rt, CkptWriter *w, const Model *m
 double save_wait(const TrainArgs *a, const Runtime *rt, CkptWriter *w) {
     if (!w) return 0.0;
     char err[1024];
-    int64_t step;
-    double write_s, t0 = tp_now_s();
-    if (ckpt_writer_wait(w, rt, &step, &write_s, err, sizeof err)) {
+    CkptWriteTimes t;
+    double t0 = tp_now_s();
+    if (ckpt_writer_wait(w, rt, &t, err, sizeof err)) {
         fprintf(stderr, "train_mt: %s\n", err);
         exit(1);
     }
     const double dt = tp_now_s() - t0;
-    if (rt->mesh.rank == 0 && step >= 0)
-        printf("train_mt: checkpoint step %lld saved to %s in %.2f s, written in the background (the run waited "
-               "%.2f s for it here)\n", (long long)step, a->save_dir, write_s, dt);
+    if (rt->mesh.rank == 0 && t.step >= 0)
+        printf("train_mt: checkpoint step %lld saved to %s in %.2f s in the background; the run waited %.3f s for "
+               "its snapshot and %.3f s for the write\n", (long long)t.step, a->save_dir, t.write_s, t.start_s, dt);
     return dt;
 }
 

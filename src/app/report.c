@@ -207,8 +207,8 @@ void report_summary(const Runtime *rt, const RunClock *c, int first_step, int to
            wall - c->t_eval - c->t_save, c->t_comm, c->t_exposed, c->t_eval, c->t_eval * share, c->t_save,
            c->t_save * share);
     if (metrics)
-        metrics_line(metrics, path, "{\"step\": %d, \"time\": true, \"wall_s\": %.3f, \"train_s\": %.3f, "
-                     "\"eval_s\": %.3f, \"eval_frac\": %.6f, \"save_s\": %.3f, \"save_frac\": %.6f}\n", total, wall,
+        metrics_line(metrics, path, "{\"step\": %d, \"time\": {\"wall_s\": %.3f, \"train_s\": %.3f, "
+                     "\"eval_s\": %.3f, \"eval_frac\": %.6f, \"save_s\": %.3f, \"save_frac\": %.6f}}\n", total, wall,
                      wall - c->t_eval - c->t_save, c->t_eval, c->t_eval * share / 100.0, c->t_save,
                      c->t_save * share / 100.0);
     CommStats ts = comm_stats(rt->tp);

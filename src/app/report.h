@@ -61,8 +61,9 @@ void report_profile(Backend *be, FILE *metrics, const char *path, int step);
 void report_graphs(GraphStats g, FILE *metrics, const char *path, int step);
 
 /* Rank 0: the run's time (training, data-parallel communication, and the
- * shares of the wall time spent evaluating and saving, also as a "time"
- * record in metrics when given) and, with tp > 1, the tp collectives per
+ * shares of the wall time spent evaluating and saving, also as a record
+ * {"step", "time": {"wall_s", "train_s", "eval_s", "eval_frac", "save_s",
+ * "save_frac"}} in metrics when given) and, with tp > 1, the tp collectives per
  * training step. Not collective. */
 void report_summary(const Runtime *rt, const RunClock *c, int first_step, int total, FILE *metrics,
                     const char *path);

@@ -72,6 +72,7 @@ struct CkptWriter {
     bool has_best;
     char best_metric[16];
     double best_value;
+    double start_s;  // ckpt_writer_save's checks and snapshot
     /* the thread's outcome */
     int rc;
     double write_s;
@@ -161,9 +162,8 @@ static void *writer_main(void *arg) {
     return NULL;
 }
 
-int ckpt_writer_wait(CkptWriter *w, const Runtime *rt, int64_t *step, double *write_s, char *err, size_t err_len) {
-    if (step) *step = w->running ? w->step : -1;
-    if (write_s) *write_s = 0.0;
+int ckpt_writer_wait(CkptWriter *w, const Runtime *rt, CkptWriteTimes *times, char *err, size_t err_len) {
+    if (times) *times = (CkptWriteTimes){.step = w->running ? w->step : -1};
     int ok = 1;
     if (w->running) {
         pthread_join(w->thread, NULL);
@@ -172,7 +172,7 @@ int ckpt_writer_wait(CkptWriter *w, const Runtime *rt, int64_t *step, double *wr
         w->manifest = NULL;
         free(w->shards.meta);
         w->shards.meta = NULL;
-        if (write_s) *write_s = w->write_s;
+        if (times) times->start_s = w->start_s, times->write_s = w->write_s;
         if (w->rc != 0) {
             tp_error_set(err, err_len, "writing checkpoint step %lld in the background: %s (nothing of it was "
                          "published)", (long long)w->step, w->err);
@@ -205,7 +205,8 @@ static void snapshot(CkptWriter *w, const Model *m, const AdamW *opt, const Mesh
 int ckpt_writer_save(CkptWriter *w, const char *dir, const Runtime *rt, const Model *m, const AdamW *opt,
                      const TrainState *st, const char *spm_path, int keep_last, const CkptBestRecord *best,
                      char *err, size_t err_len) {
-    if (ckpt_writer_wait(w, rt, NULL, NULL, err, err_len)) return -1;
+    if (ckpt_writer_wait(w, rt, NULL, err, err_len)) return -1;
+    const double t0 = tp_now_s();
     if (save_prepare(dir, rt, st, w->tmp, sizeof w->tmp, err, err_len)) return -1;
     w->lead = rt->mesh.rank == 0;
     w->rank = rt->mesh.rank;
@@ -234,6 +235,7 @@ int ckpt_writer_save(CkptWriter *w, const char *dir, const Runtime *rt, const Mo
         w->shards.meta = NULL;
     }
     w->running = ok;
+    w->start_s = tp_now_s() - t0;
     return agree(rt, ok, err, err_len);
 }
 

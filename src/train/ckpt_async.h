@@ -41,13 +41,19 @@ int ckpt_writer_save(CkptWriter *w, const char *dir, const Runtime *rt, const Mo
                      const TrainState *st, const char *spm_path, int keep_last, const CkptBestRecord *best,
                      char *err, size_t err_len);
 
+/* What ckpt_writer_wait reports of the write it joined. */
+typedef struct {
+    int64_t step;       // the step written (-1: none was in flight)
+    double start_s;     // what its save held the run up: the checks, the work folder, the snapshot
+    double write_s;     // its seconds in the background (files, seal, publication)
+} CkptWriteTimes;
+
 /* Collective: joins the write in flight, if any, and agrees on its outcome:
  * 0 when every rank's files are durable and rank 0 published the step (or
  * nothing was in flight), -1 + err on every rank otherwise (rank 0's err
- * names the file that failed; nothing was published). *step gets the step
- * written (-1: none was in flight) and *write_s its seconds in the
- * background; either may be NULL. */
-int ckpt_writer_wait(CkptWriter *w, const Runtime *rt, int64_t *step, double *write_s, char *err, size_t err_len);
+ * names the file that failed; nothing was published). times (NULL: not
+ * wanted) gets the joined write's figures. */
+int ckpt_writer_wait(CkptWriter *w, const Runtime *rt, CkptWriteTimes *times, char *err, size_t err_len);
 
 /* The step being written (-1: none in flight). */
 int64_t ckpt_writer_pending(const CkptWriter *w);
