@@ -440,7 +440,10 @@ int run_train(Run *r) {
     for (int step = r->first_step; step <= r->total; step++) {
         float lr;
         StepResult sr;
-        if (run_step(r, step, &lr, &sr)) return 1;
+        if (run_step(r, step, &lr, &sr)) {  // a loss every rank found not finite: the write in flight kept
+            save_wait(a, &r->rt, r->writer);
+            return 1;
+        }
         run_check_minutes(r, step);
         run_log(r, step, sr.loss, lr, sr.grad_norm);
         run_evaluate(r, step);
