@@ -102,7 +102,7 @@ double save(const TrainArgs *a, const Runtime *rt, CkptWriter *w, const Model *m
         exit(1);
     }
     const double dt = tp_now_s() - t0;
-    if (rt->mesh.rank == 0 && !w) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, dt);
+    if (rt->mesh.rank == 0 && !w) printf("train_mt: checkpoint step %d saved to %s in %.3f s\n", step, a->save_dir, dt);
     return dt;
 }
 

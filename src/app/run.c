@@ -431,7 +431,7 @@ int run_train(Run *r) {
     r->clock.t_start = r->t_window = tp_now_s();
     horizon_begin(&r->hz);
     r->saved_step = r->first_step - 1;
-    if (a->save_dir && a->save_mode == SAVE_ASYNC) r->writer = ckpt_writer_new(a->comm_timeout);
+    if (a->save_dir && a->save_mode == SAVE_ASYNC) r->writer = ckpt_writer_new(a->comm_timeout, &r->m, &r->opt, r->mesh);
     best_restore(a, r->first_step, r->lead, &r->best);
     r->dump = a->dump_batches ? batch_dump_new(r->first_step, a->micro_batches) : NULL;
     /* From here a signal saves and stops at a step boundary (preempt.h);

@@ -57,7 +57,7 @@
 
 struct CkptWriter {
     double timeout_s;
-    Backend *be;         // the snapshot's allocator (set at the first save)
+    Backend *be;         // the snapshot's allocator: the model's backend
     float *snap;         // (n_params + 2 * n_opt) floats, MEM_CKPT
     size_t snap_elems;
     /* the write in flight (running) */
@@ -79,10 +79,20 @@ struct CkptWriter {
     char err[1024];
 };
 
-CkptWriter *ckpt_writer_new(double timeout_s) {
+/* The snapshot's floats: the weights where the rank writes the model shard, both moments. */
+static size_t snapshot_elems(const Model *m, const AdamW *opt, const Mesh *mesh, size_t *n_params) {
+    *n_params = mesh->dp_rank == 0 ? m->tab.n_elems : 0;
+    return *n_params + 2 * opt->n_elems;
+}
+
+CkptWriter *ckpt_writer_new(double timeout_s, const Model *m, const AdamW *opt, const Mesh *mesh) {
     CkptWriter *w = TP_CALLOC(1, sizeof *w);
     w->timeout_s = timeout_s;
     w->step = -1;
+    size_t n_params;
+    w->snap_elems = snapshot_elems(m, opt, mesh, &n_params);
+    w->be = m->be;
+    w->snap = backend_alloc_host(m->be, w->snap_elems * sizeof(float), MEM_CKPT);  // zero-filled: its pages are in
     return w;
 }
 
@@ -182,18 +192,14 @@ int ckpt_writer_wait(CkptWriter *w, const Runtime *rt, CkptWriteTimes *times, ch
     return agree(rt, ok, err, err_len);
 }
 
-/* This rank's part of the state into the snapshot buffer (allocated at the
- * first save): the master weights where this rank writes the model shard,
- * then both moments. The copies wait for the step's queued work. */
+/* This rank's part of the state into the snapshot buffer: the master
+ * weights where this rank writes the model shard, then both moments. The
+ * copies wait for the step's queued work. */
 static void snapshot(CkptWriter *w, const Model *m, const AdamW *opt, const Mesh *mesh) {
-    const size_t n_params = mesh->dp_rank == 0 ? m->tab.n_elems : 0, n_opt = opt->n_elems;
-    const size_t need = n_params + 2 * n_opt;
-    if (!w->snap || w->snap_elems != need) {
-        if (w->snap) backend_free(w->be, w->snap);
-        w->be = m->be;
-        w->snap = backend_alloc_host(m->be, need * sizeof(float), MEM_CKPT);
-        w->snap_elems = need;
-    }
+    size_t n_params;
+    const size_t n_opt = opt->n_elems;
+    TP_CHECK(snapshot_elems(m, opt, mesh, &n_params) == w->snap_elems && m->be == w->be,
+             "ckpt_writer_save: the writer was made for another model");
     float *p = w->snap, *mv = w->snap + n_params;
     if (n_params) backend_download(m->be, p, m->params, n_params * sizeof(float));
     backend_download(opt->be, mv, opt->m, n_opt * sizeof(float));

@@ -21,10 +21,12 @@
 
 typedef struct CkptWriter CkptWriter;
 
-/* A writer for the model and optimizer of this rank; the snapshot buffers
- * (MEM_CKPT, page-locked on CUDA) are allocated at the first save and kept.
- * timeout_s bounds rank 0's wait for the other ranks' files (--comm-timeout). */
-CkptWriter *ckpt_writer_new(double timeout_s);
+/* A writer for this rank's model m and optimizer opt (their layout is
+ * fixed for the run): the snapshot buffer (MEM_CKPT, page-locked on CUDA)
+ * is allocated now, so the memory report shows it from the first step and
+ * no save pays for it. timeout_s bounds rank 0's wait for the other ranks'
+ * files (--comm-timeout). */
+CkptWriter *ckpt_writer_new(double timeout_s, const Model *m, const AdamW *opt, const Mesh *mesh);
 
 /* What --keep-best records once the step is published (metric NULL: nothing). */
 typedef struct {
