@@ -35,7 +35,7 @@ static const BackendEntry *backend_entry(BackendKind kind) {
 
 const char *mem_tag_name(MemTag t) {
     static const char *names[MEM_N_TAGS] = {"master", "compute", "grads", "optimizer",
-                                            "activations", "workspace", "comm", "library"};
+                                            "activations", "workspace", "comm", "ckpt", "library"};
     return t >= 0 && t < MEM_N_TAGS ? names[t] : "?";
 }
 
@@ -126,6 +126,7 @@ static const char *oom_advice(MemTag tag) {
         return "lower --batch-tokens, add --recompute selective or full (or --sequence-parallel with --tp > 1), or "
                "spread the model over more ranks (--tp, --pp)";
     case MEM_COMM: return "lower --grad-bucket-mb or --batch-tokens, or use --comm nccl where every rank has a GPU";
+    case MEM_CKPT: return "save with --save-mode sync (no host snapshot), or spread the model over more ranks";
     default:
         return "shard the state with --zero 1 (optimizer) or --zero 2 (gradients too), spread the model over more "
                "ranks (--tp, --pp), or lower --batch-tokens to leave it room";

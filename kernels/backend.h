@@ -65,6 +65,7 @@ typedef enum {
     MEM_ACT,         // activations (carved once for the largest batch) and batch ids
     MEM_WORKSPACE,   // the ops' workspace arena, GEMM workspace, step scalars, decode state
     MEM_COMM,        // communication staging buffers
+    MEM_CKPT,        // host snapshot of an asynchronous checkpoint save (page-locked on CUDA)
     MEM_LIBRARY,     // CUDA context, cuBLASLt, NCCL: measured, not allocated here
     MEM_N_TAGS
 } MemTag;

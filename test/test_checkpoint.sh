@@ -71,7 +71,7 @@ complete_steps() {
 #   label | reference metrics | metrics | first | last | rows | reference export | export
 # The rows (all: training and held-out rows; train: training rows only) of
 # steps first..last must be the same in both files, every field but
-# tokens_per_s, elapsed_s, since_launch_s, startup_s and the memory figures, numbers compared as the digits printed; the file must have
+# tokens_per_s, elapsed_s, since_launch_s, startup_s, the memory figures and the time record, numbers compared as the digits printed; the file must have
 # no row before first (a resumed run logs only the steps it ran). With
 # first "prefix", the file must be a prefix of the reference (a killed run).
 # Exports ("-" for none) must hold the same tensors, each torch.equal.
@@ -86,7 +86,7 @@ def rows(path):
     out = []
     for line in open(path):
         r = json.loads(line, parse_float=str)  # keep the printed digits
-        if "memory" in r:  # a memory record: a measurement of the process, not a training result
+        if "memory" in r or "time" in r:  # a memory or time record: measurements of the process, not training results
             continue
         for k in ("tokens_per_s", "elapsed_s", "since_launch_s", "startup_s", "mem_peak_mib", "mem_rss_mib", "mem_device_used_mib"):  # measurements, not results
             r.pop(k, None)

@@ -32,7 +32,7 @@ tiny=(--task copy --layers 1 --d-model 16 --heads 2 --ffn-hidden-size 16 --log-i
 rc=$?
 if [ $rc -eq 0 ] && grep -qx 'train_mt: configuration' out.txt &&
     grep -qE '^  Training +--lr 0.01 --warmup 200 .*--max-steps 1 --seed 1$' out.txt &&
-    grep -qE '^  Checkpoints +--save ck$' out.txt; then
+    grep -qE '^  Checkpoints +--save ck --save-mode async$' out.txt; then
     ok "rank 0's log: the configuration block, --lr before --preset still wins"
 else
     bad "echo: rc $rc: $(head -12 out.txt) $(cat err.txt)"

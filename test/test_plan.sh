@@ -5,7 +5,8 @@
 # scratch the backward already holds), on the
 # copy task and on the corpus (dev BLEU: rank 0 holds and decodes the whole
 # model), every rank's predicted allocator peak must lie within 5% of the
-# peak the run's memory report measures, and each tag within 5% (or 64 KiB).
+# peak the run's memory report measures, and each tag within 5% (or 64 KiB),
+# the asynchronous save's host snapshot (ckpt; the ZeRO-1 layout saves) among them.
 # --layout auto: a ranking of every layout of 4 ranks, a limit that drops
 # some, and a run of its choice. Step times are compared by
 # scripts/bench_plan_cpu.sh, not here.
@@ -32,7 +33,7 @@ layouts=(
   "1|tp1|${copy[*]}"
   "2|tp2sp-sel|${copy[*]} --tp 2 --sequence-parallel --recompute selective"
   "2|tp2-drop-sel|${copy[*]} --tp 2 --dropout 0.1 --attention-dropout 0.1 --activation-dropout 0.1 --recompute selective"
-  "4|tp2dp2-z1|${copy[*]} --tp 2 --dp 2 --zero 1 --micro-batches 2"
+  "4|tp2dp2-z1|${copy[*]} --tp 2 --dp 2 --zero 1 --micro-batches 2 --save ck-z1"
   "4|dp4-z2|${copy[*]} --dp 4 --zero 2 --grad-bucket-mb 0.01"
   "2|pp2m3-full|${copy[*]} --pp 2 --micro-batches 3 --recompute full"
   "4|tp2pp2m2sp|${copy[*]} --tp 2 --pp 2 --micro-batches 2 --sequence-parallel"
@@ -130,7 +131,7 @@ fi
 "$py" - "${layouts[@]}" <<'PY'
 import json, sys
 bad, rows = [], []
-tags = ["master", "compute", "grads", "optimizer", "activations", "workspace", "comm"]
+tags = ["master", "compute", "grads", "optimizer", "activations", "workspace", "comm", "ckpt"]
 for l in sys.argv[1:]:
     n, name, _ = l.split("|", 2)
     run = [json.loads(x) for x in open(f"{name}.run.jsonl") if '"memory"' in x][-1]["memory"]

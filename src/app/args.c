@@ -153,6 +153,7 @@ static const int GRAPHS_VALUES[] = {GRAPHS_ON, GRAPHS_OFF, GRAPHS_AUTO};
 static const int RECOMPUTE_VALUES[] = {MODEL_RECOMPUTE_NONE, MODEL_RECOMPUTE_SELECTIVE, MODEL_RECOMPUTE_FULL};
 static const int ATTENTION_VALUES[] = {MODEL_ATTENTION_EXACT, MODEL_ATTENTION_FLASH};
 static const int KEEP_VALUES[] = {KEEP_BLEU, KEEP_LOSS};
+static const int SAVE_MODE_VALUES[] = {SAVE_SYNC, SAVE_ASYNC};
 
 #define T TrainArgs
 #define PRESET_NOTE "from the preset"
@@ -317,6 +318,11 @@ static const Flag TRAIN_FLAGS[] = {
              "75, \"saved on signal\" (--resume auto goes on)"},
     {INT_("save-interval", "Checkpoints", "N", save_interval, 1, 1 << 30), .help = "save every N steps"},
     {INT_("keep-last", "Checkpoints", "K", keep_last, 1, 1 << 20), .help = "keep the newest K checkpoints"},
+    {CHOICE_("save-mode", "Checkpoints", "sync|async", SAVE_MODE_VALUES, save_mode), .dflt = "async",
+     .help = "async: a save copies this rank's shards to host memory at the step and writes them in a background "
+             "thread while training goes on (one write at a time; the end, a signal and --max-minutes wait for "
+             "it); sync: training waits for the files. Both publish only a complete checkpoint "
+             "(docs/checkpoints.md)"},
     {CHOICE_("keep-best", "Checkpoints", "bleu|loss", KEEP_VALUES, keep_best),
      .help = "keep the checkpoint of the best dev BLEU (or lowest dev loss) as DIR/best (a link to its step_N, the "
              "figure in DIR/best.json), saved at the evaluation that finds it; --keep-last never prunes it"},
@@ -415,7 +421,53 @@ static void preset_and_defaults(int argc, char **argv, TrainArgs *a) {
 
 static void usage(FILE *f, const TrainArgs *defaults) { flags_help(f, &TRAIN_TABLE, defaults); }
 
-/* Every rule between flags, in one place; each refusal one sentence, exit 2.
+/* The rules between the checkpoint flags (--save, --resume, --export, --keep-best, --patience, --average-last,
+ * --save-interval); each refusal one sentence, exit 2. */
+static void validate_checkpoint_args(const TrainArgs *a) {
+    if (a->export_dir && a->save_dir && paths_same(a->export_dir, a->save_dir)) {
+        fprintf(stderr, "train_mt: --export and --save name the same folder (%s): the export would stand beside "
+                        "checkpoints that go on after it; export to a folder of its own\n", a->save_dir);
+        exit(2);
+    }
+    if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
+        fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->keep_best && !a->save_dir) {
+        fprintf(stderr, "train_mt: --keep-best keeps a checkpoint in the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->keep_best && !a->eval_interval) {
+        fprintf(stderr, "train_mt: --keep-best compares evaluations; give --eval-interval N > 0\n");
+        exit(2);
+    }
+    if (a->keep_best == KEEP_BLEU && a->synthetic) {
+        fprintf(stderr, "train_mt: --keep-best bleu needs a corpus (a --task run has no dev BLEU); use --keep-best "
+                        "loss\n");
+        exit(2);
+    }
+    if (a->patience && (!a->keep_best || !a->eval_interval)) {
+        fprintf(stderr, "train_mt: --patience %d counts evaluations without a better --keep-best figure; give "
+                        "--keep-best bleu|loss and --eval-interval N > 0\n", a->patience);
+        exit(2);
+    }
+    if (a->average_last && !a->save_dir) {
+        fprintf(stderr, "train_mt: --average-last averages the checkpoints of the --save folder; give --save DIR\n");
+        exit(2);
+    }
+    if (a->average_last && a->keep_last && a->keep_last < a->average_last) {
+        fprintf(stderr, "train_mt: --average-last %d needs the newest %d checkpoints, but --keep-last %d keeps "
+                        "fewer; raise --keep-last\n", a->average_last, a->average_last, a->keep_last);
+        exit(2);
+    }
+    if (a->save_interval && !a->save_dir) {
+        fprintf(stderr, "train_mt: --save-interval needs --save DIR\n");
+        exit(2);
+    }
+}
+
+/* Every rule between flags (the checkpoint flags' in validate_checkpoint_args); each refusal one sentence,
+ * exit 2.
  * vocab_given: --vocab-size was on the command line. */
 static void validate_args(TrainArgs *a, bool vocab_given) {
     char err[256];
@@ -473,15 +525,6 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
                         "captured); drop %s\n", a->layout_auto ? "--layout auto" : a->tp > 1 ? "--tp" : a->dp > 1 ? "--dp" : "--pp");
         exit(2);
     }
-    if (a->export_dir && a->save_dir && paths_same(a->export_dir, a->save_dir)) {
-        fprintf(stderr, "train_mt: --export and --save name the same folder (%s): the export would stand beside "
-                        "checkpoints that go on after it; export to a folder of its own\n", a->save_dir);
-        exit(2);
-    }
-    if (a->resume && strcmp(a->resume, "auto") == 0 && !a->save_dir) {
-        fprintf(stderr, "train_mt: --resume auto looks in the --save folder; give --save DIR\n");
-        exit(2);
-    }
     if (a->layout_auto && a->layout_flag) {
         fprintf(stderr, "train_mt: --layout auto chooses tp, dp, pp, micro-batches, ZeRO, sequence parallelism and "
                         "recomputation; drop --%s (or drop --layout auto)\n", a->layout_flag);
@@ -496,37 +539,7 @@ static void validate_args(TrainArgs *a, bool vocab_given) {
         fprintf(stderr, "train_mt: --pp-layout needs --pp N with N > 1 stages\n");
         exit(2);
     }
-    if (a->keep_best && !a->save_dir) {
-        fprintf(stderr, "train_mt: --keep-best keeps a checkpoint in the --save folder; give --save DIR\n");
-        exit(2);
-    }
-    if (a->keep_best && !a->eval_interval) {
-        fprintf(stderr, "train_mt: --keep-best compares evaluations; give --eval-interval N > 0\n");
-        exit(2);
-    }
-    if (a->keep_best == KEEP_BLEU && a->synthetic) {
-        fprintf(stderr, "train_mt: --keep-best bleu needs a corpus (a --task run has no dev BLEU); use --keep-best "
-                        "loss\n");
-        exit(2);
-    }
-    if (a->patience && (!a->keep_best || !a->eval_interval)) {
-        fprintf(stderr, "train_mt: --patience %d counts evaluations without a better --keep-best figure; give "
-                        "--keep-best bleu|loss and --eval-interval N > 0\n", a->patience);
-        exit(2);
-    }
-    if (a->average_last && !a->save_dir) {
-        fprintf(stderr, "train_mt: --average-last averages the checkpoints of the --save folder; give --save DIR\n");
-        exit(2);
-    }
-    if (a->average_last && a->keep_last && a->keep_last < a->average_last) {
-        fprintf(stderr, "train_mt: --average-last %d needs the newest %d checkpoints, but --keep-last %d keeps "
-                        "fewer; raise --keep-last\n", a->average_last, a->average_last, a->keep_last);
-        exit(2);
-    }
-    if (a->save_interval && !a->save_dir) {
-        fprintf(stderr, "train_mt: --save-interval needs --save DIR\n");
-        exit(2);
-    }
+    validate_checkpoint_args(a);
     if (!(a->comm_timeout > 0.0)) {
         fprintf(stderr, "train_mt: --comm-timeout must be positive\n");
         exit(2);

@@ -22,6 +22,7 @@ enum { MAX_PP = 1024 };  // pipeline stages (a stage holds at least one layer)
 enum { KEEP_NONE, KEEP_BLEU, KEEP_LOSS };  // --keep-best
 
 enum { GRAPHS_OFF = 0, GRAPHS_ON = 1, GRAPHS_AUTO = 2 };  // --cuda-graphs
+enum { SAVE_SYNC = 0, SAVE_ASYNC = 1 };                      // --save-mode
 
 typedef struct {
     const char *preset;
@@ -49,6 +50,7 @@ typedef struct {
     const char *dump_batches; // --dump-batches FILE, or NULL
     double max_minutes;       // --max-minutes: wall time after which the run ends (0: none)
     int save_interval, keep_last;
+    int save_mode;            // --save-mode: SAVE_ASYNC (written in the background) or SAVE_SYNC
     int keep_best;            // --keep-best: KEEP_NONE, KEEP_BLEU or KEEP_LOSS
     int patience;             // --patience N: evaluations without improvement that end the run (0: none)
     int average_last;         // --average-last N: average the newest N checkpoints at the end (0: none)

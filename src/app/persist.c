@@ -91,8 +91,8 @@ int resume(const TrainArgs *a, const Runtime *rt, Model *m, AdamW *opt, Source *
     return 0;
 }
 
-void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src, const char *pp_layout,
-          const Horizon *hz, int step) {
+double save(const TrainArgs *a, const Runtime *rt, CkptWriter *w, const Model *m, const AdamW *opt, Source *src,
+            const char *pp_layout, const Horizon *hz, int step, const CkptBestRecord *best) {
     TrainState st = {.step = step, .seed = a->seed, .corpus = !a->synthetic, .synth_index = src->synth_index,
                      .spm_alpha = a->spm_alpha, .spm_nbest = a->spm_nbest};
     if (a->synthetic) snprintf(st.task, sizeof st.task, "%s", synth_task_name(a->task));
@@ -100,15 +100,36 @@ void save(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *op
     snprintf(st.pp_layout, sizeof st.pp_layout, "%s", pp_layout);
     if (!a->synthetic) st.cursor = dataset_cursor(&src->train);
     char err[1024];
+    const char *spm = a->synthetic ? NULL : src->spm_path;
     double t0 = tp_now_s();
-    if (ckpt_save(a->save_dir, rt, m, opt, &st, a->synthetic ? NULL : src->spm_path, a->keep_last, err, sizeof err)) {
+    save_wait(a, rt, w);  // the write in flight first, with its line (at most one at a time)
+    if (w ? ckpt_writer_save(w, a->save_dir, rt, m, opt, &st, spm, a->keep_last, best, err, sizeof err)
+          : ckpt_save(a->save_dir, rt, m, opt, &st, spm, a->keep_last, err, sizeof err)) {
         fprintf(stderr, "train_mt: saving step %d: %s\n", step, err);
         exit(1);
     }
-    if (rt->mesh.rank == 0) printf("train_mt: checkpoint step %d saved to %s in %.2f s\n", step, a->save_dir, tp_now_s() - t0);
+    const double dt = tp_now_s() - t0;
+    if (rt->mesh.rank == 0 && !w) printf("train_mt: checkpoint step %d saved to %s in %.3f s\n", step, a->save_dir, dt);
+    return dt;
 }
 
-static const char *keep_name(int keep) { return keep == KEEP_BLEU ? "bleu" : "loss"; }
+double save_wait(const TrainArgs *a, const Runtime *rt, CkptWriter *w) {
+    if (!w) return 0.0;
+    char err[1024];
+    CkptWriteTimes t;
+    double t0 = tp_now_s();
+    if (ckpt_writer_wait(w, rt, &t, err, sizeof err)) {
+        fprintf(stderr, "train_mt: %s\n", err);
+        exit(1);
+    }
+    const double dt = tp_now_s() - t0;
+    if (rt->mesh.rank == 0 && t.step >= 0)
+        printf("train_mt: checkpoint step %lld saved to %s in %.2f s in the background; the run waited %.3f s for "
+               "its snapshot and %.3f s for the write\n", (long long)t.step, a->save_dir, t.write_s, t.start_s, dt);
+    return dt;
+}
+
+const char *keep_name(int keep) { return keep == KEEP_BLEU ? "bleu" : "loss"; }
 const char *keep_label(int keep) { return keep == KEEP_BLEU ? "dev BLEU" : "dev loss"; }
 
 void best_restore(const TrainArgs *a, int first_step, bool lead, Best *b) {
@@ -144,9 +165,9 @@ int best_update(const TrainArgs *a, Best *b, double v, int step) {
     return a->patience && b->bad_evals >= a->patience ? 2 : 0;
 }
 
-void best_publish(const TrainArgs *a, const Best *b, FILE *metrics) {
+void best_publish(const TrainArgs *a, const Best *b, FILE *metrics, bool record) {
     char err[1024];
-    if (ckpt_best_write(a->save_dir, b->step, keep_name(a->keep_best), b->value, err, sizeof err)) {
+    if (record && ckpt_best_write(a->save_dir, b->step, keep_name(a->keep_best), b->value, err, sizeof err)) {
         fprintf(stderr, "train_mt: --keep-best: %s\n", err);
         exit(1);
     }
@@ -214,24 +235,27 @@ int average_report(const TrainArgs *a, Backend *be, Source *src, double top, int
     return rc;
 }
 
-void stop_on_signal(const TrainArgs *a, const Runtime *rt, const Model *m, const AdamW *opt, Source *src,
-                    const char *pp_layout, const Horizon *hz, int step, int saved_step, int sig, int total) {
+double stop_on_signal(const TrainArgs *a, const Runtime *rt, CkptWriter *w, const Model *m, const AdamW *opt,
+                      Source *src, const char *pp_layout, const Horizon *hz, int step, int saved_step, int sig,
+                      int total) {
     const bool lead = rt->mesh.rank == 0;
     if (!a->save_dir) {
         if (lead)
             fprintf(stderr, "train_mt: %s received: stopping after step %d of %d; no --save DIR was given, so "
                     "nothing is saved (exit status %d)\n", preempt_signal_name(sig), step, total, 128 + sig);
-        return;
+        return 0.0;
     }
     if (lead) {
         printf("train_mt: %s received: stopping after step %d of %d and saving it\n", preempt_signal_name(sig), step,
                total);
         fflush(stdout);
     }
-    if (saved_step != step) save(a, rt, m, opt, src, pp_layout, hz, step);
+    double blocked = saved_step != step ? save(a, rt, w, m, opt, src, pp_layout, hz, step, NULL) : 0.0;
+    blocked += save_wait(a, rt, w);  // this step's write, or the one still in flight, durable before the exit
     if (lead) {
         printf("train_mt: saved on %s: %s/step_%08d; continue with --resume auto --save %s (exit status %d)\n",
                preempt_signal_name(sig), a->save_dir, step, a->save_dir, TP_EXIT_SAVED_ON_SIGNAL);
         fflush(stdout);
     }
+    return blocked;
 }

@@ -48,7 +48,8 @@ static PlanInput plan_input(const TrainArgs *a, const Layout *l, bool gpu, int t
                     .recompute = l->rc, .seq_par = l->sp && l->tp > 1, .grad = grad, .gpu = gpu, .dtype = a->dtype,
                     .flash = a->attention == MODEL_ATTENTION_FLASH,
                     .slots = plan_slots(gpu, threads), .train = ps->train, .n_steps = ps->n_steps, .eval = ps->eval,
-                    .n_eval = a->eval_interval > 0 ? ps->n_eval : 0, .beam = a->beam};
+                    .n_eval = a->eval_interval > 0 ? ps->n_eval : 0, .beam = a->beam,
+                    .ckpt_snapshot = a->save_dir && a->save_mode == SAVE_ASYNC};
     /* ranks sharing a GPU stage their groups' buffers through host memory
      * (the run's runtime_choose_comm, for one node of W ranks) */
     const int W = l->tp * l->dp * l->pp;

@@ -197,12 +197,20 @@ void report_graphs(GraphStats g, FILE *metrics, const char *path, int step) {
     fflush(stdout);
 }
 
-void report_summary(const Runtime *rt, const RunClock *c, int first_step, int total) {
+void report_summary(const Runtime *rt, const RunClock *c, int first_step, int total, FILE *metrics,
+                    const char *path) {
     char took[32];
-    fmt_duration(took, sizeof took, tp_now_s() - c->t_start);
+    const double wall = tp_now_s() - c->t_start, share = wall > 0.0 ? 100.0 / wall : 0.0;
+    fmt_duration(took, sizeof took, wall);
     printf("train_mt: %d steps in %s (%.1f s training, with %.1f s data-parallel communication of which "
-           "%.1f s exposed; %.1f s evaluation)\n", total, took, tp_now_s() - c->t_start - c->t_eval, c->t_comm,
-           c->t_exposed, c->t_eval);
+           "%.1f s exposed; %.1f s evaluation, %.1f%% of the wall time; %.1f s saving, %.1f%%)\n", total, took,
+           wall - c->t_eval - c->t_save, c->t_comm, c->t_exposed, c->t_eval, c->t_eval * share, c->t_save,
+           c->t_save * share);
+    if (metrics)
+        metrics_line(metrics, path, "{\"step\": %d, \"time\": {\"wall_s\": %.3f, \"train_s\": %.3f, "
+                     "\"eval_s\": %.3f, \"eval_frac\": %.6f, \"save_s\": %.3f, \"save_frac\": %.6f}}\n", total, wall,
+                     wall - c->t_eval - c->t_save, c->t_eval, c->t_eval * share / 100.0, c->t_save,
+                     c->t_save * share / 100.0);
     CommStats ts = comm_stats(rt->tp);
     const double steps_run = total >= first_step ? total - first_step + 1 : 1;
     if (rt->mesh.tp > 1)
@@ -218,7 +226,7 @@ void report_pipeline_stage(const Runtime *rt, const ModelStage *stages, int micr
     const int pp = mesh->pp;
     char layout[256];
     model_stages_format(&stages[mesh->pp_rank], 1, layout, sizeof layout);
-    const double train_s = tp_now_s() - c->t_start - c->t_eval;
+    const double train_s = tp_now_s() - c->t_start - c->t_eval - c->t_save;
     printf("train_mt: pipeline stage %d (%s): %.1f%% of %.1f s training waiting in exchanges (measured bubble "
            "and transfers; ideal 1F1B bubble %.1f%%); %ld messages sent and %ld received in %d steps\n",
            mesh->pp_rank, layout, train_s > 0 ? 100.0 * c->t_pp_wait / train_s : 0.0, train_s,

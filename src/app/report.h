@@ -20,9 +20,11 @@
 #include "transformer/stage.h"
 
 /* A run's clocks (tp_now_s) and the tp collectives of its training steps
- * (evaluation left out), for the closing lines. */
+ * (evaluation left out), for the closing lines. t_eval: evaluating (dev
+ * loss, dev BLEU); t_save: the part of saving checkpoints the run waited
+ * for (all of a synchronous save; an asynchronous one's snapshot and waits). */
 typedef struct {
-    double t_start, t_eval, t_comm, t_exposed, t_pp_wait;
+    double t_start, t_eval, t_save, t_comm, t_exposed, t_pp_wait;
     CommStats tp_steps;
 } RunClock;
 
@@ -58,9 +60,13 @@ void report_profile(Backend *be, FILE *metrics, const char *path, int step);
  * run op by op, dropped as stale), and a "graphs" record in the metrics. */
 void report_graphs(GraphStats g, FILE *metrics, const char *path, int step);
 
-/* Rank 0: the run's time (training, data-parallel communication, evaluation)
- * and, with tp > 1, the tp collectives per training step. Not collective. */
-void report_summary(const Runtime *rt, const RunClock *c, int first_step, int total);
+/* Rank 0: the run's time (training, data-parallel communication, and the
+ * shares of the wall time spent evaluating and saving, also as a record
+ * {"step", "time": {"wall_s", "train_s", "eval_s", "eval_frac", "save_s",
+ * "save_frac"}} in metrics when given) and, with tp > 1, the tp collectives per
+ * training step. Not collective. */
+void report_summary(const Runtime *rt, const RunClock *c, int first_step, int total, FILE *metrics,
+                    const char *path);
 
 /* With stages, one line per stage (from its tp 0, dp 0 rank): the share of
  * training spent waiting in exchanges, and the messages sent and received. */

@@ -306,7 +306,7 @@ static void run_log(Run *r, int step, float loss, float lr, float gnorm) {
     const TrainArgs *a = r->a;
     double t = tp_now_s();
     if (r->tty) {
-        double per_step = (t - r->clock.t_start - r->clock.t_eval) / step;
+        double per_step = (t - r->clock.t_start - r->clock.t_eval - r->clock.t_save) / step;
         char eta[32];
         double left = per_step * (r->total - step);
         if (r->hz.budget_s > 0.0 && r->hz.budget_s - r->hz.train_s < left) left = r->hz.budget_s - r->hz.train_s;
@@ -344,8 +344,10 @@ static void run_log(Run *r, int step, float loss, float lr, float gnorm) {
     r->tok_window = 0;
 }
 
-static void run_save(Run *r, int step) {
-    save(r->a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, step);
+/* A checkpoint of this step (best: the --keep-best record the background
+ * writer writes once it is published); its blocking time is kept apart. */
+static void run_save(Run *r, int step, const CkptBestRecord *best) {
+    r->clock.t_save += save(r->a, &r->rt, r->writer, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, step, best);
     r->saved_step = step;
 }
 
@@ -385,15 +387,20 @@ static void run_evaluate(Run *r, int step) {
         if (r->lead) run_eval_line(r, step, &ev, t0);
     }
     comm_ok(comm_barrier(r->rt.ctrl), r->rt.ctrl);
+    const double t_saved = r->clock.t_save;
     if (a->keep_best) {  // rank 0's figures decide for every rank
         int kept = r->lead ? best_update(a, &r->best, a->keep_best == KEEP_BLEU ? ev.bleu : ev.loss, step) : 0;
         comm_ok(comm_broadcast(r->rt.ctrl, &kept, sizeof kept, 0), r->rt.ctrl);
-        if (kept == 1 && r->saved_step != step) run_save(r, step);
-        if (kept == 1 && r->lead) best_publish(a, &r->best, r->metrics);
+        /* with a background writer, the record follows the step's publication */
+        const CkptBestRecord rec = {.metric = keep_name(a->keep_best), .value = r->best.value};
+        const bool by_writer = kept == 1 && r->writer && r->saved_step != step;
+        if (kept == 1 && r->saved_step != step) run_save(r, step, by_writer ? &rec : NULL);
+        else if (kept == 1) r->clock.t_save += save_wait(a, &r->rt, r->writer);  // this step, published first
+        if (kept == 1 && r->lead) best_publish(a, &r->best, r->metrics, !by_writer);
         r->early_stop = kept == 2 && step < r->total;
     }
-    const double dt = tp_now_s() - t0;
-    r->clock.t_eval += dt;
+    const double dt = tp_now_s() - t0, saving = r->clock.t_save - t_saved;
+    r->clock.t_eval += dt - saving;  // the save it made is saving's
     r->t_window += dt;  // tokens/s counts training time only (the window keeps its tokens)
 }
 
@@ -424,6 +431,7 @@ int run_train(Run *r) {
     r->clock.t_start = r->t_window = tp_now_s();
     horizon_begin(&r->hz);
     r->saved_step = r->first_step - 1;
+    if (a->save_dir && a->save_mode == SAVE_ASYNC) r->writer = ckpt_writer_new(a->comm_timeout, &r->m, &r->opt, r->mesh);
     best_restore(a, r->first_step, r->lead, &r->best);
     r->dump = a->dump_batches ? batch_dump_new(r->first_step, a->micro_batches) : NULL;
     /* From here a signal saves and stops at a step boundary (preempt.h);
@@ -432,11 +440,18 @@ int run_train(Run *r) {
     for (int step = r->first_step; step <= r->total; step++) {
         float lr;
         StepResult sr;
-        if (run_step(r, step, &lr, &sr)) return 1;
+        if (run_step(r, step, &lr, &sr)) {  // a loss every rank found not finite: the write in flight kept
+            save_wait(a, &r->rt, r->writer);
+            return 1;
+        }
         run_check_minutes(r, step);
         run_log(r, step, sr.loss, lr, sr.grad_norm);
         run_evaluate(r, step);
-        if (a->save_dir && a->save_interval && step % a->save_interval == 0 && r->saved_step != step) run_save(r, step);
+        if (a->save_dir && a->save_interval && step % a->save_interval == 0 && r->saved_step != step) {
+            const double t0 = tp_now_s();
+            run_save(r, step, NULL);
+            r->t_window += tp_now_s() - t0;
+        }
         if (r->lead && !r->tty) fflush(stdout);
         if (r->metrics) fflush(r->metrics);
         if (r->early_stop) {  // evaluated above; saved after the loop
@@ -446,8 +461,8 @@ int run_train(Run *r) {
         }
         if (step < r->total && (r->stop_sig = preempt_agree(r->rt.ctrl)) != 0) {  // one small allreduce per step
             comm_ok(r->stop_sig < 0 ? -1 : 0, r->rt.ctrl);
-            stop_on_signal(a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, step, r->saved_step, r->stop_sig,
-                           r->total);
+            r->clock.t_save += stop_on_signal(a, &r->rt, r->writer, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz,
+                                              step, r->saved_step, r->stop_sig, r->total);
             r->saved_step = r->total = step;
             break;
         }
@@ -457,8 +472,8 @@ int run_train(Run *r) {
 
 int run_finish(Run *r) {
     const TrainArgs *a = r->a;
-    if (a->save_dir && r->saved_step != r->total)
-        save(a, &r->rt, &r->m, &r->opt, &r->src, r->pp_layout, &r->hz, r->total);
+    if (a->save_dir && r->saved_step != r->total) run_save(r, r->total, NULL);
+    r->clock.t_save += save_wait(a, &r->rt, r->writer);  // every checkpoint durable before the best, the average, the exit
     int rc = 0;
     if (r->lead && a->keep_best && r->best.have)
         printf("train_mt: best checkpoint: step %d, %s %.4f: %s/best\n", r->best.step, keep_label(a->keep_best),
@@ -473,7 +488,7 @@ int run_finish(Run *r) {
 void run_report(Run *r) {
     const TrainArgs *a = r->a;
     const Mesh *mesh = r->mesh;
-    if (r->lead) report_summary(&r->rt, &r->clock, r->first_step, r->total);
+    if (r->lead) report_summary(&r->rt, &r->clock, r->first_step, r->total, r->metrics, a->metrics_path);
     if (r->pp > 1 && mesh->tp_rank == 0 && mesh->dp_rank == 0)  // one line per stage
         report_pipeline_stage(&r->rt, r->stages, a->micro_batches, &r->clock, r->trainer.pp_sent,
                               r->trainer.pp_received, r->total - r->first_step + 1);
@@ -559,6 +574,8 @@ int run_close(Run *r, int rc) {
         fprintf(stderr, "train_mt: --metrics %s: writing the file failed (%s)\n", a->metrics_path, strerror(errno));
         rc = 1;
     }
+    ckpt_writer_free(r->writer);  // joined already, but after a failed step
+    r->writer = NULL;
     trainer_free(&r->trainer);
     adamw_free(&r->opt);
     grad_sync_free(r->gsync);

@@ -56,6 +56,7 @@ typedef struct {
     long tok_window;
     double *mem_last;  // the memory figures last reported
     int saved_step;
+    CkptWriter *writer;  // --save-mode async: the background writer (NULL: sync, or no --save)
     Best best;
     double top;  // the best single evaluation's dev BLEU (lowest loss for a --task run), for --average-last
     int top_step, early_stop, stop_sig;

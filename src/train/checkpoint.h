@@ -168,7 +168,12 @@ int ckpt_load(const char *ckpt_dir, Model *m, AdamW *opt, char *err, size_t err_
 
 /* Test-only fault hook: when TPTRAIN_FAULT_POINT=N is set, the N-th save
  * point reached by rank TPTRAIN_FAULT_RANK (default 0) kills the process
- * with SIGKILL. Returns the number of points this rank has passed. */
+ * with SIGKILL; with TPTRAIN_FAULT_FAIL=N, the N-th point before a file is
+ * written (a shard, the tokenizer, the manifest) fails that write as a full
+ * disk would (ENOSPC, the file named). The points are the same, in the same
+ * order, in a synchronous and an asynchronous save (whose writer thread
+ * passes most of them; ckpt_async.c also has TPTRAIN_FAULT_WRITE_DELAY_S).
+ * Returns the number of points this rank has passed. */
 int ckpt_fault_point(const char *what);
 
 #endif

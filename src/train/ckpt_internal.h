@@ -28,6 +28,37 @@ int agree(const Runtime *rt, int ok, char *err, size_t err_len);
 /* The size and CRC-32C (8 hex digits) of the file at path. */
 int file_crc(const char *path, size_t *n, char crc[16], char *err, size_t err_len);
 
+/* What one rank writes of a checkpoint, from host memory: the views of a
+ * synchronous save, or an asynchronous save's snapshot (ckpt_async.c). tab
+ * and opt give the layout only (fixed for the run): the values are read
+ * from params (the master weights) and om, ov (the AdamW moments). */
+typedef struct {
+    Mesh mesh;
+    const ParamTable *tab;
+    const AdamW *opt;
+    const float *params, *om, *ov;
+    char *meta;  // shard_meta_json(tab)
+} CkptShards;
+
+/* The tensors' labels and global shapes, the shards' "tensors" metadata (caller frees). */
+char *shard_meta_json(const ParamTable *tab);
+/* Collective: the step's work folder DIR/step_N.tmp made afresh by rank 0
+ * (into tmp) after the checks that DIR holds nothing newer; 0 or -1 + err on every rank. */
+int save_prepare(const char *dir, const Runtime *rt, const TrainState *st, char *tmp, size_t tmp_len, char *err,
+                 size_t err_len);
+/* This rank's model shard (dp rank 0) and optimizer shard into tmp, each fsynced. 0 or -1 + err naming the file. */
+int write_shards(const char *tmp, const CkptShards *s, char *err, size_t err_len);
+/* tmp/spm.model, a durable copy of spm_path. */
+int save_tokenizer(const char *tmp, const char *spm_path, char *err, size_t err_len);
+/* The manifest's fields but its "files" (caller deletes), from the state at the save's step. */
+cJSON *manifest_start(const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st);
+/* Adds the size and CRC-32C of every file of the layout mesh (re-read from
+ * tmp) to o and writes it sealed as tmp/manifest.json. 0 or -1 + err. */
+int manifest_finish(const char *tmp, cJSON *o, const Mesh *mesh, bool has_spm, char *err, size_t err_len);
+/* Rank 0: tmp fsynced and renamed to DIR/step_N, `latest` replaced, older
+ * steps pruned (keep_last > 0). 0 or -1 + err. */
+int publish(const char *dir, const char *tmp, int64_t step, int keep_last, char *err, size_t err_len);
+
 /* ---- ckpt_dir.c ---- */
 
 /* Step directories in dir, newest first (caller frees); their count. */

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,19 +36,39 @@
 
 /* ---- fault hook ------------------------------------------------------------ */
 
-int ckpt_fault_point(const char *what) {
-    static int passed = 0; /* per process: counts this rank's save points */
-    passed++;
-    const char *target = getenv("TPTRAIN_FAULT_POINT");
-    if (!target) return passed;
+/* Whether the fault variable var (TPTRAIN_FAULT_POINT or TPTRAIN_FAULT_FAIL)
+ * names point n of this rank (TPTRAIN_FAULT_RANK, default 0). */
+static bool fault_here(const char *var, int n) {
+    const char *target = getenv(var);
+    if (!target) return false;
     const char *rank_s = getenv("TPTRAIN_FAULT_RANK");
     int want_rank = rank_s ? atoi(rank_s) : 0, rank = tp_log_rank() < 0 ? 0 : tp_log_rank();
-    if (rank == want_rank && passed == atoi(target)) {
-        fprintf(stderr, "fault injection: killing rank %d at save point %d (%s)\n", rank, passed, what);
+    return rank == want_rank && n == atoi(target);
+}
+
+int ckpt_fault_point(const char *what) {
+    /* per process: counts this rank's save points; atomic, as the writer
+     * thread of an asynchronous save passes them too (one write at a time) */
+    static atomic_int passed;
+    const int n = atomic_fetch_add(&passed, 1) + 1;
+    if (fault_here("TPTRAIN_FAULT_POINT", n)) {
+        fprintf(stderr, "fault injection: killing rank %d at save point %d (%s)\n",
+                tp_log_rank() < 0 ? 0 : tp_log_rank(), n, what);
         fflush(stderr);
         raise(SIGKILL);
     }
-    return passed;
+    return n;
+}
+
+/* A save point before path is written: with TPTRAIN_FAULT_FAIL=N, the N-th
+ * point fails as a full disk would (the test of a failed write). 0, or -1
+ * with err naming path. */
+static int fault_write(const char *what, const char *path, char *err, size_t err_len) {
+    const int n = ckpt_fault_point(what);
+    if (!fault_here("TPTRAIN_FAULT_FAIL", n)) return 0;
+    tp_error_set(err, err_len, "%s: cannot write (%s; injected at save point %d by TPTRAIN_FAULT_FAIL)", path,
+                 strerror(ENOSPC), n);
+    return -1;
 }
 
 /* ---- small file helpers ------------------------------------------------------ */
@@ -132,10 +153,10 @@ int agree(const Runtime *rt, int ok, char *err, size_t err_len) {
     return bad == 0.0f ? 0 : -1;
 }
 
-static char *shard_meta_json(const Model *m) {
+char *shard_meta_json(const ParamTable *tab) {
     cJSON *o = cJSON_CreateObject();
-    for (int i = 0; i < m->tab.n; i++) {
-        const ParamInfo *p = &m->tab.t[i];
+    for (int i = 0; i < tab->n; i++) {
+        const ParamInfo *p = &tab->t[i];
         cJSON *t = cJSON_AddObjectToObject(o, p->name);
         cJSON_AddStringToObject(t, "split", split_label_name(p->split));
         cJSON *g = cJSON_AddArrayToObject(t, "global_shape");
@@ -146,14 +167,14 @@ static char *shard_meta_json(const Model *m) {
     return s;
 }
 
-static void add_shard_meta(StWriter *w, const Runtime *rt, const char *kind, const char *tensors_json) {
+static void add_shard_meta(StWriter *w, const Mesh *me, const char *kind, const char *tensors_json) {
     char buf[32];
     st_writer_meta(w, "format", kind);
     snprintf(buf, sizeof buf, "%d", CKPT_FORMAT_VERSION);
     st_writer_meta(w, "format_version", buf);
-    snprintf(buf, sizeof buf, "%d", rt->mesh.tp_rank);
+    snprintf(buf, sizeof buf, "%d", me->tp_rank);
     st_writer_meta(w, "tp_rank", buf);
-    snprintf(buf, sizeof buf, "%d", rt->mesh.tp);
+    snprintf(buf, sizeof buf, "%d", me->tp);
     st_writer_meta(w, "tp_size", buf);
     st_writer_meta(w, "tensors", tensors_json);
 }
@@ -177,48 +198,39 @@ static void opt_moments_add(StWriter *w, const ParamTable *tab, const Mesh *me, 
     *names_out = (char *)names;
 }
 
-static int write_shards(const char *tmp, const Runtime *rt, const Model *m, const AdamW *opt, char *err,
-                        size_t err_len) {
-    const Mesh *me = &rt->mesh;
+int write_shards(const char *tmp, const CkptShards *s, char *err, size_t err_len) {
+    const Mesh *me = &s->mesh;
+    const ParamTable *tab = s->tab;
     char path[4096];
-    char *meta = shard_meta_json(m);
     int rc = 0;
-    /* host copies of the device buffers (the pointers themselves on the CPU) */
-    const float *params = backend_host_view(m->be, m->params, m->tab.n_elems);
-    const float *om = backend_host_view(opt->be, opt->m, opt->n_elems);
-    const float *ov = backend_host_view(opt->be, opt->v, opt->n_elems);
     if (me->dp_rank == 0) {
         StWriter *w = st_writer_new();
-        add_shard_meta(w, rt, "tptrain-checkpoint-model", meta);
-        for (int i = 0; i < m->tab.n; i++) {
-            const ParamInfo *p = &m->tab.t[i];
+        add_shard_meta(w, me, "tptrain-checkpoint-model", s->meta);
+        for (int i = 0; i < tab->n; i++) {
+            const ParamInfo *p = &tab->t[i];
             int64_t shape[2] = {p->local[0], p->local[1]};
-            st_writer_add(w, p->name, ST_F32, p->ndim, shape, params + p->offset);
+            st_writer_add(w, p->name, ST_F32, p->ndim, shape, s->params + p->offset);
         }
         pathf(path, sizeof path, "%s/model-tp%d-pp%d.safetensors", tmp, me->tp_rank, me->pp_rank);
-        ckpt_fault_point("before a model shard");
-        rc = st_writer_write(w, path, err, err_len);
+        rc = fault_write("before a model shard", path, err, err_len);
+        if (rc == 0) rc = st_writer_write(w, path, err, err_len);
         st_writer_free(w);
         ckpt_fault_point("after a model shard");
     }
     if (rc == 0) {  // ZeRO: this rank's pieces, as they lie; else the whole moments dealt to it
         StWriter *w = st_writer_new();
-        add_shard_meta(w, rt, "tptrain-checkpoint-optim", meta);
+        add_shard_meta(w, me, "tptrain-checkpoint-optim", s->meta);
         char *names = NULL;
-        if (opt->sharded) opt_pieces_add(w, &m->tab, opt, om, ov, &names);
-        else opt_moments_add(w, &m->tab, me, om, ov, &names);
+        if (s->opt->sharded) opt_pieces_add(w, tab, s->opt, s->om, s->ov, &names);
+        else opt_moments_add(w, tab, me, s->om, s->ov, &names);
         pathf(path, sizeof path, "%s/optim-tp%d-pp%d-dp%d.safetensors", tmp, me->tp_rank, me->pp_rank,
                  me->dp_rank);
-        ckpt_fault_point("before an optimizer shard");
-        rc = st_writer_write(w, path, err, err_len);
+        rc = fault_write("before an optimizer shard", path, err, err_len);
+        if (rc == 0) rc = st_writer_write(w, path, err, err_len);
         st_writer_free(w);
         free(names);
         ckpt_fault_point("after an optimizer shard");
     }
-    backend_host_view_free(params, m->params);
-    backend_host_view_free(om, opt->m);
-    backend_host_view_free(ov, opt->v);
-    free(meta);
     return rc;
 }
 
@@ -244,8 +256,7 @@ static cJSON *file_entry(const char *dir, const char *name, char *err, size_t er
 }
 
 
-static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
-                          bool has_spm, char *err, size_t err_len) {
+cJSON *manifest_start(const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "format", "tptrain-checkpoint");
     cJSON_AddNumberToObject(o, "format_version", CKPT_FORMAT_VERSION);
@@ -297,16 +308,20 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
     cJSON *rng = cJSON_AddObjectToObject(o, "rng");
     cJSON_AddNumberToObject(rng, "seed", (double)st->seed);
     cJSON_AddStringToObject(rng, "scheme", "philox4x32-10 keyed by (seed, step, micro-batch, layer, site)");
+    return o;
+}
+
+int manifest_finish(const char *tmp, cJSON *o, const Mesh *mesh, bool has_spm, char *err, size_t err_len) {
     cJSON *files = cJSON_AddObjectToObject(o, "files");
     char name[128];
     int rc = 0;
-    for (int p = 0; p < rt->mesh.pp && rc == 0; p++) {
-        for (int t = 0; t < rt->mesh.tp && rc == 0; t++) {
+    for (int p = 0; p < mesh->pp && rc == 0; p++) {
+        for (int t = 0; t < mesh->tp && rc == 0; t++) {
             snprintf(name, sizeof name, "model-tp%d-pp%d.safetensors", t, p);
             cJSON *e = file_entry(tmp, name, err, err_len);
             if (!e) rc = -1;
             else cJSON_AddItemToObject(files, name, e);
-            for (int d = 0; d < rt->mesh.dp && rc == 0; d++) {
+            for (int d = 0; d < mesh->dp && rc == 0; d++) {
                 snprintf(name, sizeof name, "optim-tp%d-pp%d-dp%d.safetensors", t, p, d);
                 e = file_entry(tmp, name, err, err_len);
                 if (!e) rc = -1;
@@ -323,16 +338,15 @@ static int write_manifest(const char *tmp, const Runtime *rt, const Model *m, co
         char *text = sealed_manifest(o);
         char path[4096];
         pathf(path, sizeof path, "%s/manifest.json", tmp);
-        ckpt_fault_point("before the manifest");
-        rc = write_file_atomic(path, text, strlen(text), err, err_len);
+        rc = fault_write("before the manifest", path, err, err_len);
+        if (rc == 0) rc = write_file_atomic(path, text, strlen(text), err, err_len);
         ckpt_fault_point("after the manifest");
         free(text);
     }
-    cJSON_Delete(o);
     return rc;
 }
 
-static int publish(const char *dir, const char *tmp, int64_t step, int keep_last, char *err, size_t err_len) {
+int publish(const char *dir, const char *tmp, int64_t step, int keep_last, char *err, size_t err_len) {
     char final[4096], name[64], path[4096], latest_tmp[4096];
     step_name(name, sizeof name, step);
     pathf(final, sizeof final, "%s/%s", dir, name);
@@ -396,17 +410,16 @@ static int publish(const char *dir, const char *tmp, int64_t step, int keep_last
     return 0;
 }
 
-int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
-              const char *spm_path, int keep_last, char *err, size_t err_len) {
-    const bool lead = rt->mesh.rank == 0;
+int save_prepare(const char *dir, const Runtime *rt, const TrainState *st, char *tmp, size_t tmp_len, char *err,
+                 size_t err_len) {
     TP_CHECK(rt->mesh.pp == 1 || st->pp_layout[0], "ckpt_save: a run of %d pipeline stages gives their layout",
              rt->mesh.pp);
-    char tmp[4096], name[64];
+    char name[64];
     step_name(name, sizeof name, st->step);
-    pathf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
+    pathf(tmp, tmp_len, "%s/%s.tmp", dir, name);
     ckpt_fault_point("start of a save");
     int ok = 1;
-    if (lead) {
+    if (rt->mesh.rank == 0) {
         int64_t newest;
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
             tp_error_set(err, err_len, "%s: cannot create the checkpoint folder (%s)", dir, strerror(errno));
@@ -425,18 +438,38 @@ int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *o
             }
         }
     }
-    if (agree(rt, ok, err, err_len)) return -1;
-    ok = write_shards(tmp, rt, m, opt, err, err_len) == 0;
-    if (ok && lead && spm_path) {
-        char to[4096];
-        pathf(to, sizeof to, "%s/spm.model", tmp);
-        ckpt_fault_point("before the tokenizer");
-        ok = copy_file_atomic(spm_path, to, err, err_len) == 0;
-    }
+    return agree(rt, ok, err, err_len);
+}
+
+int save_tokenizer(const char *tmp, const char *spm_path, char *err, size_t err_len) {
+    char to[4096];
+    pathf(to, sizeof to, "%s/spm.model", tmp);
+    if (fault_write("before the tokenizer", to, err, err_len)) return -1;
+    return copy_file_atomic(spm_path, to, err, err_len);
+}
+
+int ckpt_save(const char *dir, const Runtime *rt, const Model *m, const AdamW *opt, const TrainState *st,
+              const char *spm_path, int keep_last, char *err, size_t err_len) {
+    const bool lead = rt->mesh.rank == 0;
+    char tmp[4096];
+    if (save_prepare(dir, rt, st, tmp, sizeof tmp, err, err_len)) return -1;
+    /* host copies of the device buffers (the pointers themselves on the CPU) */
+    CkptShards s = {.mesh = rt->mesh, .tab = &m->tab, .opt = opt, .meta = shard_meta_json(&m->tab),
+                    .params = backend_host_view(m->be, m->params, m->tab.n_elems),
+                    .om = backend_host_view(opt->be, opt->m, opt->n_elems),
+                    .ov = backend_host_view(opt->be, opt->v, opt->n_elems)};
+    int ok = write_shards(tmp, &s, err, err_len) == 0;
+    backend_host_view_free(s.params, m->params);
+    backend_host_view_free(s.om, opt->m);
+    backend_host_view_free(s.ov, opt->v);
+    free(s.meta);
+    if (ok && lead && spm_path) ok = save_tokenizer(tmp, spm_path, err, err_len) == 0;
     if (agree(rt, ok, err, err_len)) return -1;
     if (lead) {
-        ok = write_manifest(tmp, rt, m, opt, st, spm_path != NULL, err, err_len) == 0 &&
+        cJSON *o = manifest_start(rt, m, opt, st);
+        ok = manifest_finish(tmp, o, &rt->mesh, spm_path != NULL, err, err_len) == 0 &&
              publish(dir, tmp, st->step, keep_last, err, err_len) == 0;
+        cJSON_Delete(o);
     }
     return agree(rt, ok, err, err_len);
 }

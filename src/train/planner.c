@@ -174,6 +174,10 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     param_table_free(&tab);
     tag[MEM_GRAD] = (double)gp.grad_bytes;
     tag[MEM_OPTIM] = (double)gp.optim_bytes;
+    /* the asynchronous save's snapshot (train/ckpt_async.c), page-locked host
+     * memory: both moments, and the weights where the rank writes the model shard */
+    const double snapshot = in->ckpt_snapshot ? (double)gp.optim_bytes + (out->dp == 0 ? (double)(out->n_params * f) : 0.0)
+                                              : 0.0;
     double comm = (double)gp.comm_bytes;
     if (pp > 1 && !model_stage_has_embed(st))  // the embedding group's zeros (train/step.c)
         comm += (double)((size_t)(vocab_padded(&in->cfg, tp) / tp) * (size_t)in->cfg.d_model * f);
@@ -256,6 +260,7 @@ void planner_memory(const PlanInput *in, int rank, PlanRank *out) {
     tag[MEM_GRAD] += tr_train;
     tag[MEM_COMM] = comm + transient_eval + out->staging;
     tag[MEM_WORKSPACE] = ws + transient_ws;
+    tag[MEM_CKPT] = snapshot;  // after `held`: not device memory
 }
 
 /* ---- time ------------------------------------------------------------------ */

@@ -56,6 +56,7 @@ typedef struct {
     bool gather_at_eval;        // model_gather before evaluation (a corpus with tp or pp > 1)
     bool decode;                // rank 0 decodes dev sentences (with tp or pp > 1 on a whole copy it holds)
     int decode_n, decode_S, beam;  // the largest decode batch: sentences, source length (eos included)
+    bool ckpt_snapshot;         // --save with --save-mode async: a host snapshot of the rank's state (MEM_CKPT)
 } PlanInput;
 
 typedef struct {
@@ -64,6 +65,7 @@ typedef struct {
     double allocator_peak;      // predicted peak of the allocator's device total (all tags but the library,
                                 // less the page-locked host staging counted under comm)
     double staging;             // of tag[MEM_COMM]: the groups' host staging buffers (comm_shm_stage_bytes)
+                                // (tag[MEM_CKPT], the asynchronous save's snapshot, is host memory too)
     double scratch;             // of tag[MEM_WORKSPACE]: the ops' scratch arena (planner_scratch_arena)
     double nccl;                // tag[MEM_LIBRARY] before the measured context: NCCL's buffers (planner_nccl_bytes)
     /* seconds per step */
