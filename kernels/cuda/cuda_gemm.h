@@ -40,13 +40,15 @@
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per
  * exact shape, operand types, epilogue and pointer alignment: the same call
  * always gets the same algorithm, so results are deterministic for a given
- * GPU, toolkit and shape, whatever calls came before. The cache holds
+ * GPU, toolkit and shape, whatever calls came before (with tuning on, for
+ * the tuned GEMMs: within the process; below). The cache holds
  * CUDA_GEMM_PLAN_SETS x CUDA_GEMM_PLAN_WAYS plans (set-associative, least
  * recently used evicted within a set), enough for the distinct token counts
  * of many steps; a miss costs one heuristic query.
  *
  * Tuning (gemm_tune.cu's first comment has the whole story): the weight
- * gradients' GEMMs (dW += dy^T x, the backward's largest) time the
+ * gradients' plain GEMMs (dW += dy^T x, the backward's largest; not the
+ * fp32 one with the bias-gradient epilogue) time the
  * heuristic's first CUDA_GEMM_TUNE_CANDIDATES algorithms once per shape, at
  * the shape's first uncaptured call, and keep the fastest (the first unless
  * another is clearly faster). On by default; TPTRAIN_GEMM_TUNE=0 (read when

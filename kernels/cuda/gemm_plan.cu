@@ -289,10 +289,11 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
     return lt_matmul(ctx, trans_a, trans_b, M, N, K, alpha, A, B, ab_type, beta, C, d_type, epilogue, bias, false);
 }
 
-bool gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, const void *B, cudaDataType_t ab_type,
-                       float *C, cublasLtEpilogue_t epilogue, void *bias) {
-    return lt_matmul(ctx, true, false, M, N, K, 1.0f, A, B, ab_type, 1.0f, C, CUDA_R_32F, epilogue, bias,
-                     ctx->tune && ctx->tune_events_ok);
+void gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, const void *B, cudaDataType_t ab_type,
+                       float *C) {
+    // a plain fp32 GEMM: it runs or the process ends (lt_matmul), never falls back
+    (void)lt_matmul(ctx, true, false, M, N, K, 1.0f, A, B, ab_type, 1.0f, C, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT,
+                    NULL, ctx->tune && ctx->tune_events_ok);
 }
 
 // ---- context -----------------------------------------------------------------------

@@ -70,12 +70,11 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
                       cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias);
 
 /* The weight-gradient GEMM dW += dy^T x (C (M, N) fp32 += A^T B, A (K, M),
- * B (K, N)): gemm_lt_matmul with trans_a, alpha 1, beta 1, its algorithm
- * timed among the heuristic's candidates at the first call of its shape
- * where tuning is on (gemm_tune.cu). epilogue DEFAULT or BGRADB (bias: its
- * output vector). */
-bool gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, const void *B, cudaDataType_t ab_type,
-                       float *C, cublasLtEpilogue_t epilogue, void *bias);
+ * B (K, N)), no epilogue: gemm_lt_matmul with trans_a, alpha 1, beta 1,
+ * its algorithm timed among the heuristic's candidates at the first call
+ * of its shape where tuning is on (gemm_tune.cu). */
+void gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, const void *B, cudaDataType_t ab_type,
+                       float *C);
 
 /* Whether gemm_lt_matmul_d with these arguments would find a plan (the
  * same lookup, so the answer is cached): asked before a caller spends work

@@ -10,15 +10,20 @@
 // run on the call's own operands, one warm-up and GEMM_TUNE_REPS timed runs
 // each between two events on the context's stream, and one is kept in the
 // plan (launch_policy.h's gemm_tune_pick). The other GEMMs keep the
-// heuristic's first.
+// heuristic's first, and so does the fp32 dW GEMM whose BGRADB epilogue
+// also writes the bias gradient: that db is a replicated parameter's
+// gradient where the layer is row-parallel (every tensor-parallel rank
+// computes it from the same dy, nothing reduces it), so it must come from
+// the same algorithm on every rank, and a timing on each rank could differ.
+// (In bf16, the speed path, db always comes from the separate kernel and
+// the dW GEMM is tuned.)
 //
 // Nothing of the call is done twice. The timed runs read C (beta 1) but
 // write their D at the end of the cuBLASLt workspace, and the algorithm is
 // given only the workspace before it (a candidate needing more is not
 // timed; where the output alone does not fit, nothing is). Only after the
 // choice does the call run, once, into C with the chosen algorithm: beta 1
-// accumulates once. A bias-gradient epilogue's vector is scratch that the
-// real run overwrites.
+// accumulates once.
 //
 // When. Timing waits for the device, which a stream capture cannot hold:
 // a shape first called inside a capture (cuda_capture_active, or the
