@@ -33,7 +33,8 @@
 #          final memory record checked (every rank's device_used covers its
 #          persistent buffers and library overhead; staged runs hold their
 #          staging buffer under comm)
-#   f      checkpoints: 10 steps + save + resume to 20 on the GPU equals the
+#   f      checkpoints (cuBLASLt tuning off: TPTRAIN_GEMM_TUNE=0): 10 steps
+#          + save + resume to 20 on the GPU equals the
 #          straight 20 steps digit for digit (dropout on) and in the exported
 #          weights byte for byte; a GPU checkpoint resumed on the CPU, and a
 #          CPU tp = 2 checkpoint resumed on the GPU as tp = 1 (resharded),
@@ -613,6 +614,9 @@ fi
 # ---- f: checkpoints on the GPU ----------------------------------------------------------------
 if section f; then
 phase 200
+# resumes are compared bit for bit across processes: the heuristic's first cuBLASLt algorithm for every GEMM,
+# not the per-process timed choice (kernels/cuda/gemm_tune.cu)
+export TPTRAIN_GEMM_TUNE=0
 f_why=$(why_not --device --dtype)
 f_names=(straight resume compare_resume straight0 gpu_to_cpu compare_gpu_to_cpu cpu_tp2 cpu_to_gpu compare_cpu_to_gpu)
 if [ -n "$f_why" ]; then
@@ -654,6 +658,7 @@ else
     skip f.compare_cpu_to_gpu "needs f.cpu_tp2 and f.cpu_to_gpu to pass"
   fi
 fi
+unset TPTRAIN_GEMM_TUNE
 fi
 
 # ---- p: the planner's memory on the GPU ------------------------------------------------------

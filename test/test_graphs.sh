@@ -25,6 +25,9 @@ build=$(cd "$1" && pwd)
 dev=${2:-cpu}
 corpus=${3:+$(cd "$3" && pwd)}
 . "$(dirname "$0")/corpus_cache.sh"
+# runs are compared bit for bit across processes: on a GPU the heuristic's first cuBLASLt algorithm for every
+# GEMM, not the per-process timed choice (kernels/cuda/gemm_tune.cu)
+export TPTRAIN_GEMM_TUNE=0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"

@@ -10,7 +10,12 @@
  *  3. the shared-memory opt-in given before the fused attention's launches
  *     never goes down over launches of growing and shrinking sizes (the
  *     kernels' own layouts, attn_tile.h), covers each launch, and refuses a
- *     launch over the device's limit. */
+ *     launch over the device's limit;
+ *  4. a tuned GEMM keeps the heuristic's first candidate unless another is
+ *     more than GEMM_TUNE_MARGIN faster (times within noise never move it,
+ *     a failed candidate is never kept, without the first's time nothing
+ *     moves), and the timed runs' output sits at the workspace's end,
+ *     256-aligned, clear of the bytes the algorithm is given. */
 #include <stdbool.h>
 #include "check.h"
 #include "attn_tile.h"
@@ -92,9 +97,34 @@ static void smem_optin(void) {
     CHECK(smem_optin_value(SMEM_DEFAULT_LIMIT + 1, -1) == -1, "a device without an opt-in limit refuses");
 }
 
+static void tune_pick(void) {
+    const float near[] = {1.00f, 0.97f, 0.96f};  // within 5% of the first: noise, the first stays
+    CHECK(gemm_tune_pick(near, 3) == 0, "candidates within the margin keep the first: %d", gemm_tune_pick(near, 3));
+    const float faster[] = {1.00f, 0.90f, 0.80f};  // each clearly faster than the one kept before it
+    CHECK(gemm_tune_pick(faster, 3) == 2, "the clearly fastest wins: %d", gemm_tune_pick(faster, 3));
+    const float chain[] = {1.00f, 0.90f, 0.87f};  // 0.87 is within 5% of 0.90: the lower index stays
+    CHECK(gemm_tune_pick(chain, 3) == 1, "near the kept one, the lower index stays: %d", gemm_tune_pick(chain, 3));
+    const float failed[] = {1.00f, -1.0f, 0.99f};
+    CHECK(gemm_tune_pick(failed, 3) == 0, "a failed candidate is never kept: %d", gemm_tune_pick(failed, 3));
+    const float no_first[] = {-1.0f, 0.5f};
+    CHECK(gemm_tune_pick(no_first, 2) == 0, "without the first's time the first stays: %d", gemm_tune_pick(no_first, 2));
+    const float one[] = {2.0f};
+    CHECK(gemm_tune_pick(one, 1) == 0 && gemm_tune_pick(one, 0) == 0, "one candidate or none: the first");
+    const size_t ws = (size_t)32 << 20;
+    const size_t out = (size_t)2048 * 512 * 4 + 12;  // not a multiple of 256
+    const size_t at = gemm_tune_out_offset(ws, out);
+    CHECK(at != GEMM_TUNE_NO_ROOM && at % 256 == 0, "the timed output is 256-aligned: %zu", at);
+    CHECK(at + out <= ws && ws - at < out + 256, "it ends inside the workspace, tight: at %zu of %zu", at, ws);
+    CHECK(gemm_tune_out_offset(ws, ws) == 0, "an output of the whole workspace leaves the algorithm none");
+    CHECK(gemm_tune_out_offset(ws, ws + 1) == GEMM_TUNE_NO_ROOM, "a larger output: no room");
+    CHECK(gemm_tune_out_offset(ws, 0) == GEMM_TUNE_NO_ROOM, "an empty output: nothing to time");
+    CHECK(gemm_tune_out_offset(ws, (size_t)-1) == GEMM_TUNE_NO_ROOM, "a size that wraps when rounded: no room");
+}
+
 int main(void) {
     failure_actions();
     reduction_schemes();
     smem_optin();
+    tune_pick();
     return check_report("test_launch_policy");
 }

@@ -40,10 +40,22 @@
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per
  * exact shape, operand types, epilogue and pointer alignment: the same call
  * always gets the same algorithm, so results are deterministic for a given
- * GPU, toolkit and shape, whatever calls came before. The cache holds
+ * GPU, toolkit and shape, whatever calls came before (with tuning on, for
+ * the tuned GEMMs: within the process; below). The cache holds
  * CUDA_GEMM_PLAN_SETS x CUDA_GEMM_PLAN_WAYS plans (set-associative, least
  * recently used evicted within a set), enough for the distinct token counts
  * of many steps; a miss costs one heuristic query.
+ *
+ * Tuning (gemm_tune.cu's first comment has the whole story): the weight
+ * gradients' plain GEMMs (dW += dy^T x, the backward's largest; not the
+ * fp32 one with the bias-gradient epilogue) time the
+ * heuristic's first CUDA_GEMM_TUNE_CANDIDATES algorithms once per shape, at
+ * the shape's first uncaptured call, and keep the fastest (the first unless
+ * another is clearly faster). On by default; TPTRAIN_GEMM_TUNE=0 (read when
+ * the context is made) or cuda_gemm_set_tuning(ctx, false) keeps the
+ * heuristic's first everywhere, as before: a timed choice is the same for
+ * the rest of the process, but two processes may choose differently, so
+ * runs whose bits are compared across processes turn it off.
  *
  * All calls are asynchronous on the context's stream. A context is not
  * thread-safe. Failures of CUDA or cuBLASLt calls and bad arguments end the
@@ -70,6 +82,9 @@ typedef enum { CUDA_GEMM_FP32 = 0, CUDA_GEMM_BF16 = 1 } CudaGemmPrecision;
 
 #define CUDA_GEMM_PLAN_SETS 256
 #define CUDA_GEMM_PLAN_WAYS 4
+#define CUDA_GEMM_TUNE_RECORDS 2048   // tuned shapes remembered per context (beyond: the heuristic's first)
+#define CUDA_GEMM_TUNE_CANDIDATES 8   // the heuristic's first candidates timed per shape
+#define CUDA_GEMM_TUNE_ENV "TPTRAIN_GEMM_TUNE"
 
 /* What a context has done. */
 typedef struct {
@@ -82,6 +97,14 @@ typedef struct {
     long n_out16_fused, n_out16_separate;  // linear_fwd16: bf16 stored by the GEMM / fp32 then rounded
     long n_out16_unplanned;  // of the separate: no bf16-output plan, found before any operand copy
     long n_epilogue_refusals;              // fused epilogues refused with a status other than NOT_SUPPORTED
+    /* tuning: each tuned key's first call counts once in tuned, single, captured or skipped */
+    long n_tuned;          // shapes whose candidates were timed
+    long n_tune_changed;   // of them, those where a candidate other than the heuristic's first won
+    long n_tune_single;    // shapes with one usable candidate: nothing to time
+    long n_tune_captured;  // shapes first called inside a stream capture: the heuristic's first, kept
+    long n_tune_skipped;   // no room in the workspace, a failed timing, or the record table full
+    long n_tune_recalled;  // plans made again (after eviction) that took their recorded choice
+    double tune_ms;        // host time spent tuning (queries, timed runs, waits)
 } CudaGemmStats;
 
 /* One operand: fp32 values (always), and their bf16 bits where the caller
@@ -124,6 +147,10 @@ void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx);
  * false: always the separate kernels (tests compare the two). */
 void cuda_gemm_set_fused_epilogues(CudaGemmCtx *ctx, bool on);
 CudaGemmStats cuda_gemm_stats(const CudaGemmCtx *ctx);
+/* true (the default unless TPTRAIN_GEMM_TUNE=0): weight-gradient GEMMs
+ * time their candidates at a shape's first call; false: the heuristic's
+ * first. The two are separate plans: switching back finds each as it was. */
+void cuda_gemm_set_tuning(CudaGemmCtx *ctx, bool on);
 
 /* C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T; as op_gemm.
  * beta = 0 overwrites C (stale NaNs do not survive), beta = 1 accumulates. */

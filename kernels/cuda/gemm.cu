@@ -409,10 +409,11 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
     bool fused = false;
     if (dW && in > 0) {  // dW += dy^T x, with db from the same pass (BGRADB sums dy, B_lt, over tokens)
         const void *xa = operand(ctx, &cv, x, (size_t)N * in);
+        // straight into the fp32 gradient with beta 1; the plain one's algorithm timed once per shape (gemm_tune.cu)
         if (try_fused)
             fused = gemm_lt_matmul(ctx, true, false, out, in, N, 1.0f, dya, xa, ab_type_of(ctx), 1.0f, dW,
                                    CUBLASLT_EPILOGUE_BGRADB, bgrad);
-        if (!fused) gemm_prepared(ctx, true, false, out, in, N, 1.0f, dya, xa, 1.0f, dW);
+        if (!fused) gemm_lt_matmul_dw(ctx, out, in, N, dya, xa, ab_type_of(ctx), dW);
     }
     if (db && !db_done) {
         if (fused) {

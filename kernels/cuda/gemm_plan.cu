@@ -23,7 +23,14 @@
 // absorbed before any of that (launch_policy.h says why): the plan keeps its
 // support. A plan whose output is bf16 allows only the split-K reduction in
 // the compute type, so no partial sum is ever rounded to bf16.
+//
+// A weight-gradient GEMM's plan (key.tune) takes the heuristic's first
+// algorithm like every other, then at its first matmul gemm_tune.cu times
+// the other candidates on the call's operands and may replace it; the
+// preference (gemm_plan_preference) is the same for both, the whole
+// workspace included.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gemm_plan.h"
@@ -35,10 +42,10 @@ static_assert((int)GEMM_REDUCE_INPLACE == (int)CUBLASLT_REDUCTION_SCHEME_INPLACE
                   (int)GEMM_REDUCE_ALL == (int)CUBLASLT_REDUCTION_SCHEME_MASK,
               "launch_policy.h's reduction bits are cuBLASLt's");
 
-static bool key_eq(const PlanKey *a, const PlanKey *b) { return memcmp(a, b, sizeof *a) == 0; }
+bool gemm_key_eq(const PlanKey *a, const PlanKey *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 // FNV-1a over the key's bytes (keys are zero-filled before their fields are set).
-static uint32_t key_hash(const PlanKey *k) {
+uint32_t gemm_key_hash(const PlanKey *k) {
     const unsigned char *p = (const unsigned char *)k;
     uint32_t h = 2166136261u;
     for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 16777619u;
@@ -88,7 +95,7 @@ static void epilogue_refused(CudaGemmCtx *ctx, const PlanKey *k, cublasStatus_t 
 
 // The context's cuBLASLt handle, made at the first GEMM (on the thread
 // and device that run the backend's ops), when the library is loaded.
-static cublasLtHandle_t lt_handle(CudaGemmCtx *ctx) {
+cublasLtHandle_t gemm_lt_handle(CudaGemmCtx *ctx) {
     if (!ctx->handle) CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
     return ctx->handle;
 }
@@ -135,9 +142,7 @@ static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_c, k->d_type, N, M, (int64_t)N));
 }
 
-// Asks the heuristic for one algorithm for p's descriptors.
-static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
-    const PlanKey *k = &p->key;
+cublasLtMatmulPreference_t gemm_plan_preference(const CudaGemmCtx *ctx, const PlanKey *k) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = ctx->stats.workspace_bytes;
@@ -154,14 +159,22 @@ static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
                                                       sizeof k->align_c));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->align_c,
                                                       sizeof k->align_c));
+    return pref;
+}
+
+// Asks the heuristic for one algorithm for p's descriptors.
+static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
+    const PlanKey *k = &p->key;
+    cublasLtMatmulPreference_t pref = gemm_plan_preference(ctx, k);
     cublasLtMatmulHeuristicResult_t res;
     memset(&res, 0, sizeof res);
     int n_found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt_handle(ctx), p->desc, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(gemm_lt_handle(ctx), p->desc, p->lay_a, p->lay_b, p->lay_c, p->lay_c,
                                                       pref, 1, &res, &n_found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s == CUBLAS_STATUS_SUCCESS && n_found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
         p->algo = res.algo;
+        p->ws_need = res.workspaceSize;
         p->supported = 1;
         return;
     }
@@ -172,12 +185,12 @@ static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
 
 // The cached plan of k, made (and the heuristic asked) on a miss.
 static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias) {
-    Plan *set = ctx->plans[key_hash(k) % CUDA_GEMM_PLAN_SETS];
+    Plan *set = ctx->plans[gemm_key_hash(k) % CUDA_GEMM_PLAN_SETS];
     ctx->clock++;
     Plan *victim = &set[0];
     for (int w = 0; w < CUDA_GEMM_PLAN_WAYS; w++) {
         Plan *p = &set[w];
-        if (p->used && key_eq(&p->key, k)) {
+        if (p->used && gemm_key_eq(&p->key, k)) {
             p->last_use = ctx->clock;
             return p;
         }
@@ -195,6 +208,7 @@ static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias) {
     ctx->stats.n_plans++;
     plan_descriptors(victim, k, bias);
     plan_choose(ctx, victim);
+    victim->tune_pending = k->tune && victim->supported;
     return victim;
 }
 
@@ -208,7 +222,7 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
 // The plan of one call (looked up, or made and the heuristic asked).
 static Plan *plan_of(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A, const void *B,
                      cudaDataType_t ab_type, void *C, cudaDataType_t d_type, cublasLtEpilogue_t epilogue,
-                     const void *bias) {
+                     const void *bias, bool tune) {
     PlanKey k;
     memset(&k, 0, sizeof k);  // padding too: keys are hashed and compared as bytes
     k.trans_a = trans_a;
@@ -223,24 +237,35 @@ static Plan *plan_of(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N,
     k.align_b = align_of(B);
     k.align_c = align_of(C);
     k.align_bias = bias ? align_of(bias) : 0;
+    k.tune = tune ? 1u : 0u;
     return plan_lookup(ctx, &k, bias);
 }
 
 bool gemm_lt_supported(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
                        const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
                        cublasLtEpilogue_t epilogue, const void *bias) {
-    return plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias)->supported;
+    return plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, false)->supported;
 }
 
-bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+cublasStatus_t gemm_lt_run(CudaGemmCtx *ctx, const Plan *p, const cublasLtMatmulAlgo_t *algo, float alpha,
+                           const void *A, const void *B, float beta, const void *C, void *D, size_t ws_bytes) {
+    return cublasLtMatmul(gemm_lt_handle(ctx), p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, D,
+                          p->lay_c, algo, ctx->workspace, ws_bytes, ctx->stream);
+}
+
+// gemm_lt_matmul_d, the plan tuned (key.tune) or not.
+static bool lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
                       const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
-                      cublasLtEpilogue_t epilogue, const void *bias) {
-    Plan *p = plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias);
+                      cublasLtEpilogue_t epilogue, const void *bias, bool tune) {
+    Plan *p = plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, tune);
     if (!p->supported) return false;
     if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    cublasStatus_t s = cublasLtMatmul(lt_handle(ctx), p->desc, &alpha, B, p->lay_a, A, p->lay_b, &beta, C, p->lay_c, C,
-                                      p->lay_c, &p->algo, ctx->workspace, ctx->stats.workspace_bytes, ctx->stream);
+    if (p->tune_pending) {  // the shape's first call: its algorithm chosen once, before its result is computed
+        p->tune_pending = false;
+        gemm_tune_plan(ctx, p, alpha, A, B, beta, C);
+    }
+    cublasStatus_t s = gemm_lt_run(ctx, p, &p->algo, alpha, A, B, beta, C, C, ctx->stats.workspace_bytes);
     if (s == CUBLAS_STATUS_SUCCESS) {
         ctx->stats.n_matmuls++;
         return true;
@@ -258,7 +283,30 @@ bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
     lt_die("cublasLtMatmul", s, &p->key);
 }
 
+bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
+                      const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
+                      cublasLtEpilogue_t epilogue, const void *bias) {
+    return lt_matmul(ctx, trans_a, trans_b, M, N, K, alpha, A, B, ab_type, beta, C, d_type, epilogue, bias, false);
+}
+
+void gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, const void *B, cudaDataType_t ab_type,
+                       float *C) {
+    // a plain fp32 GEMM: it runs or the process ends (lt_matmul), never falls back
+    (void)lt_matmul(ctx, true, false, M, N, K, 1.0f, A, B, ab_type, 1.0f, C, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT,
+                    NULL, ctx->tune && ctx->tune_events_ok);
+}
+
 // ---- context -----------------------------------------------------------------------
+
+// TPTRAIN_GEMM_TUNE: unset, empty or 1 tunes, 0 does not; anything else is refused, naming it.
+static bool tune_env(void) {
+    const char *v = getenv(CUDA_GEMM_TUNE_ENV);
+    if (!v || !*v) return true;
+    TP_CHECK(strcmp(v, "0") == 0 || strcmp(v, "1") == 0,
+             "%s=%s: expected 0 (the heuristic's first cuBLASLt algorithm for every GEMM) or 1 (time the "
+             "weight-gradient GEMMs' candidates once per shape, the default)", CUDA_GEMM_TUNE_ENV, v);
+    return v[0] == '1';
+}
 
 extern "C" CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecision precision, void *workspace,
                                              size_t workspace_bytes) {
@@ -273,7 +321,15 @@ extern "C" CudaGemmCtx *cuda_gemm_ctx_create(cudaStream_t stream, CudaGemmPrecis
     ctx->fuse = true;
     ctx->workspace = workspace;
     ctx->stats.workspace_bytes = workspace_bytes;
-    return ctx;  // the handle at the first GEMM (lt_handle): the library may still be loading (cublaslt_load_start)
+    ctx->tune = tune_env();
+    // events to time with; without them tuning stays off (the heuristic's first, as when switched off)
+    ctx->tune_events_ok = cudaEventCreate(&ctx->tune_ev[0]) == cudaSuccess;
+    if (ctx->tune_events_ok && cudaEventCreate(&ctx->tune_ev[1]) != cudaSuccess) {
+        cudaEventDestroy(ctx->tune_ev[0]);
+        ctx->tune_events_ok = false;
+    }
+    if (!ctx->tune_events_ok) (void)cudaGetLastError();
+    return ctx;  // the handle at the first GEMM (gemm_lt_handle): the library may still be loading (cublaslt_load_start)
 }
 
 extern "C" void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx) {
@@ -282,8 +338,13 @@ extern "C" void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx) {
     for (int s = 0; s < CUDA_GEMM_PLAN_SETS; s++)
         for (int w = 0; w < CUDA_GEMM_PLAN_WAYS; w++) plan_release(&ctx->plans[s][w]);
     if (ctx->handle) CUBLAS_CHECK(cublasLtDestroy(ctx->handle));
+    if (ctx->tune_events_ok) {
+        CUDA_CHECK(cudaEventDestroy(ctx->tune_ev[0]));
+        CUDA_CHECK(cudaEventDestroy(ctx->tune_ev[1]));
+    }
     free(ctx);
 }
 
 extern "C" void cuda_gemm_set_fused_epilogues(CudaGemmCtx *ctx, bool on) { ctx->fuse = on; }
 extern "C" CudaGemmStats cuda_gemm_stats(const CudaGemmCtx *ctx) { return ctx->stats; }
+extern "C" void cuda_gemm_set_tuning(CudaGemmCtx *ctx, bool on) { ctx->tune = on; }

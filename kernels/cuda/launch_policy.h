@@ -22,6 +22,14 @@
 //    size it could go down, and a captured graph's earlier node, replayed,
 //    would then exceed its kernel's limit. So the opt-in is the device's
 //    whole limit, the same value every time: it never goes down.
+// 4. Which timed cuBLASLt candidate a tuned GEMM keeps, and where the timed
+//    runs write (gemm_tune.cu). The heuristic's first (index 0) stays unless
+//    another ran more than GEMM_TUNE_MARGIN faster than the one kept so far:
+//    candidates within timing noise of each other never displace the lower
+//    index, so the choice flips between processes only for a candidate near
+//    the margin. The timed runs write their product at the workspace's end,
+//    in the output's size rounded up to 256 bytes; the algorithm gets the
+//    bytes before it, and a candidate needing more is not timed.
 #ifndef TPTRAIN_LAUNCH_POLICY_H
 #define TPTRAIN_LAUNCH_POLICY_H
 
@@ -66,6 +74,31 @@ static inline int smem_optin_value(size_t bytes, int device_optin) {
     if (bytes <= SMEM_DEFAULT_LIMIT) return 0;
     if (device_optin <= 0 || bytes > (size_t)device_optin) return -1;
     return device_optin;
+}
+
+#define GEMM_TUNE_MARGIN 0.05  // a candidate must be this much faster (a fraction of the kept one's time)
+#define GEMM_TUNE_REPS 3        // timed runs per candidate, after one warm-up
+
+// The candidate kept among n timed ones: ms[i] the time of candidate i,
+// negative where it failed (never kept). Candidate 0, the heuristic's
+// first, is the reference: where it has no time, it is kept.
+static inline int gemm_tune_pick(const float *ms, int n) {
+    int best = 0;
+    if (n < 1 || !(ms[0] >= 0.0f)) return 0;
+    for (int i = 1; i < n; i++)
+        if (ms[i] >= 0.0f && ms[i] * (1.0f + (float)GEMM_TUNE_MARGIN) < ms[best]) best = i;
+    return best;
+}
+
+#define GEMM_TUNE_NO_ROOM ((size_t)-1)
+
+// Where in a workspace of ws_bytes (256-aligned) the timed runs write an
+// output of out_bytes, which is also the workspace the algorithm may use:
+// GEMM_TUNE_NO_ROOM when the output alone does not fit.
+static inline size_t gemm_tune_out_offset(size_t ws_bytes, size_t out_bytes) {
+    const size_t room = (out_bytes + 255) & ~(size_t)255;
+    if (out_bytes == 0 || room < out_bytes || room > ws_bytes) return GEMM_TUNE_NO_ROOM;
+    return (ws_bytes - room) & ~(size_t)255;
 }
 
 #endif

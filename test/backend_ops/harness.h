@@ -190,8 +190,13 @@ void gpu_set_fused_attention(bool on);
 typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
     long out16_fused, out16_separate, out16_unplanned;  // unplanned: of the separate, no plan, no operand copied
+    /* the weight-gradient GEMMs' tuning (cuda_gemm.h's CudaGemmStats) */
+    long tuned, tune_changed, tune_single, tune_captured, tune_skipped, tune_recalled;
+    double tune_ms;
 } GpuGemmCounts;
 GpuGemmCounts gpu_gemm_counts(const Backend *be);
+/* the GEMM context's tuning switch (cuda_gemm_set_tuning) */
+void gpu_set_gemm_tuning(const Backend *be, bool on);
 #endif
 
 #endif

@@ -5,8 +5,9 @@
  * dx, dW, db (dx added to, or written over NaN garbage) and with out = 0,
  * with the weight inside a registered master range (its bf16 twin on
  * CUDA) and outside; on CUDA with the fused epilogues and the
- * separate bias kernels; run-to-run determinism; the compute weights'
- * rounding. In bf16 the reference is the fp32 one on operands rounded to
+ * separate bias kernels; run-to-run determinism; on CUDA the weight
+ * gradient's tuned GEMM against the untuned one and inside a capture; the
+ * compute weights' rounding. In bf16 the reference is the fp32 one on operands rounded to
  * bf16 here (ref_bf16), the forward's bias rounded as well (backend.h's
  * rule), bias gradients from fp32 values; the CPU
  * backend must match it bit for bit, the GPU within BF16_SAME_INPUT_TOL.
@@ -570,6 +571,92 @@ static void linear_determinism(const Target *t, Rng *rng) {
     dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dy);
 }
 
+#ifdef TPTRAIN_TEST_CUDA
+/* ---- the weight-gradient GEMM's tuning (kernels/cuda/gemm_tune.cu) ------------------------ */
+
+static long tune_decisions(GpuGemmCounts g) { return g.tuned + g.tune_single + g.tune_captured + g.tune_skipped; }
+
+/* dW += dy^T x alone, from gW0 in a fresh device buffer, inside a graph capture (then launched) when captured. */
+static float *dw_run(const Target *t, const float *gW0, const float *d_dy, const float *d_x, const float *d_W, int N,
+                     int in, int out, bool captured) {
+    const size_t nw = (size_t)out * in;
+    float *d_gW = dev_from(t, gW0, nw);
+    void *graph = NULL;
+    if (captured) backend_capture_begin(t->be);
+    op_linear_bwd(t->be, NULL, GRAD_ADD, d_gW, NULL, d_dy, d_x, d_W, N, in, out);
+    if (captured) {
+        char err[256] = "";
+        graph = backend_capture_end(t->be, err, sizeof err);
+        TCHECK(graph != NULL, "%s: linear_bwd dW inside a capture: %s", t->name, err[0] ? err : "no graph");
+        if (graph) backend_graph_launch(t->be, graph);
+    }
+    float *got = dev_fetch(t, d_gW, nw);
+    backend_graph_free(t->be, graph);
+    dev_free(t, d_gW);
+    return got;
+}
+
+/* gW0 + dy[:N]^T x[:N] in the target's arithmetic (bf16: on the rounded operands). */
+static float *dw_ref(const Target *t, const float *gW0, const float *dy, const float *x, const float *W, int N, int in,
+                     int out) {
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *ref = host_copy(gW0, nw);
+    float *xr = t->bf16 ? host_bf16(x, nx) : host_copy(x, nx), *dyr = t->bf16 ? host_bf16(dy, ny) : host_copy(dy, ny);
+    cpu_linear_bwd(NULL, GRAD_ADD, ref, NULL, dyr, xr, W, N, in, out);
+    free(xr), free(dyr);
+    return ref;
+}
+
+/* Untuned, then tuned, on a shape no other case used: both within the band of the reference (beta 1 applied
+ * once to the random start, whatever the timed runs did), tuned against untuned within twice it (another
+ * summation order), the same bits as untuned where the heuristic's first was kept, the tuned call again the
+ * same bits, and the shape's first call decided exactly once. Then a shape first called inside a capture:
+ * not timed (captured counted), and the eager call after it neither tunes nor changes the graph's bits. */
+static void linear_tuning(const Target *t, Rng *rng) {
+    const int N = 2048, in = 256, out = 192, Nc = 600;  // dW: M = out, N = in, K = tokens
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *gW0 = rand_floats(nw, rng, -1, 1);
+    float *d_x = dev_from(t, x, nx), *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny);
+    const double gemm_tol = tol(t, t->bf16 ? BF16_SAME_INPUT_TOL : FP32_TOL);
+    set_mode(t, 0);
+    gpu_set_gemm_tuning(t->be, false);
+    GpuGemmCounts g0 = gpu_gemm_counts(t->be);
+    float *untuned = dw_run(t, gW0, d_dy, d_x, d_W, N, in, out, false);
+    GpuGemmCounts g1 = gpu_gemm_counts(t->be);
+    gpu_set_gemm_tuning(t->be, true);
+    float *tuned = dw_run(t, gW0, d_dy, d_x, d_W, N, in, out, false);
+    GpuGemmCounts g2 = gpu_gemm_counts(t->be);
+    float *again = dw_run(t, gW0, d_dy, d_x, d_W, N, in, out, false);
+    GpuGemmCounts g3 = gpu_gemm_counts(t->be);
+    TCHECK(tune_decisions(g1) == tune_decisions(g0), "%s: tuning off, yet a dW shape was tuned", t->name);
+    TCHECK(tune_decisions(g2) - tune_decisions(g1) == 1, "%s: a dW shape's first tuned call decided %ld times",
+           t->name, tune_decisions(g2) - tune_decisions(g1));
+    TCHECK(tune_decisions(g3) == tune_decisions(g2), "%s: a dW shape's second call tuned it again", t->name);
+    float *ref = dw_ref(t, gW0, dy, x, W, N, in, out);
+    check_rel(t, "linear_bwd dW untuned", untuned, ref, gW0, nw, gemm_tol);
+    check_rel(t, "linear_bwd dW tuned", tuned, ref, gW0, nw, gemm_tol);
+    check_rel(t, "linear_bwd dW tuned against untuned", tuned, untuned, gW0, nw, 2 * gemm_tol);
+    check_exact(t, "linear_bwd dW tuned, run to run", again, tuned, nw);
+    if (g2.tune_changed == g1.tune_changed)
+        check_exact(t, "linear_bwd dW tuned, the heuristic's first kept: the untuned bits", tuned, untuned, nw);
+    float *graph = dw_run(t, gW0, d_dy, d_x, d_W, Nc, in, out, true);
+    GpuGemmCounts g4 = gpu_gemm_counts(t->be);
+    float *eager = dw_run(t, gW0, d_dy, d_x, d_W, Nc, in, out, false);
+    GpuGemmCounts g5 = gpu_gemm_counts(t->be);
+    TCHECK(g4.tune_captured - g3.tune_captured == 1 && tune_decisions(g4) - tune_decisions(g3) == 1,
+           "%s: a dW shape first called inside a capture: %ld captured of %ld decisions", t->name,
+           g4.tune_captured - g3.tune_captured, tune_decisions(g4) - tune_decisions(g3));
+    TCHECK(tune_decisions(g5) == tune_decisions(g4), "%s: the eager call after a capture tuned the shape", t->name);
+    float *ref_c = dw_ref(t, gW0, dy, x, W, Nc, in, out);
+    check_rel(t, "linear_bwd dW inside a capture", graph, ref_c, gW0, nw, gemm_tol);
+    check_exact(t, "linear_bwd dW eager after its capture: the graph's bits", eager, graph, nw);
+    float *bufs[] = {x, W, dy, gW0, untuned, tuned, again, ref, graph, eager, ref_c};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dy);
+}
+#endif
+
 void test_linear(const Target *t, Rng *rng) {
     static const int shapes[][3] = {{37, 53, 29}, {200, 96, 160}, {1, 5, 3}, {512, 256, 384}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -609,7 +696,14 @@ void test_linear(const Target *t, Rng *rng) {
     linear_determinism(t, rng);
 #ifdef TPTRAIN_TEST_CUDA
     if (!t->is_cpu) {
+        linear_tuning(t, rng);
         GpuGemmCounts g = gpu_gemm_counts(t->be);
+        printf("test_backend_ops: %s: dW tuning: %ld shapes timed (%ld kept another than the heuristic's first), "
+               "%ld with one candidate, %ld first called in a capture, %ld skipped, %ld recalled; %.1f ms\n",
+               t->name, g.tuned, g.tune_changed, g.tune_single, g.tune_captured, g.tune_skipped, g.tune_recalled,
+               g.tune_ms);
+        // the dW shapes above (K up to 2048) give cuBLASLt several candidates: tuning must have timed some
+        TCHECK(g.tuned > 0, "%s: no weight-gradient GEMM shape had its candidates timed", t->name);
         printf("test_backend_ops: %s: bias %ld fused / %ld separate, db %ld fused / %ld separate, %ld epilogue "
                "refusals, %ld plans, %ld evictions\n",
                t->name, g.bias_fused, g.bias_separate, g.bgrad_fused, g.bgrad_separate, g.refusals, g.plans,

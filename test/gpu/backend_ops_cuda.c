@@ -1,7 +1,7 @@
 /* backend_ops_cuda.c: what test_backend_ops needs to see of a CUDA backend
  * beyond backend.h (harness.h declares these): the device's free memory,
  * the stream-ordered pool's reserved memory, and the GEMM context's
- * epilogue switch and counters. Built only with CUDA. */
+ * epilogue and tuning switches and counters. Built only with CUDA. */
 #include <cuda_runtime_api.h>
 
 #include "backend_ops/harness.h"
@@ -37,6 +37,9 @@ GpuGemmCounts gpu_gemm_counts(const Backend *be) {
     CudaGemmStats s = cuda_gemm_stats(backend_cuda_gemm(be));
     GpuGemmCounts c = {s.n_bias_fused, s.n_bias_separate, s.n_bgrad_fused, s.n_bgrad_separate,
                        s.n_epilogue_refusals, s.n_plans, s.n_plan_evictions, s.n_out16_fused,
-                       s.n_out16_separate, s.n_out16_unplanned};
+                       s.n_out16_separate, s.n_out16_unplanned, s.n_tuned, s.n_tune_changed, s.n_tune_single,
+                       s.n_tune_captured, s.n_tune_skipped, s.n_tune_recalled, s.tune_ms};
     return c;
 }
+
+void gpu_set_gemm_tuning(const Backend *be, bool on) { cuda_gemm_set_tuning(backend_cuda_gemm(be), on); }
