@@ -51,11 +51,11 @@
  * fp32 one with the bias-gradient epilogue) time the
  * heuristic's first CUDA_GEMM_TUNE_CANDIDATES algorithms once per shape, at
  * the shape's first uncaptured call, and keep the fastest (the first unless
- * another is clearly faster). On by default; TPTRAIN_GEMM_TUNE=0 (read when
- * the context is made) or cuda_gemm_set_tuning(ctx, false) keeps the
- * heuristic's first everywhere, as before: a timed choice is the same for
- * the rest of the process, but two processes may choose differently, so
- * runs whose bits are compared across processes turn it off.
+ * another is clearly faster). Off by default, as PyTorch's TunableOp is:
+ * a timed choice is the same for the rest of the process, but two
+ * processes may choose differently, so a rerun or a resume would no longer
+ * reproduce a run bit for bit; TPTRAIN_GEMM_TUNE=1 (read when the context
+ * is made) or cuda_gemm_set_tuning(ctx, true) turns it on.
  *
  * All calls are asynchronous on the context's stream. A context is not
  * thread-safe. Failures of CUDA or cuBLASLt calls and bad arguments end the
@@ -147,7 +147,7 @@ void cuda_gemm_ctx_destroy(CudaGemmCtx *ctx);
  * false: always the separate kernels (tests compare the two). */
 void cuda_gemm_set_fused_epilogues(CudaGemmCtx *ctx, bool on);
 CudaGemmStats cuda_gemm_stats(const CudaGemmCtx *ctx);
-/* true (the default unless TPTRAIN_GEMM_TUNE=0): weight-gradient GEMMs
+/* true (TPTRAIN_GEMM_TUNE=1; off by default): weight-gradient GEMMs
  * time their candidates at a shape's first call; false: the heuristic's
  * first. The two are separate plans: switching back finds each as it was. */
 void cuda_gemm_set_tuning(CudaGemmCtx *ctx, bool on);

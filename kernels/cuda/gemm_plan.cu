@@ -298,13 +298,15 @@ void gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, con
 
 // ---- context -----------------------------------------------------------------------
 
-// TPTRAIN_GEMM_TUNE: unset, empty or 1 tunes, 0 does not; anything else is refused, naming it.
+// TPTRAIN_GEMM_TUNE: 1 tunes; unset, empty or 0 does not (the default: a rerun or a resume in another
+// process then computes the same bits, as before tuning existed, until the choices travel with a
+// checkpoint); anything else is refused, naming it.
 static bool tune_env(void) {
     const char *v = getenv(CUDA_GEMM_TUNE_ENV);
-    if (!v || !*v) return true;
+    if (!v || !*v) return false;
     TP_CHECK(strcmp(v, "0") == 0 || strcmp(v, "1") == 0,
-             "%s=%s: expected 0 (the heuristic's first cuBLASLt algorithm for every GEMM) or 1 (time the "
-             "weight-gradient GEMMs' candidates once per shape, the default)", CUDA_GEMM_TUNE_ENV, v);
+             "%s=%s: expected 0 (the heuristic's first cuBLASLt algorithm for every GEMM, the default) or 1 "
+             "(time the weight-gradient GEMMs' candidates once per shape)", CUDA_GEMM_TUNE_ENV, v);
     return v[0] == '1';
 }
 

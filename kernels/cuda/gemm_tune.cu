@@ -36,8 +36,9 @@
 //
 // Fail safe. Any failure (a candidate refused, an event call failing, no
 // room) keeps the heuristic's first algorithm: today's behaviour, never an
-// error (the preference is made as every plan's is, and fails as it would). TPTRAIN_GEMM_TUNE=0 or cuda_gemm_set_tuning(ctx, false) switches
-// tuning off; a tuned and an untuned call are separate plans (key.tune).
+// error (the preference is made as every plan's is, and fails as it would).
+// Off by default: TPTRAIN_GEMM_TUNE=1 or cuda_gemm_set_tuning(ctx, true)
+// switches it on; a tuned and an untuned call are separate plans (key.tune).
 //
 // Determinism, honestly. Every candidate is a correct GEMM, but they sum in
 // different orders (split-K above all), so the kept one decides the bits.
@@ -48,10 +49,11 @@
 // resumption, or two ranks, may keep different algorithms where two
 // candidates' times sit near GEMM_TUNE_MARGIN (the lower index wins unless
 // another is more than 5% faster, so noise between near-equal candidates
-// does not flip it; times near that margin still can). Runs whose bits are
-// compared across processes (the graphs and resume tests) set
-// TPTRAIN_GEMM_TUNE=0; so should a user who needs a rerun to reproduce a
-// run bit for bit. The choice is not saved with checkpoints.
+// does not flip it; times near that margin still can). That is why it is
+// off by default (a resume reproduces the straight run bit for bit only
+// untuned), and the graphs and resume tests pin TPTRAIN_GEMM_TUNE=0 so that
+// a tuned default later would not change what they compare. The choice is
+// not saved with checkpoints: saving it would make tuning safe to default.
 #include <string.h>
 
 #include "clock.h"

@@ -659,6 +659,11 @@ static void linear_tuning(const Target *t, Rng *rng) {
 
 void test_linear(const Target *t, Rng *rng) {
     static const int shapes[][3] = {{37, 53, 29}, {200, 96, 160}, {1, 5, 3}, {512, 256, 384}};
+#ifdef TPTRAIN_TEST_CUDA
+    // every case below with the dW GEMMs tuned (off by default: TPTRAIN_GEMM_TUNE=1), so each shape's kept
+    // algorithm meets the reference; linear_tuning compares it against the untuned plans
+    if (!t->is_cpu) gpu_set_gemm_tuning(t->be, true);
+#endif
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int mode = 0; mode < n_modes(t); mode++)
             for (int reg = 0; reg < 2; reg++) {
@@ -704,6 +709,7 @@ void test_linear(const Target *t, Rng *rng) {
                g.tune_ms);
         // the dW shapes above (K up to 2048) give cuBLASLt several candidates: tuning must have timed some
         TCHECK(g.tuned > 0, "%s: no weight-gradient GEMM shape had its candidates timed", t->name);
+        gpu_set_gemm_tuning(t->be, false);  // the default again for the tests after this one
         printf("test_backend_ops: %s: bias %ld fused / %ld separate, db %ld fused / %ld separate, %ld epilogue "
                "refusals, %ld plans, %ld evictions\n",
                t->name, g.bias_fused, g.bias_separate, g.bgrad_fused, g.bgrad_separate, g.refusals, g.plans,
