@@ -35,7 +35,7 @@ import sys
 PANELS = ["loss", "learning rate", "gradient norm", "tokens/s", "dev BLEU", "peak memory per rank (MiB)"]
 # Records train_mt writes beside the rows drawn here: --profile's table,
 # --keep-best's new best, --patience's stop, --average-last's result.
-SIDE_RECORDS = ("profile", "best", "early_stop", "averaged")
+SIDE_RECORDS = ("profile", "best", "early_stop", "averaged", "time")  # "time": the shares of evaluating and saving
 TRAIN_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
 
 

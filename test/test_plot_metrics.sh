@@ -12,7 +12,7 @@
 # panels, which --list-panels prints too; the default output lies beside the
 # metrics file; one PNG per run without -o, an overlay with -o, labels from
 # file names or --label; --x time; train_mt's records of other kinds
-# (profile, best, early_stop, averaged) passed over; malformed input refused with the file
+# (profile, best, early_stop, averaged, time) passed over; malformed input refused with the file
 # and line number, exit 1.
 # Usage: test_plot_metrics.sh SCRIPTS_DIR METRICS_DIR CURVES_DIR
 set -euo pipefail
@@ -131,14 +131,16 @@ PY
 expect_png "resumed run, over steps" resumed.png resumed "$py" "$plot" resumed.jsonl
 expect_png "resumed run, over time" resumed_t.png resumed "$py" "$plot" --x time resumed.jsonl -o resumed_t.png
 
-# train_mt's other records (--profile, --keep-best, --patience, --average-last) are passed over.
+# train_mt's other records (--profile, --keep-best, --patience, --average-last, the end's time record) are passed over.
 { head -n 4 tp2.jsonl
   echo '{"step": 20, "profile": {"gemm": {"ms": 1.5, "share": 0.4}}}'
   echo '{"step": 20, "best": "bleu", "best_value": 3.1}'
   tail -n +5 tp2.jsonl
   echo '{"step": 60, "early_stop": true, "reason": "patience", "patience": 2}'
-  echo '{"averaged": 2, "first_step": 40, "last_step": 60, "dev_loss": 4.2, "dev_bleu": 3.5}'; } > side.jsonl
-expect_png "profile, best, early-stop and averaged records passed over" side.png side "$py" "$plot" side.jsonl
+  echo '{"averaged": 2, "first_step": 40, "last_step": 60, "dev_loss": 4.2, "dev_bleu": 3.5}'
+  echo '{"step": 60, "time": {"wall_s": 9.5, "train_s": 7.0, "eval_s": 2.0, "eval_frac": 0.21, "save_s": 0.1, "save_frac": 0.01}}'
+} > side.jsonl
+expect_png "profile, best, early-stop, averaged and time records passed over" side.png side "$py" "$plot" side.jsonl
 
 # Malformed input: the file and line number, exit 1, no PNG.
 sed '7s/.*/{"step": 30, "loss": 7.2/' tp2.jsonl > cut.jsonl
