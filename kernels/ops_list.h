@@ -63,7 +63,10 @@ OP(linear_fwd, GEMM, REF, OWN,
    (y, x, W, b, N, in, out))
 /* dx += dy W (dx_mode GRAD_ADD) or dx = dy W (GRAD_WRITE: a GEMM with
  * beta = 0, dx's old contents never read); dW += dy^T x ; db +=
- * sum_rows(dy). dx, dW or db may be NULL to skip that gradient. */
+ * sum_rows(dy). dx, dW or db may be NULL to skip that gradient. In bf16
+ * mode the GEMMs read bf16(dy), and db is the fp32 sum of those same bf16
+ * values (backend.h's precision rule; what cuBLASLt's BGRADB epilogue on
+ * the dW GEMM sums), in every linear_bwd form. */
 OP(linear_bwd, GEMM, REF, OWN,
    (float *dx,        // (N, in) or NULL
     GradMode dx_mode,
@@ -160,7 +163,8 @@ OP(bias_add, ELEMENTWISE, REF, STREAM,
     const float *b,  // (C)
     int N, int C),
    (y, b, N, C))
-/* db += sum over rows of dy */
+/* db += sum over rows of dy; in bf16 mode of bf16(dy): the bias gradient
+ * of a linear layer whose GEMMs read bf16(dy), as linear_bwd's db */
 OP(bias_bwd, ELEMENTWISE, REF, SCRATCH,
    (float *db,        // (C)
     const float *dy,  // (N, C)
@@ -513,7 +517,8 @@ OP(residual_ln_fwd, LAYERNORM, OWN, STEP,
 /* Backward: d_res += the LayerNorm's input gradient from dy (x, mean, rstd
  * as saved; dgamma, dbeta accumulated), as layernorm_bwd; then d_branch =
  * the dropout's input gradient of the new d_res and d_bias += its column
- * sums (d_bias NULL: skipped), as bias_bwd. d_branch is WRITTEN, not
+ * sums (d_bias NULL: skipped), as bias_bwd (in bf16 mode the sums of
+ * d_branch's bf16 rounding). d_branch is WRITTEN, not
  * accumulated (it equals dropout_bwd_at into zeros): the one pass needs no
  * zeroing before it. d_branch aliases neither dy nor d_res. */
 OP(residual_ln_bwd, LAYERNORM, REF, STEP_SCRATCH,

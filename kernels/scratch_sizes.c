@@ -78,8 +78,10 @@ static bool relu_in_bias_pass(bool bf16, bool want_dx, bool want_dW, bool want_d
 
 size_t scratch_linear_bwd_relu(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
                                int out, bool w_twin) {
-    const size_t core = linear_bwd_bytes(bf16, fused_bgrad, want_dx, want_dW, want_db, N, in, out, w_twin, true, false);
-    if (N <= 0 || out <= 0 || relu_in_bias_pass(bf16, want_dx, want_dW, want_db, in)) return core;
+    const bool in_pass = relu_in_bias_pass(bf16, want_dx, want_dW, want_db, in);  // db from that pass, not the epilogue
+    const size_t core =
+        linear_bwd_bytes(bf16, fused_bgrad && !in_pass, want_dx, want_dW, want_db, N, in, out, w_twin, true, false);
+    if (N <= 0 || out <= 0 || in_pass) return core;
     return scratch_round((size_t)N * out * sizeof(float)) + core;
 }
 

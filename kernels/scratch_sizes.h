@@ -57,8 +57,9 @@ size_t scratch_bias_rounded(bool bf16, int out, bool bias);
 /* x16: x comes as bf16 bits (op_linear_fwd_x16 / op_linear_bwd_x16); bias:
  * the layer has one (scratch_bias_rounded, after the operands). */
 size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool bias);
-/* fused_bgrad: the bias gradient is tried in the dW GEMM's epilogue (fp32
- * with fused epilogues on), whose (out) vector takes scratch too. */
+/* fused_bgrad: the bias gradient is tried in the dW GEMM's epilogue (fused
+ * epilogues on: the CUDA backend's default, fp32 and bf16), whose (out)
+ * vector takes scratch too. */
 size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
                           int out, bool w_twin, bool x16);
 

@@ -65,8 +65,8 @@ static void r_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
 }
 static void r_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                          const float *x, const float *W, int N, int in, int out) {
-    /* fused bias-gradient epilogues: the CUDA backend's default, fp32 only; either dx mode needs the same */
-    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), false));
+    /* fused bias-gradient epilogues: the CUDA backend's default, either precision; either dx mode needs the same */
+    note(scratch_linear_bwd(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), false));
     g_cpu->linear_bwd(be, dx, dx_mode, dW, db, dy, x, W, N, in, out);
 }
 static void r_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
@@ -86,13 +86,13 @@ static void r_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *d
 }
 static void r_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                              const uint16_t *x16, const float *W, int N, int in, int out) {
-    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
+    note(scratch_linear_bwd(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
     g_cpu->linear_bwd_x16(be, dx, dx_mode, dW, db, dy, x16, W, N, in, out);
 }
 static void r_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                                   const uint16_t *relu16, const uint16_t *x16, const float *W, int N, int in,
                                   int out) {
-    note(scratch_linear_bwd_relu(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
+    note(scratch_linear_bwd_relu(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
     g_cpu->linear_bwd_relu_x16(be, dx, dx_mode, dW, db, dy, relu16, x16, W, N, in, out);
 }
 static void r_copy(Backend *be, float *d, const float *s, size_t n) {

@@ -160,7 +160,6 @@ static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
 
 static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                          const float *x, const float *W, int N, int in, int out) {
-    if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
     if (be->dtype == DTYPE_BF16) {
         const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
         float *ws = operand_space(be, ndy + nx + nW);
@@ -168,7 +167,7 @@ static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, fl
         if (dW) x = rounded(x, nx, ws + ndy);
         if (dx) W = rounded(W, nW, ws + ndy + nx);
     }
-    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, x, W, N, in, out);
+    cpu_linear_bwd(dx, dx_mode, dW, db, dy, x, W, N, in, out);  // db: the sum of dy as the GEMMs read it
 }
 
 /* x16 widened into the workspace, after its first `skip` floats and before
@@ -198,7 +197,6 @@ static size_t linear_bwd_x16_floats(const Backend *be, bool want_dW, int N, int 
 }
 static void linear_bwd_x16_at(Backend *be, size_t skip, float *dx, GradMode dx_mode, float *dW, float *db,
                               const float *dy, const uint16_t *x16, const float *W, int N, int in, int out) {
-    if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
     const size_t ndy = (size_t)N * out, nx = dW ? (size_t)N * in : 0, nW = (size_t)out * in;
     const bool bf16 = be->dtype == DTYPE_BF16;
     float *rest = NULL;
@@ -207,7 +205,7 @@ static void linear_bwd_x16_at(Backend *be, size_t skip, float *dx, GradMode dx_m
         dy = rounded(dy, ndy, rest);
         if (dx) W = rounded(W, nW, rest + ndy);
     }
-    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, dW ? x : NULL, W, N, in, out);
+    cpu_linear_bwd(dx, dx_mode, dW, db, dy, dW ? x : NULL, W, N, in, out);  // db: the sum of dy as the GEMMs read it
 }
 
 static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
@@ -257,7 +255,12 @@ static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); 
 static void t_copy(Backend *be, float *d, const float *s, size_t n) { (void)be; cpu_copy(d, s, n); }
 static void t_copy_ids(Backend *be, int32_t *d, const int32_t *s, size_t n) { (void)be; cpu_copy_ids(d, s, n); }
 static void t_bias_add(Backend *be, float *y, const float *b, int N, int C) { (void)be; cpu_bias_add(y, b, N, C); }
-static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) { (void)be; cpu_bias_bwd(db, dy, N, C); }
+/* In bf16 mode the sum of dy's bf16 rounding (ops_list.h): linear_bwd's db. */
+static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) {
+    const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(C > 0 ? C : 0);
+    if (be->dtype == DTYPE_BF16) dy = rounded(dy, n, operand_space(be, n));
+    cpu_bias_bwd(db, dy, N, C);
+}
 static void t_embedding_fwd(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N, int C,
                             int vs, int Vl) {
     (void)be;
@@ -292,7 +295,10 @@ static void t_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, f
 static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
                               const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
                               uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, step_stream(be, st));
+    const bool bf16 = be->dtype == DTYPE_BF16;  // the ROW bias's gradient as linear_bwd's (t_bias_bwd)
+    cpu_residual_ln_bwd(dr, dbr, dg, db, bf16 ? NULL : dbias, dy, x, mean, rstd, g, N, C, first, p, seed,
+                        step_stream(be, st));
+    if (bf16 && dbias) t_bias_bwd(be, dbias, dbr, N, C);
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
 static void t_act_bwd_x16(Backend *be, float *dx, GradMode mode, const float *dy, const uint16_t *x, size_t n,

@@ -305,7 +305,9 @@ static void cu_bias_add(Backend *be, float *y, const float *b, int N, int C) {
     cuda_op_bias_add(y, b, N, C, stream_of(be));
 }
 static void cu_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) {
-    cuda_op_bias_bwd(db, dy, N, C, scratch(be, cuda_bias_bwd_scratch_bytes(N, C)), stream_of(be));
+    void *ws = scratch(be, cuda_bias_bwd_scratch_bytes(N, C));
+    if (be->dtype == DTYPE_BF16) cuda_op_bias_bwd_rounded(db, dy, N, C, ws, stream_of(be));  // ops_list.h
+    else cuda_op_bias_bwd(db, dy, N, C, ws, stream_of(be));
 }
 static void cu_embedding_fwd(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N,
                              int C, int vs, int Vl) {
@@ -438,8 +440,13 @@ static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, 
 static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias,
                                const float *dy, const float *x, const float *mean, const float *rstd, const float *g,
                                int N, int C, uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st, be->step_vars,
-                            scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C)), stream_of(be));
+    void *ws = scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C));
+    if (be->dtype == DTYPE_BF16)  // d_bias sums d_branch's bf16 rounding (ops_list.h)
+        cuda_op_residual_ln_bwd_bias16(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+                                       be->step_vars, ws, stream_of(be));
+    else
+        cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+                                be->step_vars, ws, stream_of(be));
 }
 static void cu_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                         float eps, int32_t ig) {

@@ -340,10 +340,11 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
     ctx->stats.n_out16_separate++;
 }
 
-// The bias gradient comes from the dW GEMM's BGRADB epilogue in fp32 only:
-// in bf16 that epilogue would sum the bf16 copy of dy, and the CPU's
-// emulation (and this backend's contract) sums the fp32 dy.
-static bool fuse_bgrad(const CudaGemmCtx *ctx) { return ctx->fuse && ctx->precision == CUDA_GEMM_FP32; }
+// The bias gradient comes from the dW GEMM's BGRADB epilogue, which sums
+// dy as the GEMM reads it: the fp32 dy in fp32, its bf16 copy in bf16,
+// each the contract's db (backend.h's precision rule). Behind a ReLU in
+// bf16 the pass that masks dy into that copy sums it as it goes instead.
+static bool fuse_bgrad(const CudaGemmCtx *ctx) { return ctx->fuse; }
 
 extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
                                                 int N, int in, int out, bool w_has_bf16, bool x_bf16_only) {
@@ -356,11 +357,22 @@ extern "C" size_t cuda_linear_bwd_dy16_scratch_bytes(const CudaGemmCtx *ctx, boo
     return scratch_linear_bwd_dy16(ctx->precision == CUDA_GEMM_BF16, want_dx, want_dW, N, in, out, w_has_bf16);
 }
 
+// The separate bias-gradient pass: the sum of dy as the GEMMs read it
+// (bf16: each value's rounding, or the bits given).
+static void bias_bwd_separate(CudaGemmCtx *ctx, float *db, CudaGemmOperand dy, int N, int out, void *bias_scratch) {
+    if (!dy.f32) cuda_op_bias_bwd_x16(db, dy.bf16, NULL, N, out, bias_scratch, ctx->stream);
+    else if (ctx->precision == CUDA_GEMM_BF16) cuda_op_bias_bwd_rounded(db, dy.f32, N, out, bias_scratch, ctx->stream);
+    else cuda_op_bias_bwd(db, dy.f32, N, out, bias_scratch, ctx->stream);
+    ctx->stats.n_bgrad_separate++;
+}
+
 // The two backward GEMMs and the bias gradient, dy an operand (fp32, or
-// bf16 bits alone: then no db, which sums the fp32 dy). relu16 (or NULL):
-// dy is first masked by a ReLU's gradient (relu16 > 0 ? dy : 0), by the
-// bias pass as it copies dy in bf16, else into fp32 scratch. The scratch
-// was checked against `need` by the caller's size function.
+// bf16 bits alone). relu16 (or NULL): dy is first masked by a ReLU's
+// gradient (relu16 > 0 ? dy : 0), by the bias pass as it copies dy in
+// bf16, else into fp32 scratch. db: the dW GEMM's BGRADB epilogue where
+// cuBLASLt plans it (into scratch, then added: the epilogue overwrites),
+// else a separate pass. The scratch was checked against `need` by the
+// caller's size function.
 static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMode dx_mode, float *dW, float *db,
                             CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x, CudaGemmOperand W, int N,
                             int in, int out, void *scratch, size_t scratch_bytes, size_t need) {
@@ -368,7 +380,6 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
     TP_CHECK(grad_mode_valid(dx_mode), "%s: unknown gradient mode %d", op, (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
     TP_CHECK(out == 0 || given(dy), "%s: dy is NULL", op);
-    TP_CHECK(!db || out == 0 || dy.f32, "%s: a bias gradient needs the fp32 dy", op);
     TP_CHECK(!dx || out == 0 || in == 0 || W.f32, "%s: dx wanted but W is NULL", op);
     TP_CHECK(!dW || out == 0 || in == 0 || given(x), "%s: dW wanted but x is NULL", op);
     const float dx_beta = dx_mode == GRAD_ADD ? 1.0f : 0.0f;
@@ -379,14 +390,15 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
     TpCarver cv = carver_of(scratch, scratch_bytes, need, op);
     const bool need_dy = (dx || dW) && in > 0;
     const bool bf16 = ctx->precision == CUDA_GEMM_BF16;
-    if (relu16 && !(bf16 && db && need_dy)) {  // the masked fp32 dy first (act_bwd_x16's values)
+    const bool relu_in_pass = relu16 && bf16 && db && need_dy;  // the bias pass masks as it copies
+    if (relu16 && !relu_in_pass) {  // the masked fp32 dy first (act_bwd_x16's values)
         TP_CHECK(dy.f32, "%s: a ReLU mask needs the fp32 dy", op);
         float *masked = (float *)tp_carve(&cv, (size_t)N * out * sizeof(float));
         cuda_op_act_bwd_x16(masked, GRAD_WRITE, dy.f32, relu16, (size_t)N * out, ACT_RELU, ctx->stream);
         dy = f32_operand(masked);
         relu16 = NULL;
     }
-    const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx);
+    const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx) && !relu_in_pass;
     float *bgrad = try_fused ? (float *)tp_carve(&cv, (size_t)out * sizeof(float)) : NULL;  // (out) epilogue output
     void *bias_scratch = db ? tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, out)) : NULL;
     const void *dya = NULL;
@@ -419,8 +431,7 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
             launch_accumulate(ctx->stream, db, bgrad, (size_t)out);
             ctx->stats.n_bgrad_fused++;
         } else {
-            cuda_op_bias_bwd(db, dy.f32, N, out, bias_scratch, ctx->stream);
-            ctx->stats.n_bgrad_separate++;
+            bias_bwd_separate(ctx, db, dy, N, out, bias_scratch);
         }
     }
 }

@@ -20,7 +20,7 @@
 
 typedef struct {
     const ParamTable *tab;
-    bool bf16, fused_bgrad;  // fused_bgrad: fp32 (the dW GEMM's bias epilogue)
+    bool bf16, fused_bgrad;  // fused_bgrad: the dW GEMM's bias epilogue (the CUDA default, either precision)
     int tp;
     bool sp;
     bool decoding;  // in decode.c's steps (which biases reach the GEMMs)
@@ -119,7 +119,7 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
                              int Nt, bool backward) {
     ParamTable tab;
     param_table_build_stage(cfg, tp, st, &tab);
-    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = !bf16, .tp = tp, .sp = seq_par && tp > 1};
+    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = true, .tp = tp, .sp = seq_par && tp > 1};
     const int C = cfg->d_model, Vl = vocab_padded(cfg, tp) / tp;
     char layer[64];
     for (int l = st->enc_lo; l < st->enc_hi; l++) {
@@ -160,7 +160,7 @@ size_t planner_scratch_decode(const ModelConfig *cfg, bool bf16, int n, int S, i
     const ModelStage whole = model_stage_whole(cfg);
     ParamTable tab;
     param_table_build_stage(cfg, 1, &whole, &tab);
-    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = !bf16, .tp = 1};
+    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = true, .tp = 1};
     const int C = cfg->d_model, F = cfg->d_ff, Ns = n * S, R = n * (beam > 0 ? beam : 1);
     char layer[64], p[96];
     for (int l = 0; l < cfg->enc_layers; l++) {  // model_encode
