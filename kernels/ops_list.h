@@ -157,6 +157,33 @@ OP(linear_bwd_dy16, GEMM, OWN, OWN,
     int N, int in, int out),
    (dx, dx_mode, dW, dy16, x, W, N, in, out))
 
+/* The linear backward with bf16 gradients at either end (bf16 mode's
+ * contract, backend.h): dy given as fp32 (dy) or as bf16 bits (dy16),
+ * exactly one; relu16 (or NULL) masks dy first by a ReLU's gradient
+ * (relu16 > 0 ? dy : 0, act_bwd_x16's); x as fp32 (x) or bf16 bits (x16),
+ * at most one (needed for dW); dx into fp32 dx (dx_mode as linear_bwd) or
+ * written as its bf16 rounding into dx16 (GRAD_WRITE only: the gradient a
+ * ReLU or dropout passes on to the next linear backward, never stored in
+ * fp32), at most one; W, dW, db and NULLs as linear_bwd (db the sum of the
+ * masked dy as the GEMMs read it). On the CPU bit for bit linear_bwd
+ * (_x16) on the widened, masked dy into an fp32 dx, then to_bf16; CUDA
+ * stores dx16 from the GEMM (its fp32 sums ordered as cuBLASLt chooses)
+ * and takes db from BGRADB where it can. */
+OP(linear_bwd16, GEMM, OWN, OWN,
+   (float *dx,              // (N, in) or NULL
+    uint16_t *dx16,         // (N, in) bf16 bits, or NULL
+    GradMode dx_mode,
+    float *dW,              // (out, in) or NULL
+    float *db,              // (out) or NULL
+    const float *dy,        // (N, out) or NULL
+    const uint16_t *dy16,   // (N, out) bf16 bits, or NULL
+    const uint16_t *relu16, // (N, out) bf16 bits: a ReLU's output, or NULL
+    const float *x,         // (N, in) or NULL
+    const uint16_t *x16,    // (N, in) bf16 bits, or NULL
+    const float *W,         // (out, in)
+    int N, int in, int out),
+   (dx, dx16, dx_mode, dW, db, dy, dy16, relu16, x, x16, W, N, in, out))
+
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
    (float *y,        // (N, C)

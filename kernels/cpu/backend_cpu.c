@@ -158,16 +158,21 @@ static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
-static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
-                         const float *x, const float *W, int N, int in, int out) {
+/* linear_bwd with its operands in the workspace after `skip` floats. */
+static void linear_bwd_at(Backend *be, size_t skip, float *dx, GradMode dx_mode, float *dW, float *db,
+                          const float *dy, const float *x, const float *W, int N, int in, int out) {
     if (be->dtype == DTYPE_BF16) {
         const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
-        float *ws = operand_space(be, ndy + nx + nW);
+        float *ws = operand_space(be, skip + ndy + nx + nW) + skip;
         dy = rounded(dy, ndy, ws);
         if (dW) x = rounded(x, nx, ws + ndy);
         if (dx) W = rounded(W, nW, ws + ndy + nx);
     }
     cpu_linear_bwd(dx, dx_mode, dW, db, dy, x, W, N, in, out);  // db: the sum of dy as the GEMMs read it
+}
+static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                         const float *x, const float *W, int N, int in, int out) {
+    linear_bwd_at(be, 0, dx, dx_mode, dW, db, dy, x, W, N, in, out);
 }
 
 /* x16 widened into the workspace, after its first `skip` floats and before
@@ -222,6 +227,29 @@ static void t_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, floa
     float *masked = operand_space(be, n + linear_bwd_x16_floats(be, dW != NULL, N, in, out));
     cpu_act_bwd_x16(masked, GRAD_WRITE, dy, relu16, n, ACT_RELU);
     linear_bwd_x16_at(be, n, dx, dx_mode, dW, db, masked, x16, W, N, in, out);
+}
+
+/* The workspace: [dy widened and masked | dx in fp32 | the operands], the
+ * whole asked for first (the arena never moves in between). */
+static void t_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
+                           const float *dy, const uint16_t *dy16, const uint16_t *relu16, const float *x,
+                           const uint16_t *x16, const float *W, int N, int in, int out) {
+    TP_CHECK((dy == NULL) != (dy16 == NULL), "op_linear_bwd16: give exactly one of dy and dy16");
+    TP_CHECK(!(x && x16), "op_linear_bwd16: give at most one of x and x16");
+    TP_CHECK(!(dx && dx16), "op_linear_bwd16: give at most one of dx and dx16");
+    TP_CHECK(!dx16 || dx_mode == GRAD_WRITE, "op_linear_bwd16: dx16 is written (GRAD_WRITE), not accumulated");
+    TP_CHECK(!dW || x || x16 || N <= 0 || in <= 0 || out <= 0, "op_linear_bwd16: dW wanted but x is NULL");
+    if (N <= 0 || out < 0 || in < 0) return;
+    const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
+    const size_t n_dy = dy16 || relu16 ? ndy : 0, n_dx = dx16 ? nx : 0;
+    float *ws = operand_space(be, n_dy + n_dx + ndy + nx + nW);
+    if (dy16) cpu_from_bf16(ws, dy16, ndy);
+    if (relu16) cpu_act_bwd_x16(ws, GRAD_WRITE, dy16 ? ws : dy, relu16, ndy, ACT_RELU);
+    if (n_dy) dy = ws;
+    float *dxf = dx16 ? ws + n_dy : dx;
+    if (x16) linear_bwd_x16_at(be, n_dy + n_dx, dxf, dx_mode, dW, db, dy, x16, W, N, in, out);
+    else linear_bwd_at(be, n_dy + n_dx, dxf, dx_mode, dW, db, dy, x, W, N, in, out);
+    if (dx16) cpu_to_bf16(dx16, dxf, nx);
 }
 
 /* tmp NULL: the fp32 product goes to the workspace, ahead of the operands. */

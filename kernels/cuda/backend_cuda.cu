@@ -270,6 +270,20 @@ static void cu_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *
     cuda_op_linear_bwd_dy16(g, dx, dx_mode, dW, dy16, x_f32(x), w, N, in, out, scratch(be, need), need);
 }
 
+static void cu_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
+                            const float *dy, const uint16_t *dy16, const uint16_t *relu16, const float *x,
+                            const uint16_t *x16, const float *W, int N, int in, int out) {
+    TP_CHECK((dy == NULL) != (dy16 == NULL), "op_linear_bwd16: give exactly one of dy and dy16");
+    TP_CHECK(!(x && x16), "op_linear_bwd16: give at most one of x and x16");
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W), xo = x16 ? x_bf16(x16) : x_f32(x);
+    const CudaGemmOperand dyo = dy16 ? x_bf16(dy16) : x_f32(dy);
+    const size_t need = cuda_linear_bwd16_scratch_bytes(g, dx != NULL, dx16 != NULL, dW != NULL, db != NULL, N, in,
+                                                        out, w.bf16 != NULL, x16 != NULL, dy16 != NULL,
+                                                        relu16 != NULL);
+    cuda_op_linear_bwd16(g, dx, dx16, dx_mode, dW, db, dyo, relu16, xo, w, N, in, out, scratch(be, need), need);
+}
+
 static void cu_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
                               int in, int out) {
     linear_fwd_on(be, y, x_bf16(x16), W, b, N, in, out);

@@ -130,7 +130,10 @@ static void bias_bwd_launch(float *db, uint16_t *dy16, BiasSrc src, const uint16
                             cudaStream_t stream) {
     const int n_chunks = bias_chunks(N);
     dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
-    if (src.bits)
+    if (src.bits && dy16)  // bits are bf16 values: "rounding" them is exact, the copy stores them (masked)
+        bias_bwd_partial_kernel<uint16_t, true, true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16,
+                                                                                  src.bits, relu16, N, C);
+    else if (src.bits)
         bias_bwd_partial_kernel<uint16_t, false, false><<<grid, block, 0, stream>>>(partials, NULL, src.bits, relu16,
                                                                                      N, C);
     else if (dy16)
@@ -207,4 +210,13 @@ extern "C" void cuda_op_bias_bwd_relu_bf16_copy(float *db, uint16_t *dy16, const
     TP_NEED_PTR("cuda_op_bias_bwd_relu_bf16_copy", dy16);
     TP_NEED_PTR("cuda_op_bias_bwd_relu_bf16_copy", relu16);
     bias_bwd_op("cuda_op_bias_bwd_relu_bf16_copy", db, dy16, f32_src(dy, true), relu16, N, C, scratch, stream);
+}
+
+extern "C" void cuda_op_bias_bwd_relu_x16_copy(float *db, uint16_t *copy16, const uint16_t *dy16,
+                                               const uint16_t *relu16, int N, int C, void *scratch,
+                                               cudaStream_t stream) {
+    TP_NEED_PTR("cuda_op_bias_bwd_relu_x16_copy", copy16);
+    TP_NEED_PTR("cuda_op_bias_bwd_relu_x16_copy", relu16);
+    BiasSrc src = {NULL, dy16, false};
+    bias_bwd_op("cuda_op_bias_bwd_relu_x16_copy", db, copy16, src, relu16, N, C, scratch, stream);
 }

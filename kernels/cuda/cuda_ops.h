@@ -117,6 +117,10 @@ void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int 
  * the masked values (db their sum), the masked fp32 dy never written. */
 void cuda_op_bias_bwd_relu_bf16_copy(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N, int C,
                                      void *scratch, cudaStream_t stream);
+/* The same from bf16 bits dy16: the masked bits into copy16 (the GEMMs'
+ * operand) and their sum into db, one pass. */
+void cuda_op_bias_bwd_relu_x16_copy(float *db, uint16_t *copy16, const uint16_t *dy16, const uint16_t *relu16, int N,
+                                    int C, void *scratch, cudaStream_t stream);
 /* cuda_op_residual_ln_bwd with d_bias the sum of d_branch's bf16 rounding
  * (residual_ln_bwd in bf16 mode: the ROW bias's gradient as linear_bwd's). */
 void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,

@@ -106,6 +106,14 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     fwd_x(w, p, "fc2", N, Fl, C, w->bf16);
     if (!backward) return;
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
+    if (w->bf16 && c->act == ACT_RELU && !(c->act_dropout > 0.0f)) {  // model_bwd.c's ffn_grad16: bf16 from fc2 to fc1
+        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, false, true, true, !w->sp, N, Fl, C,
+                                                      twin(w, p, "fc2"), true, false, false));
+        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, true, N, C, Fl,
+                                                      twin(w, p, "fc1"), ln_x16(w), true, true));
+        ln_bwd(w, N, C, true);
+        return;
+    }
     bwd(w, p, "fc2", false, N, Fl, C, w->bf16);
     if (c->act == ACT_RELU && ln_x16(w))  // op_linear_bwd_relu_x16: ReLU's gradient in the bias pass
         w->need = max_z(w->need, scratch_linear_bwd_relu(w->bf16, w->fused_bgrad, true, true, true, N, C, Fl,
