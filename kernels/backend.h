@@ -35,6 +35,20 @@
  * backend_add_compute_weights (a bf16 twin on CUDA, re-cast once per step by
  * backend_recast_weights; on the CPU the rounding is emulated at the same
  * points so CPU tests prove the logic).
+ *
+ * Gradients in bf16 mode follow PyTorch autocast's contract: the gradient
+ * of a linear layer's output (dy), and those of ReLU, dropout and
+ * attention's q, k, v that flow into a linear layer's backward, are bf16
+ * values; LayerNorm and softmax keep fp32 arithmetic; weight gradients
+ * accumulate in fp32. A linear layer's bias gradient db is the fp32 sum
+ * (accumulated in double on the CPU and in the separate CUDA pass; in fp32
+ * by cuBLASLt's BGRADB epilogue, within ops' stated band) of the same
+ * bf16 dy its GEMMs read: linear_bwd's every form, bias_bwd and
+ * residual_ln_bwd's d_bias (ops_list.h). A producer whose consumer is a
+ * linear backward writes that bf16 dy itself where an op says so (the
+ * FFN's hidden gradient: linear_bwd16's dx16), so no fp32 copy of it is
+ * written and read again; elsewhere the GEMMs round the fp32 dy they are
+ * given, the same values.
  */
 #ifndef TPTRAIN_BACKEND_H
 #define TPTRAIN_BACKEND_H

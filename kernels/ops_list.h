@@ -63,7 +63,10 @@ OP(linear_fwd, GEMM, REF, OWN,
    (y, x, W, b, N, in, out))
 /* dx += dy W (dx_mode GRAD_ADD) or dx = dy W (GRAD_WRITE: a GEMM with
  * beta = 0, dx's old contents never read); dW += dy^T x ; db +=
- * sum_rows(dy). dx, dW or db may be NULL to skip that gradient. */
+ * sum_rows(dy). dx, dW or db may be NULL to skip that gradient. In bf16
+ * mode the GEMMs read bf16(dy), and db is the fp32 sum of those same bf16
+ * values (backend.h's precision rule; what cuBLASLt's BGRADB epilogue on
+ * the dW GEMM sums), in every linear_bwd form. */
 OP(linear_bwd, GEMM, REF, OWN,
    (float *dx,        // (N, in) or NULL
     GradMode dx_mode,
@@ -154,13 +157,41 @@ OP(linear_bwd_dy16, GEMM, OWN, OWN,
     int N, int in, int out),
    (dx, dx_mode, dW, dy16, x, W, N, in, out))
 
+/* The linear backward with bf16 gradients at either end (bf16 mode's
+ * contract, backend.h): dy given as fp32 (dy) or as bf16 bits (dy16),
+ * exactly one; relu16 (or NULL) masks dy first by a ReLU's gradient
+ * (relu16 > 0 ? dy : 0, act_bwd_x16's); x as fp32 (x) or bf16 bits (x16),
+ * at most one (needed for dW); dx into fp32 dx (dx_mode as linear_bwd) or
+ * written as its bf16 rounding into dx16 (GRAD_WRITE only: the gradient a
+ * ReLU or dropout passes on to the next linear backward, never stored in
+ * fp32), at most one; W, dW, db and NULLs as linear_bwd (db the sum of the
+ * masked dy as the GEMMs read it). On the CPU bit for bit linear_bwd
+ * (_x16) on the widened, masked dy into an fp32 dx, then to_bf16; CUDA
+ * stores dx16 from the GEMM (its fp32 sums ordered as cuBLASLt chooses)
+ * and takes db from BGRADB where it can. */
+OP(linear_bwd16, GEMM, OWN, OWN,
+   (float *dx,              // (N, in) or NULL
+    uint16_t *dx16,         // (N, in) bf16 bits, or NULL
+    GradMode dx_mode,
+    float *dW,              // (out, in) or NULL
+    float *db,              // (out) or NULL
+    const float *dy,        // (N, out) or NULL
+    const uint16_t *dy16,   // (N, out) bf16 bits, or NULL
+    const uint16_t *relu16, // (N, out) bf16 bits: a ReLU's output, or NULL
+    const float *x,         // (N, in) or NULL
+    const uint16_t *x16,    // (N, in) bf16 bits, or NULL
+    const float *W,         // (out, in)
+    int N, int in, int out),
+   (dx, dx16, dx_mode, dW, db, dy, dy16, relu16, x, x16, W, N, in, out))
+
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
    (float *y,        // (N, C)
     const float *b,  // (C)
     int N, int C),
    (y, b, N, C))
-/* db += sum over rows of dy */
+/* db += sum over rows of dy; in bf16 mode of bf16(dy): the bias gradient
+ * of a linear layer whose GEMMs read bf16(dy), as linear_bwd's db */
 OP(bias_bwd, ELEMENTWISE, REF, SCRATCH,
    (float *db,        // (C)
     const float *dy,  // (N, C)
@@ -513,7 +544,8 @@ OP(residual_ln_fwd, LAYERNORM, OWN, STEP,
 /* Backward: d_res += the LayerNorm's input gradient from dy (x, mean, rstd
  * as saved; dgamma, dbeta accumulated), as layernorm_bwd; then d_branch =
  * the dropout's input gradient of the new d_res and d_bias += its column
- * sums (d_bias NULL: skipped), as bias_bwd. d_branch is WRITTEN, not
+ * sums (d_bias NULL: skipped), as bias_bwd (in bf16 mode the sums of
+ * d_branch's bf16 rounding). d_branch is WRITTEN, not
  * accumulated (it equals dropout_bwd_at into zeros): the one pass needs no
  * zeroing before it. d_branch aliases neither dy nor d_res. */
 OP(residual_ln_bwd, LAYERNORM, REF, STEP_SCRATCH,

@@ -78,13 +78,33 @@ static bool relu_in_bias_pass(bool bf16, bool want_dx, bool want_dW, bool want_d
 
 size_t scratch_linear_bwd_relu(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
                                int out, bool w_twin) {
-    const size_t core = linear_bwd_bytes(bf16, fused_bgrad, want_dx, want_dW, want_db, N, in, out, w_twin, true, false);
-    if (N <= 0 || out <= 0 || relu_in_bias_pass(bf16, want_dx, want_dW, want_db, in)) return core;
+    const bool in_pass = relu_in_bias_pass(bf16, want_dx, want_dW, want_db, in);  // db from that pass, not the epilogue
+    const size_t core =
+        linear_bwd_bytes(bf16, fused_bgrad && !in_pass, want_dx, want_dW, want_db, N, in, out, w_twin, true, false);
+    if (N <= 0 || out <= 0 || in_pass) return core;
     return scratch_round((size_t)N * out * sizeof(float)) + core;
 }
 
 size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin) {
     return linear_bwd_bytes(bf16, false, want_dx, want_dW, false, N, in, out, w_twin, false, true);
+}
+
+size_t scratch_linear_bwd16(bool bf16, bool fused_bgrad, bool want_dx, bool want_dx16, bool want_dW, bool want_db,
+                            int N, int in, int out, bool w_twin, bool x16, bool dy16, bool relu) {
+    if (N <= 0 || out <= 0) return 0;
+    size_t n_bytes = 0;
+    bool db_left = want_db;  // the bias gradient still to make after a ReLU mask
+    if (relu && dy16) {      // the masked bf16 copy, its sum (db, or one carved) and the sum's partials
+        n_bytes += scratch_round((size_t)N * out * sizeof(uint16_t)) +
+                   (want_db ? 0 : scratch_round((size_t)out * sizeof(float))) + scratch_bias_bwd(N, out);
+        db_left = false;
+    }
+    const bool dx_any = want_dx || want_dx16;
+    const bool in_pass = relu && !dy16 && relu_in_bias_pass(bf16, dx_any, want_dW, db_left, in);
+    if (relu && !dy16 && !in_pass) n_bytes += scratch_round((size_t)N * out * sizeof(float));  // the masked fp32 dy
+    if (want_dx16 && in > 0) n_bytes += scratch_round((size_t)scratch_out16_rows(N, in) * in * sizeof(float));
+    return n_bytes + linear_bwd_bytes(bf16, fused_bgrad && !in_pass, dx_any, want_dW, db_left, N, in, out, w_twin,
+                                      x16, dy16);
 }
 
 int scratch_bias_chunks(int N) { return (N + SCRATCH_BIAS_CHUNK_ROWS - 1) / SCRATCH_BIAS_CHUNK_ROWS; }

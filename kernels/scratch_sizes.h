@@ -57,8 +57,9 @@ size_t scratch_bias_rounded(bool bf16, int out, bool bias);
 /* x16: x comes as bf16 bits (op_linear_fwd_x16 / op_linear_bwd_x16); bias:
  * the layer has one (scratch_bias_rounded, after the operands). */
 size_t scratch_linear_fwd(bool bf16, int N, int in, int out, bool w_twin, bool x16, bool bias);
-/* fused_bgrad: the bias gradient is tried in the dW GEMM's epilogue (fp32
- * with fused epilogues on), whose (out) vector takes scratch too. */
+/* fused_bgrad: the bias gradient is tried in the dW GEMM's epilogue (fused
+ * epilogues on: the CUDA backend's default, fp32 and bf16), whose (out)
+ * vector takes scratch too. */
 size_t scratch_linear_bwd(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
                           int out, bool w_twin, bool x16);
 
@@ -74,6 +75,11 @@ size_t scratch_linear_fwd16(bool bf16, int N, int in, int out, bool w_twin, bool
  * the masked fp32 dy is made first, (N, out) floats more. */
 size_t scratch_linear_bwd_relu(bool bf16, bool fused_bgrad, bool want_dx, bool want_dW, bool want_db, int N, int in,
                                int out, bool w_twin);
+/* linear_bwd16 (ops_list.h): x16, dy16: given as bf16 bits alone; relu: a
+ * ReLU mask; want_dx16: dx stored as bf16, with room for the fallback's
+ * fp32 row chunks (scratch_out16_rows rows of in floats). */
+size_t scratch_linear_bwd16(bool bf16, bool fused_bgrad, bool want_dx, bool want_dx16, bool want_dW, bool want_db,
+                            int N, int in, int out, bool w_twin, bool x16, bool dy16, bool relu);
 /* linear_bwd_dy16: dy as bf16 bits (multiplied as they are in bf16,
  * widened in fp32), no bias. */
 size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin);

@@ -9,7 +9,9 @@
  * tp 2 with and without sequence parallelism (ranks forked, talking over
  * shared memory), two micro-batches of different shapes in flight (two
  * activation slots: F0 F1 B0 B1) with dropout on (attention and activation
- * dropout too): the loss sum and every
+ * dropout too; and for ReLU once without activation dropout, where the
+ * kept-bf16 FFN passes its hidden gradient in bf16, op_linear_bwd16): the
+ * loss sum and every
  * gradient of the rank's shard are bitwise those of keeping them in fp32,
  * and the activation bytes are fewer. In fp32 mode the switch does nothing.
  */
@@ -17,7 +19,7 @@
 
 #include <string.h>
 
-static ModelConfig test_config(Activation act) {
+static ModelConfig test_config(Activation act, float act_dropout) {
     ModelConfig c;
     char err[256];
     config_preset("tiny", &c, err, sizeof err);
@@ -26,7 +28,7 @@ static ModelConfig test_config(Activation act) {
     c.dec_layers = 2;
     c.dropout = 0.1f;
     c.attn_dropout = 0.1f;  // and inside the sub-blocks: the bf16 ReLU's fp32 route with activation dropout
-    c.act_dropout = 0.1f;
+    c.act_dropout = act_dropout;  // 0: the FFN's hidden gradient in bf16 (ReLU kept in bf16), fc2 to fc1
     return c;
 }
 
@@ -46,16 +48,18 @@ static MicroRun run(Backend *be, const ModelConfig *cfg, const TpGroup *g, bool 
 
 /* keep on against keep off for every configuration this rank runs. */
 static void compare_all(Backend *be, const TpGroup *g, const char *who) {
-    const Activation acts[2] = {ACT_RELU, ACT_GELU};
-    for (int a = 0; a < 2; a++) {
-        const ModelConfig cfg = test_config(acts[a]);
+    /* ReLU twice: with activation dropout (the hidden gradient in fp32) and without (in bf16, fc2 to fc1) */
+    const Activation acts[3] = {ACT_RELU, ACT_GELU, ACT_RELU};
+    const float act_p[3] = {0.1f, 0.1f, 0.0f};
+    for (int a = 0; a < 3; a++) {
+        const ModelConfig cfg = test_config(acts[a], act_p[a]);
         for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++)
             for (int sp = 0; sp <= (g->size > 1); sp++) {
                 const MicroRun off = run(be, &cfg, g, sp, (ModelRecompute)rc, false);
                 const MicroRun on = run(be, &cfg, g, sp, (ModelRecompute)rc, true);
                 char what[160];
-                snprintf(what, sizeof what, "%s %s recompute %s%s", who, activation_name(acts[a]),
-                         model_recompute_name((ModelRecompute)rc), sp ? " sequence parallel" : "");
+                snprintf(what, sizeof what, "%s %s act dropout %g recompute %s%s", who, activation_name(acts[a]),
+                         (double)act_p[a], model_recompute_name((ModelRecompute)rc), sp ? " sequence parallel" : "");
                 CHECK(memcmp(&on.loss, &off.loss, sizeof on.loss) == 0, "%s: loss %.9g kept in bf16, %.9g in fp32",
                       what, on.loss, off.loss);
                 ParamTable tab;
@@ -88,7 +92,7 @@ static void rank_compare(const TpGroup *g) {
 int main(void) {
     /* fp32: nothing to keep in bf16 */
     char err[256];
-    const ModelConfig cfg = test_config(ACT_RELU);
+    const ModelConfig cfg = test_config(ACT_RELU, 0.1f);
     Model m;
     CHECK(model_create(&m, NULL, &cfg, NULL, 3, err, sizeof err) == 0, "%s", err);
     model_set_keep_bf16(&m, true);

@@ -65,8 +65,8 @@ static void r_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
 }
 static void r_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                          const float *x, const float *W, int N, int in, int out) {
-    /* fused bias-gradient epilogues: the CUDA backend's default, fp32 only; either dx mode needs the same */
-    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), false));
+    /* fused bias-gradient epilogues: the CUDA backend's default, either precision; either dx mode needs the same */
+    note(scratch_linear_bwd(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), false));
     g_cpu->linear_bwd(be, dx, dx_mode, dW, db, dy, x, W, N, in, out);
 }
 static void r_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
@@ -84,15 +84,22 @@ static void r_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *d
     note(scratch_linear_bwd_dy16(bf16(be), dx != NULL, dW != NULL, N, in, out, twin(be, W)));
     g_cpu->linear_bwd_dy16(be, dx, dx_mode, dW, dy16, x, W, N, in, out);
 }
+static void r_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
+                           const float *dy, const uint16_t *dy16, const uint16_t *relu16, const float *x,
+                           const uint16_t *x16, const float *W, int N, int in, int out) {
+    note(scratch_linear_bwd16(bf16(be), true, dx != NULL, dx16 != NULL, dW != NULL, db != NULL, N, in, out,
+                              twin(be, W), x16 != NULL, dy16 != NULL, relu16 != NULL));
+    g_cpu->linear_bwd16(be, dx, dx16, dx_mode, dW, db, dy, dy16, relu16, x, x16, W, N, in, out);
+}
 static void r_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                              const uint16_t *x16, const float *W, int N, int in, int out) {
-    note(scratch_linear_bwd(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
+    note(scratch_linear_bwd(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
     g_cpu->linear_bwd_x16(be, dx, dx_mode, dW, db, dy, x16, W, N, in, out);
 }
 static void r_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                                   const uint16_t *relu16, const uint16_t *x16, const float *W, int N, int in,
                                   int out) {
-    note(scratch_linear_bwd_relu(bf16(be), !bf16(be), dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
+    note(scratch_linear_bwd_relu(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W)));
     g_cpu->linear_bwd_relu_x16(be, dx, dx_mode, dW, db, dy, relu16, x16, W, N, in, out);
 }
 static void r_copy(Backend *be, float *d, const float *s, size_t n) {
@@ -139,6 +146,7 @@ static Backend *recorder(Dtype dtype) {
     g_ops.linear_fwd_x16 = r_linear_fwd_x16, g_ops.linear_bwd_x16 = r_linear_bwd_x16;
     g_ops.linear_bwd_relu_x16 = r_linear_bwd_relu_x16;
     g_ops.linear_fwd16 = r_linear_fwd16, g_ops.linear_bwd_dy16 = r_linear_bwd_dy16;
+    g_ops.linear_bwd16 = r_linear_bwd16;
     g_ops.bias_bwd = r_bias_bwd, g_ops.embedding_bwd = r_embedding_bwd, g_ops.layernorm_bwd = r_layernorm_bwd;
     g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc, g_ops.residual_ln_bwd = r_residual_ln_bwd;
     be->ops = &g_ops;

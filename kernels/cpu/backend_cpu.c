@@ -158,17 +158,21 @@ static void t_linear_fwd(Backend *be, float *y, const float *x, const float *W, 
     cpu_linear_fwd(y, x, W, b, N, in, out);
 }
 
-static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
-                         const float *x, const float *W, int N, int in, int out) {
-    if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
+/* linear_bwd with its operands in the workspace after `skip` floats. */
+static void linear_bwd_at(Backend *be, size_t skip, float *dx, GradMode dx_mode, float *dW, float *db,
+                          const float *dy, const float *x, const float *W, int N, int in, int out) {
     if (be->dtype == DTYPE_BF16) {
         const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
-        float *ws = operand_space(be, ndy + nx + nW);
+        float *ws = operand_space(be, skip + ndy + nx + nW) + skip;
         dy = rounded(dy, ndy, ws);
         if (dW) x = rounded(x, nx, ws + ndy);
         if (dx) W = rounded(W, nW, ws + ndy + nx);
     }
-    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, x, W, N, in, out);
+    cpu_linear_bwd(dx, dx_mode, dW, db, dy, x, W, N, in, out);  // db: the sum of dy as the GEMMs read it
+}
+static void t_linear_bwd(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
+                         const float *x, const float *W, int N, int in, int out) {
+    linear_bwd_at(be, 0, dx, dx_mode, dW, db, dy, x, W, N, in, out);
 }
 
 /* x16 widened into the workspace, after its first `skip` floats and before
@@ -198,7 +202,6 @@ static size_t linear_bwd_x16_floats(const Backend *be, bool want_dW, int N, int 
 }
 static void linear_bwd_x16_at(Backend *be, size_t skip, float *dx, GradMode dx_mode, float *dW, float *db,
                               const float *dy, const uint16_t *x16, const float *W, int N, int in, int out) {
-    if (db) cpu_bias_bwd(db, dy, N, out);  // from the fp32 gradient
     const size_t ndy = (size_t)N * out, nx = dW ? (size_t)N * in : 0, nW = (size_t)out * in;
     const bool bf16 = be->dtype == DTYPE_BF16;
     float *rest = NULL;
@@ -207,7 +210,7 @@ static void linear_bwd_x16_at(Backend *be, size_t skip, float *dx, GradMode dx_m
         dy = rounded(dy, ndy, rest);
         if (dx) W = rounded(W, nW, rest + ndy);
     }
-    cpu_linear_bwd(dx, dx_mode, dW, NULL, dy, dW ? x : NULL, W, N, in, out);
+    cpu_linear_bwd(dx, dx_mode, dW, db, dy, dW ? x : NULL, W, N, in, out);  // db: the sum of dy as the GEMMs read it
 }
 
 static void t_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
@@ -224,6 +227,29 @@ static void t_linear_bwd_relu_x16(Backend *be, float *dx, GradMode dx_mode, floa
     float *masked = operand_space(be, n + linear_bwd_x16_floats(be, dW != NULL, N, in, out));
     cpu_act_bwd_x16(masked, GRAD_WRITE, dy, relu16, n, ACT_RELU);
     linear_bwd_x16_at(be, n, dx, dx_mode, dW, db, masked, x16, W, N, in, out);
+}
+
+/* The workspace: [dy widened and masked | dx in fp32 | the operands], the
+ * whole asked for first (the arena never moves in between). */
+static void t_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
+                           const float *dy, const uint16_t *dy16, const uint16_t *relu16, const float *x,
+                           const uint16_t *x16, const float *W, int N, int in, int out) {
+    TP_CHECK((dy == NULL) != (dy16 == NULL), "op_linear_bwd16: give exactly one of dy and dy16");
+    TP_CHECK(!(x && x16), "op_linear_bwd16: give at most one of x and x16");
+    TP_CHECK(!(dx && dx16), "op_linear_bwd16: give at most one of dx and dx16");
+    TP_CHECK(!dx16 || dx_mode == GRAD_WRITE, "op_linear_bwd16: dx16 is written (GRAD_WRITE), not accumulated");
+    TP_CHECK(!dW || x || x16 || N <= 0 || in <= 0 || out <= 0, "op_linear_bwd16: dW wanted but x is NULL");
+    if (N <= 0 || out < 0 || in < 0) return;
+    const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;
+    const size_t n_dy = dy16 || relu16 ? ndy : 0, n_dx = dx16 ? nx : 0;
+    float *ws = operand_space(be, n_dy + n_dx + ndy + nx + nW);
+    if (dy16) cpu_from_bf16(ws, dy16, ndy);
+    if (relu16) cpu_act_bwd_x16(ws, GRAD_WRITE, dy16 ? ws : dy, relu16, ndy, ACT_RELU);
+    if (n_dy) dy = ws;
+    float *dxf = dx16 ? ws + n_dy : dx;
+    if (x16) linear_bwd_x16_at(be, n_dy + n_dx, dxf, dx_mode, dW, db, dy, x16, W, N, in, out);
+    else linear_bwd_at(be, n_dy + n_dx, dxf, dx_mode, dW, db, dy, x, W, N, in, out);
+    if (dx16) cpu_to_bf16(dx16, dxf, nx);
 }
 
 /* tmp NULL: the fp32 product goes to the workspace, ahead of the operands. */
@@ -257,7 +283,12 @@ static void t_zero(Backend *be, float *x, size_t n) { (void)be; cpu_zero(x, n); 
 static void t_copy(Backend *be, float *d, const float *s, size_t n) { (void)be; cpu_copy(d, s, n); }
 static void t_copy_ids(Backend *be, int32_t *d, const int32_t *s, size_t n) { (void)be; cpu_copy_ids(d, s, n); }
 static void t_bias_add(Backend *be, float *y, const float *b, int N, int C) { (void)be; cpu_bias_add(y, b, N, C); }
-static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) { (void)be; cpu_bias_bwd(db, dy, N, C); }
+/* In bf16 mode the sum of dy's bf16 rounding (ops_list.h): linear_bwd's db. */
+static void t_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) {
+    const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(C > 0 ? C : 0);
+    if (be->dtype == DTYPE_BF16) dy = rounded(dy, n, operand_space(be, n));
+    cpu_bias_bwd(db, dy, N, C);
+}
 static void t_embedding_fwd(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N, int C,
                             int vs, int Vl) {
     (void)be;
@@ -292,7 +323,10 @@ static void t_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, f
 static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
                               const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
                               uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cpu_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, step_stream(be, st));
+    const bool bf16 = be->dtype == DTYPE_BF16;  // the ROW bias's gradient as linear_bwd's (t_bias_bwd)
+    cpu_residual_ln_bwd(dr, dbr, dg, db, bf16 ? NULL : dbias, dy, x, mean, rstd, g, N, C, first, p, seed,
+                        step_stream(be, st));
+    if (bf16 && dbias) t_bias_bwd(be, dbias, dbr, N, C);
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
 static void t_act_bwd_x16(Backend *be, float *dx, GradMode mode, const float *dy, const uint16_t *x, size_t n,

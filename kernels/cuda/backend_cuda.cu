@@ -270,6 +270,20 @@ static void cu_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *
     cuda_op_linear_bwd_dy16(g, dx, dx_mode, dW, dy16, x_f32(x), w, N, in, out, scratch(be, need), need);
 }
 
+static void cu_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
+                            const float *dy, const uint16_t *dy16, const uint16_t *relu16, const float *x,
+                            const uint16_t *x16, const float *W, int N, int in, int out) {
+    TP_CHECK((dy == NULL) != (dy16 == NULL), "op_linear_bwd16: give exactly one of dy and dy16");
+    TP_CHECK(!(x && x16), "op_linear_bwd16: give at most one of x and x16");
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W), xo = x16 ? x_bf16(x16) : x_f32(x);
+    const CudaGemmOperand dyo = dy16 ? x_bf16(dy16) : x_f32(dy);
+    const size_t need = cuda_linear_bwd16_scratch_bytes(g, dx != NULL, dx16 != NULL, dW != NULL, db != NULL, N, in,
+                                                        out, w.bf16 != NULL, x16 != NULL, dy16 != NULL,
+                                                        relu16 != NULL);
+    cuda_op_linear_bwd16(g, dx, dx16, dx_mode, dW, db, dyo, relu16, xo, w, N, in, out, scratch(be, need), need);
+}
+
 static void cu_linear_fwd_x16(Backend *be, float *y, const uint16_t *x16, const float *W, const float *b, int N,
                               int in, int out) {
     linear_fwd_on(be, y, x_bf16(x16), W, b, N, in, out);
@@ -305,7 +319,9 @@ static void cu_bias_add(Backend *be, float *y, const float *b, int N, int C) {
     cuda_op_bias_add(y, b, N, C, stream_of(be));
 }
 static void cu_bias_bwd(Backend *be, float *db, const float *dy, int N, int C) {
-    cuda_op_bias_bwd(db, dy, N, C, scratch(be, cuda_bias_bwd_scratch_bytes(N, C)), stream_of(be));
+    void *ws = scratch(be, cuda_bias_bwd_scratch_bytes(N, C));
+    if (be->dtype == DTYPE_BF16) cuda_op_bias_bwd_rounded(db, dy, N, C, ws, stream_of(be));  // ops_list.h
+    else cuda_op_bias_bwd(db, dy, N, C, ws, stream_of(be));
 }
 static void cu_embedding_fwd(Backend *be, float *out, const int32_t *ids, const float *table, float scale, int N,
                              int C, int vs, int Vl) {
@@ -438,8 +454,13 @@ static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, 
 static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias,
                                const float *dy, const float *x, const float *mean, const float *rstd, const float *g,
                                int N, int C, uint64_t first, float p, uint64_t seed, uint64_t st) {
-    cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st, be->step_vars,
-                            scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C)), stream_of(be));
+    void *ws = scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C));
+    if (be->dtype == DTYPE_BF16)  // d_bias sums d_branch's bf16 rounding (ops_list.h)
+        cuda_op_residual_ln_bwd_bias16(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+                                       be->step_vars, ws, stream_of(be));
+    else
+        cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+                                be->step_vars, ws, stream_of(be));
 }
 static void cu_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                         float eps, int32_t ig) {

@@ -13,7 +13,11 @@
 // behind a ReLU it can also apply the ReLU's gradient as it reads
 // (cuda_op_bias_bwd_relu_bf16_copy: dy where the kept ReLU output is
 // positive, else 0, act_bwd_x16's values), so the masked fp32 gradient is
-// never written at all.
+// never written at all. In bf16 mode a linear layer's db is the sum of the
+// bf16 dy its GEMMs read (backend.h's precision rule, what cuBLASLt's
+// BGRADB epilogue sums): pass 1 then sums each value's bf16 rounding
+// (ROUND; always so with the copy, which stores exactly the values summed),
+// or reads dy as bf16 bits (cuda_op_bias_bwd_x16) where that is all there is.
 #include <cuda_bf16.h>
 
 #include "cuda_ops.h"
@@ -35,7 +39,9 @@ __global__ void bias_add_kernel(float *y,        // (N, C)
         y[i] += b[i % (size_t)C];
 }
 
-// grid (ceil(C/32), n_chunks), block (32, 8). COPY: each element read is
+// grid (ceil(C/32), n_chunks), block (32, 8). dy is fp32 or bf16 bits
+// (In: float or uint16_t). ROUND: each element is summed as its bf16
+// rounding (exact for bf16 bits). COPY (with ROUND): each value summed is
 // also stored as bf16 into dy16 (the GEMMs' operand rounding), so a caller
 // that needs both reads dy once. relu16 (or NULL): each element is first
 // masked by the ReLU's gradient, relu16 > 0 ? dy : 0 (elementwise.cu's
@@ -47,12 +53,13 @@ __global__ void bias_add_kernel(float *y,        // (N, C)
 // above a store that may alias it), kept about one 4-byte load in flight a
 // thread: a quarter of the memory's speed. The order of the sums, and so
 // every bit, is the one-row-at-a-time loop's.
-template <bool COPY>
+template <typename In, bool ROUND, bool COPY>
 __global__ void bias_bwd_partial_kernel(double *partials,        // (n_chunks, C)
                                         __nv_bfloat16 *dy16,     // (N, C): COPY
-                                        const float *dy,         // (N, C)
+                                        const In *dy,            // (N, C)
                                         const uint16_t *relu16,  // (N, C) or NULL
                                         int N, int C) {
+    static_assert(ROUND || !COPY, "the copy stores the values summed: rounded");
     __shared__ double smem[BIAS_ROWT][BIAS_COLS];
     const int c = blockIdx.x * BIAS_COLS + threadIdx.x;
     const int row_begin = blockIdx.y * BIAS_CHUNK_ROWS;
@@ -67,16 +74,17 @@ __global__ void bias_bwd_partial_kernel(double *partials,        // (n_chunks, C
                 const size_t i = (size_t)n * C + c;
                 v[u] = 0.0f;
                 if (n < row_end) {
-                    v[u] = dy[i];
-                    if (relu16 && !(ld_in(relu16, i) > 0.0f)) v[u] = 0.0f;
+                    v[u] = ld_in(dy, (long long)i);
+                    if (relu16 && !(ld_in(relu16, (long long)i) > 0.0f)) v[u] = 0.0f;
                 }
             }
 #pragma unroll
             for (int u = 0; u < BIAS_BATCH; u++) {  // the sums (and copies), in row order
                 const int n = n0 + u * BIAS_ROWT;
                 if (n < row_end) {
-                    acc += v[u];
-                    if (COPY) dy16[(size_t)n * C + c] = __float2bfloat16_rn(v[u]);
+                    const float x = ROUND ? tp_bf16_round(v[u]) : v[u];
+                    acc += x;
+                    if (COPY) dy16[(size_t)n * C + c] = __float2bfloat16_rn(x);  // exact: x is a bf16 value
                 }
             }
         }
@@ -110,15 +118,32 @@ static void bias_add_launch(float *y, const float *b, int N, int C, cudaStream_t
 
 static int bias_chunks(int N) { return scratch_bias_chunks(N); }
 
-static void bias_bwd_launch(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N, int C,
+// The source pass 1 reads: fp32 values (summed as they are or rounded) or bf16 bits.
+typedef struct {
+    const float *f32;
+    const uint16_t *bits;
+    bool round;
+} BiasSrc;
+
+static void bias_bwd_launch(float *db, uint16_t *dy16, BiasSrc src, const uint16_t *relu16, int N, int C,
                             double *partials,  // (n_chunks, C)
                             cudaStream_t stream) {
     const int n_chunks = bias_chunks(N);
     dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
-    if (dy16)
-        bias_bwd_partial_kernel<true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16, dy, relu16, N, C);
+    if (src.bits && dy16)  // bits are bf16 values: "rounding" them is exact, the copy stores them (masked)
+        bias_bwd_partial_kernel<uint16_t, true, true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16,
+                                                                                  src.bits, relu16, N, C);
+    else if (src.bits)
+        bias_bwd_partial_kernel<uint16_t, false, false><<<grid, block, 0, stream>>>(partials, NULL, src.bits, relu16,
+                                                                                     N, C);
+    else if (dy16)
+        bias_bwd_partial_kernel<float, true, true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16,
+                                                                               src.f32, relu16, N, C);
+    else if (src.round)
+        bias_bwd_partial_kernel<float, true, false><<<grid, block, 0, stream>>>(partials, NULL, src.f32, relu16, N, C);
     else
-        bias_bwd_partial_kernel<false><<<grid, block, 0, stream>>>(partials, NULL, dy, relu16, N, C);
+        bias_bwd_partial_kernel<float, false, false><<<grid, block, 0, stream>>>(partials, NULL, src.f32, relu16, N,
+                                                                                 C);
     CUDA_CHECK(cudaGetLastError());
     bias_bwd_final_kernel<<<(C + BIAS_THREADS - 1) / BIAS_THREADS, BIAS_THREADS, 0, stream>>>(
         db, partials, n_chunks, C);
@@ -140,33 +165,58 @@ extern "C" size_t cuda_bias_bwd_scratch_bytes(int N, int C) {
     return scratch_bias_bwd(N, C);
 }
 
-static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N,
+static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, BiasSrc src, const uint16_t *relu16, int N,
                         int C, void *scratch, cudaStream_t stream) {
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, C);
     if (N == 0 || C == 0) return;  // adds nothing
     TP_NEED_PTR(op, db);
-    TP_NEED_PTR(op, dy);
+    TP_CHECK(src.f32 || src.bits, "%s: dy is NULL", op);
     TP_CHECK(bias_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
     TpCarver cv = tp_carver(scratch, cuda_bias_bwd_scratch_bytes(N, C), op);
     double *partials = (double *)tp_carve(&cv, (size_t)bias_chunks(N) * C * sizeof(double));
-    bias_bwd_launch(db, dy16, dy, relu16, N, C, partials, stream);
+    bias_bwd_launch(db, dy16, src, relu16, N, C, partials, stream);
+}
+
+static BiasSrc f32_src(const float *dy, bool round) {
+    BiasSrc s = {dy, NULL, round};
+    return s;
 }
 
 extern "C" void cuda_op_bias_bwd(float *db, const float *dy, int N, int C, void *scratch,
                                  cudaStream_t stream) {
-    bias_bwd_op("cuda_op_bias_bwd", db, NULL, dy, NULL, N, C, scratch, stream);
+    bias_bwd_op("cuda_op_bias_bwd", db, NULL, f32_src(dy, false), NULL, N, C, scratch, stream);
+}
+
+extern "C" void cuda_op_bias_bwd_rounded(float *db, const float *dy, int N, int C, void *scratch,
+                                         cudaStream_t stream) {
+    bias_bwd_op("cuda_op_bias_bwd_rounded", db, NULL, f32_src(dy, true), NULL, N, C, scratch, stream);
+}
+
+extern "C" void cuda_op_bias_bwd_x16(float *db, const uint16_t *dy16, const uint16_t *relu16, int N, int C,
+                                     void *scratch, cudaStream_t stream) {
+    BiasSrc src = {NULL, dy16, false};
+    bias_bwd_op("cuda_op_bias_bwd_x16", db, NULL, src, relu16, N, C, scratch, stream);
 }
 
 extern "C" void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int N, int C,
                                            void *scratch, cudaStream_t stream) {
     TP_NEED_PTR("cuda_op_bias_bwd_bf16_copy", dy16);
-    bias_bwd_op("cuda_op_bias_bwd_bf16_copy", db, dy16, dy, NULL, N, C, scratch, stream);
+    bias_bwd_op("cuda_op_bias_bwd_bf16_copy", db, dy16, f32_src(dy, true), NULL, N, C, scratch, stream);
 }
 
 extern "C" void cuda_op_bias_bwd_relu_bf16_copy(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16,
                                                 int N, int C, void *scratch, cudaStream_t stream) {
     TP_NEED_PTR("cuda_op_bias_bwd_relu_bf16_copy", dy16);
     TP_NEED_PTR("cuda_op_bias_bwd_relu_bf16_copy", relu16);
-    bias_bwd_op("cuda_op_bias_bwd_relu_bf16_copy", db, dy16, dy, relu16, N, C, scratch, stream);
+    bias_bwd_op("cuda_op_bias_bwd_relu_bf16_copy", db, dy16, f32_src(dy, true), relu16, N, C, scratch, stream);
+}
+
+extern "C" void cuda_op_bias_bwd_relu_x16_copy(float *db, uint16_t *copy16, const uint16_t *dy16,
+                                               const uint16_t *relu16, int N, int C, void *scratch,
+                                               cudaStream_t stream) {
+    TP_NEED_PTR("cuda_op_bias_bwd_relu_x16_copy", copy16);
+    TP_NEED_PTR("cuda_op_bias_bwd_relu_x16_copy", relu16);
+    BiasSrc src = {NULL, dy16, false};
+    bias_bwd_op("cuda_op_bias_bwd_relu_x16_copy", db, copy16, src, relu16, N, C, scratch, stream);
 }

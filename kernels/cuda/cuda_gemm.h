@@ -96,6 +96,7 @@ typedef struct {
     long n_bgrad_fused, n_bgrad_separate;  // linear backward db: epilogue / separate kernel
     long n_out16_fused, n_out16_separate;  // linear_fwd16: bf16 stored by the GEMM / fp32 then rounded
     long n_out16_unplanned;  // of the separate: no bf16-output plan, found before any operand copy
+    long n_dx16_fused, n_dx16_separate;    // linear_bwd16's dx16: bf16 stored by the GEMM / fp32 row chunks rounded
     long n_epilogue_refusals;              // fused epilogues refused with a status other than NOT_SUPPORTED
     /* tuning: each tuned key's first call counts once in tuned, single, captured or skipped */
     long n_tuned;          // shapes whose candidates were timed
@@ -229,6 +230,15 @@ void cuda_op_linear_bwd_relu(CudaGemmCtx *ctx,
                              int N, int in, int out,
                              void *scratch,  // (scratch_bytes >= cuda_linear_bwd_relu_scratch_bytes(...))
                              size_t scratch_bytes);
+
+/* ops_list.h's linear_bwd16: dy an operand (fp32, or bf16 bits alone), a
+ * ReLU mask, dx in fp32 or written as bf16 (dx16). */
+size_t cuda_linear_bwd16_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dx16, bool want_dW,
+                                       bool want_db, int N, int in, int out, bool w_has_bf16, bool x_bf16_only,
+                                       bool dy_bf16_only, bool relu);
+void cuda_op_linear_bwd16(CudaGemmCtx *ctx, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
+                          CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x, CudaGemmOperand W, int N,
+                          int in, int out, void *scratch, size_t scratch_bytes);
 
 /* cuda_op_linear_bwd without db, dy as bf16 bits (ops_list.h's
  * linear_bwd_dy16): multiplied as they are in bf16, widened into scratch

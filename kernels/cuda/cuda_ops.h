@@ -98,17 +98,35 @@ size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C);
 size_t cuda_sum_scratch_bytes(size_t n_elems);  // sum_acc and sumsq_acc
 /* The bytes version of cuda_op_copy. */
 void cuda_op_copy_bytes(void *dst, const void *src, size_t n_bytes, void *scratch, cudaStream_t stream);
-/* cuda_op_bias_bwd that also writes dy's bf16 copy (round to nearest even,
- * as the GEMMs' operand copies) as it reads dy: the same db bits and the
- * same copy, one pass over dy instead of two (linear_bwd in bf16). The
- * scratch is cuda_bias_bwd_scratch_bytes's. */
+/* cuda_op_bias_bwd summing the bf16 rounding of each dy (bias_bwd in bf16
+ * mode: the sum of the dy a linear layer's bf16 GEMMs read). The scratch
+ * is cuda_bias_bwd_scratch_bytes's, as for the three below. */
+void cuda_op_bias_bwd_rounded(float *db, const float *dy, int N, int C, void *scratch, cudaStream_t stream);
+/* The same from dy given as bf16 bits (dy16), masked first by a ReLU's
+ * gradient where relu16 is given (relu16 > 0 ? dy : 0), else not. */
+void cuda_op_bias_bwd_x16(float *db, const uint16_t *dy16, const uint16_t *relu16, int N, int C, void *scratch,
+                          cudaStream_t stream);
+/* cuda_op_bias_bwd_rounded that also writes dy's bf16 copy (round to
+ * nearest even, as the GEMMs' operand copies) as it reads dy: the same db
+ * bits and the same copy, one pass over dy instead of two (linear_bwd in
+ * bf16). */
 void cuda_op_bias_bwd_bf16_copy(float *db, uint16_t *dy16, const float *dy, int N, int C, void *scratch,
                                 cudaStream_t stream);
 /* The same on dy masked by a ReLU's gradient (relu16 > 0 ? dy : 0, the
  * kept ReLU output's bf16 bits; act_bwd_x16's values): db and the copy of
- * the masked values, the masked fp32 dy never written. */
+ * the masked values (db their sum), the masked fp32 dy never written. */
 void cuda_op_bias_bwd_relu_bf16_copy(float *db, uint16_t *dy16, const float *dy, const uint16_t *relu16, int N, int C,
                                      void *scratch, cudaStream_t stream);
+/* The same from bf16 bits dy16: the masked bits into copy16 (the GEMMs'
+ * operand) and their sum into db, one pass. */
+void cuda_op_bias_bwd_relu_x16_copy(float *db, uint16_t *copy16, const uint16_t *dy16, const uint16_t *relu16, int N,
+                                    int C, void *scratch, cudaStream_t stream);
+/* cuda_op_residual_ln_bwd with d_bias the sum of d_branch's bf16 rounding
+ * (residual_ln_bwd in bf16 mode: the ROW bias's gradient as linear_bwd's). */
+void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+                                    const float *dy, const float *x, const float *mean, const float *rstd,
+                                    const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
+                                    uint64_t stream_id, const StepVars *step, void *scratch, cudaStream_t stream);
 /* Attention's fused path (one (b, h) pair per block, out of shared memory;
  * on by default): off sends every call down the general path, which gives
  * the same bits. For the tests that prove that. Process-wide. */

@@ -340,10 +340,11 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
     ctx->stats.n_out16_separate++;
 }
 
-// The bias gradient comes from the dW GEMM's BGRADB epilogue in fp32 only:
-// in bf16 that epilogue would sum the bf16 copy of dy, and the CPU's
-// emulation (and this backend's contract) sums the fp32 dy.
-static bool fuse_bgrad(const CudaGemmCtx *ctx) { return ctx->fuse && ctx->precision == CUDA_GEMM_FP32; }
+// The bias gradient comes from the dW GEMM's BGRADB epilogue, which sums
+// dy as the GEMM reads it: the fp32 dy in fp32, its bf16 copy in bf16,
+// each the contract's db (backend.h's precision rule). Behind a ReLU in
+// bf16 the pass that masks dy into that copy sums it as it goes instead.
+static bool fuse_bgrad(const CudaGemmCtx *ctx) { return ctx->fuse; }
 
 extern "C" size_t cuda_linear_bwd_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
                                                 int N, int in, int out, bool w_has_bf16, bool x_bf16_only) {
@@ -356,37 +357,96 @@ extern "C" size_t cuda_linear_bwd_dy16_scratch_bytes(const CudaGemmCtx *ctx, boo
     return scratch_linear_bwd_dy16(ctx->precision == CUDA_GEMM_BF16, want_dx, want_dW, N, in, out, w_has_bf16);
 }
 
+// The separate bias-gradient pass: the sum of dy as the GEMMs read it
+// (bf16: each value's rounding, or the bits given).
+static void bias_bwd_separate(CudaGemmCtx *ctx, float *db, CudaGemmOperand dy, int N, int out, void *bias_scratch) {
+    if (!dy.f32) cuda_op_bias_bwd_x16(db, dy.bf16, NULL, N, out, bias_scratch, ctx->stream);
+    else if (ctx->precision == CUDA_GEMM_BF16) cuda_op_bias_bwd_rounded(db, dy.f32, N, out, bias_scratch, ctx->stream);
+    else cuda_op_bias_bwd(db, dy.f32, N, out, bias_scratch, ctx->stream);
+    ctx->stats.n_bgrad_separate++;
+}
+
+// dx16 = bf16(dy W) (GRAD_WRITE): in bf16 one GEMM storing bf16 where
+// cuBLASLt plans it, else (and in fp32) the fp32 product in row chunks of
+// scratch_out16_rows rows through `tmp`, each rounded (to_bf16's bits).
+static void dx16_gemm(CudaGemmCtx *ctx, uint16_t *dx16, const void *dya, const void *wa, float *tmp, int N, int in,
+                      int out) {
+    const bool bf16 = ctx->precision == CUDA_GEMM_BF16;
+    if (bf16 && ctx->fuse &&
+        gemm_lt_matmul_d(ctx, false, false, N, in, out, 1.0f, dya, wa, ab_type_of(ctx), 0.0f, dx16, CUDA_R_16BF,
+                         CUBLASLT_EPILOGUE_DEFAULT, NULL)) {
+        ctx->stats.n_dx16_fused++;
+        return;
+    }
+    const int R = scratch_out16_rows(N, in);
+    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);  // dya's elements
+    for (int r = 0; r < N; r += R) {
+        const int rows = N - r < R ? N - r : R;
+        gemm_prepared(ctx, false, false, rows, in, out, 1.0f, (const char *)dya + (size_t)r * out * elem, wa, 0.0f,
+                      tmp);
+        cuda_op_to_bf16(dx16 + (size_t)r * in, tmp, (size_t)rows * in, ctx->stream);
+    }
+    ctx->stats.n_dx16_separate++;
+}
+
+// dy as bf16 bits behind a ReLU: one pass masks them into a bf16 copy (the
+// GEMMs' operand) and sums db (or, db NULL, a sum carved and dropped).
+static CudaGemmOperand relu_bits_pass(CudaGemmCtx *ctx, TpCarver *cv, float **db, const uint16_t *dy16,
+                                      const uint16_t *relu16, int N, int out) {
+    uint16_t *masked = (uint16_t *)tp_carve(cv, (size_t)N * out * sizeof(uint16_t));
+    float *sum = *db ? *db : (float *)tp_carve(cv, (size_t)out * sizeof(float));
+    void *bias_scratch = tp_carve(cv, cuda_bias_bwd_scratch_bytes(N, out));
+    cuda_op_bias_bwd_relu_x16_copy(sum, masked, dy16, relu16, N, out, bias_scratch, ctx->stream);
+    if (*db) ctx->stats.n_bgrad_separate++;
+    *db = NULL;  // done
+    CudaGemmOperand o = {NULL, masked};
+    return o;
+}
+
 // The two backward GEMMs and the bias gradient, dy an operand (fp32, or
-// bf16 bits alone: then no db, which sums the fp32 dy). relu16 (or NULL):
-// dy is first masked by a ReLU's gradient (relu16 > 0 ? dy : 0), by the
-// bias pass as it copies dy in bf16, else into fp32 scratch. The scratch
-// was checked against `need` by the caller's size function.
-static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMode dx_mode, float *dW, float *db,
-                            CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x, CudaGemmOperand W, int N,
-                            int in, int out, void *scratch, size_t scratch_bytes, size_t need) {
+// bf16 bits alone). relu16 (or NULL): dy is first masked by a ReLU's
+// gradient (relu16 > 0 ? dy : 0), by the bias pass as it copies dy in
+// bf16, else into fp32 scratch. dx16 (or NULL; dx then NULL, dx_mode
+// GRAD_WRITE): dx stored as bf16 (dx16_gemm). db: the dW GEMM's BGRADB epilogue where
+// cuBLASLt plans it (into scratch, then added: the epilogue overwrites),
+// else a separate pass. The scratch was checked against `need` by the
+// caller's size function.
+static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, uint16_t *dx16, GradMode dx_mode,
+                            float *dW, float *db, CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x,
+                            CudaGemmOperand W, int N, int in, int out, void *scratch, size_t scratch_bytes,
+                            size_t need) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
     TP_CHECK(grad_mode_valid(dx_mode), "%s: unknown gradient mode %d", op, (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
     TP_CHECK(out == 0 || given(dy), "%s: dy is NULL", op);
-    TP_CHECK(!db || out == 0 || dy.f32, "%s: a bias gradient needs the fp32 dy", op);
-    TP_CHECK(!dx || out == 0 || in == 0 || W.f32, "%s: dx wanted but W is NULL", op);
+    TP_CHECK(!(dx && dx16), "%s: give at most one of dx and dx16", op);
+    TP_CHECK(!dx16 || dx_mode == GRAD_WRITE, "%s: dx16 is written (GRAD_WRITE), not accumulated", op);
+    TP_CHECK(!(dx || dx16) || out == 0 || in == 0 || W.f32, "%s: dx wanted but W is NULL", op);
     TP_CHECK(!dW || out == 0 || in == 0 || given(x), "%s: dW wanted but x is NULL", op);
     const float dx_beta = dx_mode == GRAD_ADD ? 1.0f : 0.0f;
     if (out == 0) {  // dy W is an (N, in) zero matrix: a written dx becomes zeros, the rest is left as it is
         if (dx) gemm_prepared(ctx, false, false, N, in, 0, 1.0f, NULL, NULL, dx_beta, dx);
+        if (dx16 && in > 0) CUDA_CHECK(cudaMemsetAsync(dx16, 0, (size_t)N * in * sizeof(uint16_t), ctx->stream));
         return;
     }
     TpCarver cv = carver_of(scratch, scratch_bytes, need, op);
-    const bool need_dy = (dx || dW) && in > 0;
+    const bool need_dy = (dx || dx16 || dW) && in > 0;
     const bool bf16 = ctx->precision == CUDA_GEMM_BF16;
-    if (relu16 && !(bf16 && db && need_dy)) {  // the masked fp32 dy first (act_bwd_x16's values)
+    if (relu16 && !dy.f32) {  // bf16 bits behind a ReLU
+        dy = relu_bits_pass(ctx, &cv, &db, dy.bf16, relu16, N, out);
+        relu16 = NULL;
+    }
+    float *dx16_tmp = dx16 && in > 0 ? (float *)tp_carve(&cv, (size_t)scratch_out16_rows(N, in) * in * sizeof(float))
+                                     : NULL;  // the fallback's fp32 row chunks
+    const bool relu_in_pass = relu16 && bf16 && db && need_dy;  // the bias pass masks as it copies
+    if (relu16 && !relu_in_pass) {  // the masked fp32 dy first (act_bwd_x16's values)
         TP_CHECK(dy.f32, "%s: a ReLU mask needs the fp32 dy", op);
         float *masked = (float *)tp_carve(&cv, (size_t)N * out * sizeof(float));
         cuda_op_act_bwd_x16(masked, GRAD_WRITE, dy.f32, relu16, (size_t)N * out, ACT_RELU, ctx->stream);
         dy = f32_operand(masked);
         relu16 = NULL;
     }
-    const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx);
+    const bool try_fused = db && dW && in > 0 && fuse_bgrad(ctx) && !relu_in_pass;
     float *bgrad = try_fused ? (float *)tp_carve(&cv, (size_t)out * sizeof(float)) : NULL;  // (out) epilogue output
     void *bias_scratch = db ? tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, out)) : NULL;
     const void *dya = NULL;
@@ -402,9 +462,10 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
     } else if (need_dy) {
         dya = operand(ctx, &cv, dy, (size_t)N * out);
     }
-    if (dx && in > 0) {  // dx += dy W, or dx = dy W
+    if ((dx || dx16) && in > 0) {  // dx += dy W, or dx = dy W, or dx16 = bf16(dy W)
         const void *wa = operand(ctx, &cv, W, (size_t)out * in);
-        gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, dx_beta, dx);
+        if (dx16) dx16_gemm(ctx, dx16, dya, wa, dx16_tmp, N, in, out);
+        else gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, dx_beta, dx);
     }
     bool fused = false;
     if (dW && in > 0) {  // dW += dy^T x, with db from the same pass (BGRADB sums dy, B_lt, over tokens)
@@ -420,8 +481,7 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, GradMod
             launch_accumulate(ctx->stream, db, bgrad, (size_t)out);
             ctx->stats.n_bgrad_fused++;
         } else {
-            cuda_op_bias_bwd(db, dy.f32, N, out, bias_scratch, ctx->stream);
-            ctx->stats.n_bgrad_separate++;
+            bias_bwd_separate(ctx, db, dy, N, out, bias_scratch);
         }
     }
 }
@@ -434,7 +494,7 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode
     const size_t need = N > 0 ? cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
                                                               W.bf16 != NULL, bf16_only(x))
                               : 0;
-    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, dx_mode, dW, db, f32_operand(dy), NULL, x, W, N, in, out, scratch,
+    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, NULL, dx_mode, dW, db, f32_operand(dy), NULL, x, W, N, in, out, scratch,
                     scratch_bytes, need);
 }
 
@@ -451,7 +511,7 @@ extern "C" void cuda_op_linear_bwd_relu(CudaGemmCtx *ctx, float *dx, GradMode dx
     const size_t need =
         N > 0 ? cuda_linear_bwd_relu_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out, W.bf16 != NULL)
               : 0;
-    linear_bwd_core(ctx, "cuda_op_linear_bwd_relu", dx, dx_mode, dW, db, f32_operand(dy), relu16, x, W, N, in, out,
+    linear_bwd_core(ctx, "cuda_op_linear_bwd_relu", dx, NULL, dx_mode, dW, db, f32_operand(dy), relu16, x, W, N, in, out,
                     scratch, scratch_bytes, need);
 }
 
@@ -461,7 +521,25 @@ extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx
     const size_t need =
         N > 0 ? cuda_linear_bwd_dy16_scratch_bytes(ctx, dx != NULL, dW != NULL, N, in, out, W.bf16 != NULL) : 0;
     CudaGemmOperand dy = {NULL, dy16};
-    linear_bwd_core(ctx, "cuda_op_linear_bwd_dy16", dx, dx_mode, dW, NULL, dy, NULL, x, W, N, in, out, scratch,
+    linear_bwd_core(ctx, "cuda_op_linear_bwd_dy16", dx, NULL, dx_mode, dW, NULL, dy, NULL, x, W, N, in, out, scratch,
+                    scratch_bytes, need);
+}
+
+extern "C" size_t cuda_linear_bwd16_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dx16, bool want_dW,
+                                                  bool want_db, int N, int in, int out, bool w_has_bf16,
+                                                  bool x_bf16_only, bool dy_bf16_only, bool relu) {
+    return scratch_linear_bwd16(ctx->precision == CUDA_GEMM_BF16, fuse_bgrad(ctx), want_dx, want_dx16, want_dW, want_db,
+                                N, in, out, w_has_bf16, x_bf16_only, dy_bf16_only, relu);
+}
+
+extern "C" void cuda_op_linear_bwd16(CudaGemmCtx *ctx, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW,
+                                     float *db, CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x,
+                                     CudaGemmOperand W, int N, int in, int out, void *scratch, size_t scratch_bytes) {
+    const size_t need = N > 0 ? cuda_linear_bwd16_scratch_bytes(ctx, dx != NULL, dx16 != NULL, dW != NULL, db != NULL,
+                                                                N, in, out, W.bf16 != NULL, bf16_only(x),
+                                                                bf16_only(dy), relu16 != NULL)
+                              : 0;
+    linear_bwd_core(ctx, "cuda_op_linear_bwd16", dx, dx16, dx_mode, dW, db, dy, relu16, x, W, N, in, out, scratch,
                     scratch_bytes, need);
 }
 

@@ -174,7 +174,8 @@ __global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accu
 }
 
 // grid (ceil(C/32), n_chunks), block (32, 8): per-chunk column sums of
-// dy * xhat (dgamma), dy (dbeta) and, part_dbias given, d_branch (the bias).
+// dy * xhat (dgamma), dy (dbeta) and, part_dbias given, d_branch (the bias;
+// round_bias: its bf16 rounding, the dy a bf16 linear backward reads).
 __global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chunks, C)
                                                double *part_dbeta,     // (n_chunks, C)
                                                double *part_dbias,     // (n_chunks, C) or NULL
@@ -183,7 +184,7 @@ __global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chu
                                                const float *mean,      // (N)
                                                const float *rstd,      // (N)
                                                const float *d_branch,  // (N, C)
-                                               int N, int C) {
+                                               bool round_bias, int N, int C) {
     __shared__ double s[3][RLN_ROWT][RLN_COLS];
     const int c = blockIdx.x * RLN_COLS + threadIdx.x;
     const int row_begin = blockIdx.y * RLN_CHUNK_ROWS;
@@ -195,7 +196,7 @@ __global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chu
             const float xhat = (x[i] - mean[n]) * rstd[n];
             dg += (double)dy[i] * xhat;
             db += dy[i];
-            if (part_dbias) dbias += d_branch[i];
+            if (part_dbias) dbias += round_bias ? tp_bf16_round(d_branch[i]) : d_branch[i];
         }
     s[0][threadIdx.y][threadIdx.x] = dg;
     s[1][threadIdx.y][threadIdx.x] = db;
@@ -273,7 +274,7 @@ static void residual_ln_fwd_launch(float *res_out, float *y, uint16_t *y16, floa
 
 static void residual_ln_bwd_launch(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
                                    const float *dy, const float *x, const float *mean, const float *rstd,
-                                   const float *gamma, int N, int C, RlnDrop d,
+                                   const float *gamma, int N, int C, RlnDrop d, bool round_bias,
                                    double *part,  // (3, n_chunks, C)
                                    cudaStream_t stream) {
     const bool vec = C % 4 == 0 && aligned16(d_res) && aligned16(d_branch);  // the dropout-gradient pass
@@ -290,7 +291,7 @@ static void residual_ln_bwd_launch(float *d_res, float *d_branch, float *dgamma,
     double *part_dbias = d_bias ? part + 2 * plane : NULL;
     dim3 grid((C + RLN_COLS - 1) / RLN_COLS, n_chunks), block(RLN_COLS, RLN_ROWT);
     residual_ln_bwd_partial_kernel<<<grid, block, 0, stream>>>(part, part + plane, part_dbias, dy, x, mean, rstd,
-                                                               d_branch, N, C);
+                                                               d_branch, round_bias, N, C);
     CUDA_CHECK(cudaGetLastError());
     residual_ln_bwd_final_kernel<<<(C + RLN_THREADS - 1) / RLN_THREADS, RLN_THREADS, 0, stream>>>(
         dgamma, dbeta, d_bias, part, part + plane, part_dbias, n_chunks, C);
@@ -333,12 +334,11 @@ extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, uint16_t *y16,
 
 extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) { return scratch_residual_ln_bwd(N, C); }
 
-extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
-                                        const float *dy, const float *x, const float *mean, const float *rstd,
-                                        const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
-                                        uint64_t stream_id, const StepVars *step, void *scratch,
-                                        cudaStream_t stream) {
-    const char *op = "cuda_op_residual_ln_bwd";
+static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, float *dgamma, float *dbeta,
+                               float *d_bias, const float *dy, const float *x, const float *mean, const float *rstd,
+                               const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
+                               uint64_t stream_id, const StepVars *step, bool round_bias, void *scratch,
+                               cudaStream_t stream) {
     TP_NEED_SIZE(op, N);
     TP_NEED_SIZE(op, C);
     rln_check_drop(op, p, first);
@@ -357,5 +357,23 @@ extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dg
     TpCarver cv = tp_carver(scratch, cuda_residual_ln_bwd_scratch_bytes(N, C), op);
     double *part = (double *)tp_carve(&cv, 3 * (size_t)rln_chunks(N) * C * sizeof(double));  // (3, n_chunks, C)
     residual_ln_bwd_launch(d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C,
-                           rln_drop_of(first, p, seed, stream_id, step), part, stream);
+                           rln_drop_of(first, p, seed, stream_id, step), round_bias, part, stream);
+}
+
+extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+                                        const float *dy, const float *x, const float *mean, const float *rstd,
+                                        const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
+                                        uint64_t stream_id, const StepVars *step, void *scratch,
+                                        cudaStream_t stream) {
+    residual_ln_bwd_op("cuda_op_residual_ln_bwd", d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma,
+                       N, C, first, p, seed, stream_id, step, false, scratch, stream);
+}
+
+extern "C" void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, float *dgamma, float *dbeta,
+                                               float *d_bias, const float *dy, const float *x, const float *mean,
+                                               const float *rstd, const float *gamma, int N, int C, uint64_t first,
+                                               float p, uint64_t seed, uint64_t stream_id, const StepVars *step,
+                                               void *scratch, cudaStream_t stream) {
+    residual_ln_bwd_op("cuda_op_residual_ln_bwd_bias16", d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd,
+                       gamma, N, C, first, p, seed, stream_id, step, true, scratch, stream);
 }

@@ -20,7 +20,7 @@
 
 typedef struct {
     const ParamTable *tab;
-    bool bf16, fused_bgrad;  // fused_bgrad: fp32 (the dW GEMM's bias epilogue)
+    bool bf16, fused_bgrad;  // fused_bgrad: the dW GEMM's bias epilogue (the CUDA default, either precision)
     int tp;
     bool sp;
     bool decoding;  // in decode.c's steps (which biases reach the GEMMs)
@@ -106,6 +106,14 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     fwd_x(w, p, "fc2", N, Fl, C, w->bf16);
     if (!backward) return;
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
+    if (w->bf16 && c->act == ACT_RELU && !(c->act_dropout > 0.0f)) {  // model_bwd.c's ffn_grad16: bf16 from fc2 to fc1
+        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, false, true, true, !w->sp, N, Fl, C,
+                                                      twin(w, p, "fc2"), true, false, false));
+        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, true, N, C, Fl,
+                                                      twin(w, p, "fc1"), ln_x16(w), true, true));
+        ln_bwd(w, N, C, true);
+        return;
+    }
     bwd(w, p, "fc2", false, N, Fl, C, w->bf16);
     if (c->act == ACT_RELU && ln_x16(w))  // op_linear_bwd_relu_x16: ReLU's gradient in the bias pass
         w->need = max_z(w->need, scratch_linear_bwd_relu(w->bf16, w->fused_bgrad, true, true, true, N, C, Fl,
@@ -119,7 +127,7 @@ size_t planner_scratch_stage(const ModelConfig *cfg, bool bf16, int tp, const Mo
                              int Nt, bool backward) {
     ParamTable tab;
     param_table_build_stage(cfg, tp, st, &tab);
-    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = !bf16, .tp = tp, .sp = seq_par && tp > 1};
+    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = true, .tp = tp, .sp = seq_par && tp > 1};
     const int C = cfg->d_model, Vl = vocab_padded(cfg, tp) / tp;
     char layer[64];
     for (int l = st->enc_lo; l < st->enc_hi; l++) {
@@ -160,7 +168,7 @@ size_t planner_scratch_decode(const ModelConfig *cfg, bool bf16, int n, int S, i
     const ModelStage whole = model_stage_whole(cfg);
     ParamTable tab;
     param_table_build_stage(cfg, 1, &whole, &tab);
-    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = !bf16, .tp = 1};
+    Walk w = {.tab = &tab, .bf16 = bf16, .fused_bgrad = true, .tp = 1};
     const int C = cfg->d_model, F = cfg->d_ff, Ns = n * S, R = n * (beam > 0 ? beam : 1);
     char layer[64], p[96];
     for (int l = 0; l < cfg->enc_layers; l++) {  // model_encode

@@ -177,6 +177,16 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, a->ln_m, a->ln_r, w->ln_g, N, p, seed, prev);
 }
 
+/* Whether the FFN's hidden gradient flows in bf16 (backend.h's contract):
+ * bf16 mode, ReLU's output kept in bf16, no activation dropout. fc2's backward then stores it as bf16 and fc1's reads those
+ * bits, masked by the ReLU as it reads them: no fp32 (N, F) gradient is
+ * written or read. The same bits as the fp32 route (ReLU's mask commutes
+ * with the rounding fc1's GEMMs apply); a dropout between them would
+ * scale the rounded values, so with one the fp32 route stays. */
+static bool ffn_grad16(const Model *m, const FfnActs *f, const SubDrop *d) {
+    return m->be->dtype == DTYPE_BF16 && m->cfg.act == ACT_RELU && !f->h && f->a.h && !(d->in_p > 0.0f);
+}
+
 /* As attn_bwd; the output gradient always from d_x (the FFN ends its layer). */
 static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, float *d_x, const float *x_in,
                     int N, const SubDrop *d, const PrevRes *prev) {
@@ -187,7 +197,18 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     const size_t nF = (size_t)N * Fl;
     float *row_db = NULL;
     const float *d_out = residual_bwd(m, g->b2, &row_db, d_x, N, p, seed, stream);
-    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, row_db, d_out, kept_in(&f->a), w->w2, N, Fl, C);
+    const GemmIn a = kept_in(&f->a);
+    if (ffn_grad16(m, f, d)) {
+        uint16_t *d_h16 = (uint16_t *)A->d_h;  // bf16 bits in the first half of the fp32 buffer
+        op_linear_bwd16(m->be, NULL, d_h16, GRAD_WRITE, g->w2, row_db, d_out, NULL, NULL, a.f, a.h, w->w2, N, Fl, C);
+        zero_pad_rows(m, A->d_ln, N);
+        const GemmIn ln = col_in_bwd(m, &f->ln, N);
+        op_linear_bwd16(m->be, A->d_ln, NULL, GRAD_WRITE, g->w1, g->b1, NULL, d_h16, f->a.h, ln.f, ln.h, w->w1, N, C,
+                        Fl);
+        ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
+        return;
+    }
+    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, row_db, d_out, a, w->w2, N, Fl, C);
     if (d->in_p > 0.0f) {  // through the activations' dropout, in place (its mask again, from its key)
         const ActWin win = act_window(m, N);
         op_dropout_bwd_win(m->be, A->d_h, GRAD_WRITE, A->d_h, win.rows, win.cols, win.ld, win.first, d->in_p, seed,

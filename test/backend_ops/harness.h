@@ -190,6 +190,7 @@ void gpu_set_fused_attention(bool on);
 typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
     long out16_fused, out16_separate, out16_unplanned;  // unplanned: of the separate, no plan, no operand copied
+    long dx16_fused, dx16_separate;  // linear_bwd16's bf16 dx: stored by the GEMM / fp32 then rounded
     /* the weight-gradient GEMMs' tuning (cuda_gemm.h's CudaGemmStats) */
     long tuned, tune_changed, tune_single, tune_captured, tune_skipped, tune_recalled;
     double tune_ms;

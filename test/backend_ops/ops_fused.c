@@ -153,7 +153,11 @@ static void rln_bwd_case(const Target *t, const RlnCase *k, Rng *rng, const floa
     float *dbias = host_copy(dbias0, C), *dbr = host_alloc(nc);
     cpu_layernorm_bwd(dres, dg, db, dy, x, mean, rstd, gamma, N, C);
     cpu_dropout_bwd_at(dbr, GRAD_ADD, dres, nc, k->first, k->p, RLN_SEED, stream);  // into zeros
-    if (k->bias) cpu_bias_bwd(dbias, dbr, N, C);
+    if (k->bias) {  // in bf16 mode the sum of d_branch's bf16 rounding (a ROW layer's db, ops_list.h)
+        float *dbr_sum = t->bf16 ? host_bf16(dbr, nc) : host_copy(dbr, nc);
+        cpu_bias_bwd(dbias, dbr_sum, N, C);
+        free(dbr_sum);
+    }
 
     float *b_dy, *b_x, *b_g, *b_dres, *b_dbr;
     float *d_dy = dev_at(t, dy, nc, off, &b_dy), *d_x = dev_at(t, x, nc, off, &b_x);

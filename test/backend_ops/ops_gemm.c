@@ -242,6 +242,9 @@ static void linear_fwd_case(const Target *t, int mode, bool with_bias, bool regi
     dev_free(t, d_x), dev_free(t, d_y);
 }
 
+/* linear_bwd cases whose db came from the dW GEMM's BGRADB epilogue (CUDA, fusion on). */
+static int g_bgrad_fused_cases;
+
 /* which: bit 0 dx, bit 1 dW, bit 2 db. Gradients start random: the backward adds to them; except a written
  * dx (dx_mode GRAD_WRITE), which starts as NaN garbage and is judged against the reference added into zeros. */
 static void linear_bwd_case(const Target *t, int mode, int which, GradMode dx_mode, bool registered, int N, int in,
@@ -270,10 +273,10 @@ static void linear_bwd_case(const Target *t, int mode, int which, GradMode dx_mo
     if (!t->bf16) {
         cpu_linear_bwd(want_dx ? ref_gx : NULL, GRAD_ADD, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, dy, x, W,
                        N, in, out);
-    } else {  // operands rounded to bf16; db from the fp32 dy
+    } else {  // operands rounded to bf16; db the sum of the bf16 dy (what BGRADB sums)
         float *xb = host_bf16(x, nx), *Wb = host_bf16(W, nw), *dyb = host_bf16(dy, ny);
-        cpu_linear_bwd(want_dx ? ref_gx : NULL, GRAD_ADD, want_dW ? ref_gW : NULL, NULL, dyb, xb, Wb, N, in, out);
-        if (want_db) cpu_bias_bwd(ref_gb, dy, N, out);
+        cpu_linear_bwd(want_dx ? ref_gx : NULL, GRAD_ADD, want_dW ? ref_gW : NULL, want_db ? ref_gb : NULL, dyb, xb,
+                       Wb, N, in, out);
         free(xb), free(Wb), free(dyb);
     }
     const double gemm_tol = tol(t, t->bf16 ? BF16_SAME_INPUT_TOL : FP32_TOL);
@@ -292,7 +295,8 @@ static void linear_bwd_case(const Target *t, int mode, int which, GradMode dx_mo
     if (!t->is_cpu) {
         TCHECK(fused + separate == (want_db ? 1 : 0), "%s: %s: %ld fused + %ld separate bias gradients", t->name,
                what, fused, separate);
-        if (mode || t->bf16 || !want_dW) TCHECK(fused == 0, "%s: %s: db must come from the separate kernel", t->name, what);
+        if (mode || !want_dW) TCHECK(fused == 0, "%s: %s: db must come from the separate kernel", t->name, what);
+        if (!mode && want_db && want_dW) g_bgrad_fused_cases += fused > 0;
     }
     float *host_bufs[] = {x, W, b, dy, gx0, gW0, gb0, got_gx, got_gW, got_gb, ref_gx, ref_gW, ref_gb};
     for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
@@ -457,12 +461,86 @@ static void linear_dy16_case(const Target *t, int N, int in, int out, Rng *rng) 
     dev_free(t, d_dy16), dev_free(t, d_x), dev_free(t, d_W), dev_free(t, d_dyw);
 }
 
+/* linear_bwd16 cases that stored dx16 from the GEMM (CUDA, bf16, fusion on). */
+static int g_dx16_fused;
+
+/* One result of linear_bwd16 against its composition: exact on the CPU,
+ * on CUDA within the band of GEMM sums ordered otherwise (tol for fp32,
+ * one bf16 step for bits). */
+static void bwd16_check(const Target *t, const char *what, const float *got, const float *want, size_t n, bool bits) {
+    if (t->is_cpu) check_exact(t, what, got, want, n);
+    else if (bits) check_close(t, what, got, want, n, BF16_STEP_RTOL, BF16_STEP_ATOL);
+    else check_rel(t, what, got, want, NULL, n, tol(t, BF16_SAME_INPUT_TOL));
+}
+
+/* linear_bwd16 gives its composition on the same backend: fc2's form (fp32
+ * dy, db, x16, dx written as bf16) is linear_bwd_x16 into an fp32 dx, then
+ * to_bf16; fc1's form (dy as bf16 bits masked by a ReLU's output, db, x16,
+ * fp32 dx) is act_bwd_x16 on the widened dy, then linear_bwd_x16. The ReLU
+ * outputs include zeros of both signs and negatives. */
+static void linear_bwd16_case(const Target *t, int N, int in, int out, Rng *rng) {
+    Backend *be = t->be;
+    const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *xw = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
+    float *r = rand_floats(ny, rng, -1, 1);
+    for (size_t i = 0; i < ny; i += 7) r[i] = i % 2 ? -0.0f : 0.0f;
+    float *xb = host_bf16(xw, nx), *rb = host_bf16(r, ny), *dyb = host_bf16(dy, ny);
+    uint16_t *d_x16 = dev_bits(t, xb, nx), *d_r16 = dev_bits(t, rb, ny), *d_dy16 = dev_bits(t, dyb, ny);
+    uint16_t *d_dx16 = backend_alloc(be, nx * 2, MEM_ACT), *d_want16 = backend_alloc(be, nx * 2, MEM_ACT);
+    float *d_W = dev_from(t, W, nw), *d_dy = dev_from(t, dy, ny), *d_dyw = dev_from(t, dyb, ny);
+    float *d_tmp = dev_nan(t, ny > nx ? ny : nx);
+    float *d_g[2][3];  // [form k][dx, dW, db]: 0 the composition, 1 the op
+    char what[200];
+    for (int form = 0; form < 2; form++) {
+        for (int k = 0; k < 2; k++)
+            d_g[k][0] = dev_nan(t, nx), d_g[k][1] = dev_from(t, W, nw), d_g[k][2] = dev_from(t, dy, out);
+#ifdef TPTRAIN_TEST_CUDA
+        const GpuGemmCounts c0 = t->is_cpu ? (GpuGemmCounts){0} : gpu_gemm_counts(be);
+#endif
+        if (form == 0) {  // fc2: dx stored as bf16
+            op_linear_bwd16(be, NULL, d_dx16, GRAD_WRITE, d_g[1][1], d_g[1][2], d_dy, NULL, NULL, NULL, d_x16, d_W, N,
+                            in, out);
+            op_linear_bwd_x16(be, d_g[0][0], GRAD_WRITE, d_g[0][1], d_g[0][2], d_dy, d_x16, d_W, N, in, out);
+            op_to_bf16(be, d_want16, d_g[0][0], nx);
+        } else {  // fc1: dy as bits behind a ReLU
+            op_linear_bwd16(be, d_g[1][0], NULL, GRAD_WRITE, d_g[1][1], d_g[1][2], NULL, d_dy16, d_r16, NULL, d_x16,
+                            d_W, N, in, out);
+            op_act_bwd_x16(be, d_tmp, GRAD_WRITE, d_dyw, d_r16, ny, ACT_RELU);
+            op_linear_bwd_x16(be, d_g[0][0], GRAD_WRITE, d_g[0][1], d_g[0][2], d_tmp, d_x16, d_W, N, in, out);
+        }
+#ifdef TPTRAIN_TEST_CUDA
+        if (!t->is_cpu && form == 0) g_dx16_fused += gpu_gemm_counts(be).dx16_fused > c0.dx16_fused;
+#endif
+        static const char *names[3] = {"dx", "dW", "db"};
+        const size_t n[3] = {nx, nw, (size_t)out};
+        for (int j = form == 0 ? 1 : 0; j < 3; j++) {
+            float *got = dev_fetch(t, d_g[1][j], n[j]), *want = dev_fetch(t, d_g[0][j], n[j]);
+            snprintf(what, sizeof what, "linear_bwd16 %s N=%d in=%d out=%d %s", form ? "dy16 relu" : "dx16", N, in,
+                     out, names[j]);
+            bwd16_check(t, what, got, want, n[j], false);
+            free(got), free(want);
+        }
+        if (form == 0) {
+            float *got = dev_fetch_bits(t, d_dx16, nx), *want = dev_fetch_bits(t, d_want16, nx);
+            snprintf(what, sizeof what, "linear_bwd16 dx16 N=%d in=%d out=%d dx16", N, in, out);
+            bwd16_check(t, what, got, want, nx, true);
+            free(got), free(want);
+        }
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 3; j++) dev_free(t, d_g[k][j]);
+    }
+    free(xw), free(W), free(dy), free(r), free(xb), free(rb), free(dyb);
+    dev_free(t, d_x16), dev_free(t, d_r16), dev_free(t, d_dy16), dev_free(t, d_dx16), dev_free(t, d_want16);
+    dev_free(t, d_W), dev_free(t, d_dy), dev_free(t, d_dyw), dev_free(t, d_tmp);
+}
+
 /* The bias gradient of linear_bwd is bias_bwd's on the same backend, bit
- * for bit, whenever it does not come from the fp32 GEMM's epilogue (bf16,
- * or fusion off): on CUDA in bf16 it is computed in the pass that also
- * makes dy's bf16 copy for the GEMMs, which must change neither. */
+ * for bit, whenever it does not come from the GEMM's epilogue (fusion
+ * off): on CUDA in bf16 it is computed in the pass that also makes dy's
+ * bf16 copy for the GEMMs, which must change neither; in bf16 both sum the
+ * bf16 rounding of dy (ops_list.h). */
 static void linear_db_case(const Target *t, int mode, int N, int in, int out, Rng *rng) {
-    if (!t->bf16 && mode == 0 && !t->is_cpu) return;  // fp32 with fusion: the epilogue's own sums
+    if (mode == 0 && !t->is_cpu) return;  // with fusion: the epilogue's own sums (linear_bwd_case's band)
     Backend *be = t->be;
     const size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
     float *x = rand_floats(nx, rng, -1, 1), *W = rand_floats(nw, rng, -1, 1), *dy = rand_floats(ny, rng, -1, 1);
@@ -675,17 +753,25 @@ void test_linear(const Target *t, Rng *rng) {
                     if (which & 1) linear_bwd_case(t, mode, which, GRAD_WRITE, reg, N, in, out, rng);
                 }
             }
+    // cuBLASLt has had BGRADB with a transposed B (our dy) since CUDA 11.4, for fp32 and bf16 operands: the
+    // epilogue must have given db at least once
+    if (!t->is_cpu)
+        TCHECK(g_bgrad_fused_cases > 0, "%s: no linear_bwd took db from the dW GEMM's BGRADB epilogue", t->name);
     set_mode(t, 0);
-    g_out16_fused = g_out16_cases = g_out16_unplanned = 0;
+    g_out16_fused = g_out16_cases = g_out16_unplanned = g_dx16_fused = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         linear_x16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         linear_dy16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         linear_relu_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+        linear_bwd16_case(t, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++) linear_db_case(t, mode, shapes[i][0], shapes[i][1], shapes[i][2], rng);
         for (int mode = 0; mode < n_modes(t); mode++)
             for (int v = 0; v < 16; v++)
                 linear_fwd16_case(t, mode, v & 1, v & 2, v & 4, v & 8, shapes[i][0], shapes[i][1], shapes[i][2], rng);
     }
+    // cuBLASLt stores bf16 from fp32 sums of bf16 products on every shape of the model: at least once here
+    if (!t->is_cpu && t->bf16)
+        TCHECK(g_dx16_fused > 0, "%s: no linear_bwd16 stored dx16 from the GEMM", t->name);
     /* no tmp, more than one chunk of rows (scratch_out16_rows) on the fallback: the output layer's shape */
     const int rows = scratch_out16_rows(1 << 20, 4003);
     for (int mode = 0; mode < n_modes(t); mode++)
