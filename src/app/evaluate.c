@@ -14,10 +14,11 @@
 #include "err.h"
 #include "mt.h"
 
-/* Sentences decoded together for dev BLEU. A GPU's decode step costs about
- * the same for 64 rows as for 256 (its kernels are launch-bound at these
- * sizes), so it takes fewer, larger batches; a CPU's work grows with the
- * rows. (The sentences are sorted by length first, so padding stays small.) */
+/* Sentences decoded together for dev BLEU. A GPU's decode step should cost
+ * about the same for 64 rows as for 256 (its kernels are launch-bound at
+ * these sizes; not yet timed on a GPU), so it takes fewer, larger batches; a
+ * CPU's work grows with the rows. (The sentences are sorted by length
+ * first, so padding stays small.) */
 #define EVAL_DECODE_BATCH_CPU 64
 #define EVAL_DECODE_BATCH_GPU 256
 
