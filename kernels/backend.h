@@ -46,7 +46,9 @@
  * bf16 dy its GEMMs read: linear_bwd's every form, bias_bwd and
  * residual_ln_bwd's d_bias (ops_list.h). A producer whose consumer is a
  * linear backward writes that bf16 dy itself where an op says so (the
- * FFN's hidden gradient: linear_bwd16's dx16), so no fp32 copy of it is
+ * FFN's hidden gradient: linear_bwd16's dx16; an attention sub-block's
+ * output gradient for out_proj: residual_ln_bwd's d_branch16, without
+ * sequence parallelism), so no fp32 copy of it is
  * written and read again; elsewhere the GEMMs round the fp32 dy they are
  * given, the same values.
  */

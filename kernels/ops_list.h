@@ -547,10 +547,15 @@ OP(residual_ln_fwd, LAYERNORM, OWN, STEP,
  * sums (d_bias NULL: skipped), as bias_bwd (in bf16 mode the sums of
  * d_branch's bf16 rounding). d_branch is WRITTEN, not
  * accumulated (it equals dropout_bwd_at into zeros): the one pass needs no
- * zeroing before it. d_branch aliases neither dy nor d_res. */
-OP(residual_ln_bwd, LAYERNORM, REF, STEP_SCRATCH,
+ * zeroing before it. d_branch aliases neither dy nor d_res. d_branch16
+ * instead (exactly one of the two): d_branch stored as its bf16 rounding
+ * (bf16 mode's contract, backend.h: the dy of the ROW layer's linear
+ * backward, whose GEMMs round it so anyway), d_bias the sums of those bf16
+ * values; the same bits as d_branch then to_bf16. */
+OP(residual_ln_bwd, LAYERNORM, OWN, STEP_SCRATCH,
    (float *d_res,         // (N, C) accumulated
-    float *d_branch,      // (N, C) written
+    float *d_branch,      // (N, C) written, or NULL
+    uint16_t *d_branch16, // (N, C) bf16 bits written, or NULL
     float *dgamma,        // (C) accumulated
     float *dbeta,         // (C) accumulated
     float *d_bias,        // (C) accumulated, or NULL
@@ -560,7 +565,7 @@ OP(residual_ln_bwd, LAYERNORM, REF, STEP_SCRATCH,
     const float *rstd,    // (N)
     const float *gamma,   // (C)
     int N, int C, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
-   (d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C, first, p, seed, stream_id))
+   (d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C, first, p, seed, stream_id))
 
 /* ---- Label-smoothed cross-entropy ------------------------------------------
  * For row n with target y = targets[n] (rows with y == ignore_id are skipped,

@@ -57,7 +57,7 @@ static void bad_residual_ln_alias(Backend *be) {
 }
 static void bad_residual_ln_bwd_alias(Backend *be) {
     float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT), *y = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
-    op_residual_ln_bwd(be, y, x, y, y, NULL, x, y, y, y, y, 1, 8, 0, 0.1f, 1, 2);
+    op_residual_ln_bwd(be, y, x, NULL, y, y, NULL, x, y, y, y, y, 1, 8, 0, 0.1f, 1, 2);
 }
 static void bad_positions_odd(Backend *be) { op_add_positions(be, NULL, 1, 1, 3); }
 static void bad_gemm_negative(Backend *be) { op_gemm(be, false, false, -1, 2, 2, 1.0f, NULL, NULL, 0.0f, NULL); }
@@ -96,7 +96,7 @@ static void ok_zero_sizes(Backend *be) {
     op_embedding_bwd(be, NULL, NULL, NULL, 1.0f, 0, 8, 0, 4);
     op_layernorm_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8);
     op_residual_ln_fwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, 0, 0.1f, 1, 2);
-    op_residual_ln_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 0.1f, 1, 2);
+    op_residual_ln_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 0.1f, 1, 2);
     op_sum_acc(be, NULL, NULL, 0);
     op_gemm(be, false, false, 0, 5, 5, 1.0f, NULL, NULL, 0.0f, NULL);
     backend_sync(be);

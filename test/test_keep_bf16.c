@@ -10,7 +10,10 @@
  * shared memory), two micro-batches of different shapes in flight (two
  * activation slots: F0 F1 B0 B1) with dropout on (attention and activation
  * dropout too; and for ReLU once without activation dropout, where the
- * kept-bf16 FFN passes its hidden gradient in bf16, op_linear_bwd16): the
+ * kept-bf16 FFN passes its hidden gradient in bf16, op_linear_bwd16; and
+ * without sequence parallelism the attention sub-block's output gradient
+ * flows in bf16 from residual_ln_bwd's d_branch16 into out_proj's
+ * backward): the
  * loss sum and every
  * gradient of the rank's shard are bitwise those of keeping them in fp32,
  * and the activation bytes are fewer. In fp32 mode the switch does nothing.

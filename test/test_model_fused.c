@@ -40,11 +40,12 @@ static void c_res_fwd(Backend *be, float *ro, float *y, uint16_t *y16, float *mu
     g_n.res_fwd++;
     g_real->residual_ln_fwd(be, ro, y, y16, mu, rs, ri, br, bias, g, b, N, C, eps, f, p, seed, st);
 }
-static void c_res_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
+static void c_res_bwd(Backend *be, float *dr, float *dbr, uint16_t *dbr16, float *dg, float *db, float *dbias,
+                      const float *dy,
                       const float *x, const float *mu, const float *rs, const float *g, int N, int C, uint64_t f,
                       float p, uint64_t seed, uint64_t st) {
     g_n.res_bwd++;
-    g_real->residual_ln_bwd(be, dr, dbr, dg, db, dbias, dy, x, mu, rs, g, N, C, f, p, seed, st);
+    g_real->residual_ln_bwd(be, dr, dbr, dbr16, dg, db, dbias, dy, x, mu, rs, g, N, C, f, p, seed, st);
 }
 static void c_ln_fwd(Backend *be, float *y, float *mu, float *rs, const float *x, const float *g, const float *b,
                      int N, int C, float eps) {

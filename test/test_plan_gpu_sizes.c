@@ -121,11 +121,12 @@ static void r_layernorm_bwd(Backend *be, float *dx, float *dg, float *db, const 
     note(scratch_layernorm_bwd(N, C));
     g_cpu->layernorm_bwd(be, dx, dg, db, dy, x, mean, rstd, g, N, C);
 }
-static void r_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
+static void r_residual_ln_bwd(Backend *be, float *dr, float *dbr, uint16_t *dbr16, float *dg, float *db, float *dbias,
+                              const float *dy,
                               const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
                               uint64_t first, float p, uint64_t seed, uint64_t st) {
     note(scratch_residual_ln_bwd(N, C));
-    g_cpu->residual_ln_bwd(be, dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
+    g_cpu->residual_ln_bwd(be, dr, dbr, dbr16, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st);
 }
 static void r_sum_acc(Backend *be, float *acc, const float *x, size_t n) {
     note(scratch_sum(n));

@@ -320,13 +320,27 @@ static void t_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, f
     cpu_residual_ln_fwd(ro, out, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, step_stream(be, st));
     if (y16) cpu_to_bf16(y16, out, n_elems);
 }
-static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias, const float *dy,
-                              const float *x, const float *mean, const float *rstd, const float *g, int N, int C,
-                              uint64_t first, float p, uint64_t seed, uint64_t st) {
+/* d_branch16: d_branch made in the workspace, rounded, and the bias summed
+ * over the rounded values (t_bias_bwd's bits: bf16 mode only rounds). */
+static void t_residual_ln_bwd(Backend *be, float *dr, float *dbr, uint16_t *dbr16, float *dg, float *db, float *dbias,
+                              const float *dy, const float *x, const float *mean, const float *rstd, const float *g,
+                              int N, int C, uint64_t first, float p, uint64_t seed, uint64_t st) {
+    const size_t n_elems = (size_t)(N > 0 ? N : 0) * (size_t)(C > 0 ? C : 0);
+    TP_CHECK(n_elems == 0 || (dbr == NULL) != (dbr16 == NULL),
+             "op_residual_ln_bwd: give exactly one of d_branch and d_branch16");
     const bool bf16 = be->dtype == DTYPE_BF16;  // the ROW bias's gradient as linear_bwd's (t_bias_bwd)
-    cpu_residual_ln_bwd(dr, dbr, dg, db, bf16 ? NULL : dbias, dy, x, mean, rstd, g, N, C, first, p, seed,
+    float *out = dbr ? dbr : backend_workspace(be, (n_elems ? n_elems : 1) * sizeof(float));
+    cpu_residual_ln_bwd(dr, out, dg, db, bf16 || dbr16 ? NULL : dbias, dy, x, mean, rstd, g, N, C, first, p, seed,
                         step_stream(be, st));
-    if (bf16 && dbias) t_bias_bwd(be, dbias, dbr, N, C);
+    if (dbr16) {
+        cpu_to_bf16(dbr16, out, n_elems);
+        if (dbias) {  // the rounded values, widened back (exact)
+            cpu_from_bf16(out, dbr16, n_elems);
+            cpu_bias_bwd(dbias, out, N, C);
+        }
+    } else if (bf16 && dbias) {
+        t_bias_bwd(be, dbias, dbr, N, C);
+    }
 }
 static void t_act_fwd(Backend *be, float *y, const float *x, size_t n, Activation a) { (void)be; cpu_act_fwd(y, x, n, a); }
 static void t_act_bwd_x16(Backend *be, float *dx, GradMode mode, const float *dy, const uint16_t *x, size_t n,

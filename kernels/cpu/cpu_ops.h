@@ -36,6 +36,10 @@ void cpu_adamw_segs(float *p, const float *g, float *m, float *v, const OpSeg *s
 void cpu_residual_ln_fwd(float *res_out, float *y, float *mean, float *rstd, const float *res_in,
                          const float *branch, const float *bias, const float *gamma, const float *beta, int N, int C,
                          float eps, uint64_t first, float p, uint64_t seed, uint64_t stream);
+/* residual_ln_bwd's fp32 d_branch (the backend's entry adds d_branch16) */
+void cpu_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias, const float *dy,
+                         const float *x, const float *mean, const float *rstd, const float *gamma, int N, int C,
+                         uint64_t first, float p, uint64_t seed, uint64_t stream);
 
 /* The x16 linear layers and attention have no reference of their own: the
  * CPU backend widens x16 (exact) and runs cpu_linear_fwd / cpu_linear_bwd

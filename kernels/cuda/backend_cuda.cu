@@ -451,15 +451,15 @@ static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, 
     cuda_op_residual_ln_fwd(ro, y, y16, mean, rstd, ri, br, bias, g, b, N, C, eps, first, p, seed, st, be->step_vars,
                             stream_of(be));
 }
-static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, float *dg, float *db, float *dbias,
+static void cu_residual_ln_bwd(Backend *be, float *dr, float *dbr, uint16_t *dbr16, float *dg, float *db, float *dbias,
                                const float *dy, const float *x, const float *mean, const float *rstd, const float *g,
                                int N, int C, uint64_t first, float p, uint64_t seed, uint64_t st) {
     void *ws = scratch(be, cuda_residual_ln_bwd_scratch_bytes(N, C));
     if (be->dtype == DTYPE_BF16)  // d_bias sums d_branch's bf16 rounding (ops_list.h)
-        cuda_op_residual_ln_bwd_bias16(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+        cuda_op_residual_ln_bwd_bias16(dr, dbr, dbr16, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
                                        be->step_vars, ws, stream_of(be));
     else
-        cuda_op_residual_ln_bwd(dr, dbr, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
+        cuda_op_residual_ln_bwd(dr, dbr, dbr16, dg, db, dbias, dy, x, mean, rstd, g, N, C, first, p, seed, st,
                                 be->step_vars, ws, stream_of(be));
 }
 static void cu_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,

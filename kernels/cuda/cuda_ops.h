@@ -123,7 +123,8 @@ void cuda_op_bias_bwd_relu_x16_copy(float *db, uint16_t *copy16, const uint16_t 
                                     int C, void *scratch, cudaStream_t stream);
 /* cuda_op_residual_ln_bwd with d_bias the sum of d_branch's bf16 rounding
  * (residual_ln_bwd in bf16 mode: the ROW bias's gradient as linear_bwd's). */
-void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta,
+                                    float *d_bias,
                                     const float *dy, const float *x, const float *mean, const float *rstd,
                                     const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
                                     uint64_t stream_id, const StepVars *step, void *scratch, cudaStream_t stream);

@@ -128,10 +128,23 @@ __global__ void residual_ln_fwd_kernel(float *res_out, float *y, uint16_t *y16, 
 
 // ---- backward ----------------------------------------------------------------------
 
+// d_branch's stores: fp32, or its bf16 rounding (d_branch16).
+__device__ __forceinline__ void rln_store(float *o, int c, float v) { o[c] = v; }
+__device__ __forceinline__ void rln_store(uint16_t *o, int c, float v) { o[c] = tp_bf16_bits(v); }
+__device__ __forceinline__ void rln_store4(float *o, int c, float4 v) { *(float4 *)(o + c) = v; }
+__device__ __forceinline__ void rln_store4(uint16_t *o, int c, float4 v) {
+    ushort4 h;
+    h.x = tp_bf16_bits(v.x);
+    h.y = tp_bf16_bits(v.y);
+    h.z = tp_bf16_bits(v.z);
+    h.w = tp_bf16_bits(v.w);
+    *(ushort4 *)(o + c) = h;
+}
+
 // d_branch = Dropout backward of d_res (written; 0 + value, as the unfused
 // zeroing and accumulation give), this lane's elements of a row.
-template <bool VEC>
-__device__ __forceinline__ void rln_bwd_branch(const RlnDrop &d, float *db, const float *dr, size_t row_at, int C,
+template <bool VEC, typename OutT>
+__device__ __forceinline__ void rln_bwd_branch(const RlnDrop &d, OutT *db, const float *dr, size_t row_at, int C,
                                                int lane) {
     if (VEC) {
         for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
@@ -143,19 +156,19 @@ __device__ __forceinline__ void rln_bwd_branch(const RlnDrop &d, float *db, cons
             o.y = __fadd_rn(0.0f, rln_drop(d, r.y, w[1]));
             o.z = __fadd_rn(0.0f, rln_drop(d, r.z, w[2]));
             o.w = __fadd_rn(0.0f, rln_drop(d, r.w, w[3]));
-            *(float4 *)(db + c) = o;
+            rln_store4(db, c, o);
         }
     } else {
         for (int c = lane; c < C; c += TP_WARP)
-            db[c] = __fadd_rn(0.0f, rln_drop(d, dr[c], rln_word_of(d, row_at + c)));
+            rln_store(db, c, __fadd_rn(0.0f, rln_drop(d, dr[c], rln_word_of(d, row_at + c))));
     }
 }
 
 // d_res += LayerNorm backward of dy (layernorm_row.cuh), then d_branch from
 // the new d_res.
-template <bool VEC>
+template <bool VEC, typename OutT>
 __global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accumulated
-                                            float *d_branch,      // (N, C) written
+                                            OutT *d_branch,       // (N, C) written: fp32 or bf16 bits
                                             const float *dy,      // (N, C)
                                             const float *x,       // (N, C)
                                             const float *mean,    // (N)
@@ -169,13 +182,14 @@ __global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accu
         const size_t at = (size_t)n * C;
         tp_ln_row_bwd_dx(d_res + at, dy + at, x + at, gamma, mean[n], rstd[n], C, lane);
         __syncwarp();  // the row's d_res, written lane-strided, is read in the branch pass's layout
-        rln_bwd_branch<VEC>(d, d_branch + at, d_res + at, at, C, lane);
+        rln_bwd_branch<VEC, OutT>(d, d_branch + at, d_res + at, at, C, lane);
     }
 }
 
 // grid (ceil(C/32), n_chunks), block (32, 8): per-chunk column sums of
 // dy * xhat (dgamma), dy (dbeta) and, part_dbias given, d_branch (the bias;
-// round_bias: its bf16 rounding, the dy a bf16 linear backward reads).
+// round_bias: its bf16 rounding, the dy a bf16 linear backward reads;
+// d_branch16: those bf16 values, as stored).
 __global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chunks, C)
                                                double *part_dbeta,     // (n_chunks, C)
                                                double *part_dbias,     // (n_chunks, C) or NULL
@@ -183,7 +197,8 @@ __global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chu
                                                const float *x,         // (N, C)
                                                const float *mean,      // (N)
                                                const float *rstd,      // (N)
-                                               const float *d_branch,  // (N, C)
+                                               const float *d_branch,  // (N, C), or NULL
+                                               const uint16_t *d_branch16,  // (N, C), or NULL
                                                bool round_bias, int N, int C) {
     __shared__ double s[3][RLN_ROWT][RLN_COLS];
     const int c = blockIdx.x * RLN_COLS + threadIdx.x;
@@ -196,7 +211,9 @@ __global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chu
             const float xhat = (x[i] - mean[n]) * rstd[n];
             dg += (double)dy[i] * xhat;
             db += dy[i];
-            if (part_dbias) dbias += round_bias ? tp_bf16_round(d_branch[i]) : d_branch[i];
+            if (part_dbias)
+                dbias += d_branch16 ? ld_in(d_branch16, (long long)i)
+                                    : (round_bias ? tp_bf16_round(d_branch[i]) : d_branch[i]);
         }
     s[0][threadIdx.y][threadIdx.x] = dg;
     s[1][threadIdx.y][threadIdx.x] = db;
@@ -272,26 +289,37 @@ static void residual_ln_fwd_launch(float *res_out, float *y, uint16_t *y16, floa
     CUDA_CHECK(cudaGetLastError());
 }
 
-static void residual_ln_bwd_launch(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+template <typename OutT>
+static void rln_bwd_rows_launch(float *d_res, OutT *d_branch, const float *dy, const float *x, const float *mean,
+                                const float *rstd, const float *gamma, int N, int C, RlnDrop d, bool vec,
+                                cudaStream_t stream) {
+    if (vec)
+        residual_ln_bwd_rows_kernel<true, OutT><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
+            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
+    else
+        residual_ln_bwd_rows_kernel<false, OutT><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
+            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void residual_ln_bwd_launch(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta,
+                                   float *d_bias,
                                    const float *dy, const float *x, const float *mean, const float *rstd,
                                    const float *gamma, int N, int C, RlnDrop d, bool round_bias,
                                    double *part,  // (3, n_chunks, C)
                                    cudaStream_t stream) {
-    const bool vec = C % 4 == 0 && aligned16(d_res) && aligned16(d_branch);  // the dropout-gradient pass
-    if (vec)
-        residual_ln_bwd_rows_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
-    else
-        residual_ln_bwd_rows_kernel<false><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
-    CUDA_CHECK(cudaGetLastError());
+    // the dropout-gradient pass: four elements a load where C and both rows allow (bf16: 8-byte stores)
+    const bool vec = C % 4 == 0 && aligned16(d_res) &&
+                     (d_branch ? aligned16(d_branch) : ((uintptr_t)d_branch16 % 8 == 0));
+    if (d_branch16) rln_bwd_rows_launch(d_res, d_branch16, dy, x, mean, rstd, gamma, N, C, d, vec, stream);
+    else rln_bwd_rows_launch(d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d, vec, stream);
 
     const int n_chunks = rln_chunks(N);
     const size_t plane = (size_t)n_chunks * C;
     double *part_dbias = d_bias ? part + 2 * plane : NULL;
     dim3 grid((C + RLN_COLS - 1) / RLN_COLS, n_chunks), block(RLN_COLS, RLN_ROWT);
     residual_ln_bwd_partial_kernel<<<grid, block, 0, stream>>>(part, part + plane, part_dbias, dy, x, mean, rstd,
-                                                               d_branch, round_bias, N, C);
+                                                               d_branch, d_branch16, round_bias, N, C);
     CUDA_CHECK(cudaGetLastError());
     residual_ln_bwd_final_kernel<<<(C + RLN_THREADS - 1) / RLN_THREADS, RLN_THREADS, 0, stream>>>(
         dgamma, dbeta, d_bias, part, part + plane, part_dbias, n_chunks, C);
@@ -334,7 +362,8 @@ extern "C" void cuda_op_residual_ln_fwd(float *res_out, float *y, uint16_t *y16,
 
 extern "C" size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C) { return scratch_residual_ln_bwd(N, C); }
 
-static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, float *dgamma, float *dbeta,
+static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma,
+                               float *dbeta,
                                float *d_bias, const float *dy, const float *x, const float *mean, const float *rstd,
                                const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
                                uint64_t stream_id, const StepVars *step, bool round_bias, void *scratch,
@@ -344,7 +373,7 @@ static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, fl
     rln_check_drop(op, p, first);
     if (N == 0 || C == 0) return;  // adds nothing, writes nothing
     TP_NEED_PTR(op, d_res);
-    TP_NEED_PTR(op, d_branch);
+    TP_CHECK((d_branch == NULL) != (d_branch16 == NULL), "%s: give exactly one of d_branch and d_branch16", op);
     TP_NEED_PTR(op, dgamma);
     TP_NEED_PTR(op, dbeta);
     TP_NEED_PTR(op, dy);
@@ -352,28 +381,29 @@ static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, fl
     TP_NEED_PTR(op, mean);
     TP_NEED_PTR(op, rstd);
     TP_NEED_PTR(op, gamma);
-    TP_CHECK(d_branch != dy && d_branch != d_res, "%s: d_branch must not alias dy or d_res", op);
+    const void *br = d_branch ? (const void *)d_branch : (const void *)d_branch16;
+    TP_CHECK(br != dy && br != d_res, "%s: d_branch must not alias dy or d_res", op);
     TP_CHECK(rln_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
     TpCarver cv = tp_carver(scratch, cuda_residual_ln_bwd_scratch_bytes(N, C), op);
     double *part = (double *)tp_carve(&cv, 3 * (size_t)rln_chunks(N) * C * sizeof(double));  // (3, n_chunks, C)
-    residual_ln_bwd_launch(d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C,
+    residual_ln_bwd_launch(d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C,
                            rln_drop_of(first, p, seed, stream_id, step), round_bias, part, stream);
 }
 
-extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *dbeta, float *d_bias,
+extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta, float *d_bias,
                                         const float *dy, const float *x, const float *mean, const float *rstd,
                                         const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
                                         uint64_t stream_id, const StepVars *step, void *scratch,
                                         cudaStream_t stream) {
-    residual_ln_bwd_op("cuda_op_residual_ln_bwd", d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma,
+    residual_ln_bwd_op("cuda_op_residual_ln_bwd", d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma,
                        N, C, first, p, seed, stream_id, step, false, scratch, stream);
 }
 
-extern "C" void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, float *dgamma, float *dbeta,
+extern "C" void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta,
                                                float *d_bias, const float *dy, const float *x, const float *mean,
                                                const float *rstd, const float *gamma, int N, int C, uint64_t first,
                                                float p, uint64_t seed, uint64_t stream_id, const StepVars *step,
                                                void *scratch, cudaStream_t stream) {
-    residual_ln_bwd_op("cuda_op_residual_ln_bwd_bias16", d_res, d_branch, dgamma, dbeta, d_bias, dy, x, mean, rstd,
+    residual_ln_bwd_op("cuda_op_residual_ln_bwd_bias16", d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd,
                        gamma, N, C, first, p, seed, stream_id, step, true, scratch, stream);
 }

@@ -41,7 +41,18 @@ static const float *residual_bwd(const Model *m, float *d_bias, float **row_db, 
 typedef struct {
     float *d_bias;    // (C) accumulated
     uint64_t stream;  // its dropout site's
+    bool grad16;      // its output gradient stored as bf16 bits (out_grad16)
 } PrevRes;
+
+/* Whether an attention sub-block's output gradient, made by the next
+ * sub-block's LayerNorm backward, reaches out_proj's backward as bf16 bits
+ * (backend.h's contract) in the first half of d_tmp: bf16 mode, the
+ * attention output kept in bf16, no sequence parallelism (whose gather is
+ * fp32). The same bits as the fp32 route: out_proj's GEMMs round dy to bf16
+ * and its bias gradient sums that rounding anyway. */
+static bool out_grad16(const Model *m, const AttnActs *a) {
+    return m->be->dtype == DTYPE_BF16 && !m->seq_par && a->att.h;
+}
 
 /* The partial (N, C) input gradient of COL layers in d (its padding rows
  * zero) summed over tp (f): in place, or with sequence parallelism
@@ -121,7 +132,9 @@ static void ln_bwd(const Model *m, float *d_x, float *g_g, float *g_b, const flo
         return;
     }
     float *d_br = m->seq_par ? A->d_ln : A->d_tmp;  // d_ln is free once reduce-scattered into d_y
-    op_residual_ln_bwd(m->be, d_x, d_br, g_g, g_b, prev->d_bias, d_y, x_in, mean, rstd, w_g, n, C,
+    TP_CHECK(!(prev->grad16 && m->seq_par), "bf16 output gradient under sequence parallelism (out_grad16)");
+    uint16_t *d_br16 = prev->grad16 ? (uint16_t *)d_br : NULL;  // bf16 bits in the first half of the fp32 buffer
+    op_residual_ln_bwd(m->be, d_x, d_br16 ? NULL : d_br, d_br16, g_g, g_b, prev->d_bias, d_y, x_in, mean, rstd, w_g, n, C,
                        seq_first(m, N, C), p, seed, prev->stream);
     if (m->seq_par) tp_gather(&m->tp, m->be, d_br, A->d_tmp, (size_t)n * C);
 }
@@ -147,9 +160,14 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         attention_fwd_of(m, a, NULL, NULL, A->P_shared, k_len, B, Hl, Tq, Tk, D, causal, NULL);
         P = A->P_shared;
     }
-    float *row_db = NULL;
-    const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
-    lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
+    if (res_done && out_grad16(m, a)) {  // the next sub-block's ln_bwd stored it as bf16 (PrevRes.grad16)
+        op_linear_bwd16(m->be, A->d_att, NULL, GRAD_WRITE, g->wo, NULL, NULL, (const uint16_t *)A->d_tmp, NULL,
+                        a->att.f, a->att.h, w->wo, N, Cl, C);
+    } else {
+        float *row_db = NULL;
+        const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
+        lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
+    }
     /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
     if (d->in_p > 0.0f) {  // the mask of the probabilities again, from its key
         uint64_t first, ld;
@@ -303,8 +321,8 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
             attn_out_fwd(m, &w->cross, &a->cross, A->dec_mid2[l], A->dec_mid1[l], Nt, p, key.seed, d_cross.stream,
                          NULL);
         }
-        const PrevRes cross = {g->cross.bo, d_cross.stream};
-        const PrevRes self = {g->self.bo, d_self.stream};
+        const PrevRes cross = {g->cross.bo, d_cross.stream, out_grad16(m, &a->cross)};
+        const PrevRes self = {g->self.bo, d_self.stream, out_grad16(m, &a->self)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_t, A->dec_mid2[l], Nt, &d_ffn, &cross);
         attn_bwd(m, &w->cross, &g->cross, &a->cross, A->d_res_t, A->dec_mid1[l], A->enc_out, A->d_enc_out,
                  A->dev_src_len, B, T, S, false, &d_cross, true, &self);
@@ -333,7 +351,7 @@ void model_backward(Model *m, const Batch *b, bool train, DropoutKey key, float 
         if (full) enc_layer_fwd(m, l, A->dev_src_len, B, S, dp, key);
         if (mids_rebuilt(m))
             attn_out_fwd(m, &w->self, &a->self, A->enc_mid[l], A->enc_res[l], Ns, p, key.seed, d_attn.stream, NULL);
-        const PrevRes self = {g->self.bo, d_attn.stream};
+        const PrevRes self = {g->self.bo, d_attn.stream, out_grad16(m, &a->self)};
         ffn_bwd(m, &w->ffn, &g->ffn, &a->ffn, A->d_res_s, A->enc_mid[l], Ns, &d_ffn, &self);
         attn_bwd(m, &w->self, &g->self, &a->self, A->d_res_s, A->enc_res[l], NULL, NULL, A->dev_src_len, B, S, S,
                  false, &d_attn, true, NULL);

@@ -168,7 +168,7 @@ static void rln_bwd_case(const Target *t, const RlnCase *k, Rng *rng, const floa
     for (int run = 0; run < 2; run++) {  // twice: the same bits
         float *d_dres = dev_at(t, dres0, nc, off, &b_dres), *d_dbr = dev_at(t, nan, nc, off, &b_dbr);
         float *d_dg = dev_from(t, dg0, C), *d_db = dev_from(t, db0, C), *d_dbias = dev_from(t, dbias0, C);
-        op_residual_ln_bwd(t->be, d_dres, d_dbr, d_dg, d_db, k->bias ? d_dbias : NULL, d_dy, d_x, d_mean, d_rstd,
+        op_residual_ln_bwd(t->be, d_dres, d_dbr, NULL, d_dg, d_db, k->bias ? d_dbias : NULL, d_dy, d_x, d_mean, d_rstd,
                            d_g, N, C, k->first, k->p, RLN_SEED, stream);
         got_dres[run] = dev_fetch(t, d_dres, nc), got_dbr[run] = dev_fetch(t, d_dbr, nc);
         got_dg[run] = dev_fetch(t, d_dg, C), got_db[run] = dev_fetch(t, d_db, C);
@@ -223,6 +223,55 @@ static void rln_bwd_case(const Target *t, const RlnCase *k, Rng *rng, const floa
     for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; i++) dev_free(t, dev_bufs[i]);
 }
 
+/* In bf16 mode the d_branch16 form against the fp32 form on the same
+ * target: d_res, dgamma, dbeta the same bits, d_branch16 exactly the bf16
+ * rounding of the fp32 d_branch, d_bias (which sums that rounding in bf16
+ * mode) the same bits; at an odd element offset (k->offset) the scalar
+ * stores. */
+static void rln_bwd16_case(const Target *t, const RlnCase *k, Rng *rng, const float *x, const float *mean,
+                           const float *rstd, const float *gamma) {
+    if (!t->bf16) return;  // the form is bf16 mode's (its d_bias sums bf16 values)
+    char what[160];
+    const int N = k->N, C = k->C;
+    const size_t nc = (size_t)N * C;
+    const uint64_t stream = dropout_stream(3, 1, 2, 5, 0);
+    float *dy = rand_floats(nc, rng, -1, 1), *dres0 = rand_floats(nc, rng, -1, 1);
+    float *dg0 = rand_floats(C, rng, -1, 1), *db0 = rand_floats(C, rng, -1, 1), *dbias0 = rand_floats(C, rng, -1, 1);
+    float *d_dy = dev_from(t, dy, nc), *d_x = dev_from(t, x, nc), *d_g = dev_from(t, gamma, C);
+    float *d_mean = dev_from(t, mean, N), *d_rstd = dev_from(t, rstd, N);
+    float *got[2][5];
+    uint16_t *raw16 = backend_alloc(t->be, (nc + 1) * sizeof(uint16_t), MEM_ACT);
+    uint16_t *d_br16 = raw16 + k->offset;
+    for (int form = 0; form < 2; form++) {  // 0: fp32 d_branch; 1: d_branch16
+        float *d_dres = dev_from(t, dres0, nc), *d_dbr = form ? NULL : dev_from(t, dres0, nc);
+        float *d_dg = dev_from(t, dg0, C), *d_db = dev_from(t, db0, C), *d_dbias = dev_from(t, dbias0, C);
+        op_residual_ln_bwd(t->be, d_dres, d_dbr, form ? d_br16 : NULL, d_dg, d_db, k->bias ? d_dbias : NULL, d_dy,
+                           d_x, d_mean, d_rstd, d_g, N, C, k->first, k->p, RLN_SEED, stream);
+        got[form][0] = dev_fetch(t, d_dres, nc);
+        got[form][1] = form ? dev_fetch_bits(t, d_br16, nc) : dev_fetch(t, d_dbr, nc);
+        got[form][2] = dev_fetch(t, d_dg, C), got[form][3] = dev_fetch(t, d_db, C);
+        got[form][4] = dev_fetch(t, d_dbias, C);
+        float *bufs[] = {d_dres, d_dbr, d_dg, d_db, d_dbias};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) dev_free(t, bufs[i]);
+    }
+    snprintf(what, sizeof what, "residual_ln bwd d_branch16 (%d, %d) p=%g%s+%d", N, C, (double)k->p,
+             k->bias ? " bias" : "", k->offset);
+    float *want16 = host_bf16(got[0][1], nc);
+    check_exact(t, what, got[1][1], want16, nc);
+    check_exact(t, what, got[1][0], got[0][0], nc);
+    check_exact(t, what, got[1][2], got[0][2], C);
+    check_exact(t, what, got[1][3], got[0][3], C);
+    check_exact(t, what, got[1][4], got[0][4], C);
+    for (int form = 0; form < 2; form++)
+        for (int i = 0; i < 5; i++) free(got[form][i]);
+    float *host_bufs[] = {dy, dres0, dg0, db0, dbias0, want16};
+    for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
+    float *dev_bufs[] = {d_dy, d_x, d_g, d_mean, d_rstd};
+    for (size_t i = 0; i < sizeof dev_bufs / sizeof dev_bufs[0]; i++) dev_free(t, dev_bufs[i]);
+    dev_free(t, raw16);
+}
+
 void test_residual_ln(const Target *t, Rng *rng) {
     static const RlnCase cases[] = {
         {37, 300, 0, 0.1f, true, false, 0},              // C a multiple of 4, not of 32 (nor the CPU's column block)
@@ -236,6 +285,7 @@ void test_residual_ln(const Target *t, Rng *rng) {
         float *x, *mean, *rstd, *gamma;
         rln_fwd_case(t, &cases[i], rng, &x, &mean, &rstd, &gamma);
         rln_bwd_case(t, &cases[i], rng, x, mean, rstd, gamma);
+        rln_bwd16_case(t, &cases[i], rng, x, mean, rstd, gamma);
         free(x), free(mean), free(rstd), free(gamma);
     }
 }

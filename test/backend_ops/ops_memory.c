@@ -165,7 +165,7 @@ static void every_op_run(const Target *t, EveryOp *e) {
     op_layernorm_bwd(be, e->dx, e->dq, e->dk, e->y, e->x, e->mean, e->rstd, e->g, N, C);
     op_residual_ln_fwd(be, e->tmp, e->y, NULL, e->mean, e->rstd, e->x, e->att, e->bt, e->g, e->bt, N, C, 1e-5f, 0, 0.1f, 7,
                        9);
-    op_residual_ln_bwd(be, e->dx, e->dv, e->dq, e->dk, e->db, e->y, e->tmp, e->mean, e->rstd, e->g, N, C, 0, 0.1f,
+    op_residual_ln_bwd(be, e->dx, e->dv, NULL, e->dq, e->dk, e->db, e->y, e->tmp, e->mean, e->rstd, e->g, N, C, 0, 0.1f,
                        7, 9);
     op_zero(be, e->scalars, 4);
     op_sum_acc(be, e->scalars, e->losses, N);

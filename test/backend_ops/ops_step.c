@@ -84,7 +84,7 @@ static void residual_ln_cases(const StepCtx *c, Rng *rng, uint64_t full, uint64_
         dres[k] = dev_from(t, res, nc), dbr[k] = dev_nan(t, nc);
         dg[k] = dev_from(t, g, C), db[k] = dev_from(t, b, C), dbias[k] = dev_from(t, bias, C);
         step_vars(c, k == 1, base, 0.0f);
-        op_residual_ln_bwd(t->be, dres[k], dbr[k], dg[k], db[k], dbias[k], d_dy, out[0], mean[0], rstd[0], d_g, N, C,
+        op_residual_ln_bwd(t->be, dres[k], dbr[k], NULL, dg[k], db[k], dbias[k], d_dy, out[0], mean[0], rstd[0], d_g, N, C,
                            0, 0.3f, STEP_SEED, k ? rel : full);
     }
     step_vars(c, false, 0, 0.0f);
