@@ -33,6 +33,7 @@ for f in "dev.$src" "dev.$tgt" "test.$src" "test.$tgt"; do
 done
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
+above() { "$py" -c 'import sys; sys.exit(not float(sys.argv[1]) > float(sys.argv[2]))' "$1" "$2"; }  # A > B
 
 # 1. best or averaged, by dev BLEU ("-" where the run has no such checkpoint or figure)
 read -r best_dev avg_dev < <("$py" - "$metrics" <<'PY'
@@ -55,7 +56,7 @@ PY
 model=$run which=newest
 [ -e "$run/best" ] && model=$run/best which=best
 if [ -d "$run/averaged" ] && [ "$avg_dev" != - ] &&
-   { [ "$best_dev" = - ] || "$py" -c "import sys; sys.exit(not float(sys.argv[1]) > float(sys.argv[2]))" "$avg_dev" "$best_dev"; }; then
+   { [ "$best_dev" = - ] || above "$avg_dev" "$best_dev"; }; then
   model=$run/averaged which=averaged
 fi
 echo "score_run: dev BLEU: best single checkpoint $best_dev, averaged $avg_dev: the $which checkpoint ($model)"
@@ -73,7 +74,7 @@ if [ "${#lenpens[@]}" -gt 1 ]; then
     b=$(figure_of BLEU "$prefix.dev.lp$lp.log")
     [ -n "$b" ] || { cat "$prefix.dev.lp$lp.log" >&2; echo "score_run: no BLEU in $prefix.dev.lp$lp.log" >&2; exit 1; }
     line+=" $lp: $b"
-    if "$py" -c "import sys; sys.exit(not float(sys.argv[1]) > float(sys.argv[2]))" "$b" "$best_lp_bleu"; then
+    if above "$b" "$best_lp_bleu"; then
       best_lp_bleu=$b lenpen=$lp
     fi
   done

@@ -494,8 +494,8 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode
     const size_t need = N > 0 ? cuda_linear_bwd_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out,
                                                               W.bf16 != NULL, bf16_only(x))
                               : 0;
-    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, NULL, dx_mode, dW, db, f32_operand(dy), NULL, x, W, N, in, out, scratch,
-                    scratch_bytes, need);
+    linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, NULL, dx_mode, dW, db, f32_operand(dy), NULL, x, W, N, in, out,
+                    scratch, scratch_bytes, need);
 }
 
 extern "C" size_t cuda_linear_bwd_relu_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
@@ -511,8 +511,8 @@ extern "C" void cuda_op_linear_bwd_relu(CudaGemmCtx *ctx, float *dx, GradMode dx
     const size_t need =
         N > 0 ? cuda_linear_bwd_relu_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out, W.bf16 != NULL)
               : 0;
-    linear_bwd_core(ctx, "cuda_op_linear_bwd_relu", dx, NULL, dx_mode, dW, db, f32_operand(dy), relu16, x, W, N, in, out,
-                    scratch, scratch_bytes, need);
+    linear_bwd_core(ctx, "cuda_op_linear_bwd_relu", dx, NULL, dx_mode, dW, db, f32_operand(dy), relu16, x, W, N, in,
+                    out, scratch, scratch_bytes, need);
 }
 
 extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW,

@@ -390,20 +390,20 @@ static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, ui
                            rln_drop_of(first, p, seed, stream_id, step), round_bias, part, stream);
 }
 
-extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta, float *d_bias,
-                                        const float *dy, const float *x, const float *mean, const float *rstd,
-                                        const float *gamma, int N, int C, uint64_t first, float p, uint64_t seed,
-                                        uint64_t stream_id, const StepVars *step, void *scratch,
-                                        cudaStream_t stream) {
-    residual_ln_bwd_op("cuda_op_residual_ln_bwd", d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma,
-                       N, C, first, p, seed, stream_id, step, false, scratch, stream);
+extern "C" void cuda_op_residual_ln_bwd(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma,
+                                        float *dbeta, float *d_bias, const float *dy, const float *x,
+                                        const float *mean, const float *rstd, const float *gamma, int N, int C,
+                                        uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                                        const StepVars *step, void *scratch, cudaStream_t stream) {
+    residual_ln_bwd_op("cuda_op_residual_ln_bwd", d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean,
+                       rstd, gamma, N, C, first, p, seed, stream_id, step, false, scratch, stream);
 }
 
-extern "C" void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta,
-                                               float *d_bias, const float *dy, const float *x, const float *mean,
-                                               const float *rstd, const float *gamma, int N, int C, uint64_t first,
-                                               float p, uint64_t seed, uint64_t stream_id, const StepVars *step,
-                                               void *scratch, cudaStream_t stream) {
-    residual_ln_bwd_op("cuda_op_residual_ln_bwd_bias16", d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd,
-                       gamma, N, C, first, p, seed, stream_id, step, true, scratch, stream);
+extern "C" void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma,
+                                               float *dbeta, float *d_bias, const float *dy, const float *x,
+                                               const float *mean, const float *rstd, const float *gamma, int N,
+                                               int C, uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                                               const StepVars *step, void *scratch, cudaStream_t stream) {
+    residual_ln_bwd_op("cuda_op_residual_ln_bwd_bias16", d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x,
+                       mean, rstd, gamma, N, C, first, p, seed, stream_id, step, true, scratch, stream);
 }
