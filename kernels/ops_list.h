@@ -362,7 +362,15 @@ OP(attention_bwd, ATTENTION, REF, STREAM,
  * bit (every product and sum still in fp32; only the loads narrow). The
  * forward's output goes to out in fp32 or to out16 as its bf16 rounding
  * (the attention output bf16 mode keeps), at most one of them (neither:
- * P alone). */
+ * P alone).
+ * The backward's gradients go to dq, dk, dv in fp32 or, in GRAD_WRITE
+ * mode, to dq16, dk16, dv16 as their bf16 rounding (to_bf16's bits, bit
+ * for bit the fp32 form's values rounded): one set or the other, the bf16
+ * one chosen when any of its pointers is given (then dq, dk, dv are NULL).
+ * That set is bf16 mode's q, k, v gradient (backend.h's precision rule):
+ * the dy of the q, k, v projections' linear backward, whose GEMMs round an
+ * fp32 dy to exactly these bits. attention_drop_bwd and attention_flash_bwd
+ * take the same pair of sets. */
 OP(attention_fwd_x16, ATTENTION, OWN, STREAM,
    (float *out,             // (B, Tq, H*D), or NULL
     uint16_t *out16,        // (B, Tq, H*D) bf16 bits, or NULL: out rounded as it is stored (to_bf16's bits)
@@ -374,9 +382,12 @@ OP(attention_fwd_x16, ATTENTION, OWN, STREAM,
     int B, int H, int Tq, int Tk, int D, bool causal),
    (out, out16, P, q16, k16, v16, k_len, B, H, Tq, Tk, D, causal))
 OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
-   (float *dq,              // (B, Tq, H*D)
-    float *dk,              // (B, Tk, H*D)
-    float *dv,              // (B, Tk, H*D)
+   (float *dq,              // (B, Tq, H*D) or NULL
+    float *dk,              // (B, Tk, H*D) or NULL
+    float *dv,              // (B, Tk, H*D) or NULL
+    uint16_t *dq16,         // (B, Tq, H*D) bf16 bits, or NULL
+    uint16_t *dk16,         // (B, Tk, H*D) bf16 bits, or NULL
+    uint16_t *dv16,         // (B, Tk, H*D) bf16 bits, or NULL
     GradMode mode,
     const float *dout,      // (B, Tq, H*D)
     const float *P,         // (B, H, Tq, Tk)
@@ -385,7 +396,7 @@ OP(attention_bwd_x16, ATTENTION, OWN, STREAM,
     const uint16_t *v16,    // (B, Tk, H*D)
     float *scratch,         // (B, H, Tq, Tk)
     int B, int H, int Tq, int Tk, int D),
-   (dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D))
+   (dq, dk, dv, dq16, dk16, dv16, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D))
 
 /* ---- Attention with dropout on the probabilities --------------------------
  * fairseq's attention dropout: attention_fwd with out = Dropout(P) v. The
@@ -417,12 +428,16 @@ OP(attention_drop_fwd, ATTENTION, OWN, STEP,
 /* Its backward from the undropped P and the same mask: Pd rebuilt in
  * scratch, dv (+)= Pd^T dout; dP = mask * (dout v^T) / (1-p) (dropout_bwd),
  * dS = scale * P * (dP - rowsum(dP * P)), dq (+)= dS k, dk (+)= dS^T q;
- * modes, zeros and scratch (B, H, Tq, Tk) as attention_bwd. p == 0:
- * attention_bwd / attention_bwd_x16 bit for bit. */
+ * modes, zeros and scratch (B, H, Tq, Tk) as attention_bwd; dq16, dk16,
+ * dv16 as attention_bwd_x16's. p == 0: attention_bwd / attention_bwd_x16
+ * bit for bit. */
 OP(attention_drop_bwd, ATTENTION, OWN, STEP,
-   (float *dq,              // (B, Tq, H*D)
-    float *dk,              // (B, Tk, H*D)
-    float *dv,              // (B, Tk, H*D)
+   (float *dq,              // (B, Tq, H*D) or NULL
+    float *dk,              // (B, Tk, H*D) or NULL
+    float *dv,              // (B, Tk, H*D) or NULL
+    uint16_t *dq16,         // (B, Tq, H*D) bf16 bits, or NULL
+    uint16_t *dk16,         // (B, Tk, H*D) bf16 bits, or NULL
+    uint16_t *dv16,         // (B, Tk, H*D) bf16 bits, or NULL
     GradMode mode,
     const float *dout,      // (B, Tq, H*D)
     const float *P,         // (B, H, Tq, Tk)
@@ -434,7 +449,8 @@ OP(attention_drop_bwd, ATTENTION, OWN, STEP,
     const uint16_t *v16,    // (B, Tk, H*D) or NULL
     float *scratch,         // (B, H, Tq, Tk)
     int B, int H, int Tq, int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t stream_id),
-   (dq, dk, dv, mode, dout, P, q, k, v, q16, k16, v16, scratch, B, H, Tq, Tk, D, first, ld, p, seed, stream_id))
+   (dq, dk, dv, dq16, dk16, dv16, mode, dout, P, q, k, v, q16, k16, v16, scratch, B, H, Tq, Tk, D, first, ld, p, seed,
+    stream_id))
 
 /* ---- Attention without the probabilities (flash-style) ---------------------
  * The forward keeps per row the log-sum-exp of its scaled scores instead of
@@ -464,11 +480,16 @@ OP(attention_flash_fwd, ATTENTION, OWN, STREAM,
  *   dv_j (+)= sum_i bf16(p_ij) g_i,  dq_i (+)= sum_j bf16(ds_ij) k_j,
  *   dk_j (+)= sum_i bf16(ds_ij) q_i,
  * accumulated (GRAD_ADD) or written (GRAD_WRITE; padding keys' dk and dv
- * rows zeros, as attention_bwd's). Deterministic: no atomics. */
+ * rows zeros, as attention_bwd's), or written as their bf16 rounding into
+ * dq16, dk16, dv16 (attention_bwd_x16's pair of sets). Deterministic: no
+ * atomics. */
 OP(attention_flash_bwd, ATTENTION, OWN, STREAM,
-   (float *dq,              // (B, Tq, H*D)
-    float *dk,              // (B, Tk, H*D)
-    float *dv,              // (B, Tk, H*D)
+   (float *dq,              // (B, Tq, H*D) or NULL
+    float *dk,              // (B, Tk, H*D) or NULL
+    float *dv,              // (B, Tk, H*D) or NULL
+    uint16_t *dq16,         // (B, Tq, H*D) bf16 bits, or NULL
+    uint16_t *dk16,         // (B, Tk, H*D) bf16 bits, or NULL
+    uint16_t *dv16,         // (B, Tk, H*D) bf16 bits, or NULL
     GradMode mode,
     const float *dout,      // (B, Tq, H*D)
     const float *lse,       // (B, H, Tq): the forward's
@@ -478,7 +499,7 @@ OP(attention_flash_bwd, ATTENTION, OWN, STREAM,
     const int32_t *k_len,   // (B)
     float *scratch,         // (B, H, Tq): delta
     int B, int H, int Tq, int Tk, int D, bool causal),
-   (dq, dk, dv, mode, dout, lse, q16, k16, v16, k_len, scratch, B, H, Tq, Tk, D, causal))
+   (dq, dk, dv, dq16, dk16, dv16, mode, dout, lse, q16, k16, v16, k_len, scratch, B, H, Tq, Tk, D, causal))
 
 /* ---- Dropout with a counter-based RNG --------------------------------------
  * Philox4x32-10 keyed by `seed`; element i uses counter

@@ -13,16 +13,20 @@
  * kept-bf16 FFN passes its hidden gradient in bf16, op_linear_bwd16; and
  * without sequence parallelism the attention sub-block's output gradient
  * flows in bf16 from residual_ln_bwd's d_branch16 into out_proj's
- * backward): the
- * loss sum and every
- * gradient of the rank's shard are bitwise those of keeping them in fp32,
- * and the activation bytes are fewer. In fp32 mode the switch does nothing.
+ * backward; and once more without attention dropout; with q, k, v kept in
+ * bf16 the attention backward writes their gradients as bf16 bits, dq16,
+ * dk16, dv16, which the q, k, v projections' backward reads, with the mask
+ * on the probabilities and without: attention_drop_bwd, attention_bwd_x16):
+ * the loss sum and every gradient of the rank's shard are bitwise those of
+ * keeping them in fp32 (where the gradients stay fp32 and the projections'
+ * GEMMs round them), and the activation bytes are fewer. In fp32 mode the
+ * switch does nothing.
  */
 #include "micro_runs.h"
 
 #include <string.h>
 
-static ModelConfig test_config(Activation act, float act_dropout) {
+static ModelConfig test_config(Activation act, float act_dropout, float attn_dropout) {
     ModelConfig c;
     char err[256];
     config_preset("tiny", &c, err, sizeof err);
@@ -30,7 +34,7 @@ static ModelConfig test_config(Activation act, float act_dropout) {
     c.enc_layers = 2;
     c.dec_layers = 2;
     c.dropout = 0.1f;
-    c.attn_dropout = 0.1f;  // and inside the sub-blocks: the bf16 ReLU's fp32 route with activation dropout
+    c.attn_dropout = attn_dropout;  // 0.1: attention_drop_bwd; 0: attention_bwd_x16 (both with dq16, dk16, dv16)
     c.act_dropout = act_dropout;  // 0: the FFN's hidden gradient in bf16 (ReLU kept in bf16), fc2 to fc1
     return c;
 }
@@ -51,18 +55,20 @@ static MicroRun run(Backend *be, const ModelConfig *cfg, const TpGroup *g, bool 
 
 /* keep on against keep off for every configuration this rank runs. */
 static void compare_all(Backend *be, const TpGroup *g, const char *who) {
-    /* ReLU twice: with activation dropout (the hidden gradient in fp32) and without (in bf16, fc2 to fc1) */
-    const Activation acts[3] = {ACT_RELU, ACT_GELU, ACT_RELU};
-    const float act_p[3] = {0.1f, 0.1f, 0.0f};
-    for (int a = 0; a < 3; a++) {
-        const ModelConfig cfg = test_config(acts[a], act_p[a]);
+    /* ReLU three times: with activation dropout (the hidden gradient in fp32) and without (in bf16, fc2 to
+     * fc1), then also without attention dropout (the attention backward without a mask, attention_bwd_x16) */
+    const Activation acts[4] = {ACT_RELU, ACT_GELU, ACT_RELU, ACT_RELU};
+    const float act_p[4] = {0.1f, 0.1f, 0.0f, 0.0f}, attn_p[4] = {0.1f, 0.1f, 0.1f, 0.0f};
+    for (int a = 0; a < 4; a++) {
+        const ModelConfig cfg = test_config(acts[a], act_p[a], attn_p[a]);
         for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++)
             for (int sp = 0; sp <= (g->size > 1); sp++) {
                 const MicroRun off = run(be, &cfg, g, sp, (ModelRecompute)rc, false);
                 const MicroRun on = run(be, &cfg, g, sp, (ModelRecompute)rc, true);
                 char what[160];
-                snprintf(what, sizeof what, "%s %s act dropout %g recompute %s%s", who, activation_name(acts[a]),
-                         (double)act_p[a], model_recompute_name((ModelRecompute)rc), sp ? " sequence parallel" : "");
+                snprintf(what, sizeof what, "%s %s act dropout %g attn dropout %g recompute %s%s", who,
+                         activation_name(acts[a]), (double)act_p[a], (double)attn_p[a],
+                         model_recompute_name((ModelRecompute)rc), sp ? " sequence parallel" : "");
                 CHECK(memcmp(&on.loss, &off.loss, sizeof on.loss) == 0, "%s: loss %.9g kept in bf16, %.9g in fp32",
                       what, on.loss, off.loss);
                 ParamTable tab;
@@ -95,7 +101,7 @@ static void rank_compare(const TpGroup *g) {
 int main(void) {
     /* fp32: nothing to keep in bf16 */
     char err[256];
-    const ModelConfig cfg = test_config(ACT_RELU, 0.1f);
+    const ModelConfig cfg = test_config(ACT_RELU, 0.1f, 0.1f);
     Model m;
     CHECK(model_create(&m, NULL, &cfg, NULL, 3, err, sizeof err) == 0, "%s", err);
     model_set_keep_bf16(&m, true);

@@ -411,28 +411,77 @@ static float *widen_qkv(Backend *be, const uint16_t *q16, const uint16_t *k16, c
     return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, out_room ? nq : 0);
 }
 
+/* The attention backward's gradients as the reference makes them: the
+ * caller's fp32 dq, dk, dv, or with the bf16 set (ops_list.h: dq16, dk16,
+ * dv16, GRAD_WRITE only) fp32 room `at` in the workspace, rounded into that
+ * set afterwards (attn_grads_store): the fp32 form's values, rounded. */
+typedef struct {
+    float *dq, *dk, *dv;
+    uint16_t *dq16, *dk16, *dv16;
+    size_t nq, nk;  // elements of dq and of dk, dv
+} AttnGrads;
+
+/* Checks the pair of sets; the fp32 room the bf16 one needs (else 0). */
+static size_t attn_grads_of(AttnGrads *g, const char *op, GradMode mode, float *dq, float *dk, float *dv,
+                            uint16_t *dq16, uint16_t *dk16, uint16_t *dv16, int B, int H, int Tq, int Tk, int D) {
+    const bool h = dq16 || dk16 || dv16;
+    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
+             "not both", op);
+    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
+    const size_t bhd = (size_t)(B > 0 ? B : 0) * (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0);
+    *g = (AttnGrads){dq, dk, dv, dq16, dk16, dv16, bhd * (size_t)(Tq > 0 ? Tq : 0), bhd * (size_t)(Tk > 0 ? Tk : 0)};
+    return h ? g->nq + 2 * g->nk : 0;
+}
+static void attn_grads_at(AttnGrads *g, float *at) {
+    if (!g->dq16 && !g->dk16 && !g->dv16) return;
+    g->dq = at, g->dk = at + g->nq, g->dv = at + g->nq + g->nk;
+}
+/* What the reference wrote (GRAD_WRITE: all three, zeros where it has no
+ * product), rounded into the bf16 set. */
+static void attn_grads_store(const AttnGrads *g) {
+    if (!g->dq16 && !g->dk16 && !g->dv16) return;
+    cpu_to_bf16(g->dq16, g->dq, g->nq);
+    cpu_to_bf16(g->dk16, g->dk, g->nk);
+    cpu_to_bf16(g->dv16, g->dv, g->nk);
+}
+
 /* The flash ops' q, k, v widened and their work room, when there is a
- * product to take (else NULL: with Tq or Tk 0 the reference reads none). */
+ * product to take (else NULL: with Tq or Tk 0 the reference reads none),
+ * and `extra` floats of room after it at *extra_at (NULL when 0). */
 static float *widen_flash(Backend *be, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H,
-                          int Tq, int Tk, int D, const float **q, const float **k, const float **v) {
+                          int Tq, int Tk, int D, const float **q, const float **k, const float **v, size_t extra,
+                          float **extra_at) {
     *q = *k = *v = NULL;
-    if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return NULL;
-    return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, cpu_attention_flash_work(Tq, Tk, D));
+    *extra_at = NULL;
+    if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) {
+        if (extra) *extra_at = backend_workspace(be, extra * sizeof(float));
+        return NULL;
+    }
+    const size_t work = cpu_attention_flash_work(Tq, Tk, D);
+    float *room = widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, work + extra);
+    if (extra) *extra_at = room + work;
+    return room;
 }
 static void t_attention_flash_fwd(Backend *be, uint16_t *out16, float *lse, const uint16_t *q16, const uint16_t *k16,
                                   const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
                                   bool causal) {
     const float *q, *k, *v;
-    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
+    float *none;
+    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, 0, &none);
     cpu_attention_flash_fwd(out16, lse, q, k, v, kl, B, H, Tq, Tk, D, causal, work);
 }
-static void t_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                  const float *lse, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
-                                  const int32_t *kl, float *scratch, int B, int H, int Tq, int Tk, int D,
-                                  bool causal) {
+static void t_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                  uint16_t *dv16, GradMode mode, const float *dout, const float *lse,
+                                  const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, const int32_t *kl,
+                                  float *scratch, int B, int H, int Tq, int Tk, int D, bool causal) {
+    AttnGrads g;
+    const size_t n16 = attn_grads_of(&g, "op_attention_flash_bwd", mode, dq, dk, dv, dq16, dk16, dv16, B, H, Tq, Tk, D);
     const float *q, *k, *v;
-    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v);
-    cpu_attention_flash_bwd(dq, dk, dv, mode, dout, lse, q, k, v, kl, scratch, B, H, Tq, Tk, D, causal, work);
+    float *at;
+    float *work = widen_flash(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, n16, &at);
+    attn_grads_at(&g, at);
+    cpu_attention_flash_bwd(g.dq, g.dk, g.dv, mode, dout, lse, q, k, v, kl, scratch, B, H, Tq, Tk, D, causal, work);
+    attn_grads_store(&g);
 }
 
 /* out16: the fp32 output made in the workspace, then rounded. */
@@ -446,12 +495,16 @@ static void t_attention_fwd_x16(Backend *be, float *out, uint16_t *out16, float 
     if (out16 && B > 0 && H > 0 && Tq > 0 && D > 0) cpu_to_bf16(out16, room, (size_t)B * Tq * H * D);
 }
 
-static void t_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                const float *P, const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
-                                float *scratch, int B, int H, int Tq, int Tk, int D) {
+static void t_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                uint16_t *dv16, GradMode mode, const float *dout, const float *P, const uint16_t *q16,
+                                const uint16_t *k16, const uint16_t *v16, float *scratch, int B, int H, int Tq, int Tk,
+                                int D) {
+    AttnGrads g;
+    const size_t n16 = attn_grads_of(&g, "op_attention_bwd_x16", mode, dq, dk, dv, dq16, dk16, dv16, B, H, Tq, Tk, D);
     const float *q, *k, *v;
-    widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, false);
-    cpu_attention_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+    attn_grads_at(&g, widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, &q, &k, &v, n16));
+    cpu_attention_bwd(g.dq, g.dk, g.dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D);
+    attn_grads_store(&g);
 }
 
 static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
@@ -470,34 +523,38 @@ static void t_dropout_bwd_win(Backend *be, float *dx, GradMode mode, const float
                               uint64_t ld, uint64_t first, float p, uint64_t seed, uint64_t st) {
     cpu_dropout_bwd_win(dx, mode, dy, rows, cols, ld, first, p, seed, step_stream(be, st));
 }
-/* fp32 q, k, v as they are, or bf16 ones widened (then with out16 room for
- * the fp32 output after them), as the _x16 ops. */
+/* fp32 q, k, v as they are, or bf16 ones widened (then with `room` floats
+ * after them: the forward's fp32 output for out16, the backward's fp32
+ * gradients for the bf16 set), as the _x16 ops. */
 static float *drop_qkv(Backend *be, const char *op, const float **q, const float **k, const float **v,
                        const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, int B, int H, int Tq, int Tk,
-                       int D, bool out_room) {
+                       int D, size_t room) {
     TP_CHECK((*q != NULL) != (q16 != NULL), "%s: give q, k, v as fp32 or as bf16, exactly one of them", op);
-    if (q16) return widen_qkv(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, out_room);
-    if (!out_room) return NULL;
-    const size_t nq = (size_t)(B > 0 ? B : 0) * (H > 0 ? H : 0) * (D > 0 ? D : 0) * (Tq > 0 ? Tq : 0);
-    return backend_workspace(be, (nq + 1) * sizeof(float));
+    if (q16) return widen_qkv_room(be, q16, k16, v16, B, H, Tq, Tk, D, q, k, v, room);
+    return room ? backend_workspace(be, (room + 1) * sizeof(float)) : NULL;
 }
 static void t_attention_drop_fwd(Backend *be, float *out, uint16_t *out16, float *P, float *Pd, const float *q,
                                  const float *k, const float *v, const uint16_t *q16, const uint16_t *k16,
                                  const uint16_t *v16, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
                                  bool causal, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t st) {
     TP_CHECK(!(out && out16), "op_attention_drop_fwd: give at most one of out and out16");
-    float *room = drop_qkv(be, "op_attention_drop_fwd", &q, &k, &v, q16, k16, v16, B, H, Tq, Tk, D, out16 != NULL);
+    const size_t nq = (size_t)(B > 0 ? B : 0) * (H > 0 ? H : 0) * (D > 0 ? D : 0) * (Tq > 0 ? Tq : 0);
+    float *room = drop_qkv(be, "op_attention_drop_fwd", &q, &k, &v, q16, k16, v16, B, H, Tq, Tk, D, out16 ? nq : 0);
     cpu_attention_drop_fwd(out16 ? room : out, P, Pd, q, k, v, kl, B, H, Tq, Tk, D, causal, first, ld, p, seed,
                            step_stream(be, st));
     if (out16 && B > 0 && H > 0 && Tq > 0 && D > 0) cpu_to_bf16(out16, room, (size_t)B * Tq * H * D);
 }
-static void t_attention_drop_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                 const float *P, const float *q, const float *k, const float *v, const uint16_t *q16,
-                                 const uint16_t *k16, const uint16_t *v16, float *scratch, int B, int H, int Tq,
-                                 int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t st) {
-    drop_qkv(be, "op_attention_drop_bwd", &q, &k, &v, q16, k16, v16, B, H, Tq, Tk, D, false);
-    cpu_attention_drop_bwd(dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, first, ld, p, seed,
+static void t_attention_drop_bwd(Backend *be, float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                 uint16_t *dv16, GradMode mode, const float *dout, const float *P, const float *q,
+                                 const float *k, const float *v, const uint16_t *q16, const uint16_t *k16,
+                                 const uint16_t *v16, float *scratch, int B, int H, int Tq, int Tk, int D,
+                                 uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t st) {
+    AttnGrads g;
+    const size_t n16 = attn_grads_of(&g, "op_attention_drop_bwd", mode, dq, dk, dv, dq16, dk16, dv16, B, H, Tq, Tk, D);
+    attn_grads_at(&g, drop_qkv(be, "op_attention_drop_bwd", &q, &k, &v, q16, k16, v16, B, H, Tq, Tk, D, n16));
+    cpu_attention_drop_bwd(g.dq, g.dk, g.dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, first, ld, p, seed,
                            step_stream(be, st));
+    attn_grads_store(&g);
 }
 static void t_xent_fwd(Backend *be, float *losses, float *lse, const float *logits, const int32_t *t, int N, int V,
                        float eps, int32_t ig) {

@@ -6,7 +6,9 @@
 // and for the backward dv += P^T dout, dS = dout v^T into scratch, the
 // softmax backward in place, dq += dS k, dk += dS^T q (GRAD_WRITE: dv, dq
 // and dk stored, as C = acc, never read; every row is a product's row, so a
-// padding key's dk and dv rows are written, zeros from its zero P column).
+// padding key's dk and dv rows are written, zeros from its zero P column;
+// or, bf16 mode's q, k, v gradients, stored as tp_bf16_bits(acc): the same
+// products, only the store narrows).
 //
 // Every product is one batched kernel, bh_gemm_kernel, over strided views:
 // element (r, c) of a per-(b, h) matrix X sits at
@@ -207,6 +209,20 @@ __global__ void bh_gemm_kernel(OutView Cv, MatViewT<TA> Av, MatViewT<TB> Bv, int
     }
 }
 
+// The backward's gradients dq, dk, dv (index 0, 1, 2): fp32 (f), or as
+// their bf16 rounding (h, ops_list.h's dq16, dk16, dv16; GRAD_WRITE only),
+// each store then tp_bf16_bits of the value the fp32 form stores.
+struct AttnGradOut {
+    float *f[3];
+    uint16_t *h[3];
+};
+
+// Product p stores gradient i of g at element `at` on: fp32, or bf16 bits.
+__device__ __forceinline__ void att_grad_into(AttProduct *p, const AttnGradOut &g, int i, size_t at) {
+    if (g.h[i]) p->C16 = g.h[i] + at;
+    else p->C = g.f[i] + at;
+}
+
 // ---- fused kernels: one (b, h) pair per block, out of shared memory -------------------
 // The products are attn_tile.h's register-tiled loops (4 x 4 outputs per
 // thread), the softmax rows the general path's, warp by warp.
@@ -309,12 +325,12 @@ attn_fused_fwd_kernel(float *out, uint16_t *out16, float *P, const T *q, const T
 // and P first (dv += P^T dout, then dP = dout v^T into Y), then the softmax
 // backward turns Y into dS in place, reading P from global memory, while q
 // and k replace dout and v (dq += dS k and dk += dS^T q). accumulate 0
-// (GRAD_WRITE): dv, dq and dk stored instead of added to.
+// (GRAD_WRITE): dv, dq and dk stored instead of added to, or with g.h
+// stored as bf16 bits (att_grad_into).
 template <typename T>
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
-attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const float *P, const T *q,
-                      const T *k, const T *v, int B, int H, int Tq, int Tk, int D, float scale,
-                      int accumulate) {
+attn_fused_bwd_kernel(AttnGradOut g, const float *dout, const float *P, const T *q, const T *k, const T *v, int B,
+                      int H, int Tq, int Tk, int D, float scale, int accumulate) {
     extern __shared__ float smem[];
     const AttBwdSmem s = att_bwd_smem(smem, Tq, Tk, D);
     const int tid = threadIdx.x, warp = tid / TP_WARP, lane = tid % TP_WARP;
@@ -328,7 +344,8 @@ attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const 
         fused_load_rows(s.W, s.ld_d, v + krow0, HD, Tk, D);
         for (int e = tid; e < Tq * Tk; e += FUSED_THREADS) s.Y[(e / Tk) * s.ld_s + e % Tk] = pz[e];
         __syncthreads();
-        const AttProduct pdv = att_bwd_dv(&s, dv + krow0, HD, accumulate, Tq, Tk, D);
+        AttProduct pdv = att_bwd_dv(&s, NULL, HD, accumulate, Tq, Tk, D);
+        att_grad_into(&pdv, g, 2, krow0);
         att_run(&pdv, tid);  // dv (+)= P^T dout
         __syncthreads();
         const AttProduct pdp = att_bwd_dp(&s, Tq, Tk, D);
@@ -339,9 +356,11 @@ attn_fused_bwd_kernel(float *dq, float *dk, float *dv, const float *dout, const 
         fused_load_rows(s.X, s.ld_d, q + qrow0, HD, Tq, D);
         fused_load_rows(s.W, s.ld_d, k + krow0, HD, Tk, D);
         __syncthreads();
-        const AttProduct pdq = att_bwd_dq(&s, dq + qrow0, HD, accumulate, Tq, Tk, D);
+        AttProduct pdq = att_bwd_dq(&s, NULL, HD, accumulate, Tq, Tk, D);
+        att_grad_into(&pdq, g, 0, qrow0);
         att_run(&pdq, tid);  // dq (+)= dS k
-        const AttProduct pdk = att_bwd_dk(&s, dk + krow0, HD, accumulate, Tq, Tk, D);
+        AttProduct pdk = att_bwd_dk(&s, NULL, HD, accumulate, Tq, Tk, D);
+        att_grad_into(&pdk, g, 1, krow0);
         att_run(&pdk, tid);  // dk (+)= dS^T q, on the threads dq leaves idle
     }
 }
@@ -477,21 +496,25 @@ static void attention_fwd_launch(float *out, uint16_t *out16, float *P, const T 
                    probs(drop ? drop->Pd : P, H, Tq, Tk), tokens(v, Tk, H, D), Tq, D, Tk, H, BH, false, stream);
 }
 
+// Gradient i of g as a product's output view: fp32, or bf16 bits.
+static OutView grad_out(const AttnGradOut &g, int i, int T, int H, int D) {
+    return g.h[i] ? tokens_out16(g.h[i], T, H, D) : tokens_out(g.f[i], T, H, D);
+}
+
 template <typename T>
-static void attention_bwd_launch(float *dq, float *dk, float *dv, const float *dout,
-                                 const float *P, const T *q, const T *k, const T *v,
-                                 float *scratch, int B, int H, int Tq, int Tk, int D, bool accumulate,
+static void attention_bwd_launch(const AttnGradOut &g, const float *dout, const float *P, const T *q, const T *k,
+                                 const T *v, float *scratch, int B, int H, int Tq, int Tk, int D, bool accumulate,
                                  const AttnDrop *drop, cudaStream_t stream) {
     const int BH = B * H;
     const float scale = 1.0f / sqrtf((float)D);
     if (!drop && fused_fits(attn_fused_bwd_smem_bytes(Tq, Tk, D))) {
-        fused_launch(attn_fused_bwd_kernel<T>, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, dq, dk, dv, dout, P,
-                     q, k, v, B, H, Tq, Tk, D, scale, (int)accumulate);
+        fused_launch(attn_fused_bwd_kernel<T>, attn_fused_bwd_smem_bytes(Tq, Tk, D), BH, stream, g, dout, P, q, k, v,
+                     B, H, Tq, Tk, D, scale, (int)accumulate);
         return;
     }
     // dv (+)= P^T dout (the dropped P, rebuilt in scratch): (Tk, Tq) x (Tq, D)
     if (drop) drop_probs(drop, scratch, P, B, H, Tq, Tk, stream);
-    bh_gemm_launch(tokens_out(dv, Tk, H, D), probs_t(drop ? scratch : P, H, Tq, Tk), tokens(dout, Tq, H, D), Tk, D,
+    bh_gemm_launch(grad_out(g, 2, Tk, H, D), probs_t(drop ? scratch : P, H, Tq, Tk), tokens(dout, Tq, H, D), Tk, D,
                    Tq, H, BH, accumulate, stream);
     // dP = dout v^T into scratch: (Tq, D) x (D, Tk), through the mask
     bh_gemm_launch(probs_out(scratch, H, Tq, Tk), tokens(dout, Tq, H, D), tokens_t(v, Tk, H, D),
@@ -502,11 +525,11 @@ static void attention_bwd_launch(float *dq, float *dk, float *dv, const float *d
     // dS = scale * P * (dP - rowsum(dP * P)), in place
     softmax_bwd_launch(scratch, scratch, P, (size_t)BH * Tq, Tk, scale, false, stream);
     // dq (+)= dS k: (Tq, Tk) x (Tk, D)
-    bh_gemm_launch(tokens_out(dq, Tq, H, D), probs(scratch, H, Tq, Tk), tokens(k, Tk, H, D), Tq,
-                   D, Tk, H, BH, accumulate, stream);
+    bh_gemm_launch(grad_out(g, 0, Tq, H, D), probs(scratch, H, Tq, Tk), tokens(k, Tk, H, D), Tq, D, Tk, H, BH,
+                   accumulate, stream);
     // dk (+)= dS^T q: (Tk, Tq) x (Tq, D)
-    bh_gemm_launch(tokens_out(dk, Tk, H, D), probs_t(scratch, H, Tq, Tk), tokens(q, Tq, H, D), Tk,
-                   D, Tq, H, BH, accumulate, stream);
+    bh_gemm_launch(grad_out(g, 1, Tk, H, D), probs_t(scratch, H, Tq, Tk), tokens(q, Tq, H, D), Tk, D, Tq, H, BH,
+                   accumulate, stream);
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -586,60 +609,78 @@ extern "C" void cuda_op_attention_fwd_x16(float *out, uint16_t *out16, float *P,
                      (const AttnDrop *)NULL, stream);
 }
 
+// The pair of gradient sets (ops_list.h: fp32 dq, dk, dv or bf16 dq16,
+// dk16, dv16, the bf16 one when any of its pointers is given), checked.
+static AttnGradOut attn_grads(const char *op, GradMode mode, float *dq, float *dk, float *dv, uint16_t *dq16,
+                              uint16_t *dk16, uint16_t *dv16) {
+    const bool h = dq16 || dk16 || dv16;
+    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
+             "not both", op);
+    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
+    AttnGradOut g = {{dq, dk, dv}, {dq16, dk16, dv16}};
+    return g;
+}
+static const char *const k_grad_names[3][2] = {{"dq", "dq16"}, {"dk", "dk16"}, {"dv", "dv16"}};
+static bool grads16(const AttnGradOut &g) { return g.h[0] || g.h[1] || g.h[2]; }
+
+// Gradient i of g given (in the set chosen).
+static void need_grad(const char *op, const AttnGradOut &g, int i) {
+    const bool h = grads16(g);
+    TP_CHECK(h ? g.h[i] != NULL : g.f[i] != NULL, "%s: %s is NULL", op, k_grad_names[i][h]);
+}
+
 // GRAD_WRITE with Tq or Tk 0: no product runs, and the gradients it would
-// have written are zeros (the CPU's).
-static void attention_bwd_empty(const char *op, float *dq, float *dk, float *dv, int B, int H, int Tq, int Tk,
-                                int D, cudaStream_t stream) {
-    const size_t nq = (size_t)B * Tq * H * D * sizeof(float), nk = (size_t)B * Tk * H * D * sizeof(float);
-    if (Tk == 0 && nq) {
-        TP_NEED_PTR(op, dq);
-        CUDA_CHECK(cudaMemsetAsync(dq, 0, nq, stream));
-    }
-    if (Tq == 0 && nk) {
-        TP_NEED_PTR(op, dk);
-        TP_NEED_PTR(op, dv);
-        CUDA_CHECK(cudaMemsetAsync(dk, 0, nk, stream));
-        CUDA_CHECK(cudaMemsetAsync(dv, 0, nk, stream));
+// have written are zeros (the CPU's; bf16 zeros are zero bits too).
+static void attention_bwd_empty(const char *op, const AttnGradOut &g, int B, int H, int Tq, int Tk, int D,
+                                cudaStream_t stream) {
+    const size_t nq = (size_t)B * Tq * H * D, nk = (size_t)B * Tk * H * D;
+    const size_t elem = grads16(g) ? sizeof(uint16_t) : sizeof(float);
+    for (int i = 0; i < 3; i++) {
+        const size_t n = i == 0 ? (Tk == 0 ? nq : 0) : (Tq == 0 ? nk : 0);
+        if (!n) continue;
+        need_grad(op, g, i);
+        void *p = g.h[i] ? (void *)g.h[i] : (void *)g.f[i];
+        CUDA_CHECK(cudaMemsetAsync(p, 0, n * elem, stream));
     }
 }
 
 template <typename T>
-static void attention_bwd_op(const char *op, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                             const float *P, const T *q, const T *k, const T *v, float *scratch, int B, int H,
-                             int Tq, int Tk, int D, const AttnDrop *drop, cudaStream_t stream) {
+static void attention_bwd_op(const char *op, const AttnGradOut &g, GradMode mode, const float *dout, const float *P,
+                             const T *q, const T *k, const T *v, float *scratch, int B, int H, int Tq, int Tk, int D,
+                             const AttnDrop *drop, cudaStream_t stream) {
     TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
     check_attention(op, B, H, Tq, Tk, D);
     if (B == 0 || H == 0 || D == 0) return;
     if (Tq == 0 || Tk == 0) {  // added: nothing; written: zeros
-        if (mode == GRAD_WRITE) attention_bwd_empty(op, dq, dk, dv, B, H, Tq, Tk, D, stream);
+        if (mode == GRAD_WRITE) attention_bwd_empty(op, g, B, H, Tq, Tk, D, stream);
         return;
     }
-    TP_NEED_PTR(op, dq);
-    TP_NEED_PTR(op, dk);
-    TP_NEED_PTR(op, dv);
+    for (int i = 0; i < 3; i++) need_grad(op, g, i);
     TP_NEED_PTR(op, dout);
     TP_NEED_PTR(op, P);
     TP_NEED_PTR(op, q);
     TP_NEED_PTR(op, k);
     TP_NEED_PTR(op, v);
     TP_NEED_PTR(op, scratch);
-    attention_bwd_launch<T>(dq, dk, dv, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, drop, stream);
+    attention_bwd_launch<T>(g, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, mode == GRAD_ADD, drop, stream);
 }
 
 extern "C" void cuda_op_attention_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
                                       const float *P, const float *q, const float *k,
                                       const float *v, float *scratch, int B, int H, int Tq,
                                       int Tk, int D, cudaStream_t stream) {
-    attention_bwd_op("cuda_op_attention_bwd", dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D,
-                     (const AttnDrop *)NULL, stream);
+    static const char op[] = "cuda_op_attention_bwd";
+    attention_bwd_op(op, attn_grads(op, mode, dq, dk, dv, NULL, NULL, NULL), mode, dout, P, q, k, v, scratch, B, H, Tq,
+                     Tk, D, (const AttnDrop *)NULL, stream);
 }
 
-extern "C" void cuda_op_attention_bwd_x16(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                          const float *P, const uint16_t *q16, const uint16_t *k16,
-                                          const uint16_t *v16, float *scratch, int B, int H, int Tq, int Tk, int D,
-                                          cudaStream_t stream) {
-    attention_bwd_op("cuda_op_attention_bwd_x16", dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk,
-                     D, (const AttnDrop *)NULL, stream);
+extern "C" void cuda_op_attention_bwd_x16(float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                          uint16_t *dv16, GradMode mode, const float *dout, const float *P,
+                                          const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
+                                          float *scratch, int B, int H, int Tq, int Tk, int D, cudaStream_t stream) {
+    static const char op[] = "cuda_op_attention_bwd_x16";
+    attention_bwd_op(op, attn_grads(op, mode, dq, dk, dv, dq16, dk16, dv16), mode, dout, P, q16, k16, v16, scratch, B,
+                     H, Tq, Tk, D, (const AttnDrop *)NULL, stream);
 }
 
 // ---- attention with dropout on the probabilities ---------------------------------
@@ -669,16 +710,17 @@ extern "C" void cuda_op_attention_drop_fwd(float *out, uint16_t *out16, float *P
     else attention_fwd_op(op, out, out16, P, q, k, v, k_len, B, H, Tq, Tk, D, causal, drop, stream);
 }
 
-extern "C" void cuda_op_attention_drop_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                           const float *P, const float *q, const float *k, const float *v,
-                                           const uint16_t *q16, const uint16_t *k16, const uint16_t *v16,
-                                           float *scratch, int B, int H, int Tq, int Tk, int D, uint64_t first,
-                                           uint64_t ld, float p, uint64_t seed, uint64_t stream_id,
-                                           const StepVars *step, cudaStream_t stream) {
+extern "C" void cuda_op_attention_drop_bwd(float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                           uint16_t *dv16, GradMode mode, const float *dout, const float *P,
+                                           const float *q, const float *k, const float *v, const uint16_t *q16,
+                                           const uint16_t *k16, const uint16_t *v16, float *scratch, int B, int H,
+                                           int Tq, int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed,
+                                           uint64_t stream_id, const StepVars *step, cudaStream_t stream) {
     static const char op[] = "cuda_op_attention_drop_bwd";
     need_one_set(op, q, q16);
+    const AttnGradOut g = attn_grads(op, mode, dq, dk, dv, dq16, dk16, dv16);
     AttnDrop d;
     const AttnDrop *drop = attn_drop(&d, op, scratch, first, ld, p, seed, stream_id, step);
-    if (q16) attention_bwd_op(op, dq, dk, dv, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D, drop, stream);
-    else attention_bwd_op(op, dq, dk, dv, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, drop, stream);
+    if (q16) attention_bwd_op(op, g, mode, dout, P, q16, k16, v16, scratch, B, H, Tq, Tk, D, drop, stream);
+    else attention_bwd_op(op, g, mode, dout, P, q, k, v, scratch, B, H, Tq, Tk, D, drop, stream);
 }

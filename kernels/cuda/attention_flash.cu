@@ -28,7 +28,8 @@
 //
 // Precision: the contract's roundings, bit for bit the CPU reference's
 // (tp_bf16_bits, nearest-even): p and ds to bf16 before their products,
-// dout to bf16 as it is staged, out to bf16 as it is stored; z = scale * s
+// dout to bf16 as it is staged, out (and in bf16 mode dq, dk, dv: the
+// dq16, dk16, dv16 set) to bf16 as it is stored; z = scale * s
 // rounded alone (__fmul_rn, no FMA). What differs from the reference is
 // only the order of the fp32 sums (tensor cores, lane butterflies), the
 // running maximum behind lse, and the device's expf / logf: a few ulp,
@@ -176,17 +177,23 @@ __device__ void acc_stage(float *O, Acc (&acc)[Geo<D>::NF_WARP]) {
 }
 
 // The staged (32, D) result's rows [r0, r0 + 32) below T into a head's
-// slice of an fp32 gradient: added, or written (old contents never read)
-// as 0 + v, so that writing gives the bits of adding into zeros (a -0
-// result becomes +0 either way).
+// slice (at element off) of an fp32 gradient: added, or written (old
+// contents never read) as 0 + v, so that writing gives the bits of adding
+// into zeros (a -0 result becomes +0 either way); or, dst16 given (bf16
+// mode's q, k, v gradients, written), as the bf16 rounding of that 0 + v.
 template <int D>
-__device__ void stage_out(float *dst, long long HD, const float *O, int r0, int T, bool add) {
+__device__ void stage_out(float *dst, uint16_t *dst16, long long off, long long HD, const float *O, int r0, int T,
+                          bool add) {
     for (int e = threadIdx.x; e < FT * D; e += FTHREADS) {
         const int r = e / D, c = e % D, t = r0 + r;
         if (t >= T) continue;
         const float v = O[r * Geo<D>::LDO + c];
-        float *p = dst + t * HD + c;
-        *p = add ? *p + v : 0.0f + v;
+        const long long at = off + t * HD + c;
+        if (dst16) {
+            dst16[at] = tp_bf16_bits(0.0f + v);
+            continue;
+        }
+        dst[at] = add ? dst[at] + v : 0.0f + v;
     }
 }
 
@@ -318,7 +325,8 @@ constexpr size_t bwd_q_smem() {
 
 template <int D>
 __global__ void __launch_bounds__(FTHREADS) flash_bwd_q_kernel(FlashArgs a, const float *dout, const float *lse,
-                                                               float *delta_out, float *dq, bool add) {
+                                                               float *delta_out, float *dq, uint16_t *dq16,
+                                                               bool add) {
     extern __shared__ __align__(128) unsigned char smem[];
     __nv_bfloat16 *Qs = (__nv_bfloat16 *)smem, *Gs = Qs + Geo<D>::TILE, *Ks = Gs + Geo<D>::TILE,
                   *Vs = Ks + Geo<D>::TILE;
@@ -380,7 +388,7 @@ __global__ void __launch_bounds__(FTHREADS) flash_bwd_q_kernel(FlashArgs a, cons
         }
         acc_stage<D>(Os, acc);
         __syncthreads();
-        stage_out<D>(dq + qoff, HD, Os, i0, a.Tq, add);
+        stage_out<D>(dq, dq16, qoff, HD, Os, i0, a.Tq, add);
         __syncthreads();
     }
 }
@@ -398,7 +406,8 @@ constexpr size_t bwd_kv_smem() {
 
 template <int D>
 __global__ void __launch_bounds__(FTHREADS) flash_bwd_kv_kernel(FlashArgs a, const float *dout, const float *lse,
-                                                                const float *delta, float *dk, float *dv, bool add) {
+                                                                const float *delta, float *dk, float *dv,
+                                                                uint16_t *dk16, uint16_t *dv16, bool add) {
     extern __shared__ __align__(128) unsigned char smem[];
     __nv_bfloat16 *Ks = (__nv_bfloat16 *)smem, *Vs = Ks + Geo<D>::TILE, *Qs = Vs + Geo<D>::TILE,
                   *Gs = Qs + Geo<D>::TILE;
@@ -449,11 +458,11 @@ __global__ void __launch_bounds__(FTHREADS) flash_bwd_kv_kernel(FlashArgs a, con
         }
         acc_stage<D>(Os, dv_acc);
         __syncthreads();
-        stage_out<D>(dv + koff, HD, Os, j0, a.Tk, add);
+        stage_out<D>(dv, dv16, koff, HD, Os, j0, a.Tk, add);
         __syncthreads();
         acc_stage<D>(Os, dk_acc);
         __syncthreads();
-        stage_out<D>(dk + koff, HD, Os, j0, a.Tk, add);
+        stage_out<D>(dk, dk16, koff, HD, Os, j0, a.Tk, add);
         __syncthreads();
     }
 }
@@ -478,16 +487,18 @@ void flash_fwd_launch(const FlashArgs &a, uint16_t *out16, float *lse, cudaStrea
     CUDA_CHECK(cudaGetLastError());
 }
 
+// g16: dq16, dk16, dv16 (each NULL, or all given: then dq, dk, dv are NULL).
 template <int D>
-void flash_bwd_launch(const FlashArgs &a, float *dq, float *dk, float *dv, bool add, const float *dout,
-                      const float *lse, float *delta, cudaStream_t stream) {
+void flash_bwd_launch(const FlashArgs &a, float *dq, float *dk, float *dv, uint16_t *const g16[3], bool add,
+                      const float *dout, const float *lse, float *delta, cudaStream_t stream) {
     const size_t smem_q = bwd_q_smem<D>(), smem_kv = bwd_kv_smem<D>();
     tp_smem_optin(flash_bwd_q_kernel<D>, smem_q, "op_attention_flash_bwd");
     tp_smem_optin(flash_bwd_kv_kernel<D>, smem_kv, "op_attention_flash_bwd");
-    flash_bwd_q_kernel<D><<<flash_grid(a.Tq, a.H, a.B), FTHREADS, smem_q, stream>>>(a, dout, lse, delta, dq, add);
+    flash_bwd_q_kernel<D><<<flash_grid(a.Tq, a.H, a.B), FTHREADS, smem_q, stream>>>(a, dout, lse, delta, dq, g16[0],
+                                                                                     add);
     CUDA_CHECK(cudaGetLastError());
     flash_bwd_kv_kernel<D><<<flash_grid(a.Tk, a.H, a.B), FTHREADS, smem_kv, stream>>>(a, dout, lse, delta, dk, dv,
-                                                                                       add);
+                                                                                       g16[1], g16[2], add);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -540,35 +551,41 @@ void cuda_op_attention_flash_fwd(uint16_t *out16, float *lse, const uint16_t *q1
 #undef FLASH_FWD
 }
 
-void cuda_op_attention_flash_bwd(float *dq, float *dk, float *dv, GradMode mode, const float *dout, const float *lse,
-                                 const uint16_t *q16, const uint16_t *k16, const uint16_t *v16, const int32_t *k_len,
-                                 float *scratch, int B, int H, int Tq, int Tk, int D, bool causal,
-                                 cudaStream_t stream) {
+void cuda_op_attention_flash_bwd(float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16, uint16_t *dv16,
+                                 GradMode mode, const float *dout, const float *lse, const uint16_t *q16,
+                                 const uint16_t *k16, const uint16_t *v16, const int32_t *k_len, float *scratch, int B,
+                                 int H, int Tq, int Tk, int D, bool causal, cudaStream_t stream) {
     const char *op = "op_attention_flash_bwd";
     TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
     flash_check(op, B, H, Tq, Tk, D);
+    const bool h = dq16 || dk16 || dv16;  // the bf16 set (ops_list.h)
+    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
+             "not both", op);
+    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
     if (B == 0 || H == 0 || D == 0) return;
     const bool write = mode == GRAD_WRITE;
+    const size_t elem = h ? sizeof(uint16_t) : sizeof(float);
+    void *const g[3] = {h ? (void *)dq16 : dq, h ? (void *)dk16 : dk, h ? (void *)dv16 : dv};
+    const char *const gname[3] = {h ? "dq16" : "dq", h ? "dk16" : "dk", h ? "dv16" : "dv"};
     if (Tq == 0 || Tk == 0) {  // added: nothing; written: zeros
         if (write && Tk == 0 && Tq > 0) {
-            TP_NEED_PTR(op, dq);
-            CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)B * Tq * H * D * sizeof(float), stream));
+            TP_CHECK(g[0] != NULL, "%s: %s is NULL", op, gname[0]);
+            CUDA_CHECK(cudaMemsetAsync(g[0], 0, (size_t)B * Tq * H * D * elem, stream));
         }
         if (Tk == 0 && Tq > 0 && scratch)  // delta of rows without keys: 0, as the reference's
             CUDA_CHECK(cudaMemsetAsync(scratch, 0, (size_t)B * H * Tq * sizeof(float), stream));
-        if (write && Tq == 0 && Tk > 0) {
-            TP_NEED_PTR(op, dk);
-            TP_NEED_PTR(op, dv);
-            CUDA_CHECK(cudaMemsetAsync(dk, 0, (size_t)B * Tk * H * D * sizeof(float), stream));
-            CUDA_CHECK(cudaMemsetAsync(dv, 0, (size_t)B * Tk * H * D * sizeof(float), stream));
+        for (int i = 1; i < 3 && write && Tq == 0 && Tk > 0; i++) {
+            TP_CHECK(g[i] != NULL, "%s: %s is NULL", op, gname[i]);
+            CUDA_CHECK(cudaMemsetAsync(g[i], 0, (size_t)B * Tk * H * D * elem, stream));
         }
         return;
     }
-    const void *need[] = {dq, dk, dv, dout, lse, q16, k16, v16, k_len, scratch};
-    const char *names[] = {"dq", "dk", "dv", "dout", "lse", "q16", "k16", "v16", "k_len", "scratch"};
+    const void *need[] = {g[0], g[1], g[2], dout, lse, q16, k16, v16, k_len, scratch};
+    const char *names[] = {gname[0], gname[1], gname[2], "dout", "lse", "q16", "k16", "v16", "k_len", "scratch"};
     for (int i = 0; i < 10; i++) TP_CHECK(need[i] != NULL, "%s: %s is NULL", op, names[i]);
     const FlashArgs a = {q16, k16, v16, k_len, B, H, Tq, Tk, causal, 1.0f / sqrtf((float)D)};
-#define FLASH_BWD(DD) flash_bwd_launch<DD>(a, dq, dk, dv, !write, dout, lse, scratch, stream)
+    uint16_t *const g16[3] = {dq16, dk16, dv16};
+#define FLASH_BWD(DD) flash_bwd_launch<DD>(a, dq, dk, dv, g16, !write, dout, lse, scratch, stream)
     FLASH_BY_D(D, FLASH_BWD)
 #undef FLASH_BWD
 }

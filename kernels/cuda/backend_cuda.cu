@@ -399,21 +399,24 @@ static void cu_attention_fwd_x16(Backend *be, float *out, uint16_t *out16, float
                                  bool causal) {
     cuda_op_attention_fwd_x16(out, out16, P, q, k, v, kl, B, H, Tq, Tk, D, causal, stream_of(be));
 }
-static void cu_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                 const float *P, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *scr,
-                                 int B, int H, int Tq, int Tk, int D) {
-    cuda_op_attention_bwd_x16(dq, dk, dv, mode, dout, P, q, k, v, scr, B, H, Tq, Tk, D, stream_of(be));
+static void cu_attention_bwd_x16(Backend *be, float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                 uint16_t *dv16, GradMode mode, const float *dout, const float *P, const uint16_t *q,
+                                 const uint16_t *k, const uint16_t *v, float *scr, int B, int H, int Tq, int Tk,
+                                 int D) {
+    cuda_op_attention_bwd_x16(dq, dk, dv, dq16, dk16, dv16, mode, dout, P, q, k, v, scr, B, H, Tq, Tk, D,
+                              stream_of(be));
 }
 static void cu_attention_flash_fwd(Backend *be, uint16_t *out16, float *lse, const uint16_t *q, const uint16_t *k,
                                    const uint16_t *v, const int32_t *kl, int B, int H, int Tq, int Tk, int D,
                                    bool causal) {
     cuda_op_attention_flash_fwd(out16, lse, q, k, v, kl, B, H, Tq, Tk, D, causal, stream_of(be));
 }
-static void cu_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                   const float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                                   const int32_t *kl, float *scr, int B, int H, int Tq, int Tk, int D, bool causal) {
-    cuda_op_attention_flash_bwd(dq, dk, dv, mode, dout, lse, q, k, v, kl, scr, B, H, Tq, Tk, D, causal,
-                                stream_of(be));
+static void cu_attention_flash_bwd(Backend *be, float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                   uint16_t *dv16, GradMode mode, const float *dout, const float *lse,
+                                   const uint16_t *q, const uint16_t *k, const uint16_t *v, const int32_t *kl,
+                                   float *scr, int B, int H, int Tq, int Tk, int D, bool causal) {
+    cuda_op_attention_flash_bwd(dq, dk, dv, dq16, dk16, dv16, mode, dout, lse, q, k, v, kl, scr, B, H, Tq, Tk, D,
+                                causal, stream_of(be));
 }
 static void cu_dropout_fwd_win(Backend *be, float *o, const float *x, size_t rows, size_t cols, uint64_t ld,
                                uint64_t first, float p, uint64_t seed, uint64_t st) {
@@ -430,12 +433,13 @@ static void cu_attention_drop_fwd(Backend *be, float *out, uint16_t *out16, floa
     cuda_op_attention_drop_fwd(out, out16, P, Pd, q, k, v, q16, k16, v16, kl, B, H, Tq, Tk, D, causal, first, ld, p,
                                seed, st, be->step_vars, stream_of(be));
 }
-static void cu_attention_drop_bwd(Backend *be, float *dq, float *dk, float *dv, GradMode mode, const float *dout,
-                                  const float *P, const float *q, const float *k, const float *v, const uint16_t *q16,
-                                  const uint16_t *k16, const uint16_t *v16, float *scr, int B, int H, int Tq, int Tk,
-                                  int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t st) {
-    cuda_op_attention_drop_bwd(dq, dk, dv, mode, dout, P, q, k, v, q16, k16, v16, scr, B, H, Tq, Tk, D, first, ld, p,
-                               seed, st, be->step_vars, stream_of(be));
+static void cu_attention_drop_bwd(Backend *be, float *dq, float *dk, float *dv, uint16_t *dq16, uint16_t *dk16,
+                                  uint16_t *dv16, GradMode mode, const float *dout, const float *P, const float *q,
+                                  const float *k, const float *v, const uint16_t *q16, const uint16_t *k16,
+                                  const uint16_t *v16, float *scr, int B, int H, int Tq, int Tk, int D, uint64_t first,
+                                  uint64_t ld, float p, uint64_t seed, uint64_t st) {
+    cuda_op_attention_drop_bwd(dq, dk, dv, dq16, dk16, dv16, mode, dout, P, q, k, v, q16, k16, v16, scr, B, H, Tq, Tk,
+                               D, first, ld, p, seed, st, be->step_vars, stream_of(be));
 }
 static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, uint64_t first, float p, uint64_t seed,
                            uint64_t st) {

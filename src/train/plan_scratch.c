@@ -65,6 +65,17 @@ static void bwd(Walk *w, const char *prefix, const char *weight, bool db, int N,
                                                 twin(w, prefix, weight), x16));
 }
 
+/* A q, k or v projection's backward: in bf16 from the attention's bf16
+ * gradient (model_bwd.c's qkv_grad16: linear_bwd16 on dy16), else bwd. */
+static void qkv_bwd(Walk *w, const char *prefix, const char *weight, bool db, int N, int in, int out, bool x16) {
+    if (!w->bf16) {
+        bwd(w, prefix, weight, db, N, in, out, x16);
+        return;
+    }
+    w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, db, N, in, out,
+                                                  twin(w, prefix, weight), x16, true, false));
+}
+
 /* Kept in bf16: the LayerNorm outputs (gathered in fp32 with sequence
  * parallelism), the attention heads and the FFN activations. */
 static bool ln_x16(const Walk *w) { return w->bf16 && !w->sp; }
@@ -92,9 +103,9 @@ static void attn(Walk *w, const ModelConfig *c, const char *layer, const char *k
     if (!backward) return;
     if (!res_done) w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));  // residual_bwd
     bwd(w, p, "out_proj", false, N, Cl, C, w->bf16);
-    bwd(w, p, "q_proj", true, N, C, Cl, ln_x16(w));
-    bwd(w, p, "k_proj", false, Nk, C, Cl, kv16);
-    bwd(w, p, "v_proj", true, Nk, C, Cl, kv16);
+    qkv_bwd(w, p, "q_proj", true, N, C, Cl, ln_x16(w));
+    qkv_bwd(w, p, "k_proj", false, Nk, C, Cl, kv16);
+    qkv_bwd(w, p, "v_proj", true, Nk, C, Cl, kv16);
     ln_bwd(w, N, C, fused);
 }
 

@@ -139,6 +139,34 @@ static void ln_bwd(const Model *m, float *d_x, float *g_g, float *g_b, const flo
     if (m->seq_par) tp_gather(&m->tp, m->be, d_br, A->d_tmp, (size_t)n * C);
 }
 
+/* Whether attention's q, k, v gradients flow in bf16 (backend.h's
+ * contract): bf16 mode with q, k, v kept in bf16 (the x16 and flash
+ * attention ops). The attention backward then stores them as bf16 bits
+ * (dq16, dk16, dv16) in the first half of d_q, d_k, d_v, and the q, k, v
+ * projections' backward reads those bits (linear_bwd16's dy16): no fp32
+ * copy is written, read and rounded again. The same bits as the fp32 route,
+ * whose GEMMs round that fp32 dy to exactly these values (and whose bias
+ * gradients sum them). What stays fp32: everything in fp32 mode, and with
+ * q, k, v kept in fp32 (model_set_keep_bf16 off); and on either route the
+ * projections' input gradient, which is summed: over tp (d_ln, reduced or
+ * with sequence parallelism reduce-scattered), over q, k and v, and for
+ * cross-attention's keys and values over every decoder layer (d_enc_out,
+ * GRAD_ADD, and sent back across pipeline stages). The q, k, v gradients
+ * themselves are this rank's heads, written whole (GRAD_WRITE) once per
+ * sub-block: never accumulated or communicated, sequence parallelism
+ * included. */
+static bool qkv_grad16(const Model *m, const AttnActs *a) { return m->be->dtype == DTYPE_BF16 && a->q.h; }
+
+/* A q, k or v projection's backward from its output gradient d: fp32, or
+ * with grad16 the bf16 bits there (qkv_grad16). */
+static void proj_bwd(const Model *m, float *dx, GradMode mode, float *dW, float *db, const float *d, bool grad16,
+                     GemmIn x, const float *W, int N, int in, int out) {
+    if (grad16)
+        op_linear_bwd16(m->be, dx, NULL, mode, dW, db, NULL, (const uint16_t *)d, NULL, x.f, x.h, W, N, in, out);
+    else
+        lin_bwd(m, dx, mode, dW, db, d, x, W, N, in, out);
+}
+
 /* d_x holds dL/dx_out on entry and dL/dx_in on return (this rank's rows).
  * With kv != NULL (cross-attention) this rank's partial key/value gradient
  * is added to d_kv, which the caller reduces over tp once for all layers.
@@ -168,17 +196,23 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
         const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
         lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     }
-    /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows zeros */
+    /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows
+     * zeros; in fp32, or (g16) as bf16 bits in their first halves */
+    const bool g16 = qkv_grad16(m, a);
+    float *dq = g16 ? NULL : A->d_q, *dk = g16 ? NULL : A->d_k, *dv = g16 ? NULL : A->d_v;
+    uint16_t *dq16 = g16 ? (uint16_t *)A->d_q : NULL, *dk16 = g16 ? (uint16_t *)A->d_k : NULL;
+    uint16_t *dv16 = g16 ? (uint16_t *)A->d_v : NULL;
     if (d->in_p > 0.0f) {  // the mask of the probabilities again, from its key
         uint64_t first, ld;
         probs_window(m, Tq, Tk, &first, &ld);
-        op_attention_drop_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.f, a->k.f, a->v.f, a->q.h,
-                              a->k.h, a->v.h, A->d_scratch, B, Hl, Tq, Tk, D, first, ld, d->in_p, seed, d->in_stream);
+        op_attention_drop_bwd(m->be, dq, dk, dv, dq16, dk16, dv16, GRAD_WRITE, A->d_att, P, a->q.f, a->k.f, a->v.f,
+                              a->q.h, a->k.h, a->v.h, A->d_scratch, B, Hl, Tq, Tk, D, first, ld, d->in_p, seed,
+                              d->in_stream);
     } else if (a->lse)
-        op_attention_flash_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, a->lse, a->q.h, a->k.h, a->v.h,
-                               k_len, A->d_scratch, B, Hl, Tq, Tk, D, causal);
+        op_attention_flash_bwd(m->be, dq, dk, dv, dq16, dk16, dv16, GRAD_WRITE, A->d_att, a->lse, a->q.h, a->k.h,
+                               a->v.h, k_len, A->d_scratch, B, Hl, Tq, Tk, D, causal);
     else if (a->q.h)
-        op_attention_bwd_x16(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.h, a->k.h, a->v.h,
+        op_attention_bwd_x16(m->be, dq, dk, dv, dq16, dk16, dv16, GRAD_WRITE, A->d_att, P, a->q.h, a->k.h, a->v.h,
                              A->d_scratch, B, Hl, Tq, Tk, D);
     else
         op_attention_bwd(m->be, A->d_q, A->d_k, A->d_v, GRAD_WRITE, A->d_att, P, a->q.f, a->k.f, a->v.f,
@@ -187,11 +221,11 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
     /* d_ln: q's part written, then (self-attention) k's and v's added; with
      * kv, k and v add to d_kv, which sums every decoder layer's part */
     zero_pad_rows(m, A->d_ln, N);
-    lin_bwd(m, A->d_ln, GRAD_WRITE, g->wq, g->bq, A->d_q, ln, w->wq, N, C, Cl);
+    proj_bwd(m, A->d_ln, GRAD_WRITE, g->wq, g->bq, A->d_q, g16, ln, w->wq, N, C, Cl);
     const GemmIn src = kv ? kv_in(m, kv) : ln;
     float *d_src = kv ? d_kv : A->d_ln;
-    lin_bwd(m, d_src, GRAD_ADD, g->wk, NULL, A->d_k, src, w->wk, Nk, C, Cl);
-    lin_bwd(m, d_src, GRAD_ADD, g->wv, g->bv, A->d_v, src, w->wv, Nk, C, Cl);
+    proj_bwd(m, d_src, GRAD_ADD, g->wk, NULL, A->d_k, g16, src, w->wk, Nk, C, Cl);
+    proj_bwd(m, d_src, GRAD_ADD, g->wv, g->bv, A->d_v, g16, src, w->wv, Nk, C, Cl);
     ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, a->ln_m, a->ln_r, w->ln_g, N, p, seed, prev);
 }
 

@@ -76,6 +76,15 @@ float *dev_fetch_bits(const Target *t, const uint16_t *d, size_t n) {
     return f;
 }
 
+uint16_t *dev_nan_bits(const Target *t, size_t n) {
+    uint16_t *h = TP_MALLOC((n ? n : 1) * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) h[i] = 0x7fc0;  // a quiet NaN
+    uint16_t *d = backend_alloc(t->be, (n ? n : 1) * sizeof(uint16_t), MEM_ACT);
+    backend_upload(t->be, d, h, n * sizeof(uint16_t));
+    free(h);
+    return d;
+}
+
 float *dev_nan(const Target *t, size_t n) {
     float *h = TP_MALLOC((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) h[i] = NAN;
@@ -130,6 +139,19 @@ void check_exact(const Target *t, const char *what, const float *got, const floa
         if (memcmp(got + i, want + i, sizeof(float)) != 0 && n_bad++ == 0) first = i;
     TCHECK(n_bad == 0, "%s: %s: %zu of %zu elements differ, first [%zu]: got %.9g want %.9g", t->name, what, n_bad,
            n, first, n_bad ? (double)got[first] : 0.0, n_bad ? (double)want[first] : 0.0);
+}
+
+void check_attn_grads16(const Target *t, const char *what, uint16_t *const d_h[3], float *const d_f[3],
+                        const size_t n[3]) {
+    static const char *names[3] = {"dq16", "dk16", "dv16"};
+    for (int i = 0; i < 3; i++) {
+        float *got = dev_fetch_bits(t, d_h[i], n[i]), *want = dev_fetch(t, d_f[i], n[i]);
+        for (size_t e = 0; e < n[i]; e++) want[e] = ref_bf16(want[e]);
+        char full[256];
+        snprintf(full, sizeof full, "%s %s = bf16 of the fp32 form", what, names[i]);
+        check_exact(t, full, got, want, n[i]);
+        free(got), free(want);
+    }
 }
 
 void check_rel(const Target *t, const char *what, const float *got, const float *want, const float *start,

@@ -118,6 +118,7 @@ float *dev_fetch(const Target *t, const float *d, size_t n);  // a malloc'd host
  * uploaded as their bits; bits downloaded and widened to a host fp32 copy. */
 uint16_t *dev_bits(const Target *t, const float *xb, size_t n);
 float *dev_fetch_bits(const Target *t, const uint16_t *d, size_t n);
+uint16_t *dev_nan_bits(const Target *t, size_t n);  // bf16 NaN garbage for an output the op must write whole
 void dev_free(const Target *t, void *d);
 
 float *host_copy(const float *src, size_t n);
@@ -131,6 +132,12 @@ float *host_abs(const float *x, size_t n);  // |x|, element-wise
 
 /* ---- comparisons (what is prefixed with the target's name) ------------------------ */
 void check_exact(const Target *t, const char *what, const float *got, const float *want, size_t n);
+/* An attention backward's bf16 gradients d_h (its dq16, dk16, dv16; n[i]
+ * elements each) against its fp32 ones d_f written (GRAD_WRITE) on the
+ * same inputs, rounded here with ref_bf16: exactly, on every backend
+ * (ops_list.h: the same products, only the store narrows). */
+void check_attn_grads16(const Target *t, const char *what, uint16_t *const d_h[3], float *const d_f[3],
+                        const size_t n[3]);
 /* max |(got - start) - (want - start)| <= rtol * max |want - start|; start
  * may be NULL (zeros). The increments must show MIN_SIGNAL. */
 void check_rel(const Target *t, const char *what, const float *got, const float *want, const float *start,

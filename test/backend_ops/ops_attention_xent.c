@@ -307,8 +307,18 @@ static void attention_x16_case(const Target *t, const char *name, const int32_t 
                 if (x16) {
                     op_attention_fwd_x16(be, d_out, NULL, d_P, h16[0], h16[1], h16[2], d_klen, B, H, Tq, Tk, D,
                                          causal);
-                    op_attention_bwd_x16(be, d_g[0], d_g[1], d_g[2], gm, d_dout, d_P, h16[0], h16[1], h16[2],
-                                         d_scratch, B, H, Tq, Tk, D);
+                    op_attention_bwd_x16(be, d_g[0], d_g[1], d_g[2], NULL, NULL, NULL, gm, d_dout, d_P, h16[0],
+                                         h16[1], h16[2], d_scratch, B, H, Tq, Tk, D);
+                    if (mode) {  // written as bf16 bits (over NaN): the rounding of the fp32 ones
+                        uint16_t *d_h[3];
+                        for (int i = 0; i < 3; i++) d_h[i] = dev_nan_bits(t, n3[i]);
+                        op_attention_bwd_x16(be, NULL, NULL, NULL, d_h[0], d_h[1], d_h[2], gm, d_dout, d_P, h16[0],
+                                             h16[1], h16[2], d_scratch, B, H, Tq, Tk, D);
+                        char what[160];
+                        snprintf(what, sizeof what, "attention_bwd_x16 %s%s", name, path ? " (general path)" : "");
+                        check_attn_grads16(t, what, d_h, d_g, n3);
+                        for (int i = 0; i < 3; i++) dev_free(t, d_h[i]);
+                    }
                 } else {
                     op_attention_fwd(be, d_out, d_P, d_w[0], d_w[1], d_w[2], d_klen, B, H, Tq, Tk, D, causal);
                     op_attention_bwd(be, d_g[0], d_g[1], d_g[2], gm, d_dout, d_P, d_w[0], d_w[1], d_w[2], d_scratch,

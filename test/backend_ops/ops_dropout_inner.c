@@ -224,8 +224,8 @@ static void attn_drop_case(const Target *t, const AttnShape *s, float p, bool x1
     backend_upload(be, d_P, P, np * sizeof(float));
     float *d_dout = dev_from(t, dout, nq), *d_scr = dev_nan(t, np);
     float *d_g[3] = {dev_from(t, dq0, nq), dev_from(t, dk0, nk), dev_from(t, dv0, nk)};
-    op_attention_drop_bwd(be, d_g[0], d_g[1], d_g[2], GRAD_ADD, d_dout, d_P, fq, fk, fv, bq, bk, bv, d_scr, B, H, Tq,
-                          Tk, D, first, ld, p, SEED, stream);
+    op_attention_drop_bwd(be, d_g[0], d_g[1], d_g[2], NULL, NULL, NULL, GRAD_ADD, d_dout, d_P, fq, fk, fv, bq, bk, bv,
+                          d_scr, B, H, Tq, Tk, D, first, ld, p, SEED, stream);
     const float *want[3] = {dq, dk, dv}, *start[3] = {dq0, dk0, dv0};
     const size_t sizes[3] = {nq, nk, nk};
     const char *names[3] = {"dq", "dk", "dv"};
@@ -237,6 +237,16 @@ static void attn_drop_case(const Target *t, const AttnShape *s, float p, bool x1
         free(got);
         dev_free(t, d_g[i]);
     }
+    /* written over NaN in fp32 and as bf16 bits (bf16 mode's q, k, v gradients) */
+    float *d_w[3];
+    uint16_t *d_h[3];
+    for (int i = 0; i < 3; i++) d_w[i] = dev_nan(t, sizes[i]), d_h[i] = dev_nan_bits(t, sizes[i]);
+    op_attention_drop_bwd(be, d_w[0], d_w[1], d_w[2], NULL, NULL, NULL, GRAD_WRITE, d_dout, d_P, fq, fk, fv, bq, bk,
+                          bv, d_scr, B, H, Tq, Tk, D, first, ld, p, SEED, stream);
+    op_attention_drop_bwd(be, NULL, NULL, NULL, d_h[0], d_h[1], d_h[2], GRAD_WRITE, d_dout, d_P, fq, fk, fv, bq, bk,
+                          bv, d_scr, B, H, Tq, Tk, D, first, ld, p, SEED, stream);
+    check_attn_grads16(t, what, d_h, d_w, sizes);
+    for (int i = 0; i < 3; i++) dev_free(t, d_w[i]), dev_free(t, d_h[i]);
     float *host_bufs[] = {q0, k0, v0, q, k, v, out, P, Pd, dout, got_out, got_P, dq0, dk0, dv0, dq, dk, dv, scr};
     for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
     void *dev_bufs[] = {d_klen, d_q, d_k, d_v, h_q, h_k, h_v, d_out, d_P, d_Pd, d_dout, d_scr};

@@ -10,7 +10,8 @@
  * reference), a GPU within the tolerances below, since its tensor cores sum
  * in another order and its lse comes from a running maximum. Written
  * gradients equal added ones, padding keys' dk and dv rows are zeros, and
- * the empty shapes behave as attention_bwd's. */
+ * the empty shapes behave as attention_bwd's; gradients written as bf16
+ * bits (dq16, dk16, dv16) are the written fp32 ones rounded, exactly. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,21 +152,28 @@ static void flash_target(const Target *t, const FlashShape *s, const FlashRef *r
     const size_t at[3] = {0, r->nq, r->nq + r->nk}, n[3] = {r->nq, r->nk, r->nk};
     float *add[3], *put[3], *got_add[3], *got_put[3];
     for (int i = 0; i < 3; i++) add[i] = dev_from(t, r->g0 + at[i], n[i]), put[i] = dev_nan(t, n[i]);
-    op_attention_flash_bwd(be, add[0], add[1], add[2], GRAD_ADD, d_dout, d_lse, d_q, d_k, d_v, d_klen, d_delta, B, H,
-                           Tq, Tk, D, s->causal);
+    op_attention_flash_bwd(be, add[0], add[1], add[2], NULL, NULL, NULL, GRAD_ADD, d_dout, d_lse, d_q, d_k, d_v,
+                           d_klen, d_delta, B, H, Tq, Tk, D, s->causal);
     float *delta = dev_fetch(t, d_delta, r->nl);
     snprintf(what, sizeof what, "attention_flash_bwd delta %s", s->name);
     check_rel(t, what, delta, r->delta, NULL, r->nl, tol(t, ATTN_BWD_RTOL));
-    op_attention_flash_bwd(be, put[0], put[1], put[2], GRAD_WRITE, d_dout, d_lse, d_q, d_k, d_v, d_klen, d_delta, B,
-                           H, Tq, Tk, D, s->causal);
+    op_attention_flash_bwd(be, put[0], put[1], put[2], NULL, NULL, NULL, GRAD_WRITE, d_dout, d_lse, d_q, d_k, d_v,
+                           d_klen, d_delta, B, H, Tq, Tk, D, s->causal);
+    uint16_t *put16[3];  // written as bf16 bits (bf16 mode's q, k, v gradients): the rounding of the fp32 ones
+    for (int i = 0; i < 3; i++) put16[i] = dev_nan_bits(t, n[i]);
+    op_attention_flash_bwd(be, NULL, NULL, NULL, put16[0], put16[1], put16[2], GRAD_WRITE, d_dout, d_lse, d_q, d_k,
+                           d_v, d_klen, d_delta, B, H, Tq, Tk, D, s->causal);
+    snprintf(what, sizeof what, "attention_flash_bwd %s", s->name);
+    check_attn_grads16(t, what, put16, put, n);
+    for (int i = 0; i < 3; i++) dev_free(t, put16[i]);
     for (int i = 0; i < 3; i++) {
         got_add[i] = dev_fetch(t, add[i], n[i]), got_put[i] = dev_fetch(t, put[i], n[i]);
         snprintf(what, sizeof what, "attention_flash_bwd %s %s (added)", names[i], s->name);
         check_rel(t, what, got_add[i], r->grads + at[i], r->g0 + at[i], n[i], rtol);
         op_zero(be, add[i], n[i]);
     }
-    op_attention_flash_bwd(be, add[0], add[1], add[2], GRAD_ADD, d_dout, d_lse, d_q, d_k, d_v, d_klen, d_delta, B, H,
-                           Tq, Tk, D, s->causal);
+    op_attention_flash_bwd(be, add[0], add[1], add[2], NULL, NULL, NULL, GRAD_ADD, d_dout, d_lse, d_q, d_k, d_v,
+                           d_klen, d_delta, B, H, Tq, Tk, D, s->causal);
     size_t pad_nonzero = 0;
     const size_t HD = (size_t)H * D;
     for (int i = 0; i < 3; i++) {
@@ -189,7 +197,8 @@ static void flash_target(const Target *t, const FlashShape *s, const FlashRef *r
 }
 
 /* Tk == 0: out zeros and lse -inf forward; dq written zeros or left as it
- * was backward. Tq == 0: dk and dv written zeros or left. */
+ * was backward. Tq == 0: dk and dv written zeros or left. Written as bf16
+ * bits (over NaN), zeros too. */
 static void flash_empty(const Target *t, Rng *rng) {
     const int B = 2, H = 2, T = 3, D = 16;
     const size_t n = (size_t)B * T * H * D, nl = (size_t)B * H * T;
@@ -207,11 +216,11 @@ static void flash_empty(const Target *t, Rng *rng) {
             if (!tk0) g[1] = write ? dev_nan(t, n) : dev_from(t, start, n);
             const GradMode mode = write ? GRAD_WRITE : GRAD_ADD;
             if (tk0)
-                op_attention_flash_bwd(t->be, g[0], NULL, NULL, mode, NULL, d_lse, NULL, NULL, NULL, NULL, d_lse, B, H,
-                                       T, 0, D, false);
+                op_attention_flash_bwd(t->be, g[0], NULL, NULL, NULL, NULL, NULL, mode, NULL, d_lse, NULL, NULL, NULL,
+                                       NULL, d_lse, B, H, T, 0, D, false);
             else
-                op_attention_flash_bwd(t->be, NULL, g[0], g[1], mode, NULL, NULL, NULL, NULL, NULL, NULL, NULL, B, H,
-                                       0, T, D, false);
+                op_attention_flash_bwd(t->be, NULL, g[0], g[1], NULL, NULL, NULL, mode, NULL, NULL, NULL, NULL, NULL,
+                                       NULL, NULL, B, H, 0, T, D, false);
             for (int i = 0; i < (tk0 ? 1 : 2); i++) {
                 float *got = dev_fetch(t, g[i], n);
                 char what[120];
@@ -222,6 +231,24 @@ static void flash_empty(const Target *t, Rng *rng) {
                 dev_free(t, g[i]);
             }
         }
+    for (int tk0 = 0; tk0 < 2; tk0++) {
+        uint16_t *h[2] = {dev_nan_bits(t, n), tk0 ? NULL : dev_nan_bits(t, n)};
+        if (tk0)
+            op_attention_flash_bwd(t->be, NULL, NULL, NULL, h[0], NULL, NULL, GRAD_WRITE, NULL, d_lse, NULL, NULL, NULL,
+                                   NULL, d_lse, B, H, T, 0, D, false);
+        else
+            op_attention_flash_bwd(t->be, NULL, NULL, NULL, NULL, h[0], h[1], GRAD_WRITE, NULL, NULL, NULL, NULL, NULL,
+                                   NULL, NULL, B, H, 0, T, D, false);
+        for (int i = 0; i < (tk0 ? 1 : 2); i++) {
+            float *got = dev_fetch_bits(t, h[i], n);
+            char what[120];
+            snprintf(what, sizeof what, "attention_flash_bwd %s: %s written as bf16: zeros", tk0 ? "Tk = 0" : "Tq = 0",
+                     tk0 ? "dq16" : i ? "dv16" : "dk16");
+            check_exact(t, what, got, zeros, n);
+            free(got);
+            dev_free(t, h[i]);
+        }
+    }
     free(start), free(zeros), free(minus_inf), free(out), free(lse);
     dev_free(t, d_out), dev_free(t, d_lse);
 }

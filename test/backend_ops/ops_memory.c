@@ -145,8 +145,10 @@ static void every_op_run(const Target *t, EveryOp *e) {
     {  // q, k, v's first halves as bf16 bits; lse (B, H, T) in stats, delta in dP
         const uint16_t *q16 = (const uint16_t *)e->q, *k16 = (const uint16_t *)e->k, *v16 = (const uint16_t *)e->v;
         op_attention_flash_fwd(be, (uint16_t *)e->att, e->stats, q16, k16, v16, e->k_len, B, H, T, T, D, true);
-        op_attention_flash_bwd(be, e->dq, e->dk, e->dv, GRAD_WRITE, e->x, e->stats, q16, k16, v16, e->k_len, e->dP, B,
-                               H, T, T, D, true);
+        op_attention_flash_bwd(be, e->dq, e->dk, e->dv, NULL, NULL, NULL, GRAD_WRITE, e->x, e->stats, q16, k16, v16,
+                               e->k_len, e->dP, B, H, T, T, D, true);
+        op_attention_flash_bwd(be, NULL, NULL, NULL, (uint16_t *)e->dq, (uint16_t *)e->dk, (uint16_t *)e->dv,
+                               GRAD_WRITE, e->x, e->stats, q16, k16, v16, e->k_len, e->dP, B, H, T, T, D, true);
     }
     op_softmax_fwd(be, e->dP, e->dP, e->k_len, B, H, T, T, 0.25f, false);
     op_softmax_bwd(be, e->dP, e->dP, e->P, B, H, T, T, 0.25f);
