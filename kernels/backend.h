@@ -48,9 +48,13 @@
  * linear backward writes that bf16 dy itself where an op says so (the
  * FFN's hidden gradient: linear_bwd16's dx16; an attention sub-block's
  * output gradient for out_proj: residual_ln_bwd's d_branch16, without
- * sequence parallelism), so no fp32 copy of it is
- * written and read again; elsewhere the GEMMs round the fp32 dy they are
- * given, the same values.
+ * sequence parallelism; attention's q, k, v gradients for their
+ * projections: the attention backward ops' dq16, dk16, dv16, with q, k, v
+ * kept in bf16), so no fp32 copy of it is written and read again; elsewhere
+ * the GEMMs round the fp32 dy they are given, the same values. What these
+ * gradients flow into stays fp32: the linear layers' input gradients (dx),
+ * which are summed over tp, over q, k and v, across decoder layers (the
+ * encoder output's) and micro-batches, or sent between pipeline stages.
  */
 #ifndef TPTRAIN_BACKEND_H
 #define TPTRAIN_BACKEND_H
