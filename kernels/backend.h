@@ -62,6 +62,10 @@
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } Dtype;
 typedef enum { ACT_RELU = 0, ACT_GELU = 1 } Activation;
+/* Bytes of one row of a ReLU bit-mask over cols elements
+ * (linear_relu_fwd16): cols bits rounded up to a multiple of 128, the
+ * leading dimension cuBLASLt's ReLU aux epilogues require. */
+static inline size_t relu_mask_row_bytes(int cols) { return cols > 0 ? (size_t)(cols + 127) / 128 * 16 : 0; }
 /* How a backward op that takes it delivers its input gradient (ops_list.h):
  * GRAD_ADD accumulates (dx += ...), the ops' convention; GRAD_WRITE
  * overwrites (dx = ..., whatever dx held, NaN included), which spares the
