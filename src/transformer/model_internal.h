@@ -115,22 +115,9 @@ typedef struct {
     float *ln_m, *ln_r;         // (N), (N)
     float *h;                   // (N, F/tp) before the activation; NULL for ReLU, whose gradient needs a alone
     Kept a;                     // (N, F/tp) after it
-    uint8_t *mask;              // (N, relu_mask_row_bytes(F/tp)) the ReLU's bit-mask (ffn_mask_kept), or NULL
+    uint8_t *mask;              // (N, relu_mask_row_bytes(F/tp)) the ReLU's bit-mask (model_ffn_mask_kept), or NULL
 } FfnActs;
 
-/* Whether the FFN keeps its ReLU's bit-mask (1 bit per hidden element, rows
- * padded to 128 bits) from forward to backward, where fc2's dx GEMM takes
- * the ReLU's gradient and fc1's bias gradient from it in its epilogue
- * (op_linear_relu_fwd16, op_linear_bwd16_drelu: cuBLASLt's RELU_AUX_BIAS
- * and DRELU_BGRAD): bf16 kept activations (bf16 mode), ReLU, no activation
- * dropout (a mask of the ReLU alone would miss the dropped elements), and
- * d_model and d_ff/tp multiples of 8 (the GEMMs whose bf16 stores keep the
- * contract, gemm.cu's out16_fusable; elsewhere the mask would buy
- * nothing). Recomputation rebuilds it with the layer. */
-static inline bool ffn_mask_kept(const ModelConfig *c, bool keep_bf16, int tp) {
-    const int Fl = c->d_ff / tp;
-    return keep_bf16 && c->act == ACT_RELU && !(c->act_dropout > 0.0f) && c->d_model % 8 == 0 && Fl % 8 == 0;
-}
 
 typedef struct { AttnActs self; FfnActs ffn; } EncActs;
 typedef struct { AttnActs self, cross; FfnActs ffn; } DecActs;
