@@ -29,10 +29,13 @@
  * exactly what the CPU backend emulates in bf16 mode.
  *
  * Epilogues: the linear forward adds its bias in the GEMM
- * (CUBLASLT_EPILOGUE_BIAS); in fp32 the backward computes db in the dW GEMM
- * (CUBLASLT_EPILOGUE_BGRADB). In bf16 the bias gradient always comes from
- * the fp32 dy (the separate kernel, summing in double), as the CPU's
- * emulation does: BGRADB would sum the bf16 copy of dy. Where cuBLASLt has
+ * (CUBLASLT_EPILOGUE_BIAS); the backward computes db in the dW GEMM
+ * (CUBLASLT_EPILOGUE_BGRADB, which sums dy as the GEMM reads it: in bf16
+ * its bf16 copy, the contract's db). The FFN's ReLU keeps a bit-mask
+ * (cuda_op_linear_relu_fwd16: RELU_AUX_BIAS) from which the next layer's
+ * dx GEMM takes the ReLU's gradient and the first layer's db
+ * (cuda_op_linear_bwd16_drelu: DRELU_BGRAD, an fp32 bias gradient beside
+ * a bf16 output). Where cuBLASLt has
  * no algorithm for an epilogue, or refuses it with any other status (that
  * one is logged once per context), or fusion is switched off, the separate
  * bias kernels of bias.cu run instead.
