@@ -43,8 +43,11 @@
  * accumulate in fp32. A linear layer's bias gradient db is the fp32 sum
  * (accumulated in double on the CPU and in the separate CUDA pass; in fp32
  * by cuBLASLt's BGRADB epilogue, within ops' stated band) of the same
- * bf16 dy its GEMMs read: linear_bwd's every form, bias_bwd and
- * residual_ln_bwd's d_bias (ops_list.h). A producer whose consumer is a
+ * bf16 dy its GEMMs read: linear_bwd's every form, bias_bwd,
+ * residual_ln_bwd's d_bias and linear_bwd16_drelu's db_h (the FFN's first
+ * layer's, summed from the masked bf16 hidden gradient; by cuBLASLt's
+ * DRELU_BGRAD from the fp32 values before their rounding, within the
+ * op's band) (ops_list.h). A producer whose consumer is a
  * linear backward writes that bf16 dy itself where an op says so (the
  * FFN's hidden gradient: linear_bwd16's dx16; an attention sub-block's
  * output gradient for out_proj: residual_ln_bwd's d_branch16, without
@@ -66,6 +69,10 @@
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } BackendKind;
 typedef enum { DTYPE_F32 = 0, DTYPE_BF16 = 1 } Dtype;
 typedef enum { ACT_RELU = 0, ACT_GELU = 1 } Activation;
+/* Bytes of one row of a ReLU bit-mask over cols elements
+ * (linear_relu_fwd16): cols bits rounded up to a multiple of 128, the
+ * leading dimension cuBLASLt's ReLU aux epilogues require. */
+static inline size_t relu_mask_row_bytes(int cols) { return cols > 0 ? (size_t)(cols + 127) / 128 * 16 : 0; }
 /* How a backward op that takes it delivers its input gradient (ops_list.h):
  * GRAD_ADD accumulates (dx += ...), the ops' convention; GRAD_WRITE
  * overwrites (dx = ..., whatever dx held, NaN included), which spares the

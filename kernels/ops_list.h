@@ -184,6 +184,53 @@ OP(linear_bwd16, GEMM, OWN, OWN,
     int N, int in, int out),
    (dx, dx16, dx_mode, dW, db, dy, dy16, relu16, x, x16, W, N, in, out))
 
+/* The FFN's ReLU with its bit-mask (bf16 mode's fc1, kept for fc2's
+ * backward, linear_bwd16_drelu): y16 = linear_fwd16's with relu, bit for
+ * bit on the CPU (the same one-GEMM route and band on CUDA), and mask bit j
+ * of row n (byte n * relu_mask_row_bytes(out) + j / 8, bit j % 8) set where
+ * the fp32 pre-activation x W^T + b is positive, the ReLU's own test (it
+ * differs from y16 > 0 only where a positive value below bf16's least
+ * subnormal rounds to 0). A row's padding bits are unspecified. On CUDA
+ * the GEMM's RELU_AUX_BIAS epilogue writes the mask where cuBLASLt plans
+ * it (its aux leading dimension, in bits, a multiple of 128: hence the
+ * row bytes); else the fp32 product, then one pass rounding and masking. */
+OP(linear_relu_fwd16, GEMM, OWN, OWN,
+   (uint16_t *y16,        // (N, out) bf16 bits
+    float *tmp,           // (N, out) fp32 room, or NULL (linear_fwd16's)
+    uint8_t *mask,        // (N, relu_mask_row_bytes(out)) bits
+    const float *x,       // (N, in) or NULL
+    const uint16_t *x16,  // (N, in) bf16 bits, or NULL
+    const float *W,       // (out, in)
+    const float *b,       // (out) or NULL
+    int N, int in, int out),
+   (y16, tmp, mask, x, x16, W, b, N, in, out))
+
+/* The backward of a layer whose input x16 is a ReLU's output kept with
+ * its mask (linear_relu_fwd16's), through that ReLU: dh16 (written) =
+ * bf16(dy W) where the mask is set, +0 elsewhere: the ReLU's input
+ * gradient, the dy of the layer before it; db_h += the column sums of the
+ * widened dh16: that layer's bias gradient (linear_bwd16's db reading dh16
+ * as its dy, the same bf16 contract); dW and db (or NULL) as
+ * linear_bwd16's from dy (fp32) or dy16 (bf16 bits), exactly one. On the
+ * CPU bit for bit linear_bwd16 writing dx16, the mask, then bias_bwd's
+ * sums; CUDA asks cuBLASLt for dh16 and db_h in the dx GEMM's DRELU_BGRAD
+ * epilogue (db_h summed from the masked fp32 products before their
+ * rounding: within the GEMM's band), else stores dh16 from a plain GEMM
+ * and masks it by x16 > 0 (the mask's bits but for the subnormal case
+ * above) in the pass that sums db_h. */
+OP(linear_bwd16_drelu, GEMM, OWN, OWN,
+   (uint16_t *dh16,        // (N, in) bf16 bits, written
+    float *dW,             // (out, in) or NULL
+    float *db,             // (out) or NULL
+    float *db_h,           // (in) accumulated
+    const float *dy,       // (N, out) or NULL
+    const uint16_t *dy16,  // (N, out) bf16 bits, or NULL
+    const uint8_t *mask,   // (N, relu_mask_row_bytes(in)) bits: linear_relu_fwd16's
+    const uint16_t *x16,   // (N, in) bf16 bits: the ReLU's output
+    const float *W,        // (out, in)
+    int N, int in, int out),
+   (dh16, dW, db, db_h, dy, dy16, mask, x16, W, N, in, out))
+
 /* y[n, :] += b */
 OP(bias_add, ELEMENTWISE, REF, STREAM,
    (float *y,        // (N, C)

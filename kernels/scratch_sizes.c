@@ -107,6 +107,15 @@ size_t scratch_linear_bwd16(bool bf16, bool fused_bgrad, bool want_dx, bool want
                                       x16, dy16);
 }
 
+size_t scratch_linear_bwd16_drelu(bool bf16, bool fused_bgrad, bool want_dW, bool want_db, int N, int in, int out,
+                                  bool w_twin, bool dy16) {
+    if (N <= 0 || out <= 0) return 0;
+    const size_t core =
+        scratch_linear_bwd16(bf16, fused_bgrad, false, true, want_dW, want_db, N, in, out, w_twin, true, dy16, false);
+    if (in <= 0) return core;
+    return core + scratch_round((size_t)in * sizeof(float)) + scratch_bias_bwd(N, in);
+}
+
 int scratch_bias_chunks(int N) { return (N + SCRATCH_BIAS_CHUNK_ROWS - 1) / SCRATCH_BIAS_CHUNK_ROWS; }
 
 size_t scratch_bias_bwd(int N, int C) {

@@ -80,6 +80,11 @@ size_t scratch_linear_bwd_relu(bool bf16, bool fused_bgrad, bool want_dx, bool w
  * fp32 row chunks (scratch_out16_rows rows of in floats). */
 size_t scratch_linear_bwd16(bool bf16, bool fused_bgrad, bool want_dx, bool want_dx16, bool want_dW, bool want_db,
                             int N, int in, int out, bool w_twin, bool x16, bool dy16, bool relu);
+/* linear_bwd16_drelu (ops_list.h): linear_bwd16 writing dx16 from x16, plus
+ * the epilogue's (in) bias-gradient vector and the fallback pass's partials
+ * over (N, in). */
+size_t scratch_linear_bwd16_drelu(bool bf16, bool fused_bgrad, bool want_dW, bool want_db, int N, int in, int out,
+                                  bool w_twin, bool dy16);
 /* linear_bwd_dy16: dy as bf16 bits (multiplied as they are in bf16,
  * widened in fp32), no bias. */
 size_t scratch_linear_bwd_dy16(bool bf16, bool want_dx, bool want_dW, int N, int in, int out, bool w_twin);

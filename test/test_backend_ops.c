@@ -196,6 +196,7 @@ static void run_target(const Target *t, Rng *rng) {
     test_xent(t, rng);
     test_gemm(t, rng);
     test_linear(t, rng);
+    test_linear_drelu(t, rng);
     test_compute_weights(t, rng);
     test_big_grids(t, rng);
     test_no_hidden_allocs(t, rng);

@@ -16,11 +16,14 @@
  * backward; and once more without attention dropout; with q, k, v kept in
  * bf16 the attention backward writes their gradients as bf16 bits, dq16,
  * dk16, dv16, which the q, k, v projections' backward reads, with the mask
- * on the probabilities and without: attention_drop_bwd, attention_bwd_x16):
- * the loss sum and every gradient of the rank's shard are bitwise those of
- * keeping them in fp32 (where the gradients stay fp32 and the projections'
- * GEMMs round them), and the activation bytes are fewer. In fp32 mode the
- * switch does nothing.
+ * on the probabilities and without: attention_drop_bwd, attention_bwd_x16;
+ * and the FFN keeps its ReLU's bit-mask, from which fc2's backward masks the
+ * hidden gradient and sums fc1's bias gradient, op_linear_bwd16_drelu, whose
+ * mask bytes the planner's walk counts, mask_accounting): the loss sum and
+ * every gradient of the rank's shard are bitwise those of keeping them in
+ * fp32 (where the gradients stay fp32 and the projections' GEMMs round
+ * them), and the activation bytes are fewer. In fp32 mode the switch does
+ * nothing.
  */
 #include "micro_runs.h"
 
@@ -98,7 +101,40 @@ static void rank_compare(const TpGroup *g) {
     backend_destroy(be);
 }
 
+/* The ReLU bit-mask's activation bytes (model_ffn_mask_kept), as the
+ * planner counts them (model_plan_activations, the model's own walk): per
+ * FFN layer relu_mask_row_bytes(d_ff/tp) bytes a token, 1 bit an element
+ * with rows padded to 128 bits, in 64-byte slices; none with activation
+ * dropout, GELU or fp32 keeping. */
+static void mask_accounting(void) {
+    const int B = 3, S = 9, T = 6;
+    for (int tp = 1; tp <= 2; tp++) {
+        const ModelConfig relu = test_config(ACT_RELU, 0.0f, 0.1f), drop = test_config(ACT_RELU, 0.1f, 0.1f);
+        size_t with[2], without[2], fp32[2];
+        model_plan_activations(&relu, tp, NULL, MODEL_RECOMPUTE_NONE, false, true, false, B, S, T, &with[0], &with[1]);
+        model_plan_activations(&drop, tp, NULL, MODEL_RECOMPUTE_NONE, false, true, false, B, S, T, &without[0],
+                               &without[1]);
+        model_plan_activations(&relu, tp, NULL, MODEL_RECOMPUTE_NONE, false, false, false, B, S, T, &fp32[0],
+                               &fp32[1]);
+        const size_t row = relu_mask_row_bytes(relu.d_ff / tp);
+        size_t want = 0;  // floats, each layer's mask in a 16-float slice
+        for (int l = 0; l < relu.enc_layers + relu.dec_layers; l++) {
+            const size_t N = (size_t)B * (l < relu.enc_layers ? S : T);
+            want += ((N * row + 3) / 4 + 15) & ~(size_t)15;
+        }
+        CHECK(model_ffn_mask_kept(&relu, true, tp) && !model_ffn_mask_kept(&drop, true, tp) &&
+                  !model_ffn_mask_kept(&relu, false, tp),
+              "tp %d: the mask kept exactly with bf16 keeping, ReLU and no activation dropout", tp);
+        CHECK(with[0] - without[0] == want && with[1] == without[1],
+              "tp %d: the masks take %zu floats of the slot (scratch %zu against %zu), want %zu", tp,
+              with[0] - without[0], with[1], without[1], want);
+        CHECK(row == 16 && fp32[0] > with[0], "tp %d: a mask row of %zu bytes; fp32 keeping %zu floats", tp, row,
+              fp32[0]);
+    }
+}
+
 int main(void) {
+    mask_accounting();
     /* fp32: nothing to keep in bf16 */
     char err[256];
     const ModelConfig cfg = test_config(ACT_RELU, 0.1f, 0.1f);

@@ -91,6 +91,17 @@ static void r_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_m
                               twin(be, W), x16 != NULL, dy16 != NULL, relu16 != NULL));
     g_cpu->linear_bwd16(be, dx, dx16, dx_mode, dW, db, dy, dy16, relu16, x, x16, W, N, in, out);
 }
+static void r_linear_relu_fwd16(Backend *be, uint16_t *y16, float *tmp, uint8_t *mask, const float *x,
+                                const uint16_t *x16, const float *W, const float *b, int N, int in, int out) {
+    note(scratch_linear_fwd16(bf16(be), N, in, out, twin(be, W), x16 != NULL, b != NULL, tmp != NULL));
+    g_cpu->linear_relu_fwd16(be, y16, tmp, mask, x, x16, W, b, N, in, out);
+}
+static void r_linear_bwd16_drelu(Backend *be, uint16_t *dh16, float *dW, float *db, float *db_h, const float *dy,
+                                 const uint16_t *dy16, const uint8_t *mask, const uint16_t *x16, const float *W,
+                                 int N, int in, int out) {
+    note(scratch_linear_bwd16_drelu(bf16(be), true, dW != NULL, db != NULL, N, in, out, twin(be, W), dy16 != NULL));
+    g_cpu->linear_bwd16_drelu(be, dh16, dW, db, db_h, dy, dy16, mask, x16, W, N, in, out);
+}
 static void r_linear_bwd_x16(Backend *be, float *dx, GradMode dx_mode, float *dW, float *db, const float *dy,
                              const uint16_t *x16, const float *W, int N, int in, int out) {
     note(scratch_linear_bwd(bf16(be), true, dx != NULL, dW != NULL, db != NULL, N, in, out, twin(be, W), true));
@@ -148,6 +159,7 @@ static Backend *recorder(Dtype dtype) {
     g_ops.linear_bwd_relu_x16 = r_linear_bwd_relu_x16;
     g_ops.linear_fwd16 = r_linear_fwd16, g_ops.linear_bwd_dy16 = r_linear_bwd_dy16;
     g_ops.linear_bwd16 = r_linear_bwd16;
+    g_ops.linear_relu_fwd16 = r_linear_relu_fwd16, g_ops.linear_bwd16_drelu = r_linear_bwd16_drelu;
     g_ops.bias_bwd = r_bias_bwd, g_ops.embedding_bwd = r_embedding_bwd, g_ops.layernorm_bwd = r_layernorm_bwd;
     g_ops.sum_acc = r_sum_acc, g_ops.sumsq_acc = r_sumsq_acc, g_ops.residual_ln_bwd = r_residual_ln_bwd;
     be->ops = &g_ops;

@@ -265,6 +265,36 @@ static void t_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *
     else cpu_to_bf16(y16, tmp, n);
 }
 
+/* linear_fwd16 with relu through tmp (or the workspace), the mask from the
+ * same fp32 pre-activation. */
+static void t_linear_relu_fwd16(Backend *be, uint16_t *y16, float *tmp, uint8_t *mask, const float *x,
+                                const uint16_t *x16, const float *W, const float *b, int N, int in, int out) {
+    TP_CHECK(mask || N <= 0 || out <= 0, "op_linear_relu_fwd16: mask is NULL");
+    TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_relu_fwd16: give exactly one of x and x16");
+    const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
+    const size_t skip = tmp ? 0 : n;
+    if (!tmp) tmp = operand_space(be, n + (size_t)N * in + (size_t)out * in + (b ? (size_t)out : 0));
+    fwd_operands(be, skip, &x, x16, &W, &b, N, in, out);
+    cpu_linear_fwd(tmp, x, W, b, N, in, out);
+    cpu_act_fwd16(y16, tmp, n, ACT_RELU);
+    if (n) cpu_relu_mask(mask, tmp, N, out);
+}
+
+/* linear_bwd16 writing dh16, the mask, then dh16's column sums (bias_bwd's,
+ * in the workspace the GEMMs are done with). */
+static void t_linear_bwd16_drelu(Backend *be, uint16_t *dh16, float *dW, float *db, float *db_h, const float *dy,
+                                 const uint16_t *dy16, const uint8_t *mask, const uint16_t *x16, const float *W,
+                                 int N, int in, int out) {
+    TP_CHECK(N <= 0 || in <= 0 || (dh16 && db_h && mask && x16), "op_linear_bwd16_drelu: NULL dh16, db_h, mask or x16");
+    t_linear_bwd16(be, NULL, dh16, GRAD_WRITE, dW, db, dy, dy16, NULL, NULL, x16, W, N, in, out);
+    if (N <= 0 || in <= 0) return;
+    const size_t nh = (size_t)N * in;
+    cpu_relu_mask_apply(dh16, mask, N, in);
+    float *h = operand_space(be, nh);
+    cpu_from_bf16(h, dh16, nh);
+    cpu_bias_bwd(db_h, h, N, in);
+}
+
 static void t_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,
                               const float *x, const float *W, int N, int in, int out) {
     const size_t ndy = (size_t)N * out, nx = (size_t)N * in, nW = (size_t)out * in;

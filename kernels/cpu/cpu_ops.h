@@ -64,6 +64,13 @@ void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, GradMode mode, cons
                             const float *q, const float *k, const float *v, float *scratch, int B, int H, int Tq,
                             int Tk, int D, uint64_t first, uint64_t ld, float p, uint64_t seed, uint64_t stream);
 
+/* The ReLU bit-mask of linear_relu_fwd16 from the fp32 pre-activation h
+ * (N, cols): bit set where h > 0, a row's padding bits 0. */
+void cpu_relu_mask(uint8_t *mask, const float *h, int N, int cols);
+/* linear_bwd16_drelu's mask: d16 (N, cols) bf16 bits set to +0 where the
+ * mask's bit is clear, in place. */
+void cpu_relu_mask_apply(uint16_t *d16, const uint8_t *mask, int N, int cols);
+
 /* Sum of squares of x, in double (the tests' host-side figure). */
 double cpu_sumsq(const float *x, size_t n_elems);
 /* Dropout over a whole tensor (the window at 0). */

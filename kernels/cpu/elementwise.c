@@ -34,6 +34,29 @@ void cpu_act_fwd16(uint16_t *y16,   // (n_elems) bf16 bits
     for (size_t i = 0; i < n_elems; i++) y16[i] = tp_f32_to_bf16(act_value(x[i], act));
 }
 
+void cpu_relu_mask(uint8_t *mask,   // (N, relu_mask_row_bytes(cols))
+                   const float *h,  // (N, cols)
+                   int N, int cols) {
+    const size_t row_bytes = relu_mask_row_bytes(cols);
+    for (int n = 0; n < N; n++) {
+        uint8_t *row = mask + (size_t)n * row_bytes;
+        for (size_t k = 0; k < row_bytes; k++) row[k] = 0;
+        for (int j = 0; j < cols; j++)
+            if (h[(size_t)n * cols + j] > 0.0f) row[j >> 3] |= (uint8_t)(1u << (j & 7));
+    }
+}
+
+void cpu_relu_mask_apply(uint16_t *d16,        // (N, cols) bf16 bits
+                         const uint8_t *mask,  // (N, relu_mask_row_bytes(cols))
+                         int N, int cols) {
+    const size_t row_bytes = relu_mask_row_bytes(cols);
+    for (int n = 0; n < N; n++) {
+        const uint8_t *row = mask + (size_t)n * row_bytes;
+        for (int j = 0; j < cols; j++)
+            if (!((row[j >> 3] >> (j & 7)) & 1u)) d16[(size_t)n * cols + j] = 0;
+    }
+}
+
 /* One element of act_bwd: dx += (ReLU: untouched where x <= 0) or = the
  * gradient. */
 static inline void act_grad(float *dx, bool add, float dy, float x, Activation act) {

@@ -262,6 +262,26 @@ static void cu_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float 
     cuda_op_linear_fwd16(g, y16, tmp, xo, w, bias, relu, N, in, out, scratch(be, need), need);
 }
 
+static void cu_linear_relu_fwd16(Backend *be, uint16_t *y16, float *tmp, uint8_t *mask, const float *x,
+                                 const uint16_t *x16, const float *W, const float *b, int N, int in, int out) {
+    TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_relu_fwd16: give exactly one of x and x16");
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W), bias = operand_of(be, b), xo = x ? x_f32(x) : x_bf16(x16);
+    const size_t need = cuda_linear_fwd16_scratch_bytes(g, N, in, out, w.bf16 != NULL, !x, b != NULL, tmp != NULL);
+    cuda_op_linear_relu_fwd16(g, y16, tmp, mask, xo, w, bias, N, in, out, scratch(be, need), need);
+}
+
+static void cu_linear_bwd16_drelu(Backend *be, uint16_t *dh16, float *dW, float *db, float *db_h, const float *dy,
+                                  const uint16_t *dy16, const uint8_t *mask, const uint16_t *x16, const float *W,
+                                  int N, int in, int out) {
+    TP_CHECK((dy == NULL) != (dy16 == NULL), "op_linear_bwd16_drelu: give exactly one of dy and dy16");
+    CudaGemmCtx *g = impl_of(be)->gemm;
+    const CudaGemmOperand w = operand_of(be, W), dyo = dy16 ? x_bf16(dy16) : x_f32(dy);
+    const size_t need = cuda_linear_bwd16_drelu_scratch_bytes(g, dW != NULL, db != NULL, N, in, out, w.bf16 != NULL,
+                                                              dy16 != NULL);
+    cuda_op_linear_bwd16_drelu(g, dh16, dW, db, db_h, dyo, mask, x16, w, N, in, out, scratch(be, need), need);
+}
+
 static void cu_linear_bwd_dy16(Backend *be, float *dx, GradMode dx_mode, float *dW, const uint16_t *dy16,
                                const float *x, const float *W, int N, int in, int out) {
     CudaGemmCtx *g = impl_of(be)->gemm;

@@ -29,10 +29,13 @@
  * exactly what the CPU backend emulates in bf16 mode.
  *
  * Epilogues: the linear forward adds its bias in the GEMM
- * (CUBLASLT_EPILOGUE_BIAS); in fp32 the backward computes db in the dW GEMM
- * (CUBLASLT_EPILOGUE_BGRADB). In bf16 the bias gradient always comes from
- * the fp32 dy (the separate kernel, summing in double), as the CPU's
- * emulation does: BGRADB would sum the bf16 copy of dy. Where cuBLASLt has
+ * (CUBLASLT_EPILOGUE_BIAS); the backward computes db in the dW GEMM
+ * (CUBLASLT_EPILOGUE_BGRADB, which sums dy as the GEMM reads it: in bf16
+ * its bf16 copy, the contract's db). The FFN's ReLU keeps a bit-mask
+ * (cuda_op_linear_relu_fwd16: RELU_AUX_BIAS) from which the next layer's
+ * dx GEMM takes the ReLU's gradient and the first layer's db
+ * (cuda_op_linear_bwd16_drelu: DRELU_BGRAD, an fp32 bias gradient beside
+ * a bf16 output). Where cuBLASLt has
  * no algorithm for an epilogue, or refuses it with any other status (that
  * one is logged once per context), or fusion is switched off, the separate
  * bias kernels of bias.cu run instead.
@@ -97,6 +100,8 @@ typedef struct {
     long n_out16_fused, n_out16_separate;  // linear_fwd16: bf16 stored by the GEMM / fp32 then rounded
     long n_out16_unplanned;  // of the separate: no bf16-output plan, found before any operand copy
     long n_dx16_fused, n_dx16_separate;    // linear_bwd16's dx16: bf16 stored by the GEMM / fp32 row chunks rounded
+    long n_relu_mask_fused, n_relu_mask_separate;  // linear_relu_fwd16's mask: RELU_AUX_BIAS / the rounding pass
+    long n_drelu_fused, n_drelu_separate;  // linear_bwd16_drelu: DRELU_BGRAD / dx16 masked by relu16 in the bias pass
     long n_epilogue_refusals;              // fused epilogues refused with a status other than NOT_SUPPORTED
     /* tuning: each tuned key's first call counts once in tuned, single, captured or skipped */
     long n_tuned;          // shapes whose candidates were timed
@@ -239,6 +244,20 @@ size_t cuda_linear_bwd16_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, boo
 void cuda_op_linear_bwd16(CudaGemmCtx *ctx, float *dx, uint16_t *dx16, GradMode dx_mode, float *dW, float *db,
                           CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x, CudaGemmOperand W, int N,
                           int in, int out, void *scratch, size_t scratch_bytes);
+
+/* ops_list.h's linear_relu_fwd16: cuda_op_linear_fwd16 with relu, writing
+ * the ReLU's bit-mask (the GEMM's RELU_AUX_BIAS epilogue, or the rounding
+ * pass of the fallback). The scratch is cuda_linear_fwd16_scratch_bytes's. */
+void cuda_op_linear_relu_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, uint8_t *mask, CudaGemmOperand x,
+                               CudaGemmOperand W, CudaGemmOperand b, int N, int in, int out, void *scratch,
+                               size_t scratch_bytes);
+/* ops_list.h's linear_bwd16_drelu: x given as bf16 bits x16 (the ReLU's
+ * output), dy an operand (fp32, or bf16 bits alone: dy_bf16_only). */
+size_t cuda_linear_bwd16_drelu_scratch_bytes(const CudaGemmCtx *ctx, bool want_dW, bool want_db, int N, int in,
+                                             int out, bool w_has_bf16, bool dy_bf16_only);
+void cuda_op_linear_bwd16_drelu(CudaGemmCtx *ctx, uint16_t *dh16, float *dW, float *db, float *db_h,
+                                CudaGemmOperand dy, const uint8_t *mask, const uint16_t *x16, CudaGemmOperand W, int N,
+                                int in, int out, void *scratch, size_t scratch_bytes);
 
 /* cuda_op_linear_bwd without db, dy as bf16 bits (ops_list.h's
  * linear_bwd_dy16): multiplied as they are in bf16, widened into scratch

@@ -98,6 +98,9 @@ size_t cuda_residual_ln_bwd_scratch_bytes(int N, int C);
 size_t cuda_sum_scratch_bytes(size_t n_elems);  // sum_acc and sumsq_acc
 /* The bytes version of cuda_op_copy. */
 void cuda_op_copy_bytes(void *dst, const void *src, size_t n_bytes, void *scratch, cudaStream_t stream);
+/* y16 = bf16(relu(h)) and the ReLU bit-mask of h > 0 (ops_list.h's
+ * linear_relu_fwd16, whose fallback it is), one pass over h (N, cols). */
+void cuda_op_relu_fwd16_mask(uint16_t *y16, uint8_t *mask, const float *h, int N, int cols, cudaStream_t stream);
 /* cuda_op_bias_bwd summing the bf16 rounding of each dy (bias_bwd in bf16
  * mode: the sum of the dy a linear layer's bf16 GEMMs read). The scratch
  * is cuda_bias_bwd_scratch_bytes's, as for the three below. */

@@ -43,6 +43,27 @@ __global__ void act_fwd16_kernel(uint16_t *y16,   // (n_elems)
     GRID_STRIDE(i, n_elems) y16[i] = tp_bf16_bits(act_value(x[i], act));
 }
 
+// The ReLU's bf16 output and its bit-mask (ops_list.h's linear_relu_fwd16)
+// from the fp32 pre-activation: a thread per mask byte, the 8 elements of
+// its row it covers (none past cols: the row's padding bits are 0).
+__global__ void relu_fwd16_mask_kernel(uint16_t *y16,    // (N, cols) bf16 bits
+                                       uint8_t *mask,    // (N, row_bytes)
+                                       const float *h,   // (N, cols)
+                                       int cols, size_t row_bytes, size_t n_bytes) {
+    GRID_STRIDE(i, n_bytes) {
+        const size_t n = i / row_bytes, j0 = (i % row_bytes) * 8;
+        unsigned bits = 0;
+        for (int k = 0; k < 8; k++) {
+            const size_t j = j0 + (size_t)k;
+            if (j >= (size_t)cols) break;
+            const float v = h[n * (size_t)cols + j];
+            y16[n * (size_t)cols + j] = tp_bf16_bits(act_value(v, ACT_RELU));
+            if (v > 0.0f) bits |= 1u << k;
+        }
+        mask[i] = (uint8_t)bits;
+    }
+}
+
 // x as stored: fp32, or bf16 bits widened (exact).
 __device__ __forceinline__ float load_x(const float *x, size_t i) { return x[i]; }
 __device__ __forceinline__ float load_x(const uint16_t *x, size_t i) { return __uint_as_float((uint32_t)x[i] << 16); }
@@ -156,6 +177,20 @@ extern "C" void cuda_op_act_fwd16(uint16_t *y16, const float *x, size_t n_elems,
     TP_NEED_PTR("cuda_op_act_fwd16", y16);
     TP_NEED_PTR("cuda_op_act_fwd16", x);
     act_fwd16_kernel<<<tp_grid_1d(n_elems, EW_THREADS), EW_THREADS, 0, stream>>>(y16, x, n_elems, (int)act);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void cuda_op_relu_fwd16_mask(uint16_t *y16, uint8_t *mask, const float *h, int N, int cols,
+                                        cudaStream_t stream) {
+    TP_NEED_SIZE("cuda_op_relu_fwd16_mask", N);
+    TP_NEED_SIZE("cuda_op_relu_fwd16_mask", cols);
+    if (N == 0 || cols == 0) return;
+    TP_NEED_PTR("cuda_op_relu_fwd16_mask", y16);
+    TP_NEED_PTR("cuda_op_relu_fwd16_mask", mask);
+    TP_NEED_PTR("cuda_op_relu_fwd16_mask", h);
+    const size_t row_bytes = relu_mask_row_bytes(cols), n_bytes = (size_t)N * row_bytes;
+    relu_fwd16_mask_kernel<<<tp_grid_1d(n_bytes, EW_THREADS), EW_THREADS, 0, stream>>>(y16, mask, h, cols, row_bytes,
+                                                                                        n_bytes);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -269,9 +269,10 @@ static CudaGemmOperand rows_from(CudaGemmOperand x, size_t first, int in) {
 
 // The fp32 product, then the rounding (with ReLU): into tmp whole, or with
 // no tmp in row chunks through fp32 room carved from the scratch.
-static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x, CudaGemmOperand W,
-                                  CudaGemmOperand b, bool relu, int N, int in, int out, void *scratch,
-                                  size_t scratch_bytes) {
+// With mask (relu), the rounding pass writes the ReLU's bit-mask too.
+static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, uint8_t *mask, CudaGemmOperand x,
+                                  CudaGemmOperand W, CudaGemmOperand b, bool relu, int N, int in, int out,
+                                  void *scratch, size_t scratch_bytes) {
     int R = N;
     if (!tmp) {
         R = scratch_out16_rows(N, out);
@@ -287,7 +288,8 @@ static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, C
         const size_t n = (size_t)rows * out;
         cuda_op_linear_fwd(ctx, tmp, rows_from(x, (size_t)r, in), W, b, rows, in, out, scratch, scratch_bytes);
         uint16_t *dst = y16 + (size_t)r * out;
-        if (relu) cuda_op_act_fwd16(dst, tmp, n, ACT_RELU, ctx->stream);
+        if (mask) cuda_op_relu_fwd16_mask(dst, mask + (size_t)r * relu_mask_row_bytes(out), tmp, rows, out, ctx->stream);
+        else if (relu) cuda_op_act_fwd16(dst, tmp, n, ACT_RELU, ctx->stream);
         else cuda_op_to_bf16(dst, tmp, n, ctx->stream);
     }
 }
@@ -301,10 +303,11 @@ static void linear_fwd16_separate(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, C
 // those take the fused store; the rest compute in fp32 and round once.
 static bool out16_fusable(int in, int out) { return in % 8 == 0 && out % 8 == 0; }
 
-extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x,
-                                     CudaGemmOperand W, CudaGemmOperand bias, bool relu, int N, int in, int out,
-                                     void *scratch, size_t scratch_bytes) {
-    const char *op = "cuda_op_linear_fwd16";
+// linear_fwd16 (and, mask given, linear_relu_fwd16: relu, RELU_AUX_BIAS
+// writing the mask, aux leading dimension relu_mask_row_bytes(out) * 8 bits).
+static void linear_fwd16_any(CudaGemmCtx *ctx, const char *op, uint16_t *y16, float *tmp, uint8_t *mask,
+                             CudaGemmOperand x, CudaGemmOperand W, CudaGemmOperand bias, bool relu, int N, int in,
+                             int out, void *scratch, size_t scratch_bytes) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
     if (N == 0 || out == 0) return;
     TP_CHECK(y16 && (in == 0 || (given(x) && W.f32)), "%s: NULL tensor (N=%d in=%d out=%d)", op, N, in, out);
@@ -312,7 +315,7 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
     const size_t need =
         cuda_linear_fwd16_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x), has_bias, tmp != NULL);
     TP_CHECK(scratch_bytes >= need, "%s: %zu bytes of scratch given, %zu needed", op, scratch_bytes, need);
-    // the GEMM stores bf16, after bias and ReLU
+    // the GEMM stores bf16, after bias and ReLU (and writes the mask)
     if (ctx->precision == CUDA_GEMM_BF16 && ctx->fuse && in > 0 && out16_fusable(in, out)) {
         TpCarver cv = carver_of(scratch, scratch_bytes,
                                 cuda_linear_fwd_scratch_bytes(ctx, N, in, out, W.bf16 != NULL, bf16_only(x), has_bias),
@@ -320,24 +323,45 @@ extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp
         const size_t nx = (size_t)N * in, nw = (size_t)out * in;
         const void *xa = operand_place(ctx, &cv, x, nx), *wa = operand_place(ctx, &cv, W, nw);
         const void *b = bias_place(ctx, &cv, bias, out, CUDA_R_16BF);  // bf16, as cuBLASLt wants it for bf16 D
-        const cublasLtEpilogue_t epi = b ? (relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
-                                         : (relu ? CUBLASLT_EPILOGUE_RELU : CUBLASLT_EPILOGUE_DEFAULT);
+        const cublasLtEpilogue_t relu_epi =
+            mask ? (b ? CUBLASLT_EPILOGUE_RELU_AUX_BIAS : CUBLASLT_EPILOGUE_RELU_AUX)
+                 : (b ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU);
+        const cublasLtEpilogue_t epi = relu ? relu_epi : (b ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+        const int64_t aux_ld = mask ? (int64_t)relu_mask_row_bytes(out) * 8 : 0;
         // asked first: a plan cuBLASLt lacks costs no operand copies that the separate path makes again
-        if (gemm_lt_supported(ctx, false, true, N, out, in, xa, wa, ab_type_of(ctx), y16, CUDA_R_16BF, epi, b)) {
+        if (gemm_lt_supported_aux(ctx, false, true, N, out, in, xa, wa, ab_type_of(ctx), y16, CUDA_R_16BF, epi, b,
+                                  mask, aux_ld)) {
             operand_fill(ctx, xa, x, nx);
             operand_fill(ctx, wa, W, nw);
             bias_fill(ctx, b, bias, out, CUDA_R_16BF);
-            if (gemm_lt_matmul_d(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y16,
-                                 CUDA_R_16BF, epi, b)) {
+            if (gemm_lt_matmul_aux(ctx, false, true, N, out, in, 1.0f, xa, wa, ab_type_of(ctx), 0.0f, y16,
+                                   CUDA_R_16BF, epi, b, mask, aux_ld)) {
                 ctx->stats.n_out16_fused++;
+                if (mask) ctx->stats.n_relu_mask_fused++;
                 return;
             }
         } else {
             ctx->stats.n_out16_unplanned++;
         }
     }
-    linear_fwd16_separate(ctx, y16, tmp, x, W, bias, relu, N, in, out, scratch, scratch_bytes);
+    linear_fwd16_separate(ctx, y16, tmp, mask, x, W, bias, relu, N, in, out, scratch, scratch_bytes);
     ctx->stats.n_out16_separate++;
+    if (mask) ctx->stats.n_relu_mask_separate++;
+}
+
+extern "C" void cuda_op_linear_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, CudaGemmOperand x,
+                                     CudaGemmOperand W, CudaGemmOperand bias, bool relu, int N, int in, int out,
+                                     void *scratch, size_t scratch_bytes) {
+    linear_fwd16_any(ctx, "cuda_op_linear_fwd16", y16, tmp, NULL, x, W, bias, relu, N, in, out, scratch,
+                     scratch_bytes);
+}
+
+extern "C" void cuda_op_linear_relu_fwd16(CudaGemmCtx *ctx, uint16_t *y16, float *tmp, uint8_t *mask,
+                                          CudaGemmOperand x, CudaGemmOperand W, CudaGemmOperand bias, int N, int in,
+                                          int out, void *scratch, size_t scratch_bytes) {
+    TP_CHECK(mask || N <= 0 || out <= 0, "cuda_op_linear_relu_fwd16: mask is NULL");
+    linear_fwd16_any(ctx, "cuda_op_linear_relu_fwd16", y16, tmp, mask, x, W, bias, true, N, in, out, scratch,
+                     scratch_bytes);
 }
 
 // The bias gradient comes from the dW GEMM's BGRADB epilogue, which sums
@@ -366,12 +390,38 @@ static void bias_bwd_separate(CudaGemmCtx *ctx, float *db, CudaGemmOperand dy, i
     ctx->stats.n_bgrad_separate++;
 }
 
+// Through a ReLU kept with its bit-mask (linear_bwd16_drelu): the mask,
+// the sum of the masked gradient (db_h, accumulated) and the ReLU's output
+// (the fallback's mask); bgrad (in floats) and bias_scratch are carved.
+typedef struct {
+    const uint8_t *mask;     // (N, relu_mask_row_bytes(in))
+    float *db_h;             // (in)
+    const uint16_t *relu16;  // (N, in) bf16 bits
+    float *bgrad;            // (in) the epilogue's output, added into db_h (it overwrites)
+    void *bias_scratch;      // the fallback pass's partials
+} DreluOut;
+
 // dx16 = bf16(dy W) (GRAD_WRITE): in bf16 one GEMM storing bf16 where
 // cuBLASLt plans it, else (and in fp32) the fp32 product in row chunks of
 // scratch_out16_rows rows through `tmp`, each rounded (to_bf16's bits).
+// With dr, masked and summed: DRELU_BGRAD on that one GEMM, else dx16 as
+// above masked by relu16 > 0 in place in the pass that sums it.
 static void dx16_gemm(CudaGemmCtx *ctx, uint16_t *dx16, const void *dya, const void *wa, float *tmp, int N, int in,
-                      int out) {
+                      int out, const DreluOut *dr) {
     const bool bf16 = ctx->precision == CUDA_GEMM_BF16;
+    if (dr && bf16 && ctx->fuse &&
+        gemm_lt_matmul_aux(ctx, false, false, N, in, out, 1.0f, dya, wa, ab_type_of(ctx), 0.0f, dx16, CUDA_R_16BF,
+                           CUBLASLT_EPILOGUE_DRELU_BGRAD, dr->bgrad, dr->mask, (int64_t)relu_mask_row_bytes(in) * 8)) {
+        launch_accumulate(ctx->stream, dr->db_h, dr->bgrad, (size_t)in);
+        ctx->stats.n_drelu_fused++;
+        return;
+    }
+    if (dr) {
+        dx16_gemm(ctx, dx16, dya, wa, tmp, N, in, out, NULL);
+        cuda_op_bias_bwd_relu_x16_copy(dr->db_h, dx16, dx16, dr->relu16, N, in, dr->bias_scratch, ctx->stream);
+        ctx->stats.n_drelu_separate++;
+        return;
+    }
     if (bf16 && ctx->fuse &&
         gemm_lt_matmul_d(ctx, false, false, N, in, out, 1.0f, dya, wa, ab_type_of(ctx), 0.0f, dx16, CUDA_R_16BF,
                          CUBLASLT_EPILOGUE_DEFAULT, NULL)) {
@@ -414,7 +464,7 @@ static CudaGemmOperand relu_bits_pass(CudaGemmCtx *ctx, TpCarver *cv, float **db
 static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, uint16_t *dx16, GradMode dx_mode,
                             float *dW, float *db, CudaGemmOperand dy, const uint16_t *relu16, CudaGemmOperand x,
                             CudaGemmOperand W, int N, int in, int out, void *scratch, size_t scratch_bytes,
-                            size_t need) {
+                            size_t need, DreluOut *dr) {
     TP_CHECK(N >= 0 && in >= 0 && out >= 0, "%s: negative size N=%d in=%d out=%d", op, N, in, out);
     TP_CHECK(grad_mode_valid(dx_mode), "%s: unknown gradient mode %d", op, (int)dx_mode);
     if (N == 0) return;  // nothing to add to any gradient
@@ -425,6 +475,7 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, uint16_
     TP_CHECK(!dW || out == 0 || in == 0 || given(x), "%s: dW wanted but x is NULL", op);
     const float dx_beta = dx_mode == GRAD_ADD ? 1.0f : 0.0f;
     if (out == 0) {  // dy W is an (N, in) zero matrix: a written dx becomes zeros, the rest is left as it is
+        // (through a ReLU too: db_h gains zeros)
         if (dx) gemm_prepared(ctx, false, false, N, in, 0, 1.0f, NULL, NULL, dx_beta, dx);
         if (dx16 && in > 0) CUDA_CHECK(cudaMemsetAsync(dx16, 0, (size_t)N * in * sizeof(uint16_t), ctx->stream));
         return;
@@ -438,6 +489,10 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, uint16_
     }
     float *dx16_tmp = dx16 && in > 0 ? (float *)tp_carve(&cv, (size_t)scratch_out16_rows(N, in) * in * sizeof(float))
                                      : NULL;  // the fallback's fp32 row chunks
+    if (dr && in > 0) {  // scratch_linear_bwd16_drelu's two
+        dr->bgrad = (float *)tp_carve(&cv, (size_t)in * sizeof(float));
+        dr->bias_scratch = tp_carve(&cv, cuda_bias_bwd_scratch_bytes(N, in));
+    }
     const bool relu_in_pass = relu16 && bf16 && db && need_dy;  // the bias pass masks as it copies
     if (relu16 && !relu_in_pass) {  // the masked fp32 dy first (act_bwd_x16's values)
         TP_CHECK(dy.f32, "%s: a ReLU mask needs the fp32 dy", op);
@@ -464,7 +519,7 @@ static void linear_bwd_core(CudaGemmCtx *ctx, const char *op, float *dx, uint16_
     }
     if ((dx || dx16) && in > 0) {  // dx += dy W, or dx = dy W, or dx16 = bf16(dy W)
         const void *wa = operand(ctx, &cv, W, (size_t)out * in);
-        if (dx16) dx16_gemm(ctx, dx16, dya, wa, dx16_tmp, N, in, out);
+        if (dx16) dx16_gemm(ctx, dx16, dya, wa, dx16_tmp, N, in, out, dr);
         else gemm_prepared(ctx, false, false, N, in, out, 1.0f, dya, wa, dx_beta, dx);
     }
     bool fused = false;
@@ -495,7 +550,7 @@ extern "C" void cuda_op_linear_bwd(CudaGemmCtx *ctx, float *dx, GradMode dx_mode
                                                               W.bf16 != NULL, bf16_only(x))
                               : 0;
     linear_bwd_core(ctx, "cuda_op_linear_bwd", dx, NULL, dx_mode, dW, db, f32_operand(dy), NULL, x, W, N, in, out,
-                    scratch, scratch_bytes, need);
+                    scratch, scratch_bytes, need, NULL);
 }
 
 extern "C" size_t cuda_linear_bwd_relu_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dW, bool want_db,
@@ -512,7 +567,7 @@ extern "C" void cuda_op_linear_bwd_relu(CudaGemmCtx *ctx, float *dx, GradMode dx
         N > 0 ? cuda_linear_bwd_relu_scratch_bytes(ctx, dx != NULL, dW != NULL, db != NULL, N, in, out, W.bf16 != NULL)
               : 0;
     linear_bwd_core(ctx, "cuda_op_linear_bwd_relu", dx, NULL, dx_mode, dW, db, f32_operand(dy), relu16, x, W, N, in,
-                    out, scratch, scratch_bytes, need);
+                    out, scratch, scratch_bytes, need, NULL);
 }
 
 extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx_mode, float *dW,
@@ -522,7 +577,7 @@ extern "C" void cuda_op_linear_bwd_dy16(CudaGemmCtx *ctx, float *dx, GradMode dx
         N > 0 ? cuda_linear_bwd_dy16_scratch_bytes(ctx, dx != NULL, dW != NULL, N, in, out, W.bf16 != NULL) : 0;
     CudaGemmOperand dy = {NULL, dy16};
     linear_bwd_core(ctx, "cuda_op_linear_bwd_dy16", dx, NULL, dx_mode, dW, NULL, dy, NULL, x, W, N, in, out, scratch,
-                    scratch_bytes, need);
+                    scratch_bytes, need, NULL);
 }
 
 extern "C" size_t cuda_linear_bwd16_scratch_bytes(const CudaGemmCtx *ctx, bool want_dx, bool want_dx16, bool want_dW,
@@ -540,11 +595,34 @@ extern "C" void cuda_op_linear_bwd16(CudaGemmCtx *ctx, float *dx, uint16_t *dx16
                                                                 bf16_only(dy), relu16 != NULL)
                               : 0;
     linear_bwd_core(ctx, "cuda_op_linear_bwd16", dx, dx16, dx_mode, dW, db, dy, relu16, x, W, N, in, out, scratch,
-                    scratch_bytes, need);
+                    scratch_bytes, need, NULL);
 }
 
 extern "C" void cuda_gemm_f32_to_bf16(cudaStream_t stream, uint16_t *dst, const float *src, size_t n_elems) {
     if (n_elems == 0) return;
     TP_CHECK(dst && src, "cuda_gemm_f32_to_bf16: NULL pointer");
     launch_f32_to_bf16(stream, dst, src, n_elems);
+}
+
+extern "C" size_t cuda_linear_bwd16_drelu_scratch_bytes(const CudaGemmCtx *ctx, bool want_dW, bool want_db, int N,
+                                                        int in, int out, bool w_has_bf16, bool dy_bf16_only) {
+    return scratch_linear_bwd16_drelu(ctx->precision == CUDA_GEMM_BF16, fuse_bgrad(ctx), want_dW, want_db, N, in, out,
+                                      w_has_bf16, dy_bf16_only);
+}
+
+// ops_list.h's linear_bwd16_drelu: linear_bwd16's dx16 form whose dx16 GEMM
+// takes the ReLU's gradient and db_h in its epilogue (dx16_gemm).
+extern "C" void cuda_op_linear_bwd16_drelu(CudaGemmCtx *ctx, uint16_t *dh16, float *dW, float *db, float *db_h,
+                                           CudaGemmOperand dy, const uint8_t *mask, const uint16_t *x16,
+                                           CudaGemmOperand W, int N, int in, int out, void *scratch,
+                                           size_t scratch_bytes) {
+    const char *op = "cuda_op_linear_bwd16_drelu";
+    TP_CHECK(N <= 0 || in <= 0 || (dh16 && db_h && mask && x16), "%s: NULL dh16, db_h, mask or x16", op);
+    const size_t need = N > 0 ? cuda_linear_bwd16_drelu_scratch_bytes(ctx, dW != NULL, db != NULL, N, in, out,
+                                                                      W.bf16 != NULL, bf16_only(dy))
+                              : 0;
+    DreluOut dr = {mask, db_h, x16, NULL, NULL};
+    const CudaGemmOperand x = {NULL, x16};
+    linear_bwd_core(ctx, op, NULL, dh16, GRAD_WRITE, dW, db, dy, NULL, x, W, N, in, out, scratch, scratch_bytes, need,
+                    &dr);
 }

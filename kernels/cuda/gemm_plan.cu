@@ -13,7 +13,8 @@
 // replaced. Varying token counts then cost one heuristic query per new
 // shape, a lookup costs a hash and four key compares.
 //
-// Fused epilogues (bias, ReLU and bias, bias gradient) and bf16 outputs are
+// Fused epilogues (bias, ReLU and bias, bias gradient, the ReLU bit-mask's
+// RELU_AUX_BIAS and DRELU_BGRAD) and bf16 outputs are
 // optional: when cuBLASLt has no algorithm for one or refuses to run it,
 // the plan is marked unsupported and the caller runs the separate kernels
 // (a caller that must prepare operands first asks gemm_lt_supported). A
@@ -65,6 +66,9 @@ static const char *epilogue_name(cublasLtEpilogue_t e) {
     case CUBLASLT_EPILOGUE_RELU: return "relu";
     case CUBLASLT_EPILOGUE_RELU_BIAS: return "relu-bias";
     case CUBLASLT_EPILOGUE_BGRADB: return "bias-gradient";
+    case CUBLASLT_EPILOGUE_RELU_AUX: return "relu-mask";
+    case CUBLASLT_EPILOGUE_RELU_AUX_BIAS: return "relu-mask-bias";
+    case CUBLASLT_EPILOGUE_DRELU_BGRAD: return "relu-gradient-bias-gradient";
     default: return "plain";
     }
 }
@@ -115,7 +119,15 @@ static void plan_release(Plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
+// A bias gradient is fp32 (BGRADB's D is fp32; DRELU_BGRAD's D is bf16,
+// its fp32 sums kept as they are, backend.h's db); a bias has D's type
+// (cublasLt.h).
+static cudaDataType_t bias_type_of(const PlanKey *k) {
+    return k->epilogue == CUBLASLT_EPILOGUE_DRELU_BGRAD || k->epilogue == CUBLASLT_EPILOGUE_BGRADB ? CUDA_R_32F
+                                                                                                      : k->d_type;
+}
+
+static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias, const void *aux) {
     const cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // A_lt is our B
     const cublasOperation_t op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // B_lt is our A
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -123,8 +135,14 @@ static void plan_descriptors(Plan *p, const PlanKey *k, const void *bias) {
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &k->epilogue,
                                                 sizeof k->epilogue));
+    if (aux) {  // the ReLU bit-mask: its pointer again at every matmul, as the bias's
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                    sizeof aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &k->aux_ld,
+                                                    sizeof k->aux_ld));
+    }
     if (bias) {
-        const cudaDataType_t bias_type = k->d_type;  // the bias (or its gradient) has D's type (cublasLt.h)
+        const cudaDataType_t bias_type = bias_type_of(k);
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                     sizeof bias_type));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
@@ -184,7 +202,7 @@ static void plan_choose(CudaGemmCtx *ctx, Plan *p) {
 }
 
 // The cached plan of k, made (and the heuristic asked) on a miss.
-static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias) {
+static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias, const void *aux) {
     Plan *set = ctx->plans[gemm_key_hash(k) % CUDA_GEMM_PLAN_SETS];
     ctx->clock++;
     Plan *victim = &set[0];
@@ -206,7 +224,7 @@ static Plan *plan_lookup(CudaGemmCtx *ctx, const PlanKey *k, const void *bias) {
     victim->key = *k;
     victim->last_use = ctx->clock;
     ctx->stats.n_plans++;
-    plan_descriptors(victim, k, bias);
+    plan_descriptors(victim, k, bias, aux);
     plan_choose(ctx, victim);
     victim->tune_pending = k->tune && victim->supported;
     return victim;
@@ -222,7 +240,7 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
 // The plan of one call (looked up, or made and the heuristic asked).
 static Plan *plan_of(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A, const void *B,
                      cudaDataType_t ab_type, void *C, cudaDataType_t d_type, cublasLtEpilogue_t epilogue,
-                     const void *bias, bool tune) {
+                     const void *bias, const void *aux, int64_t aux_ld, bool tune) {
     PlanKey k;
     memset(&k, 0, sizeof k);  // padding too: keys are hashed and compared as bytes
     k.trans_a = trans_a;
@@ -237,14 +255,24 @@ static Plan *plan_of(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N,
     k.align_b = align_of(B);
     k.align_c = align_of(C);
     k.align_bias = bias ? align_of(bias) : 0;
+    k.align_aux = aux ? align_of(aux) : 0;
+    k.aux_ld = aux ? aux_ld : 0;
     k.tune = tune ? 1u : 0u;
-    return plan_lookup(ctx, &k, bias);
+    return plan_lookup(ctx, &k, bias, aux);
 }
 
 bool gemm_lt_supported(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
                        const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
                        cublasLtEpilogue_t epilogue, const void *bias) {
-    return plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, false)->supported;
+    return plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, NULL, 0, false)
+        ->supported;
+}
+
+bool gemm_lt_supported_aux(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
+                           const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
+                           cublasLtEpilogue_t epilogue, const void *bias, const void *aux, int64_t aux_ld) {
+    return plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, aux, aux_ld, false)
+        ->supported;
 }
 
 cublasStatus_t gemm_lt_run(CudaGemmCtx *ctx, const Plan *p, const cublasLtMatmulAlgo_t *algo, float alpha,
@@ -256,11 +284,14 @@ cublasStatus_t gemm_lt_run(CudaGemmCtx *ctx, const Plan *p, const cublasLtMatmul
 // gemm_lt_matmul_d, the plan tuned (key.tune) or not.
 static bool lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
                       const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
-                      cublasLtEpilogue_t epilogue, const void *bias, bool tune) {
-    Plan *p = plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, tune);
+                      cublasLtEpilogue_t epilogue, const void *bias, const void *aux, int64_t aux_ld, bool tune) {
+    Plan *p = plan_of(ctx, trans_a, trans_b, M, N, K, A, B, ab_type, C, d_type, epilogue, bias, aux, aux_ld, tune);
     if (!p->supported) return false;
     if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    if (aux)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                                    sizeof aux));
     if (p->tune_pending) {  // the shape's first call: its algorithm chosen once, before its result is computed
         p->tune_pending = false;
         gemm_tune_plan(ctx, p, alpha, A, B, beta, C);
@@ -286,14 +317,23 @@ static bool lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N
 bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const void *A,
                       const void *B, cudaDataType_t ab_type, float beta, void *C, cudaDataType_t d_type,
                       cublasLtEpilogue_t epilogue, const void *bias) {
-    return lt_matmul(ctx, trans_a, trans_b, M, N, K, alpha, A, B, ab_type, beta, C, d_type, epilogue, bias, false);
+    return lt_matmul(ctx, trans_a, trans_b, M, N, K, alpha, A, B, ab_type, beta, C, d_type, epilogue, bias, NULL, 0,
+                     false);
+}
+
+bool gemm_lt_matmul_aux(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                        const void *A, const void *B, cudaDataType_t ab_type, float beta, void *C,
+                        cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias, const void *aux,
+                        int64_t aux_ld) {
+    return lt_matmul(ctx, trans_a, trans_b, M, N, K, alpha, A, B, ab_type, beta, C, d_type, epilogue, bias, aux,
+                     aux_ld, false);
 }
 
 void gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, const void *B, cudaDataType_t ab_type,
                        float *C) {
     // a plain fp32 GEMM: it runs or the process ends (lt_matmul), never falls back
     (void)lt_matmul(ctx, true, false, M, N, K, 1.0f, A, B, ab_type, 1.0f, C, CUDA_R_32F, CUBLASLT_EPILOGUE_DEFAULT,
-                    NULL, ctx->tune && ctx->tune_events_ok);
+                    NULL, NULL, 0, ctx->tune && ctx->tune_events_ok);
 }
 
 // ---- context -----------------------------------------------------------------------

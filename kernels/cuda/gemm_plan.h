@@ -14,6 +14,8 @@ typedef struct {
     cudaDataType_t d_type;  // C = D: fp32, or bf16 (the linear layers' bf16 outputs)
     cublasLtEpilogue_t epilogue;
     uint32_t align_a, align_b, align_c, align_bias;  // bytes, powers of two up to 256
+    uint32_t align_aux;  // the ReLU bit-mask's (RELU_AUX_BIAS, DRELU_BGRAD), 0 without one
+    int64_t aux_ld;      // its leading dimension in bits (a multiple of 128), 0 without one
     uint32_t tune;  // 1: a weight-gradient GEMM whose algorithm is timed (gemm_tune.cu), 0: the heuristic's first
 } PlanKey;
 
@@ -68,6 +70,13 @@ bool gemm_lt_matmul(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, 
 bool gemm_lt_matmul_d(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const void *A, const void *B, cudaDataType_t ab_type, float beta, void *C,
                       cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias);
+/* The same with the ReLU bit-mask aux (aux_ld bits a row of our C, a
+ * multiple of 128): written by RELU_AUX / RELU_AUX_BIAS, read by
+ * DRELU_BGRAD, whose bias gradient (bias) is fp32 whatever C's type. */
+bool gemm_lt_matmul_aux(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                        const void *A, const void *B, cudaDataType_t ab_type, float beta, void *C,
+                        cudaDataType_t d_type, cublasLtEpilogue_t epilogue, const void *bias, const void *aux,
+                        int64_t aux_ld);
 
 /* The weight-gradient GEMM dW += dy^T x (C (M, N) fp32 += A^T B, A (K, M),
  * B (K, N)), no epilogue: gemm_lt_matmul with trans_a, alpha 1, beta 1,
@@ -83,6 +92,9 @@ void gemm_lt_matmul_dw(CudaGemmCtx *ctx, int M, int N, int K, const void *A, con
 bool gemm_lt_supported(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
                        const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
                        cublasLtEpilogue_t epilogue, const void *bias);
+bool gemm_lt_supported_aux(CudaGemmCtx *ctx, bool trans_a, bool trans_b, int M, int N, int K, const void *A,
+                           const void *B, cudaDataType_t ab_type, void *C, cudaDataType_t d_type,
+                           cublasLtEpilogue_t epilogue, const void *bias, const void *aux, int64_t aux_ld);
 /* Shared by gemm_plan.cu and gemm_tune.cu. */
 uint32_t gemm_key_hash(const PlanKey *k);
 bool gemm_key_eq(const PlanKey *a, const PlanKey *b);

@@ -16,6 +16,7 @@
 
 #include "kernels/scratch_sizes.h"
 #include "train/planner.h"
+#include "transformer/model.h"
 #include "transformer/params.h"
 
 typedef struct {
@@ -118,10 +119,15 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     if (!backward) return;
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
     if (w->bf16 && c->act == ACT_RELU && !(c->act_dropout > 0.0f)) {  // model_bwd.c's ffn_grad16: bf16 from fc2 to fc1
-        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, false, true, true, !w->sp, N, Fl, C,
-                                                      twin(w, p, "fc2"), true, false, false));
-        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, true, N, C, Fl,
-                                                      twin(w, p, "fc1"), ln_x16(w), true, true));
+        const bool mask = model_ffn_mask_kept(c, true, w->tp);  // fc2's dx GEMM masks and sums fc1's db (DRELU_BGRAD)
+        if (mask)
+            w->need = max_z(w->need, scratch_linear_bwd16_drelu(true, w->fused_bgrad, true, !w->sp, N, Fl, C,
+                                                                twin(w, p, "fc2"), false));
+        else
+            w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, false, true, true, !w->sp, N, Fl, C,
+                                                          twin(w, p, "fc2"), true, false, false));
+        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, !mask, N, C, Fl,
+                                                      twin(w, p, "fc1"), ln_x16(w), true, !mask));
         ln_bwd(w, N, C, true);
         return;
     }

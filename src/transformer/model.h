@@ -246,6 +246,18 @@ const uint16_t *model_logits16(const Model *m);
 /* The device copy of the last batch's target ids (B*T). */
 const int32_t *model_targets(const Model *m);
 
+/* Whether the FFN keeps its ReLU's bit-mask (1 bit per hidden element,
+ * each row padded to 128 bits: relu_mask_row_bytes(d_ff/tp) bytes per
+ * token, in the activation slot) from forward to backward, where fc2's dx
+ * GEMM takes the ReLU's gradient and fc1's bias gradient from it in its
+ * epilogue (op_linear_relu_fwd16, op_linear_bwd16_drelu: cuBLASLt's
+ * RELU_AUX_BIAS and DRELU_BGRAD): bf16 keeping (bf16 mode), ReLU, no
+ * activation dropout (a mask of the ReLU alone would miss the dropped
+ * elements), d_model and d_ff/tp multiples of 8 (the GEMMs that store bf16
+ * in one pass, gemm.cu's out16_fusable; elsewhere the mask would buy
+ * nothing). Recomputation rebuilds it with its layer. */
+bool model_ffn_mask_kept(const ModelConfig *cfg, bool keep_bf16, int tp);
+
 /* The floats one activation slot (*slot_elems) and the shared backward
  * scratch (*scratch_elems) take for a batch of (B, S, T) on tp rank shards
  * of `stage` (NULL: the whole stack) with this recomputation, sequence

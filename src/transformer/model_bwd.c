@@ -252,11 +252,18 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     const GemmIn a = kept_in(&f->a);
     if (ffn_grad16(m, f, d)) {
         uint16_t *d_h16 = (uint16_t *)A->d_h;  // bf16 bits in the first half of the fp32 buffer
-        op_linear_bwd16(m->be, NULL, d_h16, GRAD_WRITE, g->w2, row_db, d_out, NULL, NULL, a.f, a.h, w->w2, N, Fl, C);
+        /* with the kept mask, fc2's dx GEMM masks d_h16 and sums fc1's bias
+         * gradient (the same bits on the CPU); else fc1's backward masks by
+         * the ReLU's output as it reads */
+        if (f->mask)
+            op_linear_bwd16_drelu(m->be, d_h16, g->w2, row_db, g->b1, d_out, NULL, f->mask, a.h, w->w2, N, Fl, C);
+        else
+            op_linear_bwd16(m->be, NULL, d_h16, GRAD_WRITE, g->w2, row_db, d_out, NULL, NULL, a.f, a.h, w->w2, N, Fl,
+                            C);
         zero_pad_rows(m, A->d_ln, N);
         const GemmIn ln = col_in_bwd(m, &f->ln, N);
-        op_linear_bwd16(m->be, A->d_ln, NULL, GRAD_WRITE, g->w1, g->b1, NULL, d_h16, f->a.h, ln.f, ln.h, w->w1, N, C,
-                        Fl);
+        op_linear_bwd16(m->be, A->d_ln, NULL, GRAD_WRITE, g->w1, f->mask ? NULL : g->b1, NULL, d_h16,
+                        f->mask ? NULL : f->a.h, ln.f, ln.h, w->w1, N, C, Fl);
         ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
         return;
     }

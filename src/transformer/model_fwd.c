@@ -308,6 +308,8 @@ static void ffn_fwd(const Model *m, const FfnW *w, FfnActs *f, float *x_out, con
         float *h = f->h ? f->h : kept_dst(&f->a, A->d_h);
         lin_fwd(m, h, ln, w->w1, w->b1, N, C, Fl);
         ffn_act_dropout(m, f, h, N, d);
+    } else if (f->mask) {  // bf16 ReLU and its bit-mask for backward (model_ffn_mask_kept), as the GEMM stores
+        op_linear_relu_fwd16(m->be, f->a.h, A->d_h, f->mask, ln.f, ln.h, w->w1, w->b1, N, C, Fl);
     } else if (!f->h && f->a.h) {  // bf16 ReLU: bias, ReLU and rounding as the GEMM stores
         lin_fwd16(m, f->a.h, A->d_h, ln, w->w1, w->b1, true, N, C, Fl);
     } else {

@@ -115,7 +115,9 @@ typedef struct {
     float *ln_m, *ln_r;         // (N), (N)
     float *h;                   // (N, F/tp) before the activation; NULL for ReLU, whose gradient needs a alone
     Kept a;                     // (N, F/tp) after it
+    uint8_t *mask;              // (N, relu_mask_row_bytes(F/tp)) the ReLU's bit-mask (model_ffn_mask_kept), or NULL
 } FfnActs;
+
 
 typedef struct { AttnActs self; FfnActs ffn; } EncActs;
 typedef struct { AttnActs self, cross; FfnActs ffn; } DecActs;

@@ -48,12 +48,18 @@ static void carve_attn(Carver *c, AttnActs *a, int B, int Hl, int Tq, int Tk, in
     a->att = take_kept(c, N * Cl, bf16);
 }
 
-static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl, bool relu, bool bf16) {
+static void carve_ffn(Carver *c, FfnActs *f, size_t N, size_t n, int C, int Fl, bool relu, bool bf16, bool mask) {
     f->ln = take_kept(c, n * C, bf16);
     f->ln_m = take(c, n);
     f->ln_r = take(c, n);
     f->h = relu ? NULL : take(c, N * Fl);
     f->a = take_kept(c, N * Fl, bf16);
+    f->mask = mask ? (uint8_t *)take(c, (N * relu_mask_row_bytes(Fl) + 3) / 4) : NULL;  // bytes in floats
+}
+
+bool model_ffn_mask_kept(const ModelConfig *cfg, bool keep_bf16, int tp) {
+    const int Fl = cfg->d_ff / tp;
+    return keep_bf16 && cfg->act == ACT_RELU && !(cfg->act_dropout > 0.0f) && cfg->d_model % 8 == 0 && Fl % 8 == 0;
 }
 
 /* One encoder layer's activations for backward (beside its input), and
@@ -66,7 +72,7 @@ static void carve_enc_layer(Carver *c, const Model *m, EncActs *a, float **mid, 
     const bool relu = m->cfg.act == ACT_RELU, bf16 = m->keep_bf16;
     if (keep_mid) *mid = take(c, ns * C);
     carve_attn(c, &a->self, B, Hl, S, S, C, Cl, keep_P, ns, bf16, flash_on(m));
-    carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl, relu, bf16);
+    carve_ffn(c, &a->ffn, (size_t)B * S, ns, C, Fl, relu, bf16, model_ffn_mask_kept(&m->cfg, bf16, tp));
 }
 
 /* The same for a decoder layer: its streams after self- and cross-attention. */
@@ -81,7 +87,7 @@ static void carve_dec_layer(Carver *c, const Model *m, DecActs *a, float **mid1,
     }
     carve_attn(c, &a->self, B, Hl, T, T, C, Cl, keep_P, nt, bf16, flash_on(m));
     carve_attn(c, &a->cross, B, Hl, T, S, C, Cl, keep_P, nt, bf16, flash_on(m));
-    carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl, relu, bf16);
+    carve_ffn(c, &a->ffn, (size_t)B * T, nt, C, Fl, relu, bf16, model_ffn_mask_kept(&m->cfg, bf16, tp));
 }
 
 /* One walk both sizes (base NULL) and binds what the current stage keeps

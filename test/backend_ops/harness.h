@@ -158,6 +158,12 @@ void check_terms(const Target *t, const char *what, const float *got, const floa
 void check_close(const Target *t, const char *what, const float *got, const float *want, size_t n, double rtol,
                  double atol);
 
+/* ---- the GEMM epilogues' modes (ops_gemm.c) ---------------------------------------------
+ * How many modes a target runs the linear cases in (CUDA: 0 fused
+ * epilogues, 1 the separate kernels; the CPU: 0 alone), and the switch. */
+int n_modes(const Target *t);
+void set_mode(const Target *t, int mode);
+
 /* ---- the parts ----------------------------------------------------------------------- */
 void test_memory_ops(const Target *t, Rng *rng);
 void test_comm_copy(const Target *t, Rng *rng);  // ops_memory.c
@@ -183,6 +189,7 @@ void test_xent(const Target *t, Rng *rng);
 void test_gemm(const Target *t, Rng *rng);
 void test_linear(const Target *t, Rng *rng);
 void test_compute_weights(const Target *t, Rng *rng);
+void test_linear_drelu(const Target *t, Rng *rng);  // ops_drelu.c
 /* No op allocates behind the allocator: host allocations (wrapped malloc)
  * and, on CUDA, device memory, counted around passes over every op. */
 void test_no_hidden_allocs(const Target *t, Rng *rng);
@@ -198,6 +205,8 @@ typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
     long out16_fused, out16_separate, out16_unplanned;  // unplanned: of the separate, no plan, no operand copied
     long dx16_fused, dx16_separate;  // linear_bwd16's bf16 dx: stored by the GEMM / fp32 then rounded
+    long relu_mask_fused, relu_mask_separate;  // linear_relu_fwd16's mask: RELU_AUX_BIAS / the rounding pass
+    long drelu_fused, drelu_separate;          // linear_bwd16_drelu: DRELU_BGRAD / the masking bias pass
     /* the weight-gradient GEMMs' tuning (cuda_gemm.h's CudaGemmStats) */
     long tuned, tune_changed, tune_single, tune_captured, tune_skipped, tune_recalled;
     double tune_ms;

@@ -24,9 +24,9 @@
 
 /* ---- epilogue modes: CUDA runs each linear case fused and separate ---------------------- */
 
-static int n_modes(const Target *t) { return t->is_cpu ? 1 : 2; }
+int n_modes(const Target *t) { return t->is_cpu ? 1 : 2; }
 
-static void set_mode(const Target *t, int mode) {
+void set_mode(const Target *t, int mode) {
 #ifdef TPTRAIN_TEST_CUDA
     if (!t->is_cpu) gpu_set_fused_epilogues(t->be, mode == 0);
 #else

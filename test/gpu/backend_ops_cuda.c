@@ -37,7 +37,8 @@ GpuGemmCounts gpu_gemm_counts(const Backend *be) {
     CudaGemmStats s = cuda_gemm_stats(backend_cuda_gemm(be));
     GpuGemmCounts c = {s.n_bias_fused, s.n_bias_separate, s.n_bgrad_fused, s.n_bgrad_separate,
                        s.n_epilogue_refusals, s.n_plans, s.n_plan_evictions, s.n_out16_fused,
-                       s.n_out16_separate, s.n_out16_unplanned, s.n_dx16_fused, s.n_dx16_separate, s.n_tuned,
+                       s.n_out16_separate, s.n_out16_unplanned, s.n_dx16_fused, s.n_dx16_separate,
+                       s.n_relu_mask_fused, s.n_relu_mask_separate, s.n_drelu_fused, s.n_drelu_separate, s.n_tuned,
                        s.n_tune_changed, s.n_tune_single, s.n_tune_captured, s.n_tune_skipped, s.n_tune_recalled,
                        s.tune_ms};
     return c;
