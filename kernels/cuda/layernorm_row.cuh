@@ -320,8 +320,10 @@ __device__ __forceinline__ void ln_chunk_partials(ColsumPlanes pl, const double 
 // warp w takes rows w, w + COLSUM_STREAMS, ... of the chunk. With ACC
 // (NJ > 0; dynamic shared memory ln_acc_bytes(NJ, n_sums)) the partials
 // of pl (n_sums of them: dgamma, dbeta, the tail's) are written.
+// Rows up to 512 wide: two blocks an SM (128 registers a thread; the
+// shared memory allows it), so 16 warps keep the loads in flight.
 template <int NJ, bool VEC, bool ACC, typename Tail>
-__global__ void __launch_bounds__(LN_THREADS) ln_bwd_kernel(Tail tail, LnBwdRows a, ColsumPlanes pl, int n_sums,
+__global__ void __launch_bounds__(LN_THREADS, NJ > 0 && NJ <= 4 ? 2 : 1) ln_bwd_kernel(Tail tail, LnBwdRows a, ColsumPlanes pl, int n_sums,
                                                             int n_chunks, int N, int C) {
     static_assert(!ACC || NJ > 0, "column sums in shared memory need the row in registers");
     extern __shared__ double acc[];
