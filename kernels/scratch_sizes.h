@@ -23,8 +23,8 @@ extern "C" {
 #endif
 
 #define SCRATCH_ALIGN ((size_t)256)
-#define SCRATCH_BIAS_CHUNK_ROWS 256  // rows per partial of the bias-gradient column sums (bias.cu)
-#define SCRATCH_LN_CHUNK_ROWS 256    // rows per partial of the LayerNorm gamma/beta sums (layernorm.cu)
+#define SCRATCH_BIAS_CHUNK_ROWS 64   // rows per partial of the bias-gradient column sums (colsum.cuh)
+#define SCRATCH_LN_CHUNK_ROWS 64     // rows per partial of the LayerNorm gamma/beta sums (colsum.cuh)
 #define SCRATCH_SUM_THREADS 256u     // threads per block of the sum reductions (reduce.cu)
 #define SCRATCH_SUM_MAX_BLOCKS 1024u // blocks of the first pass at most (= threads of the final pass)
 /* The embedding backward sorts (token id, row) pairs with CUB's radix sort.

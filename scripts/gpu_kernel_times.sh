@@ -15,6 +15,10 @@
 # scripts/kernel_times_table.py where python3 is). Environment: KT_STEPS (2),
 # KT_LAUNCH_COUNT (at most this many kernels profiled, 3000), KT_TIMEOUT
 # (seconds for the ncu run, 240), KT_TOKENS (16384), KT_PRESET (base).
+# First, without ncu, the bundle's bench_ln_ops times the LayerNorm and
+# residual + LayerNorm ops alone at the base and big presets' widths
+# (GB/s against the bytes each must move) into ln_bandwidth.txt (a few
+# seconds; KT_LN_BENCH=0 skips it).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=${1:-gpu_bundle}
@@ -35,6 +39,12 @@ done
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 [ -n "$nccl" ] && libs=$libs:$nccl
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+lnb=$bundle/bin/test/bench_ln_ops
+[ -x "$lnb" ] || [ ! -f "$bundle/bin/test.tar.gz" ] || tar -xzf "$bundle/bin/test.tar.gz" -C "$bundle/bin" test/bench_ln_ops
+if [ "${KT_LN_BENCH:-1}" != 0 ] && [ -x "$lnb" ]; then
+  timeout -k 5 120 "$lnb" cuda 50 > "$out/ln_bandwidth.txt" 2>&1
+  echo "gpu_kernel_times: bench_ln_ops exit $?"; cat "$out/ln_bandwidth.txt"
+fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/kernel_times.XXXXXX") || exit 2
 tar -xzf "$bundle"/data/*.tar.gz -C "$work" || exit 2
 corpus=$(dirname "$(ls "$work"/*/train.en | head -n 1)")

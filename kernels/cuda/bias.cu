@@ -2,10 +2,12 @@
 //
 // bias_add is one IEEE add per element, bit-identical to the CPU. bias_bwd is
 // a column sum over rows, done without atomics so the result never depends on
-// scheduling: pass 1 cuts the rows into fixed chunks of BIAS_CHUNK_ROWS; a
-// (32 x 8) block sums 32 columns of one chunk in double (each thread its
-// rows in order, then the 8 row-threads in order) into partials[chunk, c];
-// pass 2 sums the partials of each column over chunks in order and adds the
+// scheduling, in colsum.cuh's order (the one layernorm.cu and residual_ln.cu
+// sum in, so the fused residual backward's bias gradient is this op's bits):
+// pass 1 cuts the rows into fixed chunks of COLSUM_CHUNK_ROWS; a (32 x 8)
+// block sums 32 columns of one chunk in double (each thread its rows in
+// order, then the 8 row-threads in order) into partials[chunk, c]; pass 2
+// (colsum.cuh's) sums each column's partials in its fixed tree and adds the
 // result, rounded once, to db (as the CPU, which sums in double). The
 // partials live in the caller's scratch (cuda_bias_bwd_scratch_bytes).
 // A bf16 linear backward needs dy's bf16 copy too: pass 1 can store it as
@@ -22,11 +24,12 @@
 
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
+#include "colsum.cuh"
 
 #define BIAS_THREADS 256u
-#define BIAS_COLS 32   // columns per block of pass 1 (= blockDim.x)
-#define BIAS_ROWT 8    // row-threads per block of pass 1 (= blockDim.y)
-#define BIAS_CHUNK_ROWS SCRATCH_BIAS_CHUNK_ROWS  // kernels/scratch_sizes.h (the scratch size)
+#define BIAS_COLS COLSUM_COLS     // columns per block of pass 1 (= blockDim.x)
+#define BIAS_ROWT COLSUM_STREAMS  // row-threads per block of pass 1 (= blockDim.y): colsum.cuh's streams
+#define BIAS_CHUNK_ROWS COLSUM_CHUNK_ROWS
 #define BIAS_BATCH 8   // rows a thread of pass 1 loads before summing them
 
 // ---- kernels ---------------------------------------------------------------------
@@ -39,7 +42,8 @@ __global__ void bias_add_kernel(float *y,        // (N, C)
         y[i] += b[i % (size_t)C];
 }
 
-// grid (ceil(C/32), n_chunks), block (32, 8). dy is fp32 or bf16 bits
+// grid (ceil(C/32), colsum_grid_y(N)), block (32, 8): chunks blockIdx.y,
+// blockIdx.y + gridDim.y, ... dy is fp32 or bf16 bits
 // (In: float or uint16_t). ROUND: each element is summed as its bf16
 // rounding (exact for bf16 bits). COPY (with ROUND): each value summed is
 // also stored as bf16 into dy16 (the GEMMs' operand rounding), so a caller
@@ -62,49 +66,42 @@ __global__ void bias_bwd_partial_kernel(double *partials,        // (n_chunks, C
     static_assert(ROUND || !COPY, "the copy stores the values summed: rounded");
     __shared__ double smem[BIAS_ROWT][BIAS_COLS];
     const int c = blockIdx.x * BIAS_COLS + threadIdx.x;
-    const int row_begin = blockIdx.y * BIAS_CHUNK_ROWS;
-    const int row_end = min(N, row_begin + BIAS_CHUNK_ROWS);
-    double acc = 0.0;
-    if (c < C)
-        for (int n0 = row_begin + threadIdx.y; n0 < row_end; n0 += BIAS_BATCH * BIAS_ROWT) {
-            float v[BIAS_BATCH];
-#pragma unroll
-            for (int u = 0; u < BIAS_BATCH; u++) {  // the loads
-                const int n = n0 + u * BIAS_ROWT;
-                const size_t i = (size_t)n * C + c;
-                v[u] = 0.0f;
-                if (n < row_end) {
-                    v[u] = ld_in(dy, (long long)i);
-                    if (relu16 && !(ld_in(relu16, (long long)i) > 0.0f)) v[u] = 0.0f;
+    for (int chunk = blockIdx.y; (long long)chunk * BIAS_CHUNK_ROWS < N; chunk += gridDim.y) {
+        const int row_begin = chunk * BIAS_CHUNK_ROWS;
+        const int row_end = min(N, row_begin + BIAS_CHUNK_ROWS);
+        double acc = 0.0;
+        if (c < C)
+            for (int n0 = row_begin + threadIdx.y; n0 < row_end; n0 += BIAS_BATCH * BIAS_ROWT) {
+                float v[BIAS_BATCH];
+    #pragma unroll
+                for (int u = 0; u < BIAS_BATCH; u++) {  // the loads
+                    const int n = n0 + u * BIAS_ROWT;
+                    const size_t i = (size_t)n * C + c;
+                    v[u] = 0.0f;
+                    if (n < row_end) {
+                        v[u] = ld_in(dy, (long long)i);
+                        if (relu16 && !(ld_in(relu16, (long long)i) > 0.0f)) v[u] = 0.0f;
+                    }
+                }
+    #pragma unroll
+                for (int u = 0; u < BIAS_BATCH; u++) {  // the sums (and copies), in row order
+                    const int n = n0 + u * BIAS_ROWT;
+                    if (n < row_end) {
+                        const float x = ROUND ? tp_bf16_round(v[u]) : v[u];
+                        acc += x;
+                        if (COPY) dy16[(size_t)n * C + c] = __float2bfloat16_rn(x);  // exact: x is a bf16 value
+                    }
                 }
             }
-#pragma unroll
-            for (int u = 0; u < BIAS_BATCH; u++) {  // the sums (and copies), in row order
-                const int n = n0 + u * BIAS_ROWT;
-                if (n < row_end) {
-                    const float x = ROUND ? tp_bf16_round(v[u]) : v[u];
-                    acc += x;
-                    if (COPY) dy16[(size_t)n * C + c] = __float2bfloat16_rn(x);  // exact: x is a bf16 value
-                }
-            }
+        __syncthreads();  // the previous chunk's smem is read
+        smem[threadIdx.y][threadIdx.x] = acc;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            double sum = 0.0;
+            for (int r = 0; r < BIAS_ROWT; r++) sum += smem[r][threadIdx.x];
+            partials[(size_t)chunk * C + c] = sum;
         }
-    smem[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        double sum = 0.0;
-        for (int r = 0; r < BIAS_ROWT; r++) sum += smem[r][threadIdx.x];
-        partials[(size_t)blockIdx.y * C + c] = sum;
     }
-}
-
-__global__ void bias_bwd_final_kernel(float *db,                // (C) accumulated
-                                      const double *partials,   // (n_chunks, C)
-                                      int n_chunks, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    double sum = 0.0;
-    for (int k = 0; k < n_chunks; k++) sum += partials[(size_t)k * C + c];
-    db[c] += (float)sum;
 }
 
 // ---- launchers ---------------------------------------------------------------------
@@ -128,8 +125,7 @@ typedef struct {
 static void bias_bwd_launch(float *db, uint16_t *dy16, BiasSrc src, const uint16_t *relu16, int N, int C,
                             double *partials,  // (n_chunks, C)
                             cudaStream_t stream) {
-    const int n_chunks = bias_chunks(N);
-    dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, n_chunks), block(BIAS_COLS, BIAS_ROWT);
+    dim3 grid((C + BIAS_COLS - 1) / BIAS_COLS, colsum_grid_y(N)), block(BIAS_COLS, BIAS_ROWT);
     if (src.bits && dy16)  // bits are bf16 values: "rounding" them is exact, the copy stores them (masked)
         bias_bwd_partial_kernel<uint16_t, true, true><<<grid, block, 0, stream>>>(partials, (__nv_bfloat16 *)dy16,
                                                                                   src.bits, relu16, N, C);
@@ -145,9 +141,8 @@ static void bias_bwd_launch(float *db, uint16_t *dy16, BiasSrc src, const uint16
         bias_bwd_partial_kernel<float, false, false><<<grid, block, 0, stream>>>(partials, NULL, src.f32, relu16, N,
                                                                                  C);
     CUDA_CHECK(cudaGetLastError());
-    bias_bwd_final_kernel<<<(C + BIAS_THREADS - 1) / BIAS_THREADS, BIAS_THREADS, 0, stream>>>(
-        db, partials, n_chunks, C);
-    CUDA_CHECK(cudaGetLastError());
+    ColsumPlanes pl = {{partials, NULL, NULL}, {db, NULL, NULL}};
+    colsum_final_launch(pl, N, C, stream);
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -172,7 +167,6 @@ static void bias_bwd_op(const char *op, float *db, uint16_t *dy16, BiasSrc src, 
     if (N == 0 || C == 0) return;  // adds nothing
     TP_NEED_PTR(op, db);
     TP_CHECK(src.f32 || src.bits, "%s: dy is NULL", op);
-    TP_CHECK(bias_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
     TpCarver cv = tp_carver(scratch, cuda_bias_bwd_scratch_bytes(N, C), op);
     double *partials = (double *)tp_carve(&cv, (size_t)bias_chunks(N) * C * sizeof(double));
     bias_bwd_launch(db, dy16, src, relu16, N, C, partials, stream);

@@ -2,38 +2,29 @@
 //
 // The boundary between two pre-LN sub-blocks is, unfused, four passes
 // forward (bias add, dropout, residual add, LayerNorm) and six launches
-// backward (LayerNorm backward's three, a zeroing, dropout backward, the
-// bias gradient's two). Here the row work is one pass each way, a warp per
-// row as in layernorm.cu: forward reads branch, res_in (and bias, gamma,
-// beta), writes res_out, y, mean, rstd; backward reads dy, x, d_res, writes
-// d_res and d_branch. The column sums of the backward (dgamma, dbeta and the
-// bias gradient) follow in one column pass over fixed row chunks and one
-// final pass, in double and fixed order like layernorm.cu's: no atomics, the
-// same bits every run.
+// backward (LayerNorm backward's, a zeroing, dropout backward, the bias
+// gradient's). Here the row work is one pass each way, through
+// layernorm_row.cuh's kernels (the code layernorm.cu runs): forward reads
+// branch and res_in once (bias, gamma, beta from cache), writes res_out and
+// keeps it in registers for the LayerNorm, writes y (fp32 or bf16), mean,
+// rstd; backward reads dy, x and d_res once, writes d_res and d_branch
+// (fp32 or bf16) and sums the columns (dgamma, dbeta, the bias gradient) as
+// it goes, in colsum.cuh's order, the one layernorm.cu's and bias.cu's sums
+// follow: no atomics, the same bits every run.
 //
 // The dropout mask is drawn exactly as dropout.cu draws it (element i of
 // the window starting at `first` uses Philox counter (first + i) / 4, word
-// (first + i) % 4), the residual arithmetic uses __fadd_rn / __fmul_rn (no
-// FMA) as dropout.cu does, the LayerNorm rows are layernorm_row.cuh's (the
-// code layernorm.cu runs) and the column sums follow layernorm.cu's and
-// bias.cu's chunks and order. So both ops equal the unfused CUDA sequence bit
-// for bit, and res_out and d_branch (given d_res) the CPU's too; y, mean,
-// rstd, d_res and the column sums differ from the CPU only as layernorm.cu's
-// do, in the order of their double sums (harness.h's SUM_RTOL). The
-// residual pass and the dropout-gradient pass read and write float4 where
-// rows are 4-wide and every pointer 16-byte aligned (one Philox call per
-// float4); the LayerNorm passes stride the row by lane, as layernorm.cu.
+// (first + i) % 4; one Philox call per float4 where rows are 4-wide and the
+// pointers 16-byte aligned, a call per element otherwise), the residual
+// arithmetic uses __fadd_rn / __fmul_rn (no FMA) as dropout.cu does. So
+// both ops equal the unfused CUDA sequence bit for bit, and res_out and
+// d_branch (given d_res) the CPU's too; y, mean, rstd, d_res and the column
+// sums differ from the CPU only as layernorm.cu's do, in the order of their
+// double sums (harness.h's SUM_RTOL).
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 #include "layernorm_row.cuh"
 #include "philox.h"
-
-#define RLN_THREADS 256  // 8 warps = 8 rows per block
-#define RLN_ROWS_PER_BLOCK (RLN_THREADS / TP_WARP)
-#define RLN_COLS 32      // columns per block of the column pass (= blockDim.x)
-#define RLN_ROWT 8       // row-threads per block of the column pass (= blockDim.y)
-#define RLN_CHUNK_ROWS SCRATCH_LN_CHUNK_ROWS  // kernels/scratch_sizes.h: layernorm.cu's chunks, and bias.cu's:
-static_assert(SCRATCH_LN_CHUNK_ROWS == SCRATCH_BIAS_CHUNK_ROWS, "the fused sums follow layernorm.cu's and bias.cu's");
 
 // The dropout of one run: the mask of philox.h, as dropout.cu draws it.
 typedef struct {
@@ -64,7 +55,7 @@ __device__ __forceinline__ float rln_drop(const RlnDrop &d, float v, uint32_t wo
     return dropout_keeps(word, d.p) ? __fmul_rn(v, d.scale) : 0.0f;
 }
 
-// The word of element i (an index into the window) for the scalar path.
+// The word of element i (an index into the window) for the scalar loads.
 __device__ __forceinline__ uint32_t rln_word_of(const RlnDrop &d, size_t i) {
     if (!d.on) return 0;
     uint32_t w[4];
@@ -82,177 +73,87 @@ __device__ __forceinline__ float rln_resid(const RlnDrop &d, float r_in, float b
 
 // ---- forward ---------------------------------------------------------------------
 
-// The residual pass of a row: res_out written (this lane's elements).
-template <bool VEC>
-__device__ __forceinline__ void rln_fwd_residual(const RlnDrop &d, float *ro, const float *ri, const float *br,
-                                                 const float *bias, size_t row_at, int C, int lane) {
-    if (VEC) {
-        for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
-            const float4 b = *(const float4 *)(br + c), r = *(const float4 *)(ri + c);
-            uint32_t w[4] = {0, 0, 0, 0};
-            if (d.on) rln_words(d, (d.first + row_at + c) / 4, w);
-            float4 o;
-            o.x = rln_resid(d, r.x, b.x, bias, c, w[0]);
-            o.y = rln_resid(d, r.y, b.y, bias, c + 1, w[1]);
-            o.z = rln_resid(d, r.z, b.z, bias, c + 2, w[2]);
-            o.w = rln_resid(d, r.w, b.w, bias, c + 3, w[3]);
-            *(float4 *)(ro + c) = o;
-        }
-    } else {
-        for (int c = lane; c < C; c += TP_WARP)
-            ro[c] = rln_resid(d, ri[c], br[c], bias, c, rln_word_of(d, row_at + c));
-    }
-}
-
-template <bool VEC>
-__global__ void residual_ln_fwd_kernel(float *res_out, float *y, uint16_t *y16, float *mean, float *rstd,
-                                       const float *res_in,
-                                       const float *branch, const float *bias, const float *gamma, const float *beta,
-                                       int N, int C, float eps, RlnDrop d) {  // shapes: ops_list.h
-    rln_resolve(d);
-    const int lane = threadIdx.x % TP_WARP;
-    for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
-         n += gridDim.x * RLN_ROWS_PER_BLOCK) {
+// The forward's source (layernorm_row.cuh): row n's res_out = res_in +
+// Dropout(branch + bias), written, and kept as the LayerNorm's input (in
+// registers; NJ = 0: read back from res_out, each lane its own elements).
+struct RlnSrc {
+    RlnDrop d;
+    float *res_out;        // (N, C)
+    const float *res_in;   // (N, C)
+    const float *branch;   // (N, C)
+    const float *bias;     // (C) or NULL
+    __device__ __forceinline__ void begin() { rln_resolve(d); }
+    template <int NJ, bool VEC>
+    __device__ __forceinline__ void row(LnRow<NJ> &x, int n, int C, int lane) {
         const size_t at = (size_t)n * C;
         float *ro = res_out + at;
-        rln_fwd_residual<VEC>(d, ro, res_in + at, branch + at, bias, at, C, lane);
-        __syncwarp();  // the row's res_out, written in the residual pass's layout, is read by every lane
-        float m, rs;
-        tp_ln_row_fwd(y ? y + at : NULL, y ? NULL : y16 + at, ro, gamma, beta, C, eps, lane, &m, &rs);
-        if (lane == 0) {
-            mean[n] = m;
-            rstd[n] = rs;
+        const float *ri = res_in + at, *br = branch + at;
+        const int nj = ln_nk<NJ>(C) / 4;
+#pragma unroll
+        for (int j = 0; j < nj; j++) {
+            const int c0 = LN_GROUP * j + 4 * lane;
+            float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (VEC) {
+                if (c0 < C) {
+                    const float4 b = *(const float4 *)(br + c0), r = *(const float4 *)(ri + c0);
+                    uint32_t w[4] = {0, 0, 0, 0};
+                    if (d.on) rln_words(d, (d.first + at + c0) / 4, w);  // one Philox block: C % 4 == 0
+                    o[0] = rln_resid(d, r.x, b.x, bias, c0, w[0]);
+                    o[1] = rln_resid(d, r.y, b.y, bias, c0 + 1, w[1]);
+                    o[2] = rln_resid(d, r.z, b.z, bias, c0 + 2, w[2]);
+                    o[3] = rln_resid(d, r.w, b.w, bias, c0 + 3, w[3]);
+                    ln_st4(ro + c0, make_float4(o[0], o[1], o[2], o[3]));
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (c0 + e < C) {
+                        const int c = c0 + e;
+                        o[e] = rln_resid(d, ri[c], br[c], bias, c, rln_word_of(d, at + c));
+                        ro[c] = o[e];
+                    }
+            }
+            if (NJ > 0) ln_keep4(x, j, o);
         }
+        if (NJ == 0) ln_load<NJ, VEC>(x, ro, C, lane);
     }
-}
+};
 
 // ---- backward ----------------------------------------------------------------------
 
-// d_branch's stores: fp32, or its bf16 rounding (d_branch16).
-__device__ __forceinline__ void rln_store(float *o, int c, float v) { o[c] = v; }
-__device__ __forceinline__ void rln_store(uint16_t *o, int c, float v) { o[c] = tp_bf16_bits(v); }
-__device__ __forceinline__ void rln_store4(float *o, int c, float4 v) { *(float4 *)(o + c) = v; }
-__device__ __forceinline__ void rln_store4(uint16_t *o, int c, float4 v) {
-    ushort4 h;
-    h.x = tp_bf16_bits(v.x);
-    h.y = tp_bf16_bits(v.y);
-    h.z = tp_bf16_bits(v.z);
-    h.w = tp_bf16_bits(v.w);
-    *(ushort4 *)(o + c) = h;
-}
-
-// d_branch = Dropout backward of d_res (written; 0 + value, as the unfused
-// zeroing and accumulation give), this lane's elements of a row.
-template <bool VEC, typename OutT>
-__device__ __forceinline__ void rln_bwd_branch(const RlnDrop &d, OutT *db, const float *dr, size_t row_at, int C,
-                                               int lane) {
-    if (VEC) {
-        for (int c = 4 * lane; c < C; c += 4 * TP_WARP) {
-            const float4 r = *(const float4 *)(dr + c);
-            uint32_t w[4] = {0, 0, 0, 0};
-            if (d.on) rln_words(d, (d.first + row_at + c) / 4, w);
-            float4 o;
-            o.x = __fadd_rn(0.0f, rln_drop(d, r.x, w[0]));
-            o.y = __fadd_rn(0.0f, rln_drop(d, r.y, w[1]));
-            o.z = __fadd_rn(0.0f, rln_drop(d, r.z, w[2]));
-            o.w = __fadd_rn(0.0f, rln_drop(d, r.w, w[3]));
-            rln_store4(db, c, o);
+// The backward's tail (layernorm_row.cuh): d_branch = Dropout backward of
+// the new d_res (written; 0 + value, as the unfused zeroing and
+// accumulation give), fp32 or its bf16 rounding (OutT), and the bias
+// gradient's term of each element: the value, or in bf16 mode (round_bias,
+// or stored as bf16) its bf16 rounding.
+template <typename OutT>
+struct RlnTail {
+    RlnDrop d;
+    OutT *d_branch;   // (N, C) written
+    bool round_bias;  // bias terms rounded to bf16 (always so for bf16 storage)
+    __device__ __forceinline__ void begin() { rln_resolve(d); }
+    __device__ __forceinline__ float term_of(float v) const { return round_bias ? tp_bf16_round(v) : v; }
+    __device__ __forceinline__ void group4(size_t at, int c0, const float (&v)[4], float (&term)[4]) const {
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (d.on) rln_words(d, (d.first + at + c0) / 4, w);
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            o[e] = __fadd_rn(0.0f, rln_drop(d, v[e], w[e]));
+            term[e] = term_of(o[e]);
         }
-    } else {
-        for (int c = lane; c < C; c += TP_WARP)
-            rln_store(db, c, __fadd_rn(0.0f, rln_drop(d, dr[c], rln_word_of(d, row_at + c))));
+        ln_st4(d_branch + at + c0, make_float4(o[0], o[1], o[2], o[3]));
     }
-}
+    __device__ __forceinline__ float one(size_t at, int c, float v) const {
+        const float o = __fadd_rn(0.0f, rln_drop(d, v, rln_word_of(d, at + c)));
+        ln_st1(d_branch + at + c, o);
+        return term_of(o);
+    }
+    // The term of element i read back from d_branch (the column kernel's).
+    __device__ __forceinline__ float term(size_t i) const { return term_of(ld_in(d_branch, (long long)i)); }
+};
 
-// d_res += LayerNorm backward of dy (layernorm_row.cuh), then d_branch from
-// the new d_res.
-template <bool VEC, typename OutT>
-__global__ void residual_ln_bwd_rows_kernel(float *d_res,         // (N, C) accumulated
-                                            OutT *d_branch,       // (N, C) written: fp32 or bf16 bits
-                                            const float *dy,      // (N, C)
-                                            const float *x,       // (N, C)
-                                            const float *mean,    // (N)
-                                            const float *rstd,    // (N)
-                                            const float *gamma,   // (C)
-                                            int N, int C, RlnDrop d) {
-    rln_resolve(d);
-    const int lane = threadIdx.x % TP_WARP;
-    for (int n = blockIdx.x * RLN_ROWS_PER_BLOCK + threadIdx.x / TP_WARP; n < N;
-         n += gridDim.x * RLN_ROWS_PER_BLOCK) {
-        const size_t at = (size_t)n * C;
-        tp_ln_row_bwd_dx(d_res + at, dy + at, x + at, gamma, mean[n], rstd[n], C, lane);
-        __syncwarp();  // the row's d_res, written lane-strided, is read in the branch pass's layout
-        rln_bwd_branch<VEC, OutT>(d, d_branch + at, d_res + at, at, C, lane);
-    }
-}
-
-// grid (ceil(C/32), n_chunks), block (32, 8): per-chunk column sums of
-// dy * xhat (dgamma), dy (dbeta) and, part_dbias given, d_branch (the bias;
-// round_bias: its bf16 rounding, the dy a bf16 linear backward reads;
-// d_branch16: those bf16 values, as stored).
-__global__ void residual_ln_bwd_partial_kernel(double *part_dgamma,    // (n_chunks, C)
-                                               double *part_dbeta,     // (n_chunks, C)
-                                               double *part_dbias,     // (n_chunks, C) or NULL
-                                               const float *dy,        // (N, C)
-                                               const float *x,         // (N, C)
-                                               const float *mean,      // (N)
-                                               const float *rstd,      // (N)
-                                               const float *d_branch,  // (N, C), or NULL
-                                               const uint16_t *d_branch16,  // (N, C), or NULL
-                                               bool round_bias, int N, int C) {
-    __shared__ double s[3][RLN_ROWT][RLN_COLS];
-    const int c = blockIdx.x * RLN_COLS + threadIdx.x;
-    const int row_begin = blockIdx.y * RLN_CHUNK_ROWS;
-    const int row_end = min(N, row_begin + RLN_CHUNK_ROWS);
-    double dg = 0.0, db = 0.0, dbias = 0.0;
-    if (c < C)
-        for (int n = row_begin + threadIdx.y; n < row_end; n += RLN_ROWT) {
-            const size_t i = (size_t)n * C + c;
-            const float xhat = (x[i] - mean[n]) * rstd[n];
-            dg += (double)dy[i] * xhat;
-            db += dy[i];
-            if (part_dbias)
-                dbias += d_branch16 ? ld_in(d_branch16, (long long)i)
-                                    : (round_bias ? tp_bf16_round(d_branch[i]) : d_branch[i]);
-        }
-    s[0][threadIdx.y][threadIdx.x] = dg;
-    s[1][threadIdx.y][threadIdx.x] = db;
-    s[2][threadIdx.y][threadIdx.x] = dbias;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        double sg = 0.0, sb = 0.0, sbias = 0.0;
-        for (int r = 0; r < RLN_ROWT; r++) {
-            sg += s[0][r][threadIdx.x];
-            sb += s[1][r][threadIdx.x];
-            sbias += s[2][r][threadIdx.x];
-        }
-        const size_t o = (size_t)blockIdx.y * C + c;
-        part_dgamma[o] = sg;
-        part_dbeta[o] = sb;
-        if (part_dbias) part_dbias[o] = sbias;
-    }
-}
-
-__global__ void residual_ln_bwd_final_kernel(float *dgamma,               // (C) accumulated
-                                             float *dbeta,                // (C) accumulated
-                                             float *d_bias,               // (C) accumulated, or NULL
-                                             const double *part_dgamma,   // (n_chunks, C)
-                                             const double *part_dbeta,    // (n_chunks, C)
-                                             const double *part_dbias,    // (n_chunks, C) or NULL
-                                             int n_chunks, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    double sg = 0.0, sb = 0.0, sbias = 0.0;
-    for (int k = 0; k < n_chunks; k++) {
-        const size_t o = (size_t)k * C + c;
-        sg += part_dgamma[o];
-        sb += part_dbeta[o];
-        if (d_bias) sbias += part_dbias[o];
-    }
-    dgamma[c] += (float)sg;
-    dbeta[c] += (float)sb;
-    if (d_bias) d_bias[c] += (float)sbias;
-}
+static int rln_chunks(int N) { return scratch_ln_chunks(N); }
 
 // ---- launchers ---------------------------------------------------------------------
 
@@ -269,37 +170,16 @@ static RlnDrop rln_drop_of(uint64_t first, float p, uint64_t seed, uint64_t stre
     return d;
 }
 
-static bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
-
-static unsigned rln_row_blocks(int N) { return tp_grid_1d((size_t)N, RLN_ROWS_PER_BLOCK); }
-
-static int rln_chunks(int N) { return scratch_ln_chunks(N); }
-
 static void residual_ln_fwd_launch(float *res_out, float *y, uint16_t *y16, float *mean, float *rstd,
                                    const float *res_in,
                                    const float *branch, const float *bias, const float *gamma, const float *beta,
                                    int N, int C, float eps, RlnDrop d, cudaStream_t stream) {
-    const bool vec = C % 4 == 0 && aligned16(res_out) && aligned16(res_in) && aligned16(branch);  // the residual pass
-    if (vec)
-        residual_ln_fwd_kernel<true><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
-    else
-        residual_ln_fwd_kernel<false><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            res_out, y, y16, mean, rstd, res_in, branch, bias, gamma, beta, N, C, eps, d);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename OutT>
-static void rln_bwd_rows_launch(float *d_res, OutT *d_branch, const float *dy, const float *x, const float *mean,
-                                const float *rstd, const float *gamma, int N, int C, RlnDrop d, bool vec,
-                                cudaStream_t stream) {
-    if (vec)
-        residual_ln_bwd_rows_kernel<true, OutT><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
-    else
-        residual_ln_bwd_rows_kernel<false, OutT><<<rln_row_blocks(N), RLN_THREADS, 0, stream>>>(
-            d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d);
-    CUDA_CHECK(cudaGetLastError());
+    // float4 loads and stores where C and every row pointer allow (bias, gamma, beta read per element or float4)
+    const bool vec = C % 4 == 0 && ln_aligned(res_out, 16) && ln_aligned(res_in, 16) && ln_aligned(branch, 16) &&
+                     ln_aligned(gamma, 16) && ln_aligned(beta, 16) && ln_aligned(y, 16) && ln_aligned(y16, 8);
+    const RlnSrc src = {d, res_out, res_in, branch, bias};
+    if (y) ln_fwd_launch(src, y, mean, rstd, gamma, beta, N, C, eps, vec, stream);
+    else ln_fwd_launch(src, y16, mean, rstd, gamma, beta, N, C, eps, vec, stream);
 }
 
 static void residual_ln_bwd_launch(float *d_res, float *d_branch, uint16_t *d_branch16, float *dgamma, float *dbeta,
@@ -308,22 +188,21 @@ static void residual_ln_bwd_launch(float *d_res, float *d_branch, uint16_t *d_br
                                    const float *gamma, int N, int C, RlnDrop d, bool round_bias,
                                    double *part,  // (3, n_chunks, C)
                                    cudaStream_t stream) {
-    // the dropout-gradient pass: four elements a load where C and both rows allow (bf16: 8-byte stores)
-    const bool vec = C % 4 == 0 && aligned16(d_res) &&
-                     (d_branch ? aligned16(d_branch) : ((uintptr_t)d_branch16 % 8 == 0));
-    if (d_branch16) rln_bwd_rows_launch(d_res, d_branch16, dy, x, mean, rstd, gamma, N, C, d, vec, stream);
-    else rln_bwd_rows_launch(d_res, d_branch, dy, x, mean, rstd, gamma, N, C, d, vec, stream);
-
-    const int n_chunks = rln_chunks(N);
-    const size_t plane = (size_t)n_chunks * C;
-    double *part_dbias = d_bias ? part + 2 * plane : NULL;
-    dim3 grid((C + RLN_COLS - 1) / RLN_COLS, n_chunks), block(RLN_COLS, RLN_ROWT);
-    residual_ln_bwd_partial_kernel<<<grid, block, 0, stream>>>(part, part + plane, part_dbias, dy, x, mean, rstd,
-                                                               d_branch, d_branch16, round_bias, N, C);
-    CUDA_CHECK(cudaGetLastError());
-    residual_ln_bwd_final_kernel<<<(C + RLN_THREADS - 1) / RLN_THREADS, RLN_THREADS, 0, stream>>>(
-        dgamma, dbeta, d_bias, part, part + plane, part_dbias, n_chunks, C);
-    CUDA_CHECK(cudaGetLastError());
+    const bool vec = C % 4 == 0 && ln_aligned(d_res, 16) && ln_aligned(dy, 16) && ln_aligned(x, 16) &&
+                     ln_aligned(gamma, 16) && (d_branch ? ln_aligned(d_branch, 16) : ln_aligned(d_branch16, 8));
+    const size_t plane = (size_t)rln_chunks(N) * C;
+    const ColsumPlanes pl = {{part, part + plane, part + 2 * plane}, {dgamma, dbeta, d_bias}};
+    const LnBwdRows rows = {d_res, dy, x, mean, rstd, gamma};
+    const int n_sums = d_bias ? 3 : 2;
+    if (d_branch16) {  // bf16 values: summed as stored
+        const RlnTail<uint16_t> tail = {d, d_branch16, true};
+        if (vec) ln_bwd_launch<true>(tail, rows, pl, n_sums, N, C, stream);
+        else ln_bwd_launch<false>(tail, rows, pl, n_sums, N, C, stream);
+    } else {
+        const RlnTail<float> tail = {d, d_branch, round_bias};
+        if (vec) ln_bwd_launch<true>(tail, rows, pl, n_sums, N, C, stream);
+        else ln_bwd_launch<false>(tail, rows, pl, n_sums, N, C, stream);
+    }
 }
 
 // ---- exported ops ---------------------------------------------------------------------
@@ -383,7 +262,6 @@ static void residual_ln_bwd_op(const char *op, float *d_res, float *d_branch, ui
     TP_NEED_PTR(op, gamma);
     const void *br = d_branch ? (const void *)d_branch : (const void *)d_branch16;
     TP_CHECK(br != dy && br != d_res, "%s: d_branch must not alias dy or d_res", op);
-    TP_CHECK(rln_chunks(N) <= 65535, "%s: N = %d rows too many", op, N);
     TpCarver cv = tp_carver(scratch, cuda_residual_ln_bwd_scratch_bytes(N, C), op);
     double *part = (double *)tp_carve(&cv, 3 * (size_t)rln_chunks(N) * C * sizeof(double));  // (3, n_chunks, C)
     residual_ln_bwd_launch(d_res, d_branch, d_branch16, dgamma, dbeta, d_bias, dy, x, mean, rstd, gamma, N, C,

@@ -305,7 +305,7 @@ void test_bf16_convert(const Target *t, Rng *rng) {
 
 void test_bias(const Target *t, Rng *rng) {
     Backend *be = t->be;
-    const int N = 700, C = 70;  // 700 rows: three row chunks on the GPU, the last partial
+    const int N = 700, C = 70;  // 700 rows: eleven row chunks of 64 on the GPU, the last partial
     const size_t nc = (size_t)N * C;
     float *y = rand_floats(nc, rng, -1, 1), *b = rand_floats(C, rng, -1, 1);
     float *d_y = dev_from(t, y, nc), *d_b = dev_from(t, b, C);
@@ -496,8 +496,17 @@ static void layernorm_case(const Target *t, int N, int C, Rng *rng) {
 
 void test_layernorm(const Target *t, Rng *rng) {
     layernorm_case(t, 37, 300, rng);  // C not a multiple of 32 (nor of the CPU's column block)
-    layernorm_case(t, 700, 64, rng);  // three row chunks for dgamma / dbeta on the GPU
+    layernorm_case(t, 700, 64, rng);  // eleven row chunks for dgamma / dbeta on the GPU
     layernorm_case(t, 5, 1024, rng);
+    /* CUDA's paths (layernorm_row.cuh): the model's width in registers
+     * (float4), C % 4 != 0 (scalar loads), rows wider than the registers
+     * (1024), and more row chunks (64 rows) than pass 2's 32 row-threads
+     * times its four loads in flight */
+    layernorm_case(t, 72, 512, rng);
+    layernorm_case(t, 19, 510, rng);
+    layernorm_case(t, 7, 1030, rng);
+    layernorm_case(t, 6, 1152, rng);
+    layernorm_case(t, 8300, 32, rng);
 }
 
 /* ---- dropout -------------------------------------------------------------------------- */

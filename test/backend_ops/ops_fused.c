@@ -276,10 +276,20 @@ void test_residual_ln(const Target *t, Rng *rng) {
     static const RlnCase cases[] = {
         {37, 300, 0, 0.1f, true, false, 0},              // C a multiple of 4, not of 32 (nor the CPU's column block)
         {29, 301, 0, 0.1f, true, false, 0},              // C odd: the scalar path, words across row ends
-        {700, 64, 0, 0.0f, false, false, 0},             // dropout off, no bias; three row chunks of column sums
+        {700, 64, 0, 0.0f, false, false, 0},             // dropout off, no bias; eleven row chunks of column sums
         {5, 1024, 4096 + 64, 0.5f, true, true, 0},       // a window of the mask, in place
         {40, 128, (1ull << 34) + 8, 0.1f, true, false, 1},  // the counter's high word; misaligned: scalar path
-        {300, 96, 96, 0.1f, false, true, 0},             // window, in place, no bias, two chunks
+        {300, 96, 96, 0.1f, false, true, 0},             // window, in place, no bias, five chunks
+        /* the CUDA paths of layernorm_row.cuh (a lane holds 128-column groups j):
+         * the model's width in registers, float4 loads and scalar loads of the
+         * same elements (the same bits); rows wider than the registers' 1024
+         * read from global memory, 4-wide and not; more chunks than pass 2's
+         * 32 row-threads times its four loads in flight */
+        {72, 512, 0, 0.1f, true, false, 0},              // d_model 512: 4 groups a lane, float4
+        {21, 512, 4, 0.1f, true, false, 3},              // d_model 512 misaligned by 3 floats: scalar loads
+        {9, 1028, 8, 0.1f, false, false, 0},             // wider than the registers, 4-wide
+        {11, 1030, 0, 0.1f, true, true, 0},              // wider and C % 4 = 2: scalar, in place
+        {8300, 64, 0, 0.1f, true, false, 0},             // 130 chunks of column sums
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         float *x, *mean, *rstd, *gamma;
