@@ -18,7 +18,10 @@
 #    make shapes repeat), the row "tptrain cuda graphs"; and one with
 #    --attention flash per BENCH_FLASH configuration (attention on tensor
 #    cores that never stores its probabilities), the row "tptrain flash
-#    attention".
+#    attention", and the same per BENCH_FLASH_SHORT configuration with the
+#    short-sequence kernels chosen (TPTRAIN_FLASH_KERNEL=short: a block per
+#    sentence and head, kernels/cuda/attention_short.cu), the row "tptrain
+#    flash attention short kernels".
 # 2. one tptrain run with --profile (BENCH_PROFILE's configuration): where
 #    the step's time goes, by class of operation and by op (the table by op
 #    after the class table); both go in the report.
@@ -67,6 +70,8 @@
 # runs; default the profile's configuration and the main preset at every
 # token count with the largest bucket; "none" to skip them; always none
 # with BENCH_DEVICE=cpu, whose fp32 flash refuses),
+# BENCH_FLASH_SHORT (configurations of the short-kernel runs; default those
+# of BENCH_FLASH; "none"),
 # BENCH_FLASH_GRAPHS (configurations run with both --attention flash and
 # --cuda-graphs on, the row "tptrain flash attention cuda graphs"; default
 # those of BENCH_GRAPHS; "none"), BENCH_COMPILE_DYNAMIC (true: dynamic=True;
@@ -120,7 +125,8 @@ budget=${BENCH_BUDGET:-1500}
 device=${BENCH_DEVICE:-cuda}
 flash_cfgs=${BENCH_FLASH:-$profile_cfg $graphs_default}
 flash_graphs_cfgs=${BENCH_FLASH_GRAPHS:-$graphs_default}
-[ "$device" = cpu ] && flash_cfgs=none flash_graphs_cfgs=none
+flash_short_cfgs=${BENCH_FLASH_SHORT:-$flash_cfgs}
+[ "$device" = cpu ] && flash_cfgs=none flash_graphs_cfgs=none flash_short_cfgs=none
 compile_dynamic=${BENCH_COMPILE_DYNAMIC:-true}
 compile_budget=${BENCH_COMPILE_BUDGET:-0}
 dtype=bf16
@@ -252,6 +258,13 @@ if [ "$flash_cfgs" != none ]; then
   for fcfg in $flash_cfgs; do
     IFS=- read -r fpreset ftok fbucket <<< "$fcfg"
     tptrain_run "$fpreset" "$ftok" "${fbucket:-1}" "flash attention" --attention flash
+  done
+fi
+if [ "$flash_short_cfgs" != none ]; then
+  for fcfg in $flash_short_cfgs; do
+    IFS=- read -r fpreset ftok fbucket <<< "$fcfg"
+    TPTRAIN_FLASH_KERNEL=short tptrain_run "$fpreset" "$ftok" "${fbucket:-1}" "flash attention short kernels" \
+      --attention flash
   done
 fi
 if [ "$flash_graphs_cfgs" != none ]; then

@@ -25,7 +25,8 @@
 #          --dtype fp32 and bf16 (same seed, data, flags, dropout 0); the
 #          curves judged by scripts/compare_curves.py (its bands); then
 #          --attention flash against exact attention, both bf16 with heads
-#          of 16 on the GPU, in the bf16 band
+#          of 16 on the GPU, in the bf16 band, through the tiled kernels and
+#          the short-sequence ones (TPTRAIN_FLASH_KERNEL=short)
 #   d      tp = 2, tp = 4 and dp = 2 on the one GPU through tprun (--comm shm:
 #          device buffers staged through page-locked host memory), each against
 #          tp = 1 on the synthetic copy task, judged the same way (and one
@@ -525,8 +526,18 @@ else
        STEP_NOTE_RE=$TRAIN_NOTE_RE step c.cuda_flash 120 "$BIN/train_mt" --device cuda --dtype bf16 --heads 2 \
          --attention flash "${data[@]}" "${TRAIN_ARGS[@]}" --metrics "$out/c_cuda_flash.jsonl"; then
     judge c.compare_flash bf16 "$out/c_cuda_exact.jsonl" "$out/c_cuda_flash.jsonl" cuda_exact cuda_flash
+    # the same run through the short-sequence kernels (kernels/cuda/attention_short.cu)
+    if TPTRAIN_FLASH_KERNEL=short STEP_NOTE_RE=$TRAIN_NOTE_RE step c.cuda_flash_short 120 "$BIN/train_mt" \
+         --device cuda --dtype bf16 --heads 2 --attention flash "${data[@]}" "${TRAIN_ARGS[@]}" \
+         --metrics "$out/c_cuda_flash_short.jsonl"; then
+      judge c.compare_flash_short bf16 "$out/c_cuda_exact.jsonl" "$out/c_cuda_flash_short.jsonl" cuda_exact \
+        cuda_flash_short
+    else
+      skip c.compare_flash_short "needs c.cuda_flash_short to pass"
+    fi
   else
     skip c.compare_flash "needs c.cuda_bf16_heads2 and c.cuda_flash to pass"
+    skip c.compare_flash_short "needs c.cuda_bf16_heads2 and c.cuda_flash to pass"
   fi
 fi
 

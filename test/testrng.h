@@ -24,7 +24,7 @@ static inline float rng_uniform(Rng *r, float lo, float hi) {
 
 /* n uniform floats in [lo, hi) (caller frees). */
 static inline float *rand_floats(size_t n, Rng *r, float lo, float hi) {
-    float *x = TP_MALLOC((n ? n : 1) * sizeof(float));
+    float *x = (float *)TP_MALLOC((n ? n : 1) * sizeof(float));  // a cast, for the C++ tests
     for (size_t i = 0; i < n; i++) x[i] = rng_uniform(r, lo, hi);
     return x;
 }

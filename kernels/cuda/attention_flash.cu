@@ -1,5 +1,10 @@
 // attention_flash.cu: attention without the probabilities (ops_list.h's
-// attention_flash_fwd / attention_flash_bwd), on tensor cores.
+// attention_flash_fwd / attention_flash_bwd), on tensor cores: the ops'
+// entry points, and the tiled kernels that serve any length. With
+// TPTRAIN_FLASH_KERNEL=short (cuda_ops.h) the entry points first offer the
+// call to the short-sequence kernels (attention_short.cu: a block per
+// sentence and head, for sequences of at most 128), which take the shapes
+// they serve; every other call runs the tiled kernels below.
 //
 // Tiles of 32 query rows x 32 keys, a block of 4 warps per (batch, head,
 // tile). Every product is nvcuda::wmma 16x16x16 on bf16 operands staged in
@@ -40,10 +45,13 @@
 // 49,408 (the one above the default 48 KiB, opted in at launch).
 #include <mma.h>
 #include <cuda_bf16.h>
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
+#include "attention_flash.cuh"
 
 using namespace nvcuda;
 
@@ -77,12 +85,6 @@ struct Geo {
 };
 static_assert(LDS % 4 == 0 && (16 * LDS * 4) % 32 == 0 && (FT * LDS * 4) % 32 == 0, "fp32 score tile layout");
 static_assert(LDP % 8 == 0 && (16 * LDP * 2) % 32 == 0 && (FT * LDP * 2) % 32 == 0, "bf16 probability tile layout");
-
-__device__ __forceinline__ int flash_valid_keys(int k_len, int i, int Tk, bool causal) {
-    int n = k_len < Tk ? k_len : Tk;
-    if (causal && n > i + 1) n = i + 1;
-    return n < 0 ? 0 : n;
-}
 
 __device__ __forceinline__ __nv_bfloat16 as_bf16(uint16_t bits) {
     __nv_bfloat16_raw r;
@@ -201,14 +203,6 @@ __device__ void stage_out(float *dst, uint16_t *dst16, long long off, long long 
 __device__ __forceinline__ float flash_p(const float *s_row, int lane, int j0, int n_valid, float scale, float lse) {
     return j0 + lane < n_valid ? expf(__fmul_rn(scale, s_row[lane]) - lse) : 0.0f;
 }
-
-struct FlashArgs {
-    const uint16_t *q, *k, *v;
-    const int32_t *k_len;
-    int B, H, Tq, Tk;
-    bool causal;
-    float scale;
-};
 
 // The end of the keys a query tile starting at row i0 may see: keys past
 // k_len, or (causal) past the tile's last row, are never valid.
@@ -515,6 +509,23 @@ void flash_bwd_launch(const FlashArgs &a, float *dq, float *dk, float *dv, uint1
     default: CALL(128); break;                              \
     }
 
+// The implementation chosen (cuda_flash_set_kernel, else TPTRAIN_FLASH_KERNEL
+// read at the first call) and what ran. Process-wide, as the fused switch
+// of attention.cu.
+int g_kernel = -1;  // -1: not chosen yet
+CudaFlashCounts g_counts;
+
+CudaFlashKernel flash_kernel(void) {
+    if (g_kernel < 0) {
+        const char *v = getenv(CUDA_FLASH_KERNEL_ENV);
+        const bool is_short = v && strcmp(v, "short") == 0;
+        TP_CHECK(v == NULL || v[0] == '\0' || is_short || strcmp(v, "tiled") == 0,
+                 "%s=%s: expected tiled or short", CUDA_FLASH_KERNEL_ENV, v);
+        g_kernel = is_short ? CUDA_FLASH_SHORT : CUDA_FLASH_TILED;
+    }
+    return (CudaFlashKernel)g_kernel;
+}
+
 void flash_check(const char *op, int B, int H, int Tq, int Tk, int D) {
     TP_NEED_SIZE(op, B);
     TP_NEED_SIZE(op, H);
@@ -546,6 +557,11 @@ void cuda_op_attention_flash_fwd(uint16_t *out16, float *lse, const uint16_t *q1
     TP_NEED_PTR(op, v16);
     TP_NEED_PTR(op, k_len);
     const FlashArgs a = {q16, k16, v16, k_len, B, H, Tq, Tk, causal, 1.0f / sqrtf((float)D)};
+    if (flash_kernel() == CUDA_FLASH_SHORT && flash_short_fwd(a, D, out16, lse, stream)) {
+        g_counts.short_fwd++;
+        return;
+    }
+    g_counts.tiled_fwd++;
 #define FLASH_FWD(DD) flash_fwd_launch<DD>(a, out16, lse, stream)
     FLASH_BY_D(D, FLASH_FWD)
 #undef FLASH_FWD
@@ -585,7 +601,17 @@ void cuda_op_attention_flash_bwd(float *dq, float *dk, float *dv, uint16_t *dq16
     for (int i = 0; i < 10; i++) TP_CHECK(need[i] != NULL, "%s: %s is NULL", op, names[i]);
     const FlashArgs a = {q16, k16, v16, k_len, B, H, Tq, Tk, causal, 1.0f / sqrtf((float)D)};
     uint16_t *const g16[3] = {dq16, dk16, dv16};
+    if (flash_kernel() == CUDA_FLASH_SHORT &&
+        flash_short_bwd(a, D, dq, dk, dv, g16, !write, dout, lse, scratch, stream)) {
+        g_counts.short_bwd++;
+        return;
+    }
+    g_counts.tiled_bwd++;
 #define FLASH_BWD(DD) flash_bwd_launch<DD>(a, dq, dk, dv, g16, !write, dout, lse, scratch, stream)
     FLASH_BY_D(D, FLASH_BWD)
 #undef FLASH_BWD
 }
+
+void cuda_flash_set_kernel(CudaFlashKernel k) { g_kernel = (int)k; }
+
+CudaFlashCounts cuda_flash_counts(void) { return g_counts; }

@@ -135,6 +135,21 @@ void cuda_op_residual_ln_bwd_bias16(float *d_res, float *d_branch, uint16_t *d_b
  * on by default): off sends every call down the general path, which gives
  * the same bits. For the tests that prove that. Process-wide. */
 void cuda_attention_set_fused(bool on);
+/* Which kernels run attention_flash_fwd / _bwd: the tiled ones
+ * (attention_flash.cu: tiles of 32 x 32, any length; the default) or the
+ * short-sequence ones (attention_short.cu: a block per (batch, head),
+ * sequences up to 128, head widths 16, 32, 64 and 128), which fall back to
+ * the tiled ones for any other shape. TPTRAIN_FLASH_KERNEL=tiled|short,
+ * read at the first call, chooses for a process; the setter is for the
+ * tests, and the counts say which ran (a captured graph's call counts once). */
+#define CUDA_FLASH_KERNEL_ENV "TPTRAIN_FLASH_KERNEL"
+#define CUDA_FLASH_SHORT_MAX_T 128  // the longest query or key sequence of the short kernels
+typedef enum { CUDA_FLASH_TILED, CUDA_FLASH_SHORT } CudaFlashKernel;
+void cuda_flash_set_kernel(CudaFlashKernel k);
+typedef struct {
+    long tiled_fwd, tiled_bwd, short_fwd, short_bwd;  // calls that ran each
+} CudaFlashCounts;
+CudaFlashCounts cuda_flash_counts(void);
 
 #ifdef __cplusplus
 }

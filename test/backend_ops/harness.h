@@ -201,6 +201,14 @@ size_t gpu_pool_reserved_bytes(const Backend *be);  // the device's default cuda
 void gpu_set_fused_epilogues(const Backend *be, bool on);
 /* attention's fused kernels on (the default) or off: cuda_attention_set_fused */
 void gpu_set_fused_attention(bool on);
+/* attention_flash's short-sequence kernels (on) or its tiled ones (off,
+ * the default), and the calls each ran: cuda_flash_set_kernel / _counts */
+void gpu_set_flash_short(bool on);
+typedef struct {
+    long tiled_fwd, tiled_bwd, short_fwd, short_bwd;
+} GpuFlashCounts;
+GpuFlashCounts gpu_flash_counts(void);
+int gpu_flash_short_max_t(void);  // CUDA_FLASH_SHORT_MAX_T
 typedef struct {
     long bias_fused, bias_separate, bgrad_fused, bgrad_separate, refusals, plans, evictions;
     long out16_fused, out16_separate, out16_unplanned;  // unplanned: of the separate, no plan, no operand copied

@@ -11,7 +11,10 @@
  * in another order and its lse comes from a running maximum. Written
  * gradients equal added ones, padding keys' dk and dv rows are zeros, and
  * the empty shapes behave as attention_bwd's; gradients written as bf16
- * bits (dq16, dk16, dv16) are the written fp32 ones rounded, exactly. */
+ * bits (dq16, dk16, dv16) are the written fp32 ones rounded, exactly. A GPU
+ * runs every shape twice: through the tiled kernels, then with the
+ * short-sequence kernels chosen, which must have run for each shape they
+ * take (cuda_ops.h's counts) and left the others to the tiled ones. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,10 +256,43 @@ static void flash_empty(const Target *t, Rng *rng) {
     dev_free(t, d_out), dev_free(t, d_lse);
 }
 
+#ifdef TPTRAIN_TEST_CUDA
+/* The short-sequence kernels take a shape of at most
+ * gpu_flash_short_max_t() queries and keys and a head width of 16, 32, 64
+ * or 128, where the device grants the shared memory (attention_short.cu):
+ * every sm_80 or newer GPU grants 99 KiB, so a shape whose backward needs
+ * at most that must run there. */
+#define FLASH_SHORT_SURE_SMEM (99 * 1024)
+static bool flash_short_may_take(const FlashShape *s) {
+    const int max_t = gpu_flash_short_max_t();
+    return s->Tq <= max_t && s->Tk <= max_t && (s->D == 16 || s->D == 32 || s->D == 64 || s->D == 128);
+}
+static bool flash_short_must_take(const FlashShape *s) {
+    const size_t tq = (size_t)(s->Tq + 15) / 16 * 16, tk = (size_t)(s->Tk + 15) / 16 * 16;
+    return flash_short_may_take(s) && 2 * (tq + tk) * (size_t)(s->D + 8) * 2 + 8 * tq <= FLASH_SHORT_SURE_SMEM;
+}
+
+/* With the short kernels chosen (kernel 1): they ran exactly where they
+ * must (one forward, four backward calls per shape: added, written, written
+ * as bf16, added into zeros) and never where they
+ * may not; with the tiled ones chosen, never. */
+static void flash_check_route(const Target *t, const FlashShape *s, int kernel, GpuFlashCounts c0) {
+    const GpuFlashCounts c = gpu_flash_counts();
+    const long fwd_short = c.short_fwd - c0.short_fwd, bwd_short = c.short_bwd - c0.short_bwd;
+    const long calls = fwd_short + c.tiled_fwd - c0.tiled_fwd + bwd_short + c.tiled_bwd - c0.tiled_bwd;
+    const bool must = kernel == 1 && flash_short_must_take(s), may = kernel == 1 && flash_short_may_take(s);
+    TCHECK(calls == 5 && (!must || (fwd_short == 1 && bwd_short == 4)) && (may || fwd_short + bwd_short == 0),
+           "%s: attention_flash %s with the %s kernels chosen: %ld forward and %ld backward calls of %ld ran the "
+           "short kernels",
+           t->name, s->name, kernel ? "short" : "tiled", fwd_short, bwd_short, calls);
+}
+#endif
+
 void test_attention_flash(const Target *t, Rng *rng) {
     static bool ref_checked;  // the reference against the exact attention: once, on the first target
     const int32_t cross_len[2] = {4, 0}, self_len[2] = {32, 20}, two_len[2] = {33, 7}, dec_len[2] = {70, 41};
-    const int32_t enc_len[3] = {100, 57, 1}, wide_len[1] = {30};
+    const int32_t enc_len[3] = {100, 57, 1}, wide_len[1] = {30}, w80_len[1] = {18}, long_len[2] = {128, 77}, mid_len[3] = {65, 64, 16};
+    const int32_t past_len[1] = {150};
     const FlashShape shapes[] = {
         {"cross Tq5 Tk7 D16 (no keys in batch 1)", cross_len, 2, 3, 5, 7, 16, false},
         {"Tq=Tk=32 D64 (one tile)", self_len, 2, 2, 32, 32, 64, false},
@@ -264,14 +300,35 @@ void test_attention_flash(const Target *t, Rng *rng) {
         {"causal Tq=Tk=70 D32 (decoder, three tiles)", dec_len, 2, 2, 70, 70, 32, true},
         {"cross Tq45 Tk100 D128", enc_len, 3, 2, 45, 100, 128, false},
         {"Tq=Tk=30 D48 (k_len = Tk)", wide_len, 1, 3, 30, 30, 48, false},
+        {"causal Tq=Tk=128 D64 (the short kernels' longest)", long_len, 2, 2, 128, 128, 64, true},
+        {"cross Tq17 Tk65 D32 (eight chunks of keys)", mid_len, 3, 2, 17, 65, 32, false},
+        {"causal Tq=Tk=150 D64 (past the short kernels)", past_len, 1, 2, 150, 150, 64, true},
+        {"Tq=Tk=20 D80 (a head width the short kernels leave)", w80_len, 1, 2, 20, 20, 80, false},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        FlashRef r;
-        flash_ref(&shapes[i], &r, rng);
-        if (!ref_checked) flash_ref_vs_exact(t, &shapes[i], &r);
-        flash_target(t, &shapes[i], &r);
-        flash_ref_free(&r);
+    const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+    const int kernels = t->is_cpu ? 1 : 2;  // a GPU: the tiled kernels, then the short ones chosen
+    for (int kernel = 0; kernel < kernels; kernel++) {
+#ifdef TPTRAIN_TEST_CUDA
+        if (!t->is_cpu) gpu_set_flash_short(kernel == 1);
+#endif
+        for (int i = 0; i < n_shapes; i++) {
+            const FlashShape *s = &shapes[i];
+#ifdef TPTRAIN_TEST_CUDA
+            const GpuFlashCounts c0 = t->is_cpu ? (GpuFlashCounts){0} : gpu_flash_counts();
+#endif
+            FlashRef r;
+            flash_ref(s, &r, rng);
+            if (!ref_checked) flash_ref_vs_exact(t, s, &r);
+            flash_target(t, s, &r);
+            flash_ref_free(&r);
+#ifdef TPTRAIN_TEST_CUDA
+            if (!t->is_cpu) flash_check_route(t, s, kernel, c0);
+#endif
+        }
+        ref_checked = true;
     }
-    ref_checked = true;
+#ifdef TPTRAIN_TEST_CUDA
+    if (!t->is_cpu) gpu_set_flash_short(false);
+#endif
     flash_empty(t, rng);
 }

@@ -31,6 +31,15 @@ size_t gpu_pool_reserved_bytes(const Backend *be) {
 
 void gpu_set_fused_attention(bool on) { cuda_attention_set_fused(on); }
 
+void gpu_set_flash_short(bool on) { cuda_flash_set_kernel(on ? CUDA_FLASH_SHORT : CUDA_FLASH_TILED); }
+
+int gpu_flash_short_max_t(void) { return CUDA_FLASH_SHORT_MAX_T; }
+
+GpuFlashCounts gpu_flash_counts(void) {
+    const CudaFlashCounts c = cuda_flash_counts();
+    return (GpuFlashCounts){c.tiled_fwd, c.tiled_bwd, c.short_fwd, c.short_bwd};
+}
+
 void gpu_set_fused_epilogues(const Backend *be, bool on) { cuda_gemm_set_fused_epilogues(backend_cuda_gemm(be), on); }
 
 GpuGemmCounts gpu_gemm_counts(const Backend *be) {
