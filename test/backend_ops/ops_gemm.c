@@ -60,12 +60,23 @@ static bool any_differs(const float *a, const float *b, size_t n) {
 }
 
 /* A_in_master: A lives in a registered master range (the GEMM may use its twin). */
+/* Operand values at least GEMM_MIN_OPERAND in magnitude (a draw nearer 0
+ * moved out by it, its sign kept): a 1x1x1 product of two uniform draws
+ * can otherwise fall below the comparison's MIN_SIGNAL. */
+#define GEMM_MIN_OPERAND 0.1f
+static float *gemm_operand(size_t n, Rng *rng) {
+    float *x = rand_floats(n, rng, -1, 1);
+    for (size_t i = 0; i < n; i++)
+        if (fabsf(x[i]) < GEMM_MIN_OPERAND) x[i] += x[i] < 0.0f ? -GEMM_MIN_OPERAND : GEMM_MIN_OPERAND;
+    return x;
+}
+
 static void gemm_case(const Target *t, bool ta, bool tb, int M, int N, int K, float alpha, float beta,
                       bool A_in_master, Rng *rng) {
     Backend *be = t->be;
     char what[160];
     const size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
-    float *A = rand_floats(na, rng, -1, 1), *B = rand_floats(nb, rng, -1, 1), *C0 = rand_floats(nc, rng, -1, 1);
+    float *A = gemm_operand(na, rng), *B = gemm_operand(nb, rng), *C0 = rand_floats(nc, rng, -1, 1);
     float *dA = dev_from(t, A, na), *dB = dev_from(t, B, nb);
     if (A_in_master) {
         backend_add_compute_weights(be, dA, na);  // casts the twin where the backend keeps one
