@@ -48,7 +48,7 @@ static inline void op_dropout_fwd(Backend *be, float *out, const float *x, size_
 }
 static inline void op_dropout_bwd(Backend *be, float *dx, GradMode mode, const float *dy, size_t n_elems, float p,
                                   uint64_t seed, uint64_t stream_id) {
-    op_dropout_bwd_at(be, dx, mode, dy, n_elems, 0, p, seed, stream_id);
+    op_dropout_bwd_at(be, dx, NULL, mode, dy, n_elems, 0, p, seed, stream_id);
 }
 /* The raw generator, exposed for tests: 4 words for one counter. */
 void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

@@ -561,11 +561,17 @@ OP(dropout_fwd_at, ELEMENTWISE, REF, STEP,
    (float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
    (out, x, n_elems, first, p, seed, stream_id))
 /* dx += mask * dy / (1-p) (GRAD_ADD), or dx = mask * dy / (1-p)
- * (GRAD_WRITE: dropped elements become 0; p == 0 copies). */
+ * (GRAD_WRITE: dropped elements become 0; p == 0 copies). dx16 instead
+ * (exactly one of the two; GRAD_WRITE only; it aliases nothing): those
+ * written values stored as their bf16 rounding (to_bf16's bits), the
+ * dy of a linear layer's backward in bf16 mode (backend.h's contract:
+ * the FFN's fc2, whose GEMMs round it so anyway), so no fp32 copy is
+ * written and converted again. */
 OP(dropout_bwd_at, ELEMENTWISE, REF, STEP,
-   (float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed,
-    uint64_t stream_id),
-   (dx, mode, dy, n_elems, first, p, seed, stream_id))
+   (float *dx,      // (n_elems) or NULL
+    uint16_t *dx16, // (n_elems) bf16 bits written, or NULL
+    GradMode mode, const float *dy, size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream_id),
+   (dx, dx16, mode, dy, n_elems, first, p, seed, stream_id))
 
 /* The same on a window of rows: element (r, c) of the (rows, cols) operand
  * is element first + r*ld + c of the mask (any first; ld >= cols when

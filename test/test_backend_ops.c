@@ -45,6 +45,17 @@ typedef void (*BadCall)(Backend *be);
 static void bad_bias_negative(Backend *be) { op_bias_add(be, NULL, NULL, -1, 3); }
 static void bad_zero_null(Backend *be) { op_zero(be, NULL, 10); }
 static void bad_dropout_p(Backend *be) { op_dropout_fwd(be, NULL, NULL, 4, 1.5f, 1, 2); }
+/* dropout_bwd_at's dx16: instead of dx, and written only */
+static void bad_dropout_dx16_both(Backend *be) {
+    float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
+    uint16_t *h = backend_alloc(be, 8 * sizeof(uint16_t), MEM_ACT);
+    op_dropout_bwd_at(be, x, h, GRAD_WRITE, x, 8, 0, 0.1f, 1, 2);
+}
+static void bad_dropout_dx16_add(Backend *be) {
+    float *x = backend_alloc(be, 8 * sizeof(float), MEM_ACT);
+    uint16_t *h = backend_alloc(be, 8 * sizeof(uint16_t), MEM_ACT);
+    op_dropout_bwd_at(be, NULL, h, GRAD_ADD, x, 8, 0, 0.1f, 1, 2);
+}
 static void bad_adamw_step(Backend *be) { op_adamw(be, NULL, NULL, NULL, NULL, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0, 0); }
 static void bad_segs_acc(Backend *be) {
     const OpSeg s = {.n = 4, .acc = OP_SEG_MAX_ACC};
@@ -97,6 +108,7 @@ static void ok_zero_sizes(Backend *be) {
     op_layernorm_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8);
     op_residual_ln_fwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, 0, 0.1f, 1, 2);
     op_residual_ln_bwd(be, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 0, 0.1f, 1, 2);
+    op_dropout_bwd_at(be, NULL, NULL, GRAD_WRITE, NULL, 0, 0, 0.1f, 1, 2);
     op_sum_acc(be, NULL, NULL, 0);
     op_gemm(be, false, false, 0, 5, 5, 1.0f, NULL, NULL, 0.0f, NULL);
     backend_sync(be);
@@ -143,6 +155,8 @@ static void test_bad_input(bool gpu) {
         {"bias_add N < 0", bad_bias_negative, false, 1, NULL},
         {"zero NULL", bad_zero_null, false, 1, NULL},
         {"dropout p > 1", bad_dropout_p, true, 1, "outside [0, 1]"},
+        {"dropout_bwd_at dx and dx16", bad_dropout_dx16_both, true, 1, "exactly one of dx and dx16"},
+        {"dropout_bwd_at dx16 accumulated", bad_dropout_dx16_add, true, 1, "not accumulated"},
         {"adamw t = 0", bad_adamw_step, true, 1, "t = 0"},
         {"segment accumulator out of range", bad_segs_acc, true, 1, "names accumulator 4"},
         {"residual_ln y aliases res_in", bad_residual_ln_alias, true, 1, "must not alias"},

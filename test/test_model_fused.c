@@ -62,10 +62,10 @@ static void c_drop_fwd(Backend *be, float *o, const float *x, size_t n, uint64_t
     g_n.drop_fwd++;
     g_real->dropout_fwd_at(be, o, x, n, f, p, seed, st);
 }
-static void c_drop_bwd(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t f, float p,
-                       uint64_t seed, uint64_t st) {
+static void c_drop_bwd(Backend *be, float *dx, uint16_t *dx16, GradMode mode, const float *dy, size_t n, uint64_t f,
+                       float p, uint64_t seed, uint64_t st) {
     g_n.drop_bwd++;
-    g_real->dropout_bwd_at(be, dx, mode, dy, n, f, p, seed, st);
+    g_real->dropout_bwd_at(be, dx, dx16, mode, dy, n, f, p, seed, st);
 }
 
 /* One step in recompute mode; the loss and a copy of the gradients out. */

@@ -809,7 +809,7 @@ static void test_dropout(Rng *rng) {
     cpu_dropout_bwd(fwd_dy, GRAD_ADD, dy, n, p, seed, stream);
     for (size_t k = 0; k + 1 < sizeof cut / sizeof *cut; k++) {
         cpu_dropout_fwd_at(y2 + cut[k], x + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
-        cpu_dropout_bwd_at(dx + cut[k], GRAD_ADD, dy + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
+        cpu_dropout_bwd_at(dx + cut[k], NULL, GRAD_ADD, dy + cut[k], cut[k + 1] - cut[k], cut[k], p, seed, stream);
     }
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "dropout windows do not make up the whole mask");
     CHECK(memcmp(dx, fwd_dy, n * sizeof(float)) == 0, "dropout bwd windows do not make up the whole mask");

@@ -541,9 +541,9 @@ static void t_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, ui
                           uint64_t st) {
     cpu_dropout_fwd_at(o, x, n, first, p, seed, step_stream(be, st));
 }
-static void t_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t first, float p,
-                             uint64_t seed, uint64_t st) {
-    cpu_dropout_bwd_at(dx, mode, dy, n, first, p, seed, step_stream(be, st));
+static void t_dropout_bwd_at(Backend *be, float *dx, uint16_t *dx16, GradMode mode, const float *dy, size_t n,
+                             uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cpu_dropout_bwd_at(dx, dx16, mode, dy, n, first, p, seed, step_stream(be, st));
 }
 static void t_dropout_fwd_win(Backend *be, float *o, const float *x, size_t rows, size_t cols, uint64_t ld,
                               uint64_t first, float p, uint64_t seed, uint64_t st) {

@@ -6,8 +6,11 @@
  * produces bit-identical masks. Element i uses counter
  * (i/4 lo, i/4 hi, stream lo, stream hi) with key (seed lo, seed hi) and
  * takes word i%4; its uniform is (word >> 8) * 2^-24 in [0, 1), exact in fp32,
- * and the element is kept when uniform >= p.
+ * and the element is kept when uniform >= p. The backward can store its
+ * written values as their bf16 rounding (dx16, bf16.h's): the dy of the
+ * linear backward that reads it in bf16 mode.
  */
+#include "bf16.h"
 #include "cpu_ops.h"
 #include "philox.h"
 #include "err.h"
@@ -29,9 +32,11 @@ uint64_t dropout_stream(uint32_t step, uint32_t micro, uint32_t layer,
 /* out[r*cols + c] = keep(first + r*ld + c) ? x[r*cols + c] * scale : 0, for
  * the Philox mask of (seed, stream): a window of rows of a larger mask (one
  * row: the window at first). With accumulate, out[.] += instead. out may
- * alias x. A block's four words are drawn once while the window stays in it. */
-static void apply_mask(float *out, const float *x, size_t rows, size_t cols, uint64_t ld, uint64_t first, float p,
-                       uint64_t seed, uint64_t stream, bool accumulate) {
+ * alias x. out16 instead of out (not accumulated): each of those values
+ * stored as its bf16 rounding. A block's four words are drawn once while
+ * the window stays in it. */
+static void apply_mask(float *out, uint16_t *out16, const float *x, size_t rows, size_t cols, uint64_t ld,
+                       uint64_t first, float p, uint64_t seed, uint64_t stream, bool accumulate) {
     const float scale = dropout_scale(p);
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     for (size_t r = 0; r < rows; r++) {
@@ -46,7 +51,8 @@ static void apply_mask(float *out, const float *x, size_t rows, size_t cols, uin
             }
             const size_t i = r * cols + c;
             const float val = dropout_keeps(words[g % 4], p) ? x[i] * scale : 0.0f;
-            out[i] = accumulate ? out[i] + val : val;
+            if (out16) out16[i] = tp_f32_to_bf16(val);
+            else out[i] = accumulate ? out[i] + val : val;
         }
     }
 }
@@ -61,23 +67,27 @@ void cpu_dropout_fwd_at(float *out,      // (n_elems), may alias x
             for (size_t i = 0; i < n_elems; i++) out[i] = x[i];
         return;
     }
-    apply_mask(out, x, 1, n_elems, 0, first, p, seed, stream, false);
+    apply_mask(out, NULL, x, 1, n_elems, 0, first, p, seed, stream, false);
 }
 
-void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE)
+void cpu_dropout_bwd_at(float *dx,        // (n_elems) accumulated, or written (GRAD_WRITE); or NULL
+                        uint16_t *dx16,   // (n_elems) bf16 bits written, or NULL
                         GradMode mode,
                         const float *dy,  // (n_elems)
                         size_t n_elems, uint64_t first, float p, uint64_t seed, uint64_t stream) {
     TP_CHECK(grad_mode_valid(mode), "op_dropout_bwd: unknown gradient mode %d", (int)mode);
     TP_CHECK(p >= 0.0f && p <= 1.0f, "op_dropout_bwd: p = %g outside [0, 1]", (double)p);
     TP_CHECK(first % 4 == 0, "op_dropout_bwd: window start %llu is not a multiple of 4", (unsigned long long)first);
+    TP_CHECK(n_elems == 0 || (dx == NULL) != (dx16 == NULL), "op_dropout_bwd: give exactly one of dx and dx16");
+    TP_CHECK(!dx16 || mode == GRAD_WRITE, "op_dropout_bwd: dx16 is written (GRAD_WRITE), not accumulated");
     const bool add = mode == GRAD_ADD;
     if (p == 0.0f) {
-        if (add) cpu_accumulate(dx, dy, n_elems);
+        if (dx16) cpu_to_bf16(dx16, dy, n_elems);
+        else if (add) cpu_accumulate(dx, dy, n_elems);
         else cpu_copy(dx, dy, n_elems);
         return;
     }
-    apply_mask(dx, dy, 1, n_elems, 0, first, p, seed, stream, add);
+    apply_mask(dx, dx16, dy, 1, n_elems, 0, first, p, seed, stream, add);
 }
 
 void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64_t seed, uint64_t stream) {
@@ -86,7 +96,7 @@ void cpu_dropout_fwd(float *out, const float *x, size_t n_elems, float p, uint64
 
 void cpu_dropout_bwd(float *dx, GradMode mode, const float *dy, size_t n_elems, float p, uint64_t seed,
                      uint64_t stream) {
-    cpu_dropout_bwd_at(dx, mode, dy, n_elems, 0, p, seed, stream);
+    cpu_dropout_bwd_at(dx, NULL, mode, dy, n_elems, 0, p, seed, stream);
 }
 
 /* The checks of both window ops (name: the op's, for the message). */
@@ -103,7 +113,7 @@ void cpu_dropout_fwd_win(float *out, const float *x, size_t rows, size_t cols, u
         if (out != x) cpu_copy(out, x, rows * cols);
         return;
     }
-    apply_mask(out, x, rows, cols, ld, first, p, seed, stream, false);
+    apply_mask(out, NULL, x, rows, cols, ld, first, p, seed, stream, false);
 }
 
 void cpu_dropout_bwd_win(float *dx, GradMode mode, const float *dy, size_t rows, size_t cols, uint64_t ld,
@@ -116,5 +126,5 @@ void cpu_dropout_bwd_win(float *dx, GradMode mode, const float *dy, size_t rows,
         else if (dx != dy) cpu_copy(dx, dy, rows * cols);
         return;
     }
-    apply_mask(dx, dy, rows, cols, ld, first, p, seed, stream, add);
+    apply_mask(dx, NULL, dy, rows, cols, ld, first, p, seed, stream, add);
 }

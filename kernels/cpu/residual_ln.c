@@ -35,6 +35,6 @@ void cpu_residual_ln_bwd(float *d_res, float *d_branch, float *dgamma, float *db
              "op_residual_ln_bwd: d_branch must not alias dy or d_res");
     cpu_layernorm_bwd(d_res, dgamma, dbeta, dy, x, mean, rstd, gamma, N, C);
     cpu_zero(d_branch, n_elems);
-    cpu_dropout_bwd_at(d_branch, GRAD_ADD, d_res, n_elems, first, p, seed, stream);  // into zeros: 0 + value
+    cpu_dropout_bwd_at(d_branch, NULL, GRAD_ADD, d_res, n_elems, first, p, seed, stream);  // into zeros: 0 + value
     if (d_bias) cpu_bias_bwd(d_bias, d_branch, N, C);
 }

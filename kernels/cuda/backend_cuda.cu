@@ -465,9 +465,9 @@ static void cu_dropout_fwd_at(Backend *be, float *o, const float *x, size_t n, u
                            uint64_t st) {
     cuda_op_dropout_fwd_at(o, x, n, first, p, seed, st, be->step_vars, stream_of(be));
 }
-static void cu_dropout_bwd_at(Backend *be, float *dx, GradMode mode, const float *dy, size_t n, uint64_t first,
-                              float p, uint64_t seed, uint64_t st) {
-    cuda_op_dropout_bwd_at(dx, mode, dy, n, first, p, seed, st, be->step_vars, stream_of(be));
+static void cu_dropout_bwd_at(Backend *be, float *dx, uint16_t *dx16, GradMode mode, const float *dy, size_t n,
+                              uint64_t first, float p, uint64_t seed, uint64_t st) {
+    cuda_op_dropout_bwd_at(dx, dx16, mode, dy, n, first, p, seed, st, be->step_vars, stream_of(be));
 }
 static void cu_residual_ln_fwd(Backend *be, float *ro, float *y, uint16_t *y16, float *mean, float *rstd,
                                const float *ri, const float *br, const float *bias, const float *g, const float *b,

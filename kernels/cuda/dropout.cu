@@ -8,7 +8,8 @@
 // Philox call is used whole. Kept values are x * (1/(1-p)) with the scale
 // computed on the host by the CPU's expression; the backward's add is kept
 // apart from the multiply (__fmul_rn / __fadd_rn: no FMA), so forward and
-// backward outputs are bit-identical to the CPU as well.
+// backward outputs are bit-identical to the CPU as well, and the backward's
+// bf16 form (dx16) rounds those same values with the CPU's rounding.
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
 #include "philox.h"
@@ -20,25 +21,42 @@
 // out[i] = keep(first + i) ? x[i] * scale : 0, or out[i] += that with
 // accumulate (first_block = first / 4: the window starts on a whole block).
 // out may alias x: every element is read and written by one thread.
-__global__ void dropout_kernel(float *out,      // (n_elems)
-                               const float *x,  // (n_elems)
+// out16 instead of out (dropout_bwd_at's dx16; never accumulated): each of
+// those values stored as its bf16 bits (tp_bf16_bits: to_bf16's rounding of
+// the very value the fp32 form writes), a whole aligned group of 4 with one
+// 16-byte load and one 8-byte store.
+__global__ void dropout_kernel(float *out,       // (n_elems) or NULL
+                               uint16_t *out16,  // (n_elems) or NULL
+                               const float *x,   // (n_elems)
                                size_t n_elems, uint64_t first_block, float p, float scale, uint32_t seed_lo,
                                uint32_t seed_hi, uint64_t stream_id, const StepVars *step, bool accumulate) {
     const size_t n_groups = (n_elems + 3) / 4;
     const uint32_t key[2] = {seed_lo, seed_hi};
     const uint64_t s = tp_step_stream(step, stream_id);
     const uint32_t stream_lo = (uint32_t)s, stream_hi = (uint32_t)(s >> 32);
+    const bool vec16 = out16 && ((uintptr_t)out16 % 8 == 0) && ((uintptr_t)x % 16 == 0);
     for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < n_groups;
          grp += (size_t)gridDim.x * blockDim.x) {
         uint32_t words[4];
         dropout_block_words(first_block + grp, key, stream_lo, stream_hi, words);
         const size_t base = grp * 4;
+        if (vec16 && base + 4 <= n_elems) {
+            const float4 v = *(const float4 *)(x + base);
+            const float in[4] = {v.x, v.y, v.z, v.w};
+            uint16_t h[4];
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                h[w] = tp_bf16_bits(dropout_keeps(words[w], p) ? __fmul_rn(in[w], scale) : 0.0f);
+            *(uint2 *)(out16 + base) = make_uint2(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16);
+            continue;
+        }
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             const size_t i = base + w;
             if (i < n_elems) {
                 const float val = dropout_keeps(words[w], p) ? __fmul_rn(x[i], scale) : 0.0f;
-                out[i] = accumulate ? __fadd_rn(out[i], val) : val;
+                if (out16) out16[i] = tp_bf16_bits(val);
+                else out[i] = accumulate ? __fadd_rn(out[i], val) : val;
             }
         }
     }
@@ -78,12 +96,14 @@ __global__ void dropout_win_kernel(float *out,      // (rows, cols)
 
 // ---- launchers ---------------------------------------------------------------------
 
-static void dropout_launch(float *out, const float *x, size_t n_elems, uint64_t first, float p, uint64_t seed,
-                           uint64_t stream_id, const StepVars *step, bool accumulate, cudaStream_t stream) {
+static void dropout_launch(float *out, uint16_t *out16, const float *x, size_t n_elems, uint64_t first, float p,
+                           uint64_t seed, uint64_t stream_id, const StepVars *step, bool accumulate,
+                           cudaStream_t stream) {
     const float scale = dropout_scale(p);  // the CPU's expression (philox.h)
     const size_t n_groups = (n_elems + 3) / 4;
     dropout_kernel<<<tp_grid_1d(n_groups, DROPOUT_THREADS), DROPOUT_THREADS, 0, stream>>>(
-        out, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), stream_id, step, accumulate);
+        out, out16, x, n_elems, first / 4, p, scale, (uint32_t)seed, (uint32_t)(seed >> 32), stream_id, step,
+        accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -122,22 +142,26 @@ extern "C" void cuda_op_dropout_fwd_at(float *out, const float *x, size_t n_elem
         cuda_op_copy_bytes(out, x, n_elems * sizeof(float), NULL, stream);
         return;
     }
-    dropout_launch(out, x, n_elems, first, p, seed, stream_id, step, false, stream);
+    dropout_launch(out, NULL, x, n_elems, first, p, seed, stream_id, step, false, stream);
 }
 
-extern "C" void cuda_op_dropout_bwd_at(float *dx, GradMode mode, const float *dy, size_t n_elems, uint64_t first,
-                                       float p, uint64_t seed, uint64_t stream_id, const StepVars *step,
-                                       cudaStream_t stream) {
-    static const char *const names[2] = {"dx", "dy"};
-    TP_CHECK(grad_mode_valid(mode), "cuda_op_dropout_bwd_at: unknown gradient mode %d", (int)mode);
-    if (!dropout_args_ok("cuda_op_dropout_bwd_at", names, dx, dy, n_elems, first, p)) return;
+extern "C" void cuda_op_dropout_bwd_at(float *dx, uint16_t *dx16, GradMode mode, const float *dy, size_t n_elems,
+                                       uint64_t first, float p, uint64_t seed, uint64_t stream_id,
+                                       const StepVars *step, cudaStream_t stream) {
+    static const char *const names[2] = {"dx and dx16", "dy"};
+    const char *op = "cuda_op_dropout_bwd_at";
+    TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
+    TP_CHECK(!(dx && dx16), "%s: give exactly one of dx and dx16", op);
+    TP_CHECK(!dx16 || mode == GRAD_WRITE, "%s: dx16 is written (GRAD_WRITE), not accumulated", op);
+    if (!dropout_args_ok(op, names, dx ? (const void *)dx : dx16, dy, n_elems, first, p)) return;
     const bool add = mode == GRAD_ADD;
     if (p == 0.0f) {
-        if (add) cuda_op_accumulate(dx, dy, n_elems, stream);
+        if (dx16) cuda_op_to_bf16(dx16, dy, n_elems, stream);
+        else if (add) cuda_op_accumulate(dx, dy, n_elems, stream);
         else cuda_op_copy_bytes(dx, dy, n_elems * sizeof(float), NULL, stream);  // dx is dy (no-op) or apart
         return;
     }
-    dropout_launch(dx, dy, n_elems, first, p, seed, stream_id, step, add, stream);
+    dropout_launch(dx, dx16, dy, n_elems, first, p, seed, stream_id, step, add, stream);
 }
 
 // The window ops' checks; false when there is nothing to do.

@@ -26,7 +26,7 @@ static const float *residual_bwd(const Model *m, float *d_bias, float **row_db, 
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     ModelActs *A = m->acts;
     float *out = m->seq_par ? A->sp_part : A->d_tmp;
-    op_dropout_bwd_at(m->be, out, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_dropout_bwd_at(m->be, out, NULL, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
     *row_db = m->seq_par ? NULL : d_bias;
     if (m->seq_par) {
         op_bias_bwd(m->be, d_bias, out, n, C);
@@ -292,7 +292,7 @@ static void embed_bwd(Model *m, const float *d_x, const int32_t *ids, int N, flo
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     ModelActs *A = m->acts;
     float *tmp = m->seq_par ? A->sp_part : A->d_tmp;
-    op_dropout_bwd_at(m->be, tmp, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_dropout_bwd_at(m->be, tmp, NULL, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
     if (m->seq_par) tp_gather(&m->tp, m->be, tmp, A->d_tmp, (size_t)n * C);  // every row, for this rank's ids
     op_embedding_bwd(m->be, m->g.embed, A->d_tmp, ids, sqrtf((float)C), N, C, m->vocab_start, m->vocab_local);
 }

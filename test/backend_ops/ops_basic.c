@@ -511,6 +511,26 @@ void test_layernorm(const Target *t, Rng *rng) {
 
 /* ---- dropout -------------------------------------------------------------------------- */
 
+/* dropout_bwd_at's dx16 form (GRAD_WRITE) on the target, dy and dx16 off
+ * their allocations' alignment by off elements (CUDA's scalar path for
+ * off 1, its 4-wide one for 0): exactly the bf16 rounding (ref_bf16, not
+ * the backends' own) of want, the reference's fp32 written values, on
+ * every target (ops_list.h: only the store narrows). */
+static void dropout_bwd16_check(const Target *t, const char *what, const float *dy, const float *want, size_t n,
+                                size_t off, uint64_t first, float p, uint64_t seed, uint64_t stream) {
+    float *dy_off = host_alloc(n + off);
+    memcpy(dy_off + off, dy, n * sizeof(float));
+    float *d_dy = dev_from(t, dy_off, n + off);
+    uint16_t *d16 = dev_nan_bits(t, n + off);
+    op_dropout_bwd_at(t->be, NULL, d16 + off, GRAD_WRITE, d_dy + off, n, first, p, seed, stream);
+    float *got = dev_fetch_bits(t, d16 + off, n), *ref = host_bf16(want, n);
+    char full[160];
+    snprintf(full, sizeof full, "%s dx16 (+%zu) = bf16 of the fp32 form", what, off);
+    check_exact(t, full, got, ref, n);
+    free(dy_off), free(got), free(ref);
+    dev_free(t, d_dy), dev_free(t, d16);
+}
+
 static void dropout_case(const Target *t, size_t n, float p, uint64_t seed, uint64_t stream, Rng *rng) {
     Backend *be = t->be;
     char what[128];
@@ -546,6 +566,8 @@ static void dropout_case(const Target *t, size_t n, float p, uint64_t seed, uint
     float *got_w = dev_fetch(t, d_dx_w, n);
     snprintf(what, sizeof what, "dropout bwd written n=%zu p=%g", n, (double)p);
     check_exact(t, what, got_w, dx_w, n);
+    dropout_bwd16_check(t, what, dy, dx_w, n, 0, 0, p, seed, stream);
+    dropout_bwd16_check(t, what, dy, dx_w, n, 1, 0, p, seed, stream);
 
     float *host_bufs[] = {x, garbage, y, got, got_in, dy, dx0, dx, got_dx, dx_w, got_w};
     for (size_t i = 0; i < sizeof host_bufs / sizeof host_bufs[0]; i++) free(host_bufs[i]);
@@ -567,17 +589,18 @@ static void dropout_window_case(const Target *t, size_t n, uint64_t first, float
     snprintf(what, sizeof what, "dropout fwd window n=%zu at %llu", n, (unsigned long long)first);
     check_exact(t, what, got, y, n);
     float *dx = rand_floats(n, rng, -1, 1), *d_dx = dev_from(t, dx, n), *d_y = dev_from(t, x, n);
-    cpu_dropout_bwd_at(dx, GRAD_ADD, x, n, first, p, seed, stream);
-    op_dropout_bwd_at(t->be, d_dx, GRAD_ADD, d_y, n, first, p, seed, stream);
+    cpu_dropout_bwd_at(dx, NULL, GRAD_ADD, x, n, first, p, seed, stream);
+    op_dropout_bwd_at(t->be, d_dx, NULL, GRAD_ADD, d_y, n, first, p, seed, stream);
     float *got_dx = dev_fetch(t, d_dx, n);
     snprintf(what, sizeof what, "dropout bwd window n=%zu at %llu", n, (unsigned long long)first);
     check_exact(t, what, got_dx, dx, n);
     float *dx_w = host_alloc(n), *d_dx_w = dev_nan(t, n);
-    cpu_dropout_bwd_at(dx_w, GRAD_ADD, x, n, first, p, seed, stream);
-    op_dropout_bwd_at(t->be, d_dx_w, GRAD_WRITE, d_y, n, first, p, seed, stream);
+    cpu_dropout_bwd_at(dx_w, NULL, GRAD_ADD, x, n, first, p, seed, stream);
+    op_dropout_bwd_at(t->be, d_dx_w, NULL, GRAD_WRITE, d_y, n, first, p, seed, stream);
     float *got_w = dev_fetch(t, d_dx_w, n);
     snprintf(what, sizeof what, "dropout bwd written window n=%zu at %llu", n, (unsigned long long)first);
     check_exact(t, what, got_w, dx_w, n);
+    dropout_bwd16_check(t, what, x, dx_w, n, 0, first, p, seed, stream);
     free(x); free(y); free(got); free(dx); free(got_dx); free(dx_w); free(got_w);
     dev_free(t, d_x);
     dev_free(t, d_dx);

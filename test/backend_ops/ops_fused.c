@@ -152,7 +152,7 @@ static void rln_bwd_case(const Target *t, const RlnCase *k, Rng *rng, const floa
     float *dres = host_copy(dres0, nc), *dg = host_copy(dg0, C), *db = host_copy(db0, C);
     float *dbias = host_copy(dbias0, C), *dbr = host_alloc(nc);
     cpu_layernorm_bwd(dres, dg, db, dy, x, mean, rstd, gamma, N, C);
-    cpu_dropout_bwd_at(dbr, GRAD_ADD, dres, nc, k->first, k->p, RLN_SEED, stream);  // into zeros
+    cpu_dropout_bwd_at(dbr, NULL, GRAD_ADD, dres, nc, k->first, k->p, RLN_SEED, stream);  // into zeros
     if (k->bias) {  // in bf16 mode the sum of d_branch's bf16 rounding (a ROW layer's db, ops_list.h)
         float *dbr_sum = t->bf16 ? host_bf16(dbr, nc) : host_copy(dbr, nc);
         cpu_bias_bwd(dbias, dbr_sum, N, C);
@@ -185,14 +185,14 @@ static void rln_bwd_case(const Target *t, const RlnCase *k, Rng *rng, const floa
     if (k->bias) check_rel(t, what, got_dbias[0], dbias, dbias0, C, tol(t, SUM_RTOL));
     else check_exact(t, what, got_dbias[0], dbias0, C);  // NULL: untouched (the buffer was not passed)
     float *own = host_alloc(nc);  // d_branch is exactly the mask applied to the op's own d_res
-    cpu_dropout_bwd_at(own, GRAD_ADD, got_dres[0], nc, k->first, k->p, RLN_SEED, stream);
+    cpu_dropout_bwd_at(own, NULL, GRAD_ADD, got_dres[0], nc, k->first, k->p, RLN_SEED, stream);
     check_exact(t, what, got_dbr[0], own, nc);
     /* the unfused ops on the target */
     float *u_dres = dev_from(t, dres0, nc), *u_dbr = dev_nan(t, nc), *u_dg = dev_from(t, dg0, C);
     float *u_db = dev_from(t, db0, C), *u_dbias = dev_from(t, dbias0, C);
     op_layernorm_bwd(t->be, u_dres, u_dg, u_db, d_dy, d_x, d_mean, d_rstd, d_g, N, C);
     op_zero(t->be, u_dbr, nc);
-    op_dropout_bwd_at(t->be, u_dbr, GRAD_ADD, u_dres, nc, k->first, k->p, RLN_SEED, stream);
+    op_dropout_bwd_at(t->be, u_dbr, NULL, GRAD_ADD, u_dres, nc, k->first, k->p, RLN_SEED, stream);
     if (k->bias) op_bias_bwd(t->be, u_dbias, u_dbr, N, C);
     float *u_got[5] = {dev_fetch(t, u_dres, nc), dev_fetch(t, u_dbr, nc), dev_fetch(t, u_dg, C),
                        dev_fetch(t, u_db, C), dev_fetch(t, u_dbias, C)};

@@ -47,11 +47,20 @@ static void dropout_cases(const StepCtx *c, Rng *rng, uint64_t full, uint64_t ba
     step_vars(c, false, 0, 0.0f);
     same(c, "dropout_fwd_at", ya, yb, n);
     float *dxa = dev_from(t, dx, n), *dxb = dev_from(t, dx, n);
-    op_dropout_bwd_at(t->be, dxa, GRAD_ADD, d_x, n, 8, 0.3f, STEP_SEED, full);
+    op_dropout_bwd_at(t->be, dxa, NULL, GRAD_ADD, d_x, n, 8, 0.3f, STEP_SEED, full);
     step_vars(c, true, base, 0.0f);
-    op_dropout_bwd_at(t->be, dxb, GRAD_ADD, d_x, n, 8, 0.3f, STEP_SEED, rel);
+    op_dropout_bwd_at(t->be, dxb, NULL, GRAD_ADD, d_x, n, 8, 0.3f, STEP_SEED, rel);
     step_vars(c, false, 0, 0.0f);
     same(c, "dropout_bwd_at", dxa, dxb, n);
+    uint16_t *ha = dev_nan_bits(t, n), *hb = dev_nan_bits(t, n);  // the dx16 form: its own kernel path
+    op_dropout_bwd_at(t->be, NULL, ha, GRAD_WRITE, d_x, n, 8, 0.3f, STEP_SEED, full);
+    step_vars(c, true, base, 0.0f);
+    op_dropout_bwd_at(t->be, NULL, hb, GRAD_WRITE, d_x, n, 8, 0.3f, STEP_SEED, rel);
+    step_vars(c, false, 0, 0.0f);
+    float *wa = dev_fetch_bits(t, ha, n), *wb = dev_fetch_bits(t, hb, n);
+    check_exact(t, "dropout_bwd_at dx16 with StepVars against its arguments", wb, wa, n);
+    free(wa), free(wb);
+    dev_free(t, ha), dev_free(t, hb);
     float *y = dev_fetch(t, ya, n);
     size_t dropped = 0;
     for (size_t i = 0; i < n; i++) dropped += y[i] == 0.0f;
