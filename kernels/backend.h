@@ -53,7 +53,10 @@
  * output gradient for out_proj: residual_ln_bwd's d_branch16, without
  * sequence parallelism; attention's q, k, v gradients for their
  * projections: the attention backward ops' dq16, dk16, dv16, with q, k, v
- * kept in bf16), so no fp32 copy of it is written and read again; elsewhere
+ * kept in bf16; an FFN sub-block's output gradient for fc2, made by the
+ * layer boundary's dropout backward: dropout_bwd_at's dx16, without
+ * sequence parallelism, with fc2's input kept in bf16), so no fp32 copy of
+ * it is written and read again; elsewhere
  * the GEMMs round the fp32 dy they are given, the same values. What these
  * gradients flow into stays fp32: the linear layers' input gradients (dx),
  * which are summed over tp, over q, k and v, across decoder layers (the

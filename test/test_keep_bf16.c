@@ -19,11 +19,18 @@
  * on the probabilities and without: attention_drop_bwd, attention_bwd_x16;
  * and the FFN keeps its ReLU's bit-mask, from which fc2's backward masks the
  * hidden gradient and sums fc1's bias gradient, op_linear_bwd16_drelu, whose
- * mask bytes the planner's walk counts, mask_accounting): the loss sum and
- * every gradient of the rank's shard are bitwise those of keeping them in
- * fp32 (where the gradients stay fp32 and the projections' GEMMs round
- * them), and the activation bytes are fewer. In fp32 mode the switch does
- * nothing.
+ * mask bytes the planner's walk counts, mask_accounting; and without
+ * sequence parallelism the FFN's output gradient, which the layer
+ * boundary's dropout backward makes, is stored as bf16 bits by that
+ * dropout, op_dropout_bwd_at's dx16, and read so by fc2's backward,
+ * linear_bwd16's dy16, in every configuration: each FFN of both
+ * micro-batches takes that route kept in bf16 and none kept in fp32,
+ * counted through the backend's table, so a wrong rounding in the
+ * dropout's bf16 store moves fc2's weight and input gradients and fails
+ * the comparison): the loss sum and every gradient of the rank's shard are
+ * bitwise those of keeping them in fp32 (where the gradients stay fp32 and
+ * the GEMMs round them), and the activation bytes are fewer. In fp32 mode
+ * the switch does nothing.
  */
 #include "micro_runs.h"
 
@@ -40,6 +47,16 @@ static ModelConfig test_config(Activation act, float act_dropout, float attn_dro
     c.attn_dropout = attn_dropout;  // 0.1: attention_drop_bwd; 0: attention_bwd_x16 (both with dq16, dk16, dv16)
     c.act_dropout = act_dropout;  // 0: the FFN's hidden gradient in bf16 (ReLU kept in bf16), fc2 to fc1
     return c;
+}
+
+/* The backend's dropout_bwd_at counted by form: the bf16-storing one
+ * (dx16) is the FFN's output gradient for fc2 (model_bwd.c's fc2_grad16). */
+static const BackendOps *g_real;
+static long g_drop16;
+static void c_drop_bwd(Backend *be, float *dx, uint16_t *dx16, GradMode mode, const float *dy, size_t n, uint64_t f,
+                       float p, uint64_t seed, uint64_t st) {
+    g_drop16 += dx16 != NULL;
+    g_real->dropout_bwd_at(be, dx, dx16, mode, dy, n, f, p, seed, st);
 }
 
 /* Two micro-batches forward, then both backward, on a fresh model. */
@@ -66,12 +83,19 @@ static void compare_all(Backend *be, const TpGroup *g, const char *who) {
         const ModelConfig cfg = test_config(acts[a], act_p[a], attn_p[a]);
         for (int rc = MODEL_RECOMPUTE_NONE; rc <= MODEL_RECOMPUTE_FULL; rc++)
             for (int sp = 0; sp <= (g->size > 1); sp++) {
+                g_drop16 = 0;
                 const MicroRun off = run(be, &cfg, g, sp, (ModelRecompute)rc, false);
+                const long off16 = g_drop16;
                 const MicroRun on = run(be, &cfg, g, sp, (ModelRecompute)rc, true);
+                const long on16 = g_drop16 - off16;
                 char what[160];
                 snprintf(what, sizeof what, "%s %s act dropout %g attn dropout %g recompute %s%s", who,
                          activation_name(acts[a]), (double)act_p[a], (double)attn_p[a],
                          model_recompute_name((ModelRecompute)rc), sp ? " sequence parallel" : "");
+                const long want16 = sp ? 0 : (long)(cfg.enc_layers + cfg.dec_layers) * MICRO_N;
+                CHECK(off16 == 0 && on16 == want16,
+                      "%s: the FFN's output gradient stored in bf16 %ld times kept in fp32, %ld kept in bf16; want "
+                      "0 and %ld", what, off16, on16, want16);
                 CHECK(memcmp(&on.loss, &off.loss, sizeof on.loss) == 0, "%s: loss %.9g kept in bf16, %.9g in fp32",
                       what, on.loss, off.loss);
                 ParamTable tab;
@@ -95,9 +119,14 @@ static void compare_all(Backend *be, const TpGroup *g, const char *who) {
 static void rank_compare(const TpGroup *g) {
     Backend *be = micro_cpu_backend(DTYPE_BF16);
     if (!be) return;
+    BackendOps counted = *be->ops;
+    g_real = be->ops;
+    counted.dropout_bwd_at = c_drop_bwd;
+    be->ops = &counted;
     char who[32];
     snprintf(who, sizeof who, "tp %d rank %d", g->size, g->rank);
     compare_all(be, g, who);
+    be->ops = g_real;
     backend_destroy(be);
 }
 

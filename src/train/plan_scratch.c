@@ -118,20 +118,28 @@ static void ffn(Walk *w, const ModelConfig *c, const char *layer, int N, bool ba
     fwd_x(w, p, "fc2", N, Fl, C, w->bf16);
     if (!backward) return;
     w->need = max_z(w->need, scratch_bias_bwd(rows(w, N), C));
+    /* fc2's dy: the dropout's bf16 bits in bf16 without sequence
+     * parallelism (model_bwd.c's fc2_grad16; fc2's input kept in bf16, as
+     * the walk takes it), its bias gradient fc2's own there */
+    const bool dy16 = w->bf16 && !w->sp;
     if (w->bf16 && c->act == ACT_RELU && !(c->act_dropout > 0.0f)) {  // model_bwd.c's ffn_grad16: bf16 from fc2 to fc1
         const bool mask = model_ffn_mask_kept(c, true, w->tp);  // fc2's dx GEMM masks and sums fc1's db (DRELU_BGRAD)
         if (mask)
             w->need = max_z(w->need, scratch_linear_bwd16_drelu(true, w->fused_bgrad, true, !w->sp, N, Fl, C,
-                                                                twin(w, p, "fc2"), false));
+                                                                twin(w, p, "fc2"), dy16));
         else
             w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, false, true, true, !w->sp, N, Fl, C,
-                                                          twin(w, p, "fc2"), true, false, false));
+                                                          twin(w, p, "fc2"), true, dy16, false));
         w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, !mask, N, C, Fl,
                                                       twin(w, p, "fc1"), ln_x16(w), true, !mask));
         ln_bwd(w, N, C, true);
         return;
     }
-    bwd(w, p, "fc2", false, N, Fl, C, w->bf16);
+    if (dy16)
+        w->need = max_z(w->need, scratch_linear_bwd16(true, w->fused_bgrad, true, false, true, true, N, Fl, C,
+                                                      twin(w, p, "fc2"), true, true, false));
+    else
+        bwd(w, p, "fc2", false, N, Fl, C, w->bf16);
     if (c->act == ACT_RELU && ln_x16(w))  // op_linear_bwd_relu_x16: ReLU's gradient in the bias pass
         w->need = max_z(w->need, scratch_linear_bwd_relu(w->bf16, w->fused_bgrad, true, true, true, N, C, Fl,
                                                          twin(w, p, "fc1")));

@@ -15,24 +15,47 @@
 /* The output gradient of a residual sub-block on this rank's rows, through
  * its dropout written into out (d_tmp, or sp_part with sequence
  * parallelism); returned as the (N, C) input gradient of the ROW layer
- * (with sequence parallelism gathered into d_tmp). The bias gradient: with
- * sequence parallelism taken here, on this rank's rows before the gather;
- * otherwise left to the ROW layer's linear backward, whose pass over dy
- * makes it (bias_bwd's bits; on a GPU in bf16 the same pass stores the
- * GEMMs' bf16 copy of dy, one read of dy instead of two): *row_db is
- * d_bias then, NULL when taken here. */
+ * (with sequence parallelism gathered into d_tmp). With grad16 (fc2_grad16)
+ * it is stored as bf16 bits in the first half of d_tmp instead. The
+ * bias gradient: with sequence parallelism taken here, on this rank's rows
+ * before the gather; otherwise left to the ROW layer's linear backward,
+ * whose pass over dy makes it (bias_bwd's bits; on a GPU in bf16 the same
+ * pass stores the GEMMs' bf16 copy of an fp32 dy, one read of dy instead
+ * of two): *row_db is d_bias then, NULL when taken here. d_x, the residual
+ * stream's gradient, stays fp32 and is only read: it goes on to the
+ * sub-block's LayerNorm backward and the layer below. */
 static const float *residual_bwd(const Model *m, float *d_bias, float **row_db, const float *d_x, int N, float p,
-                                 uint64_t seed, uint64_t stream) {
+                                 uint64_t seed, uint64_t stream, bool grad16) {
     const int C = m->cfg.d_model, n = seq_rows(m, N);
     ModelActs *A = m->acts;
+    TP_CHECK(!(grad16 && m->seq_par), "bf16 output gradient under sequence parallelism (fc2_grad16)");
     float *out = m->seq_par ? A->sp_part : A->d_tmp;
-    op_dropout_bwd_at(m->be, out, NULL, GRAD_WRITE, d_x, (size_t)n * C, seq_first(m, N, C), p, seed, stream);
+    op_dropout_bwd_at(m->be, grad16 ? NULL : out, grad16 ? (uint16_t *)out : NULL, GRAD_WRITE, d_x, (size_t)n * C,
+                      seq_first(m, N, C), p, seed, stream);
     *row_db = m->seq_par ? NULL : d_bias;
     if (m->seq_par) {
         op_bias_bwd(m->be, d_bias, out, n, C);
         tp_gather(&m->tp, m->be, out, A->d_tmp, (size_t)n * C);
     }
     return A->d_tmp;
+}
+
+/* Whether the FFN's output gradient, which residual_bwd makes (the layer
+ * boundary's dropout, not fused in backward), reaches fc2's backward as
+ * bf16 bits (backend.h's contract; linear_bwd16's dy16): bf16 mode, fc2's
+ * input kept in bf16 (model_set_keep_bf16; kept in fp32, the fp32 route
+ * runs, against which test_keep_bf16 holds these bits), no sequence
+ * parallelism. The same bits as the fp32 route: fc2's GEMMs round that
+ * fp32 dy to exactly these values and its bias gradient sums them. What
+ * stays fp32: everything in fp32 mode or with fc2's input kept in fp32;
+ * with sequence parallelism the dropout's output (this rank's rows, whose
+ * bias gradient is summed here before the fp32 gather of every row); the
+ * residual stream's gradient the dropout reads (d_res_s, d_res_t), which
+ * the LayerNorm backward adds to and the layer below reads; and the
+ * embeddings' dropout gradient (embed_bwd), read by the embedding's
+ * scatter-add, no linear layer. */
+static bool fc2_grad16(const Model *m, const FfnActs *f) {
+    return m->be->dtype == DTYPE_BF16 && !m->seq_par && f->a.h;
 }
 
 /* The residual sub-block before a LayerNorm, whose output gradient that
@@ -157,8 +180,9 @@ static void ln_bwd(const Model *m, float *d_x, float *g_g, float *g_b, const flo
  * included. */
 static bool qkv_grad16(const Model *m, const AttnActs *a) { return m->be->dtype == DTYPE_BF16 && a->q.h; }
 
-/* A q, k or v projection's backward from its output gradient d: fp32, or
- * with grad16 the bf16 bits there (qkv_grad16). */
+/* A linear layer's backward from its output gradient d: fp32, or with
+ * grad16 the bf16 bits there (the q, k, v projections' qkv_grad16, fc2's
+ * fc2_grad16). */
 static void proj_bwd(const Model *m, float *dx, GradMode mode, float *dW, float *db, const float *d, bool grad16,
                      GemmIn x, const float *W, int N, int in, int out) {
     if (grad16)
@@ -193,7 +217,7 @@ static void attn_bwd(const Model *m, const AttnW *w, AttnW *g, const AttnActs *a
                         a->att.f, a->att.h, w->wo, N, Cl, C);
     } else {
         float *row_db = NULL;
-        const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream);
+        const float *d_out = res_done ? A->d_tmp : residual_bwd(m, g->bo, &row_db, d_x, N, p, seed, stream, false);
         lin_bwd(m, A->d_att, GRAD_WRITE, g->wo, row_db, d_out, kept_in(&a->att), w->wo, N, Cl, C);
     }
     /* d_q, d_k, d_v written whole: (N, Cl) and (Nk, Cl), padding keys' rows
@@ -248,7 +272,10 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
     ModelActs *A = m->acts;
     const size_t nF = (size_t)N * Fl;
     float *row_db = NULL;
-    const float *d_out = residual_bwd(m, g->b2, &row_db, d_x, N, p, seed, stream);
+    const bool out16 = fc2_grad16(m, f);  // fc2's dy: fp32 d_out, or bf16 bits there (dy16)
+    const float *d_out = residual_bwd(m, g->b2, &row_db, d_x, N, p, seed, stream, out16);
+    const float *dy = out16 ? NULL : d_out;
+    const uint16_t *dy16 = out16 ? (const uint16_t *)d_out : NULL;
     const GemmIn a = kept_in(&f->a);
     if (ffn_grad16(m, f, d)) {
         uint16_t *d_h16 = (uint16_t *)A->d_h;  // bf16 bits in the first half of the fp32 buffer
@@ -256,9 +283,9 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
          * gradient (the same bits on the CPU); else fc1's backward masks by
          * the ReLU's output as it reads */
         if (f->mask)
-            op_linear_bwd16_drelu(m->be, d_h16, g->w2, row_db, g->b1, d_out, NULL, f->mask, a.h, w->w2, N, Fl, C);
+            op_linear_bwd16_drelu(m->be, d_h16, g->w2, row_db, g->b1, dy, dy16, f->mask, a.h, w->w2, N, Fl, C);
         else
-            op_linear_bwd16(m->be, NULL, d_h16, GRAD_WRITE, g->w2, row_db, d_out, NULL, NULL, a.f, a.h, w->w2, N, Fl,
+            op_linear_bwd16(m->be, NULL, d_h16, GRAD_WRITE, g->w2, row_db, dy, dy16, NULL, a.f, a.h, w->w2, N, Fl,
                             C);
         zero_pad_rows(m, A->d_ln, N);
         const GemmIn ln = col_in_bwd(m, &f->ln, N);
@@ -267,7 +294,7 @@ static void ffn_bwd(const Model *m, const FfnW *w, FfnW *g, const FfnActs *f, fl
         ln_bwd(m, d_x, g->ln_g, g->ln_b, x_in, f->ln_m, f->ln_r, w->ln_g, N, p, seed, prev);
         return;
     }
-    lin_bwd(m, A->d_h, GRAD_WRITE, g->w2, row_db, d_out, a, w->w2, N, Fl, C);
+    proj_bwd(m, A->d_h, GRAD_WRITE, g->w2, row_db, d_out, out16, a, w->w2, N, Fl, C);
     if (d->in_p > 0.0f) {  // through the activations' dropout, in place (its mask again, from its key)
         const ActWin win = act_window(m, N);
         op_dropout_bwd_win(m->be, A->d_h, GRAD_WRITE, A->d_h, win.rows, win.cols, win.ld, win.first, d->in_p, seed,
