@@ -154,6 +154,7 @@ static void every_op_run(const Target *t, EveryOp *e) {
     op_softmax_bwd(be, e->dP, e->dP, e->P, B, H, T, T, 0.25f);
     op_dropout_fwd(be, e->y, e->y, (size_t)N * C, 0.1f, 7, 9);
     op_dropout_bwd(be, e->dx, GRAD_ADD, e->y, (size_t)N * C, 0.1f, 7, 9);
+    op_dropout_bwd_at(be, NULL, (uint16_t *)e->tmp, GRAD_WRITE, e->y, (size_t)N * C, 0, 0.1f, 7, 9);  // bf16 bits
     op_add(be, e->y, e->x, e->y, (size_t)N * C);
     op_accumulate(be, e->dx, e->y, (size_t)N * C);
     op_scale(be, e->dx, 0.5f, (size_t)N * C);
