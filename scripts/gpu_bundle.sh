@@ -5,10 +5,10 @@
 # not Debian's OpenBLAS, cJSON or SentencePiece, and nothing can be installed
 # on it; ctest may be missing too. So the bundle carries:
 #   bin/            train_mt, translate_mt, ckpt, tprun (stripped); the layout
-#   bin/test.tar.gz of the build folder, which the test scripts expect (the
+#   bin/test.tar.xz of the build folder, which the test scripts expect (the
 #                   test programs packed; gpu_check.sh unpacks them)
 #   test/, scripts/ the test scripts and the source files they read (reference/, curves/)
-#   lib/            (packed as lib.tar.gz; gpu_check.sh unpacks it first)
+#   lib/            (packed as lib.tar.xz; gpu_check.sh unpacks it first)
 #                   the shared libraries outside glibc and CUDA (OpenBLAS,
 #                   libgfortran, libquadmath, cJSON, SentencePiece, ...)
 #   lib/fallback/   libstdc++ and libgcc_s, used by gpu_check.sh only when the
@@ -51,7 +51,7 @@ FALLBACK_RE='^(libstdc\+\+\.so|libgcc_s\.so)'
 die() { echo "gpu_bundle: $*" >&2; exit 1; }
 py=/usr/bin/python3
 [ -x "$py" ] || py=$(command -v python3) || die "python3 is needed to read ctest's JSON"
-for tool in cmake ctest ldd strip objdump tar; do
+for tool in cmake ctest ldd strip objdump tar xz; do
   command -v "$tool" > /dev/null || die "$tool not found"
 done
 nvcc=$(command -v nvcc || true)
@@ -265,10 +265,17 @@ fi
   echo "$corpus_note"
 } > "$dest/BUILD_INFO"
 
-# bin/test/ travels packed: each test program carries the CUDA kernels (about
-# 3 MiB a program; 23 MiB packed in all); gpu_check.sh unpacks it before the
-# first test. So does lib/ (OpenBLAS alone is 36 MiB, under half packed).
-tar -czf "$dest/bin/test.tar.gz" -C "$dest/bin" test && rm -rf "$dest/bin/test"
+# bin/test/ travels packed: each test program carries the CUDA kernels
+# (about 8.7 MiB a program at sm_90 in 2026-11), the same bytes in each, which
+# xz's 16 MiB window (-7) stores once: 149 MiB of programs in 4.5 MiB, where
+# gzip's 32 KiB window left 65. One thread: xz's threads would cut the
+# stream into blocks that cannot see each other. gpu_check.sh unpacks it
+# before the first test (scripts/bundle_unpack.sh). So does lib/ (OpenBLAS
+# alone is 36 MiB; 41 MiB of libraries in 6.2 MiB).
+xz_pack() {  # xz_pack ARCHIVE DIR MEMBER: DIR/MEMBER packed into ARCHIVE, then removed
+  tar -cf - -C "$2" "$3" | xz -7 -T1 > "$1" && rm -rf "${2:?}/$3"
+}
+xz_pack "$dest/bin/test.tar.xz" "$dest/bin" test
 
 # ---- size and summary ---------------------------------------------------------------
 echo
@@ -280,11 +287,11 @@ summary() {  # summary LABEL FILES...
     "$(for f in "$@"; do basename "$f"; done | tr '\n' ' ' | cut -c1-150)"
 }
 summary "bin/" "${PROGRAMS[@]/#/$dest/bin/}"
-summary "bin/test.tar.gz" "$dest/bin/test.tar.gz"
+summary "bin/test.tar.xz" "$dest/bin/test.tar.xz"
 summary "lib/" "$dest"/lib/*.so*
 summary "lib/fallback/" "$dest"/lib/fallback/*
-tar -czf "$dest/lib.tar.gz" -C "$dest" lib && rm -rf "$dest/lib"
-summary "lib.tar.gz" "$dest/lib.tar.gz"
+xz_pack "$dest/lib.tar.xz" "$dest" lib
+summary "lib.tar.xz" "$dest/lib.tar.xz"
 mapfile -t srcfiles < <(find "$dest/test" "$dest/scripts" -type f)
 summary "test/ scripts/" "${srcfiles[@]}"
 summary "data/" "$dest"/data/*

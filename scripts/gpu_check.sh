@@ -206,13 +206,18 @@ if [ -f "$bundle_arg/tests.tsv" ] && [ -x "$bundle_arg/bin/train_mt" ]; then
   bundle=$(cd "$bundle_arg" && pwd)
 fi
 BIN=$bundle/bin
-# The test programs travel packed (gpu_bundle.sh): unpacked once, beside the programs.
-if [ -n "$bundle" ] && [ -f "$BIN/test.tar.gz" ] && [ ! -d "$BIN/test" ]; then
-  tar -xzf "$BIN/test.tar.gz" -C "$BIN" || { echo "gpu_check: cannot unpack $BIN/test.tar.gz" >&2; exit 2; }
-fi
-# So do the bundled shared libraries (lib/, the programs' $ORIGIN/../lib).
-if [ -n "$bundle" ] && [ -f "$bundle/lib.tar.gz" ] && [ ! -d "$bundle/lib" ]; then
-  tar -xzf "$bundle/lib.tar.gz" -C "$bundle" || { echo "gpu_check: cannot unpack $bundle/lib.tar.gz" >&2; exit 2; }
+# The test programs travel packed (gpu_bundle.sh): unpacked once, beside the
+# programs; so do the bundled shared libraries (lib/, the programs'
+# $ORIGIN/../lib). scripts/bundle_unpack.sh: tar -J, or python3's tarfile.
+# shellcheck source=scripts/bundle_unpack.sh
+. "$(dirname "$0")/bundle_unpack.sh"
+if [ -n "$bundle" ]; then
+  for packed in "$BIN/test.tar.xz:$BIN:test" "$bundle/lib.tar.xz:$bundle:lib"; do
+    IFS=: read -r archive into member <<< "$packed"
+    if [ -f "$archive" ] && [ ! -d "$into/$member" ]; then
+      bundle_unpack "$archive" "$into" || { echo "gpu_check: cannot unpack $archive" >&2; exit 2; }
+    fi
+  done
 fi
 export BUNDLE=$bundle
 note "- bundle: ${bundle:-$bundle_arg (missing)}; $(grep -h '^commit' "$bundle/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"

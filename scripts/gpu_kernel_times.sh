@@ -28,7 +28,9 @@ out=${OUT:-$PWD/kernel_times}
 mkdir -p "$out" || exit 2
 [ -x "$bundle/bin/train_mt" ] || { echo "gpu_kernel_times: no bundle at $bundle" >&2; exit 2; }
 bundle=$(cd "$bundle" && pwd)
-[ -d "$bundle/lib" ] || tar -xzf "$bundle/lib.tar.gz" -C "$bundle" || exit 2
+# shellcheck source=scripts/bundle_unpack.sh
+. "$(dirname "$0")/bundle_unpack.sh"
+[ -d "$bundle/lib" ] || bundle_unpack "$bundle/lib.tar.xz" "$bundle" || exit 2
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 [ -n "$ncu" ] || { echo "gpu_kernel_times: ncu not found" >&2; exit 2; }
 # The CUDA runtime and cuBLASLt of the toolkit, NCCL from PyTorch's wheels, the driver.
@@ -40,7 +42,7 @@ nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl._
 [ -n "$nccl" ] && libs=$libs:$nccl
 export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 lnb=$bundle/bin/test/bench_ln_ops
-[ -x "$lnb" ] || [ ! -f "$bundle/bin/test.tar.gz" ] || tar -xzf "$bundle/bin/test.tar.gz" -C "$bundle/bin" test/bench_ln_ops
+[ -x "$lnb" ] || [ ! -f "$bundle/bin/test.tar.xz" ] || bundle_unpack "$bundle/bin/test.tar.xz" "$bundle/bin" test/bench_ln_ops
 if [ "${KT_LN_BENCH:-1}" != 0 ] && [ -x "$lnb" ]; then
   timeout -k 5 120 "$lnb" cuda 50 > "$out/ln_bandwidth.txt" 2>&1
   echo "gpu_kernel_times: bench_ln_ops exit $?"; cat "$out/ln_bandwidth.txt"

@@ -73,11 +73,11 @@ printf '#!/bin/sh\necho "hanging"\nsleep 600\n' > "$b/bin/test/test_hang"
 # shellcheck disable=SC2016  # expanded by the stand-in, not here
 printf '#!/bin/sh\necho "cpu_ok: in $(pwd), corpus arg: $1, FAKE_VAR=$FAKE_VAR"\n' > "$b/bin/test/cpu_ok"
 chmod +x "$b/bin/train_mt" "$b"/bin/test/*
-# bin/test travels packed, as gpu_bundle.sh packs it: gpu_check.sh unpacks it first.
-tar -czf "$b/bin/test.tar.gz" -C "$b/bin" test && rm -rf "$b/bin/test"
+# bin/test travels packed, as gpu_bundle.sh packs it (xz): gpu_check.sh unpacks it first.
+tar -cf - -C "$b/bin" test | xz -T1 > "$b/bin/test.tar.xz" && rm -rf "$b/bin/test"
 # lib/ too (a marker file stands for the libraries): it must be back in place after a run.
 touch "$b/lib/fallback/marker.so.0"
-tar -czf "$b/lib.tar.gz" -C "$b" lib && rm -rf "$b/lib"
+tar -cf - -C "$b" lib | xz -T1 > "$b/lib.tar.xz" && rm -rf "$b/lib"
 {
   printf '# name labels timeout folder env command...\n'
   printf 'test_backend_ops_gpu\tgpu\t300\t@BUNDLE@/bin/test\t-\t@BUNDLE@/bin/test/test_backend_ops_gpu\n'
@@ -169,6 +169,27 @@ row() {
 norow() { if grep -qF "| $2 |" "$work/$1/out/report.md"; then bad "$1: unexpected row $2"; else ok "$1: no $2 row"; fi; }
 # check WHAT CMD...: CMD must succeed.
 check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+# scripts/bundle_unpack.sh with the xz program and without it (BUNDLE_XZ=none:
+# python3's tarfile): the whole archive, one member (gpu_kernel_times.sh's),
+# and a member the archive lacks.
+unpack() {  # unpack XZ DIR [MEMBER...]: bundle_unpack of the stand-in's test programs into a new DIR
+  local xz=$1 dir=$work/unpack/$2
+  shift 2
+  mkdir -p "$dir"
+  BUNDLE_XZ=$xz bash -c '. "$1" && shift && bundle_unpack "$@"' _ "$(dirname "$script")/bundle_unpack.sh" \
+    "$b/bin/test.tar.xz" "$dir" "$@" 2> "$dir.err"
+}
+not() { ! "$@"; }
+check "bundle_unpack without xz: the whole archive" unpack none all
+check "bundle_unpack without xz: the programs back, executable" \
+  test -x "$work/unpack/all/test/cpu_ok" -a -x "$work/unpack/all/test/test_hang"
+check "bundle_unpack without xz: one member alone" unpack none one test/cpu_ok
+check "bundle_unpack without xz: only that member" \
+  test -x "$work/unpack/one/test/cpu_ok" -a ! -e "$work/unpack/one/test/test_hang"
+check "bundle_unpack without xz: a member the archive lacks fails" not unpack none lacks test/nothing
+check "bundle_unpack with xz: one member alone" unpack xz xz test/cpu_ok
+check "bundle_unpack with xz: only that member" \
+  test -x "$work/unpack/xz/test/cpu_ok" -a ! -e "$work/unpack/xz/test/test_hang"
 max_steps=3
 
 # ---- 1. a fake GPU, every flag ----------------------------------------------------------
@@ -235,7 +256,7 @@ else
 fi
 check "full: exit 1 (a step failed; got $(cat "$work/full/rc"))" [ "$(cat "$work/full/rc")" = 1 ]
 check "full: step logs" test -s "$work/full/out/logs/d.tp4.log"
-check "full: lib.tar.gz unpacked into the bundle's lib/" test -f "$b/lib/fallback/marker.so.0"
+check "full: lib.tar.xz unpacked into the bundle's lib/" test -f "$b/lib/fallback/marker.so.0"
 check "full: nvidia-smi printed" grep -q 'CUDA Version: 13.0' "$work/full/stdout.txt"
 check "full: totals line" grep -Eq '[0-9]+ passed, [1-9][0-9]* failed, [0-9]+ skipped' "$work/full/out/report.md"
 check "full: training notes" grep -q '| PASS | d.tp2 | [0-9.]* | \[rank 0\] train_mt: 3 steps in' "$work/full/out/report.md"
