@@ -2,7 +2,7 @@
  * (kernels/cuda/attention_short.cu) proven on the CPU, where no GPU runs
  * them. Their block and warp code lives in kernels/cuda/flash_core.h,
  * written for the device and the host; here it runs as written, each block's
- * 128 threads as host threads, over an emulated warp:
+ * 128 threads as host threads (test/warp_emu.h), over an emulated warp:
  *   - mma.sync m16n8k16 (.bf16, fp32 accumulate) built from the PTX ISA's
  *     fragment tables alone (which lane and register holds A(row, k),
  *     B(k, col) and C(row, col)), independently of the kernels' loads;
@@ -18,9 +18,6 @@
  * into zeros bit for bit, those written as bf16 bits (dq16, dk16, dv16) the
  * written fp32 ones rounded, exactly, and padding keys' dk and dv rows
  * zeros. */
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include <math.h>
@@ -30,90 +27,40 @@
 
 #include "bf16.h"
 #include "check.h"
+#include "warp_emu.h"
 
 extern "C" {  // C headers without guards of their own
 #include "cpu_ops.h"
 #include "testrng.h"
 }
 
-/* ---- the emulated device ----------------------------------------------------------------------- */
+/* ---- the emulated device (warp_emu.h) and its mma.sync ---------------------------------------- */
 
-#define SC_WARP 32
-#define SC_WARPS 4
-#define SC_THREADS (SC_WARPS * SC_WARP)
-
-namespace emu {
-
-class Barrier {  // a reusable barrier of n threads
-  public:
-    explicit Barrier(int n) : n_(n) {}
-    void wait() {
-        std::unique_lock<std::mutex> lk(m_);
-        const long gen = gen_;
-        if (++count_ == n_) {
-            count_ = 0;
-            gen_++;
-            cv_.notify_all();
-            return;
-        }
-        cv_.wait(lk, [&] { return gen_ != gen; });
-    }
-
-  private:
-    std::mutex m_;
-    std::condition_variable cv_;
-    const int n_;
-    int count_ = 0;
-    long gen_ = 0;
-};
-
-struct Warp {
-    Barrier bar{SC_WARP};
-    float x[SC_WARP];
-    uint32_t a[SC_WARP][4], b[SC_WARP][2];
-};
-
-struct Block {
-    Barrier bar{SC_THREADS};
-    Warp warps[SC_WARPS];
-};
-
-thread_local int tid;
-thread_local Block *block;
-
-inline Warp &warp() { return block->warps[tid / SC_WARP]; }
+namespace mma {
 
 inline float half(uint32_t reg, int hi) { return tp_bf16_to_f32((uint16_t)(hi ? reg >> 16 : reg & 0xffffu)); }
 
-/* PTX ISA, mma.m16n8k16 with .bf16: a_i (i = 0..7, register i / 2, half
- * i & 1) sits at row groupID for i in {0, 1, 4, 5}, groupID + 8 otherwise,
- * column 2 threadID_in_group + (i & 1), + 8 for i >= 4; lane = 4 groupID +
- * threadID_in_group. */
-inline float mma_a(const Warp &w, int row, int k) {
+/* A lane's posted words: a0..a3, b0, b1. PTX ISA, mma.m16n8k16 with .bf16:
+ * a_i (i = 0..7, register i / 2, half i & 1) sits at row groupID for i in
+ * {0, 1, 4, 5}, groupID + 8 otherwise, column 2 threadID_in_group + (i & 1),
+ * + 8 for i >= 4; lane = 4 groupID + threadID_in_group. */
+inline float a_at(const emu::Warp &w, int row, int k) {
     const int lane = 4 * (row % 8) + (k % 8) / 2, i = (row >= 8 ? 2 : 0) + (k >= 8 ? 4 : 0) + (k & 1);
-    return half(w.a[lane][i / 2], i & 1);
+    return half(w.words[lane][i / 2], i & 1);
 }
 /* b_i (i = 0..3, register i / 2, half i & 1) at row 2 threadID_in_group +
  * (i & 1), + 8 for i >= 2, column groupID. */
-inline float mma_b(const Warp &w, int k, int col) {
+inline float b_at(const emu::Warp &w, int k, int col) {
     const int lane = 4 * col + (k % 8) / 2, i = (k >= 8 ? 2 : 0) + (k & 1);
-    return half(w.b[lane][i / 2], i & 1);
+    return half(w.words[lane][4 + i / 2], i & 1);
 }
 
-}  // namespace emu
+}  // namespace mma
 
 #define SC_FN inline
-inline int sc_tid() { return emu::tid; }
-inline void sc_sync() { emu::block->bar.wait(); }
-inline float sc_xor(float x, int m) {
-    emu::Warp &w = emu::warp();
-    const int lane = emu::tid % SC_WARP;
-    w.x[lane] = x;
-    w.bar.wait();
-    const float y = w.x[lane ^ m];
-    w.bar.wait();
-    return y;
-}
+inline int sc_tid() { return emu::tid(); }
+inline void sc_sync() { emu::sync(); }
+inline float sc_xor(float x, int m) { return emu::shfl_xor(x, m); }
 inline float sc_mul(float a, float b) {
     volatile float r = a * b;  // rounded alone
     return r;
@@ -121,18 +68,17 @@ inline float sc_mul(float a, float b) {
 /* c_i (i = 0..3) at row groupID (+ 8 for i >= 2), column 2
  * threadID_in_group + (i & 1): each lane its four sums over k. */
 inline void sc_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    emu::Warp &w = emu::warp();
-    const int lane = emu::tid % SC_WARP, g = lane >> 2, t = lane & 3;
-    memcpy(w.a[lane], a, sizeof a);
-    w.b[lane][0] = b0, w.b[lane][1] = b1;
-    w.bar.wait();
+    const uint32_t regs[6] = {a[0], a[1], a[2], a[3], b0, b1};
+    emu::exchange_begin(regs, sizeof regs);
+    const emu::Warp &w = emu::warp();
+    const int lane = emu::lane(), g = lane >> 2, t = lane & 3;
     for (int i = 0; i < 4; i++) {
         const int row = g + 8 * (i / 2), col = 2 * t + (i & 1);
         float acc = 0.0f;
-        for (int k = 0; k < 16; k++) acc += emu::mma_a(w, row, k) * emu::mma_b(w, k, col);
+        for (int k = 0; k < 16; k++) acc += mma::a_at(w, row, k) * mma::b_at(w, k, col);
         c[i] += acc;
     }
-    w.bar.wait();
+    emu::exchange_end();
 }
 inline uint32_t sc_ld32(const uint16_t *p) {
     uint32_t v;
@@ -145,23 +91,12 @@ inline void sc_zero16(uint16_t *d) { memset(d, 0, 16); }
 
 #include "flash_core.h"
 
-static_assert(SC_THREADS == 128, "the emulated block is the kernels' block");
+static_assert(SC_WARP == emu::WARP && SC_THREADS % SC_WARP == 0, "the emulated block is the kernels' block");
 
-/* One block's body on SC_THREADS host threads, with smem_bytes of shared
- * memory (NaN-filled: whatever the kernels read must have been written). */
+/* One block's body on SC_THREADS host threads. */
 template <class Body>
 static void run_block(size_t smem_bytes, Body body) {
-    emu::Block blk;
-    std::vector<float> smem((smem_bytes + 15) / 4 + 4, NAN);
-    unsigned char *base = (unsigned char *)(((uintptr_t)smem.data() + 15) & ~(uintptr_t)15);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < SC_THREADS; i++)
-        threads.emplace_back([&, i] {
-            emu::tid = i;
-            emu::block = &blk;
-            body(base);
-        });
-    for (auto &th : threads) th.join();
+    emu::run_block(SC_THREADS, smem_bytes, body);
 }
 
 /* ---- the shapes against the reference --------------------------------------------------------- */

@@ -20,10 +20,15 @@
 // blocks (enough to fill a GPU at 4k tokens) while the partials stay 1/64
 // of the rows they sum; pass 2's tree keeps its serial chains at
 // n_chunks / 32 loads.
+//
+// The block code is written in row_prims.h's primitives, so
+// test/test_ln_rows.cc runs it on the CPU; the kernels and their launches
+// are nvcc's alone.
 #ifndef TPTRAIN_COLSUM_CUH
 #define TPTRAIN_COLSUM_CUH
 
-#include "cuda_kernel_util.cuh"
+#include "row_prims.h"
+#include "scratch_sizes.h"
 
 #define COLSUM_CHUNK_ROWS SCRATCH_LN_CHUNK_ROWS  // kernels/scratch_sizes.h (the scratch sizes)
 static_assert(SCRATCH_LN_CHUNK_ROWS == SCRATCH_BIAS_CHUNK_ROWS, "one order for the LayerNorm and bias sums");
@@ -40,17 +45,17 @@ typedef struct {
     float *dst[COLSUM_MAX_SUMS];          // (C) accumulated, or NULL
 } ColsumPlanes;
 
-// grid (ceil(C / COLSUM_COLS), COLSUM_MAX_SUMS), block (COLSUM_COLS, COLSUM_FIN_ROWT); static:
-// a copy per file that includes this one.
-static __global__ void colsum_final_kernel(ColsumPlanes pl, int n_chunks, int C) {
-    __shared__ double s[COLSUM_FIN_ROWT][COLSUM_COLS];
-    const int c = blockIdx.x * COLSUM_COLS + threadIdx.x, which = blockIdx.y;
+// One block of pass 2: column bx * COLSUM_COLS + tx of sum `which`, row-thread ty;
+// s: shared [COLSUM_FIN_ROWT][COLSUM_COLS].
+RP_FN void colsum_final_block(const ColsumPlanes &pl, int n_chunks, int C, double (*s)[COLSUM_COLS], int bx,
+                              int which, int tx, int ty) {
+    const int c = bx * COLSUM_COLS + tx;
     float *dst = pl.dst[which];
     if (dst == NULL) return;  // the whole block: no barrier is left waiting
     const double *part = pl.part[which];
     double acc = 0.0;
     if (c < C) {
-        int k = threadIdx.y;
+        int k = ty;
         for (; k + 3 * COLSUM_FIN_ROWT < n_chunks; k += 4 * COLSUM_FIN_ROWT) {  // four loads in flight, summed in order
             const double a = part[(size_t)k * C + c], b = part[(size_t)(k + COLSUM_FIN_ROWT) * C + c];
             const double e = part[(size_t)(k + 2 * COLSUM_FIN_ROWT) * C + c];
@@ -62,16 +67,24 @@ static __global__ void colsum_final_kernel(ColsumPlanes pl, int n_chunks, int C)
         }
         for (; k < n_chunks; k += COLSUM_FIN_ROWT) acc += part[(size_t)k * C + c];
     }
-    s[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
+    s[ty][tx] = acc;
+    rp_sync();
+    if (ty == 0 && c < C) {
         double sum = 0.0;
-        for (int t = 0; t < COLSUM_FIN_ROWT; t++) sum += s[t][threadIdx.x];
+        for (int t = 0; t < COLSUM_FIN_ROWT; t++) sum += s[t][tx];
         dst[c] += (float)sum;
     }
 }
 
 static inline int colsum_chunks(int N) { return scratch_ln_chunks(N); }  // = scratch_bias_chunks(N)
+
+#ifdef __CUDACC__
+// grid (ceil(C / COLSUM_COLS), COLSUM_MAX_SUMS), block (COLSUM_COLS, COLSUM_FIN_ROWT); static:
+// a copy per file that includes this one.
+static __global__ void colsum_final_kernel(ColsumPlanes pl, int n_chunks, int C) {
+    __shared__ double s[COLSUM_FIN_ROWT][COLSUM_COLS];
+    colsum_final_block(pl, n_chunks, C, s, blockIdx.x, blockIdx.y, threadIdx.x, threadIdx.y);
+}
 
 // Pass 2 over the planes given.
 static inline void colsum_final_launch(const ColsumPlanes &pl, int N, int C, cudaStream_t stream) {
@@ -86,5 +99,6 @@ static inline unsigned colsum_grid_y(int N) {
     const int n = colsum_chunks(N);
     return n < 1 ? 1u : (n > 65535 ? 65535u : (unsigned)n);
 }
+#endif
 
 #endif

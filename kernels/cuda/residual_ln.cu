@@ -21,154 +21,17 @@
 // d_branch (given d_res) the CPU's too; y, mean, rstd, d_res and the column
 // sums differ from the CPU only as layernorm.cu's do, in the order of their
 // double sums (harness.h's SUM_RTOL).
+//
+// The rows' code (the forward's source, the backward's tail, the dropout)
+// is residual_ln_row.cuh's, written for the device and the host so
+// test/test_ln_rows.cc runs it on the CPU; this file launches it.
 #include "cuda_ops.h"
 #include "cuda_kernel_util.cuh"
-#include "layernorm_row.cuh"
-#include "philox.h"
-
-// The dropout of one run: the mask of philox.h, as dropout.cu draws it.
-typedef struct {
-    uint64_t first;           // the window's first element in the whole mask
-    float p, scale;           // scale = 1/(1-p), the CPU's expression
-    uint32_t key[2];          // seed lo, hi
-    uint64_t stream;          // the stream id; with step, step->stream_base is added (rln_resolve)
-    const StepVars *step;     // the backend's StepVars, or NULL
-    bool on;                  // p > 0 (p == 0 copies, as op_dropout_fwd does)
-} RlnDrop;
-
-// ---- device helpers ------------------------------------------------------------
-
-// The run's stream with the StepVars' base added, read once per thread
-// at a kernel's start (the kernels' own copy of d).
-__device__ __forceinline__ void rln_resolve(RlnDrop &d) {
-    d.stream = tp_step_stream(d.step, d.stream);
-    d.step = NULL;
-}
-
-__device__ __forceinline__ void rln_words(const RlnDrop &d, uint64_t block, uint32_t w[4]) {
-    dropout_block_words(block, d.key, (uint32_t)d.stream, (uint32_t)(d.stream >> 32), w);
-}
-
-// Dropout of v with its mask word: v * scale or 0 (v itself when off).
-__device__ __forceinline__ float rln_drop(const RlnDrop &d, float v, uint32_t word) {
-    if (!d.on) return v;
-    return dropout_keeps(word, d.p) ? __fmul_rn(v, d.scale) : 0.0f;
-}
-
-// The word of element i (an index into the window) for the scalar loads.
-__device__ __forceinline__ uint32_t rln_word_of(const RlnDrop &d, size_t i) {
-    if (!d.on) return 0;
-    uint32_t w[4];
-    const uint64_t g = d.first + i;
-    rln_words(d, g / 4, w);
-    return w[g % 4];
-}
-
-// res_in + Dropout(branch + bias) for one element.
-__device__ __forceinline__ float rln_resid(const RlnDrop &d, float r_in, float b, const float *bias, int c,
-                                           uint32_t word) {
-    const float v = bias ? __fadd_rn(b, bias[c]) : b;
-    return __fadd_rn(r_in, rln_drop(d, v, word));
-}
-
-// ---- forward ---------------------------------------------------------------------
-
-// The forward's source (layernorm_row.cuh): row n's res_out = res_in +
-// Dropout(branch + bias), written, and kept as the LayerNorm's input (in
-// registers; NJ = 0: read back from res_out, each lane its own elements).
-struct RlnSrc {
-    RlnDrop d;
-    float *res_out;        // (N, C)
-    const float *res_in;   // (N, C)
-    const float *branch;   // (N, C)
-    const float *bias;     // (C) or NULL
-    __device__ __forceinline__ void begin() { rln_resolve(d); }
-    template <int NJ, bool VEC>
-    __device__ __forceinline__ void row(LnRow<NJ> &x, int n, int C, int lane) {
-        const size_t at = (size_t)n * C;
-        float *ro = res_out + at;
-        const float *ri = res_in + at, *br = branch + at;
-        const int nj = ln_nk<NJ>(C) / 4;
-#pragma unroll
-        for (int j = 0; j < nj; j++) {
-            const int c0 = LN_GROUP * j + 4 * lane;
-            float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (VEC) {
-                if (c0 < C) {
-                    const float4 b = *(const float4 *)(br + c0), r = *(const float4 *)(ri + c0);
-                    uint32_t w[4] = {0, 0, 0, 0};
-                    if (d.on) rln_words(d, (d.first + at + c0) / 4, w);  // one Philox block: C % 4 == 0
-                    o[0] = rln_resid(d, r.x, b.x, bias, c0, w[0]);
-                    o[1] = rln_resid(d, r.y, b.y, bias, c0 + 1, w[1]);
-                    o[2] = rln_resid(d, r.z, b.z, bias, c0 + 2, w[2]);
-                    o[3] = rln_resid(d, r.w, b.w, bias, c0 + 3, w[3]);
-                    ln_st4(ro + c0, make_float4(o[0], o[1], o[2], o[3]));
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (c0 + e < C) {
-                        const int c = c0 + e;
-                        o[e] = rln_resid(d, ri[c], br[c], bias, c, rln_word_of(d, at + c));
-                        ro[c] = o[e];
-                    }
-            }
-            if (NJ > 0) ln_keep4(x, j, o);
-        }
-        if (NJ == 0) ln_load<NJ, VEC>(x, ro, C, lane);
-    }
-};
-
-// ---- backward ----------------------------------------------------------------------
-
-// The backward's tail (layernorm_row.cuh): d_branch = Dropout backward of
-// the new d_res (written; 0 + value, as the unfused zeroing and
-// accumulation give), fp32 or its bf16 rounding (OutT), and the bias
-// gradient's term of each element: the value, or in bf16 mode (round_bias,
-// or stored as bf16) its bf16 rounding.
-template <typename OutT>
-struct RlnTail {
-    RlnDrop d;
-    OutT *d_branch;   // (N, C) written
-    bool round_bias;  // bias terms rounded to bf16 (always so for bf16 storage)
-    __device__ __forceinline__ void begin() { rln_resolve(d); }
-    __device__ __forceinline__ float term_of(float v) const { return round_bias ? tp_bf16_round(v) : v; }
-    __device__ __forceinline__ void group4(size_t at, int c0, const float (&v)[4], float (&term)[4]) const {
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (d.on) rln_words(d, (d.first + at + c0) / 4, w);
-        float o[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            o[e] = __fadd_rn(0.0f, rln_drop(d, v[e], w[e]));
-            term[e] = term_of(o[e]);
-        }
-        ln_st4(d_branch + at + c0, make_float4(o[0], o[1], o[2], o[3]));
-    }
-    __device__ __forceinline__ float one(size_t at, int c, float v) const {
-        const float o = __fadd_rn(0.0f, rln_drop(d, v, rln_word_of(d, at + c)));
-        ln_st1(d_branch + at + c, o);
-        return term_of(o);
-    }
-    // The term of element i read back from d_branch (the column kernel's).
-    __device__ __forceinline__ float term(size_t i) const { return term_of(ld_in(d_branch, (long long)i)); }
-};
+#include "residual_ln_row.cuh"
 
 static int rln_chunks(int N) { return scratch_ln_chunks(N); }
 
 // ---- launchers ---------------------------------------------------------------------
-
-static RlnDrop rln_drop_of(uint64_t first, float p, uint64_t seed, uint64_t stream_id, const StepVars *step) {
-    RlnDrop d;
-    d.first = first;
-    d.p = p;
-    d.scale = dropout_scale(p);  // the CPU's expression (philox.h)
-    d.key[0] = (uint32_t)seed;
-    d.key[1] = (uint32_t)(seed >> 32);
-    d.stream = stream_id;
-    d.step = step;
-    d.on = p > 0.0f;
-    return d;
-}
 
 static void residual_ln_fwd_launch(float *res_out, float *y, uint16_t *y16, float *mean, float *rstd,
                                    const float *res_in,
