@@ -360,3 +360,12 @@ const void *backend_compute_twin(const Backend *be, const float *W) {
     }
     return NULL;
 }
+
+bool attn_grads_bf16(const char *op, GradMode mode, const void *dq, const void *dk, const void *dv, const void *dq16,
+                     const void *dk16, const void *dv16) {
+    const bool h = dq16 || dk16 || dv16;
+    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
+             "not both", op);
+    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
+    return h;
+}

@@ -85,6 +85,13 @@ static inline size_t relu_mask_row_bytes(int cols) { return cols > 0 ? (size_t)(
  * where 0 + -0 gives +0 (the same value; no op spends work to change it). */
 typedef enum { GRAD_ADD = 0, GRAD_WRITE = 1 } GradMode;
 static inline bool grad_mode_valid(GradMode m) { return m == GRAD_ADD || m == GRAD_WRITE; }
+/* The attention backward ops' pair of gradient sets (ops_list.h): fp32 dq,
+ * dk, dv, or the bf16 dq16, dk16, dv16, chosen when any of those is given
+ * and only written (GRAD_WRITE). Checks the pair for op (an error naming it
+ * when both sets or an accumulating bf16 set are given); whether the bf16
+ * set is the one. */
+bool attn_grads_bf16(const char *op, GradMode mode, const void *dq, const void *dk, const void *dv, const void *dq16,
+                     const void *dk16, const void *dv16);
 
 /* What a buffer holds: the categories of the memory report. */
 typedef enum {

@@ -252,30 +252,33 @@ static void t_linear_bwd16(Backend *be, float *dx, uint16_t *dx16, GradMode dx_m
     if (dx16) cpu_to_bf16(dx16, dxf, nx);
 }
 
-/* tmp NULL: the fp32 product goes to the workspace, ahead of the operands. */
-static void t_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
-                           const float *W, const float *b, bool relu, int N, int in, int out) {
-    TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_fwd16: give exactly one of x and x16");
+/* linear_fwd16's fp32 product (N, out) into tmp, or with tmp NULL into the
+ * workspace, ahead of the operands; returns where it went. */
+static float *linear_fwd16_product(Backend *be, const char *op, float *tmp, const float *x, const uint16_t *x16,
+                                   const float *W, const float *b, int N, int in, int out) {
+    TP_CHECK((x == NULL) != (x16 == NULL), "%s: give exactly one of x and x16", op);
     const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
     const size_t skip = tmp ? 0 : n;
     if (!tmp) tmp = operand_space(be, n + (size_t)N * in + (size_t)out * in + (b ? (size_t)out : 0));
     fwd_operands(be, skip, &x, x16, &W, &b, N, in, out);
     cpu_linear_fwd(tmp, x, W, b, N, in, out);
+    return tmp;
+}
+
+static void t_linear_fwd16(Backend *be, uint16_t *y16, float *tmp, const float *x, const uint16_t *x16,
+                           const float *W, const float *b, bool relu, int N, int in, int out) {
+    tmp = linear_fwd16_product(be, "op_linear_fwd16", tmp, x, x16, W, b, N, in, out);
+    const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
     if (relu) cpu_act_fwd16(y16, tmp, n, ACT_RELU);
     else cpu_to_bf16(y16, tmp, n);
 }
 
-/* linear_fwd16 with relu through tmp (or the workspace), the mask from the
- * same fp32 pre-activation. */
+/* linear_fwd16 with relu, the mask from the same fp32 pre-activation. */
 static void t_linear_relu_fwd16(Backend *be, uint16_t *y16, float *tmp, uint8_t *mask, const float *x,
                                 const uint16_t *x16, const float *W, const float *b, int N, int in, int out) {
     TP_CHECK(mask || N <= 0 || out <= 0, "op_linear_relu_fwd16: mask is NULL");
-    TP_CHECK((x == NULL) != (x16 == NULL), "op_linear_relu_fwd16: give exactly one of x and x16");
+    tmp = linear_fwd16_product(be, "op_linear_relu_fwd16", tmp, x, x16, W, b, N, in, out);
     const size_t n = (size_t)(N > 0 ? N : 0) * (size_t)(out > 0 ? out : 0);
-    const size_t skip = tmp ? 0 : n;
-    if (!tmp) tmp = operand_space(be, n + (size_t)N * in + (size_t)out * in + (b ? (size_t)out : 0));
-    fwd_operands(be, skip, &x, x16, &W, &b, N, in, out);
-    cpu_linear_fwd(tmp, x, W, b, N, in, out);
     cpu_act_fwd16(y16, tmp, n, ACT_RELU);
     if (n) cpu_relu_mask(mask, tmp, N, out);
 }
@@ -454,10 +457,7 @@ typedef struct {
 /* Checks the pair of sets; the fp32 room the bf16 one needs (else 0). */
 static size_t attn_grads_of(AttnGrads *g, const char *op, GradMode mode, float *dq, float *dk, float *dv,
                             uint16_t *dq16, uint16_t *dk16, uint16_t *dv16, int B, int H, int Tq, int Tk, int D) {
-    const bool h = dq16 || dk16 || dv16;
-    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
-             "not both", op);
-    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
+    const bool h = attn_grads_bf16(op, mode, dq, dk, dv, dq16, dk16, dv16);
     const size_t bhd = (size_t)(B > 0 ? B : 0) * (size_t)(H > 0 ? H : 0) * (size_t)(D > 0 ? D : 0);
     *g = (AttnGrads){dq, dk, dv, dq16, dk16, dv16, bhd * (size_t)(Tq > 0 ? Tq : 0), bhd * (size_t)(Tk > 0 ? Tk : 0)};
     return h ? g->nq + 2 * g->nk : 0;

@@ -613,10 +613,7 @@ extern "C" void cuda_op_attention_fwd_x16(float *out, uint16_t *out16, float *P,
 // dk16, dv16, the bf16 one when any of its pointers is given), checked.
 static AttnGradOut attn_grads(const char *op, GradMode mode, float *dq, float *dk, float *dv, uint16_t *dq16,
                               uint16_t *dk16, uint16_t *dv16) {
-    const bool h = dq16 || dk16 || dv16;
-    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
-             "not both", op);
-    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
+    attn_grads_bf16(op, mode, dq, dk, dv, dq16, dk16, dv16);
     AttnGradOut g = {{dq, dk, dv}, {dq16, dk16, dv16}};
     return g;
 }

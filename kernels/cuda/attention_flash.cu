@@ -574,10 +574,7 @@ void cuda_op_attention_flash_bwd(float *dq, float *dk, float *dv, uint16_t *dq16
     const char *op = "op_attention_flash_bwd";
     TP_CHECK(grad_mode_valid(mode), "%s: unknown gradient mode %d", op, (int)mode);
     flash_check(op, B, H, Tq, Tk, D);
-    const bool h = dq16 || dk16 || dv16;  // the bf16 set (ops_list.h)
-    TP_CHECK(!h || !(dq || dk || dv), "%s: give the gradients as fp32 (dq, dk, dv) or as bf16 (dq16, dk16, dv16), "
-             "not both", op);
-    TP_CHECK(!h || mode == GRAD_WRITE, "%s: dq16, dk16, dv16 are written (GRAD_WRITE), not accumulated", op);
+    const bool h = attn_grads_bf16(op, mode, dq, dk, dv, dq16, dk16, dv16);  // the bf16 set (ops_list.h)
     if (B == 0 || H == 0 || D == 0) return;
     const bool write = mode == GRAD_WRITE;
     const size_t elem = h ? sizeof(uint16_t) : sizeof(float);

@@ -200,6 +200,48 @@ SC_UNROLL
     }
 }
 
+// A warp's query rows i0 + g and i0 + g + 8: the keys each may see (n; 0
+// past Tq), and the 16-key chunks any row of the tile [i0, i0 + 16) sees.
+SC_FN int tile_keys(const FlashArgs &a, int i0, int klen, int (&n)[2]) {
+    const int g = (sc_tid() % SC_WARP) >> 2;
+SC_UNROLL
+    for (int h = 0; h < 2; h++) {
+        const int r = i0 + g + 8 * h;
+        n[h] = r < a.Tq ? flash_valid_keys(klen, r, a.Tk, a.causal) : 0;
+    }
+    int kend = klen < a.Tk ? klen : a.Tk;
+    if (a.causal && kend > i0 + 16) kend = i0 + 16;
+    return kend <= 0 ? 0 : (kend + 15) / 16;
+}
+
+// The backward's two score products of one warp's 16 rows r0.. (A rows of
+// A1 and A2) against the columns of 8-column tiles nt with cbeg <= nt / 2 <
+// cend (B1's and B2's rows): s = A1 B1^T, dp = A2 B2^T, from zero.
+template <int D, int C>
+SC_FN void score_pair(float (&s)[2 * C][4], float (&dp)[2 * C][4], const uint16_t *A1, const uint16_t *B1,
+                      const uint16_t *A2, const uint16_t *B2, int r0, int cbeg, int cend) {
+    constexpr int LD = D + 8;
+SC_UNROLL
+    for (int nt = 0; nt < 2 * C; nt++)
+SC_UNROLL
+        for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+SC_UNROLL
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a1[4], a2[4];
+        frag_a(a1, A1, LD, r0, kk * 16);
+        frag_a(a2, A2, LD, r0, kk * 16);
+SC_UNROLL
+        for (int nt = 0; nt < 2 * C; nt++) {
+            if (nt / 2 < cbeg || nt / 2 >= cend) continue;
+            uint32_t b0, b1;
+            frag_b_rows(b0, b1, B1, LD, nt * 8, kk * 16);
+            sc_mma(s[nt], a1, b0, b1);
+            frag_b_rows(b0, b1, B2, LD, nt * 8, kk * 16);
+            sc_mma(dp[nt], a2, b0, b1);
+        }
+    }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 
 inline size_t fwd_smem(int D, int Tk) { return (size_t)2 * round16(Tk) * (D + 8) * sizeof(uint16_t); }
@@ -215,11 +257,7 @@ SC_FN void fwd_rows(const FlashArgs &a, const uint16_t *Ks, const uint16_t *Vs, 
     const int lane = sc_tid() % SC_WARP, g = lane >> 2, t = lane & 3;
     const int rows[2] = {i0 + g, i0 + g + 8};
     int n[2];
-SC_UNROLL
-    for (int h = 0; h < 2; h++) n[h] = rows[h] < a.Tq ? flash_valid_keys(klen, rows[h], a.Tk, a.causal) : 0;
-    int kend = klen < a.Tk ? klen : a.Tk;
-    if (a.causal && kend > i0 + 16) kend = i0 + 16;
-    const int cend = kend <= 0 ? 0 : (kend + 15) / 16;  // chunks any row of the tile sees
+    const int cend = tile_keys(a, i0, klen, n);
 
     float s[2 * C][4];
 SC_UNROLL
@@ -342,32 +380,10 @@ SC_FN void bwd_query_rows(const FlashArgs &a, const BwdSmem &sm, float *delta_b,
     const int lane = sc_tid() % SC_WARP, g = lane >> 2, t = lane & 3;
     const int rows[2] = {i0 + g, i0 + g + 8};
     int n[2];
-SC_UNROLL
-    for (int h = 0; h < 2; h++) n[h] = rows[h] < a.Tq ? flash_valid_keys(klen, rows[h], a.Tk, a.causal) : 0;
-    int kend = klen < a.Tk ? klen : a.Tk;
-    if (a.causal && kend > i0 + 16) kend = i0 + 16;
-    const int cend = kend <= 0 ? 0 : (kend + 15) / 16;
+    const int cend = tile_keys(a, i0, klen, n);
 
     float s[2 * C][4], dp[2 * C][4];
-SC_UNROLL
-    for (int nt = 0; nt < 2 * C; nt++)
-SC_UNROLL
-        for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-SC_UNROLL
-    for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t qa[4], ga[4];
-        frag_a(qa, sm.Qs, LD, i0, kk * 16);
-        frag_a(ga, sm.Gs, LD, i0, kk * 16);
-SC_UNROLL
-        for (int nt = 0; nt < 2 * C; nt++) {
-            if (nt / 2 >= cend) continue;
-            uint32_t b0, b1;
-            frag_b_rows(b0, b1, sm.Ks, LD, nt * 8, kk * 16);
-            sc_mma(s[nt], qa, b0, b1);
-            frag_b_rows(b0, b1, sm.Vs, LD, nt * 8, kk * 16);
-            sc_mma(dp[nt], ga, b0, b1);
-        }
-    }
+    score_pair<D, C>(s, dp, sm.Qs, sm.Ks, sm.Gs, sm.Vs, i0, 0, cend);  // q k^T, g v^T
     float lse[2], delta[2] = {0.0f, 0.0f};
 SC_UNROLL
     for (int h = 0; h < 2; h++) lse[h] = sm.lse_s[rows[h]];
@@ -427,25 +443,7 @@ SC_FN void bwd_key_rows(const FlashArgs &a, const BwdSmem &sm, const FlashGrads 
     const int cbeg = a.causal ? j0 / 16 : 0, cend = j0 < klen ? (a.Tq + 15) / 16 : 0;
 
     float s[2 * C][4], dp[2 * C][4];
-SC_UNROLL
-    for (int nt = 0; nt < 2 * C; nt++)
-SC_UNROLL
-        for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-SC_UNROLL
-    for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t ka[4], va[4];
-        frag_a(ka, sm.Ks, LD, j0, kk * 16);
-        frag_a(va, sm.Vs, LD, j0, kk * 16);
-SC_UNROLL
-        for (int nt = 0; nt < 2 * C; nt++) {
-            if (nt / 2 < cbeg || nt / 2 >= cend) continue;
-            uint32_t b0, b1;
-            frag_b_rows(b0, b1, sm.Qs, LD, nt * 8, kk * 16);
-            sc_mma(s[nt], ka, b0, b1);
-            frag_b_rows(b0, b1, sm.Gs, LD, nt * 8, kk * 16);
-            sc_mma(dp[nt], va, b0, b1);
-        }
-    }
+    score_pair<D, C>(s, dp, sm.Ks, sm.Qs, sm.Vs, sm.Gs, j0, cbeg, cend);  // k q^T, v g^T
 SC_UNROLL
     for (int nt = 0; nt < 2 * C; nt++)
 SC_UNROLL

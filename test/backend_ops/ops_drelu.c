@@ -69,6 +69,18 @@ static void check_mask(const Target *t, const char *what, const uint8_t *got, co
            bad ? (double)h[first] : 0.0);
 }
 
+#ifdef TPTRAIN_TEST_CUDA
+/* One call's route from its counts: exactly one of fused and separate on a
+ * GPU, and the fused epilogue never with fusion off (mode 1) or in fp32.
+ * Whether it fused. */
+static bool one_route(const Target *t, const char *what, long fused, long separate, int mode) {
+    TCHECK(t->is_cpu || fused + separate == 1, "%s: %s counted %ld fused + %ld separate for one call", t->name, what,
+           fused, separate);
+    TCHECK(!(fused > 0 && (mode || !t->bf16)), "%s: %s's epilogue ran with fusion off or in fp32", t->name, what);
+    return fused > 0;
+}
+#endif
+
 /* linear_relu_fwd16 against linear_fwd16's composition through the
  * separate kernels (linear_fwd or _x16 into fp32, act_fwd16) and the mask
  * of that fp32 pre-activation. */
@@ -94,11 +106,8 @@ static void relu_fwd_case(const Target *t, int mode, bool bias, bool x16, bool h
     bool fused = false;
 #ifdef TPTRAIN_TEST_CUDA
     const GpuGemmCounts g1 = counts_of(t);
-    fused = g1.relu_mask_fused > g0.relu_mask_fused;
-    TCHECK(t->is_cpu || (g1.relu_mask_fused - g0.relu_mask_fused) + (g1.relu_mask_separate - g0.relu_mask_separate) == 1,
-           "%s: linear_relu_fwd16 counted %ld fused + %ld separate masks for one call", t->name,
-           g1.relu_mask_fused - g0.relu_mask_fused, g1.relu_mask_separate - g0.relu_mask_separate);
-    TCHECK(!(fused && (mode || !t->bf16)), "%s: the mask epilogue ran with fusion off or in fp32", t->name);
+    fused = one_route(t, "linear_relu_fwd16's mask", g1.relu_mask_fused - g0.relu_mask_fused,
+                      g1.relu_mask_separate - g0.relu_mask_separate, mode);
     g_mask_fused += fused;
 #endif
     set_mode(t, 1);  // the composition through the separate kernels
@@ -179,11 +188,8 @@ static void drelu_bwd_case(const Target *t, int mode, bool dy16, int N, int in, 
     bool fused = false;
 #ifdef TPTRAIN_TEST_CUDA
     const GpuGemmCounts g1 = counts_of(t);
-    fused = g1.drelu_fused > g0.drelu_fused;
-    TCHECK(t->is_cpu || (g1.drelu_fused - g0.drelu_fused) + (g1.drelu_separate - g0.drelu_separate) == 1,
-           "%s: linear_bwd16_drelu counted %ld fused + %ld separate for one call", t->name,
-           g1.drelu_fused - g0.drelu_fused, g1.drelu_separate - g0.drelu_separate);
-    TCHECK(!(fused && (mode || !t->bf16)), "%s: DRELU_BGRAD ran with fusion off or in fp32", t->name);
+    fused = one_route(t, "linear_bwd16_drelu (DRELU_BGRAD)", g1.drelu_fused - g0.drelu_fused,
+                      g1.drelu_separate - g0.drelu_separate, mode);
     g_drelu_fused += fused;
 #endif
     op_linear_bwd16(be, NULL, d_want16, GRAD_WRITE, d_g[1][0], d_g[1][1], dy16 ? NULL : d_dy, dy16 ? d_dy16 : NULL,
